@@ -1,0 +1,33 @@
+# capsexp: every command a user needs. `make help` lists them.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+# Where the datasets live; override on the command line or in the environment.
+export CAPSEXP_DATA_DIR ?= $(CURDIR)/data
+
+.DEFAULT_GOAL := help
+.PHONY: help install train test test-all bench tensorboard clean
+
+help:  ## list the targets
+	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  make %-12s %s\n", $$1, $$2}'
+
+install:  ## create .venv and install capsexp (editable) with its dev extras
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --upgrade pip
+	$(BIN)/pip install -e '.[dev]'
+
+train:  ## train with the default config (pass overrides with ARGS="model=lenet5 trainer.max_epochs=1")
+	$(BIN)/python -m capsexp $(ARGS)
+
+test:  ## the fast test suite (no slow tests)
+	$(BIN)/python -m pytest -m "not slow" $(ARGS)
+
+test-all:  ## every test, slow ones included
+	$(BIN)/python -m pytest $(ARGS)
+
+tensorboard:  ## serve logs/ on http://localhost:6006
+	$(BIN)/tensorboard --logdir logs --port 6006
+
+clean:  ## remove caches (keeps .venv, data/ and logs/)
+	rm -rf .pytest_cache build src/*.egg-info
+	find . -name __pycache__ -type d -prune -exec rm -rf {} +

@@ -1,0 +1,42 @@
+"""The command line: ``python -m capsexp [hydra overrides]`` (also installed as ``capsexp``)."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import hydra
+from omegaconf import DictConfig
+
+from capsexp import CONFIG_DIR
+from capsexp.errors import CapsexpError
+
+log = logging.getLogger("capsexp")
+
+
+@hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="config")
+def main(cfg: DictConfig) -> float | None:
+    """Run one job; return ``cfg.optimized_metric`` for Hydra sweepers (Optuna maximises it)."""
+    # Imported here so that `--help`, `--cfg job` and config errors answer without loading torch.
+    from capsexp.train import run
+
+    try:
+        metrics = run(cfg)
+    except CapsexpError as error:
+        # A message that says what to do; a traceback would bury it.
+        print(f"\nerror: {error}", file=sys.stderr)
+        sys.exit(1)
+
+    metric_name = cfg.get("optimized_metric")
+    if not metric_name:
+        return None
+    if metric_name not in metrics:
+        raise CapsexpError(
+            f"optimized_metric={metric_name!r} was not logged; logged metrics: {', '.join(sorted(metrics))}"
+        )
+    log.info(f"{metric_name} = {metrics[metric_name]:.4f}")
+    return metrics[metric_name]
+
+
+if __name__ == "__main__":
+    main()

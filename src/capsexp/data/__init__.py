@@ -1,0 +1,6 @@
+"""LightningDataModules and datasets."""
+
+from capsexp.data.mnist import MNISTDataModule
+from capsexp.data.tensor_dataset import ImageTensorDataset
+
+__all__ = ["ImageTensorDataset", "MNISTDataModule"]

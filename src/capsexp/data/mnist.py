@@ -1,0 +1,259 @@
+"""MNIST as a LightningDataModule, on ``torchvision.datasets.MNIST``.
+
+The four official IDX files live in ``<data_dir>/MNIST/raw/`` (torchvision's layout), plain or
+``.gz``. ``prepare_data`` (one process per node) downloads only what is missing, unpacks, and checks
+every file: IDX header, size, label range and, by default, the official md5. Each failure stops the run
+with a short message naming the file. ``setup`` then reads the checked files into memory.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import os
+import struct
+import zlib
+from pathlib import Path
+from urllib.error import URLError
+
+import lightning as L
+import torch
+from torch.utils.data import DataLoader
+from torchvision.datasets import MNIST
+from torchvision.datasets.utils import download_and_extract_archive
+
+from capsexp.data.tensor_dataset import ImageTensorDataset, collate_batch
+from capsexp.errors import CorruptDatasetError, DatasetNotFoundError
+
+IMAGES_MAGIC = 0x00000803  # IDX: unsigned bytes, 3 dimensions
+LABELS_MAGIC = 0x00000801  # IDX: unsigned bytes, 1 dimension
+
+# md5 of the official files once unpacked; those of the .gz files come from torchvision.
+UNPACKED_MD5 = {
+    "train-images-idx3-ubyte": "6bbc9ace898e44ae57da46a324031adb",
+    "train-labels-idx1-ubyte": "a25bea736e30d166cdddb491f175f624",
+    "t10k-images-idx3-ubyte": "2646ac647ad5339dbf082846283269ea",
+    "t10k-labels-idx1-ubyte": "27ae3e4e09519cfbb04c329615203637",
+}
+GZ_MD5 = dict(MNIST.resources)
+MNIST_MEAN, MNIST_STD = 0.1307, 0.3081
+
+
+def md5sum(path: Path, chunk_size: int = 1 << 20) -> str:
+    digest = hashlib.md5()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(chunk_size):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def check_idx_file(path: Path, magic: int, max_label: int = 9) -> int:
+    """Validate an unpacked IDX file: magic number, header and exact size; labels in range.
+
+    Returns the number of items. Raises :class:`CorruptDatasetError` naming the file otherwise.
+    """
+    ndim = magic & 0xFF
+    header_size = 4 + 4 * ndim
+    size = path.stat().st_size
+    with open(path, "rb") as handle:
+        header = handle.read(header_size)
+        if len(header) < header_size:
+            raise CorruptDatasetError(f"{path}: truncated IDX header ({size} bytes)")
+        found_magic, *dims = struct.unpack(f">{1 + ndim}i", header)
+        if found_magic != magic:
+            raise CorruptDatasetError(
+                f"{path}: not an MNIST {'image' if ndim == 3 else 'label'} file "
+                f"(IDX magic {found_magic:#010x}, expected {magic:#010x})"
+            )
+        expected = header_size + int(torch.tensor(dims).prod())
+        if size != expected:
+            raise CorruptDatasetError(
+                f"{path}: {size} bytes, but its header (dims {dims}) announces {expected}: "
+                "the file is truncated or corrupted"
+            )
+        if ndim == 1:
+            labels = torch.frombuffer(bytearray(handle.read()), dtype=torch.uint8)
+            if len(labels) and int(labels.max()) > max_label:
+                raise CorruptDatasetError(f"{path}: label {int(labels.max())} out of range 0-{max_label}")
+    return dims[0]
+
+
+def _unpack(gz_path: Path, path: Path) -> None:
+    """gunzip to a temporary name, then rename, so that an interrupted unpack leaves nothing behind."""
+    partial = path.with_name(path.name + ".partial")
+    try:
+        with gzip.open(gz_path, "rb") as source, open(partial, "wb") as target:
+            while chunk := source.read(1 << 20):
+                target.write(chunk)
+    except (OSError, EOFError, zlib.error) as error:
+        partial.unlink(missing_ok=True)
+        if isinstance(error, PermissionError):
+            raise CorruptDatasetError(
+                f"cannot unpack {gz_path}: {path.parent} is not writable. "
+                "Unpack the files with `gunzip -k` or copy the folder somewhere writable."
+            ) from None
+        raise CorruptDatasetError(
+            f"{gz_path}: not a valid gzip file ({error}); it is truncated or corrupted. "
+            "Delete it and download it again."
+        ) from None
+    partial.replace(path)
+
+
+class MNISTDataModule(L.LightningDataModule):
+    """MNIST digits, pixels in [0, 1], with a fixed-seed train/validation split.
+
+    Args:
+        data_dir: folder holding ``MNIST/raw/`` (torchvision's layout).
+        batch_size: the global batch size; each of the ``world_size`` processes gets an equal share.
+        val_size: training images held out for validation (55,000/5,000 by default).
+        split_seed: seed of the train/validation split, independent of the run's seed.
+        num_workers: DataLoader workers. 0 is fastest here: batches are gathered from memory.
+        download: download missing files in ``prepare_data``.
+        verify_checksums: check the official md5 of every file; turn off for your own IDX files.
+        normalize: standardise with the MNIST mean and std (off by default: reconstructions are
+            compared with pixels in [0, 1]).
+    """
+
+    num_classes = 10
+    dims = (1, 28, 28)
+    files = tuple(UNPACKED_MD5)
+
+    def __init__(
+        self,
+        data_dir: str | os.PathLike = "data",
+        batch_size: int = 128,
+        val_size: int = 5000,
+        split_seed: int = 0,
+        num_workers: int = 0,
+        pin_memory: bool = False,
+        download: bool = True,
+        verify_checksums: bool = True,
+        normalize: bool = False,
+    ) -> None:
+        super().__init__()
+        self.save_hyperparameters(logger=False)
+        self.data_dir = Path(data_dir).expanduser().resolve()
+        self.batch_size_per_device = batch_size
+        self.data_train: ImageTensorDataset | None = None
+        self.data_val: ImageTensorDataset | None = None
+        self.data_test: ImageTensorDataset | None = None
+
+    @property
+    def raw_dir(self) -> Path:
+        return self.data_dir / "MNIST" / "raw"
+
+    # ---- files -------------------------------------------------------------------------------
+    def prepare_data(self) -> None:
+        """Download missing files (if allowed), unpack ``.gz`` files and validate all four."""
+        missing = [name for name in self.files if not self._source_of(name)]
+        if missing:
+            self._download(missing)
+        for name in self.files:
+            self._check(name)
+
+    def _source_of(self, name: str) -> Path | None:
+        for candidate in (self.raw_dir / name, self.raw_dir / f"{name}.gz"):
+            if candidate.exists():
+                return candidate
+        return None
+
+    def _not_found(self, missing: list[str], reason: str) -> DatasetNotFoundError:
+        expected = "\n".join(f"  {name}{'' if name in missing else '  (found)'}" for name in self.files)
+        return DatasetNotFoundError(
+            f"MNIST not found in {self.raw_dir}\n"
+            f"Expected the four official IDX files there, plain or .gz:\n{expected}\n"
+            f"{reason}\n"
+            "Put the files there, or point capsexp at a folder holding MNIST/raw/: "
+            "set CAPSEXP_DATA_DIR=/path/to/data or pass data.data_dir=/path/to/data."
+        )
+
+    def _download(self, missing: list[str]) -> None:
+        if not self.hparams.download:
+            raise self._not_found(missing, "Downloading is off (data.download=false).")
+        self.raw_dir.mkdir(parents=True, exist_ok=True)
+        for name in missing:
+            errors = []
+            for mirror in MNIST.mirrors:
+                try:
+                    download_and_extract_archive(
+                        f"{mirror}{name}.gz", download_root=str(self.raw_dir), md5=GZ_MD5[f"{name}.gz"]
+                    )
+                    break
+                except (URLError, RuntimeError, OSError) as error:
+                    errors.append(f"{mirror}: {getattr(error, 'reason', error)}")
+                    # torchvision writes in place: never leave a partial download looking complete.
+                    (self.raw_dir / f"{name}.gz").unlink(missing_ok=True)
+                    (self.raw_dir / name).unlink(missing_ok=True)
+            else:
+                raise self._not_found(missing, "Download failed (offline?):\n  " + "\n  ".join(errors))
+
+    def _check(self, name: str) -> None:
+        path, gz_path = self.raw_dir / name, self.raw_dir / f"{name}.gz"
+        unpacked_here = not path.exists()
+        if unpacked_here:
+            _unpack(gz_path, path)
+        try:
+            check_idx_file(path, IMAGES_MAGIC if "images" in name else LABELS_MAGIC)
+            if self.hparams.verify_checksums and md5sum(path) != UNPACKED_MD5[name]:
+                raise CorruptDatasetError(
+                    f"{gz_path if unpacked_here else path}: md5 differs from the official MNIST file. "
+                    "Delete it and download it again; for your own data in the IDX format, "
+                    "pass data.verify_checksums=false."
+                )
+        except CorruptDatasetError:
+            if unpacked_here:  # do not leave a bad unpacked copy that later runs would trust
+                path.unlink(missing_ok=True)
+            raise
+
+    # ---- datasets ----------------------------------------------------------------------------
+    def _load(self, train: bool) -> ImageTensorDataset:
+        dataset = MNIST(str(self.data_dir), train=train, download=False)
+        return ImageTensorDataset(dataset.data.unsqueeze(1), dataset.targets)
+
+    def setup(self, stage: str | None = None) -> None:
+        world_size = self.trainer.world_size if self.trainer is not None else 1
+        if self.hparams.batch_size % world_size:
+            raise ValueError(
+                f"data.batch_size={self.hparams.batch_size} (the global batch) is not divisible by "
+                f"the {world_size} processes of this run"
+            )
+        self.batch_size_per_device = self.hparams.batch_size // world_size
+
+        if stage in ("fit", "validate", None) and self.data_train is None:
+            full = self._load(train=True)
+            if not 0 < self.hparams.val_size < len(full):
+                raise ValueError(f"data.val_size={self.hparams.val_size} must lie in (0, {len(full)})")
+            order = torch.randperm(len(full), generator=torch.Generator().manual_seed(self.hparams.split_seed))
+            self.data_val = full.subset(order[: self.hparams.val_size])
+            self.data_train = full.subset(order[self.hparams.val_size :])
+        if stage in ("test", None) and self.data_test is None:
+            self.data_test = self._load(train=False)
+
+    def _loader(self, dataset: ImageTensorDataset, shuffle: bool) -> DataLoader:
+        return DataLoader(
+            dataset,
+            batch_size=self.batch_size_per_device,
+            shuffle=shuffle,
+            collate_fn=collate_batch,
+            num_workers=self.hparams.num_workers,
+            pin_memory=self.hparams.pin_memory,
+            persistent_workers=self.hparams.num_workers > 0,
+        )
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader(self.data_train, shuffle=True)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader(self.data_val, shuffle=False)
+
+    def test_dataloader(self) -> DataLoader:
+        return self._loader(self.data_test, shuffle=False)
+
+    # ---- on the device -----------------------------------------------------------------------
+    def on_after_batch_transfer(self, batch: tuple[torch.Tensor, torch.Tensor], dataloader_idx: int) -> tuple:
+        """uint8 -> float in [0, 1] on the device (4x less host-to-device traffic)."""
+        images, targets = batch
+        images = images.float().div_(255)
+        if self.hparams.normalize:
+            images = images.sub_(MNIST_MEAN).div_(MNIST_STD)
+        return images, targets

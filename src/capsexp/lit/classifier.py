@@ -1,0 +1,110 @@
+"""One LightningModule for every classifier: LeNet5, CapsNet, matrix capsules.
+
+The wrapped ``net`` is a pure ``torch.nn.Module``. Its forward takes images, plus the targets when
+its signature names a ``targets`` argument (capsule decoders are fed the true class in training), and
+returns either class scores or an object with a ``scores`` field and extras (reconstructions, ...).
+The ``objective`` turns that output into named loss terms (see :mod:`capsexp.lit.objectives`).
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any, Callable
+
+import lightning as L
+import torch
+from torchmetrics import MaxMetric
+from torchmetrics.classification import MulticlassAccuracy
+
+from capsexp.lit.objectives import class_scores
+
+Batch = tuple[torch.Tensor, torch.Tensor]
+
+
+class Classifier(L.LightningModule):
+    """Train, validate and test a classifier; log losses, accuracy and the best validation accuracy.
+
+    Args:
+        net: the network.
+        objective: ``objective(output, images, targets) -> {"loss": ..., other terms}``.
+        optimizer: partial optimizer, called with the parameters (Hydra ``_partial_: true``).
+        lr_scheduler: ``None``, or Lightning's scheduler config dict whose ``scheduler`` entry is a
+            partial called with the optimizer (``interval``, ``frequency``, ... pass through).
+        num_classes: number of classes, for the accuracy metrics.
+    """
+
+    def __init__(
+        self,
+        net: torch.nn.Module,
+        objective: Callable[..., dict[str, torch.Tensor]],
+        optimizer: Callable[..., torch.optim.Optimizer],
+        lr_scheduler: dict[str, Any] | None = None,
+        num_classes: int = 10,
+    ) -> None:
+        super().__init__()
+        # Only plain values go into the checkpoint's hyperparameters: checkpoints load with
+        # torch.load(weights_only=True), which refuses pickled callables. The run's whole config
+        # is logged by capsexp.train, and the net's weights are in the state dict.
+        self.save_hyperparameters(ignore=["net", "objective", "optimizer", "lr_scheduler"], logger=False)
+        self.optimizer = optimizer
+        self.lr_scheduler = lr_scheduler
+        self.net = net
+        self.objective = objective
+        self.net_takes_targets = "targets" in inspect.signature(net.forward).parameters
+
+        self.train_acc = MulticlassAccuracy(num_classes, average="micro")
+        self.val_acc = MulticlassAccuracy(num_classes, average="micro")
+        self.test_acc = MulticlassAccuracy(num_classes, average="micro")
+        # Persistent, so that a resumed run keeps the best accuracy seen before it stopped.
+        self.val_acc_best = MaxMetric()
+        self.val_acc_best.persistent(True)
+
+    def forward(self, images: torch.Tensor, targets: torch.Tensor | None = None) -> Any:
+        if self.net_takes_targets:
+            return self.net(images, targets)
+        return self.net(images)
+
+    def _step(self, batch: Batch, stage: str) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        images, targets = batch
+        # Only training feeds the labels forward: evaluation must not see them.
+        output = self(images, targets if stage == "train" else None)
+        terms = self.objective(output, images, targets)
+        for name, value in terms.items():
+            self.log(f"{stage}/{name}", value, on_step=stage == "train", on_epoch=True,
+                     prog_bar=name == "loss", batch_size=len(targets), sync_dist=stage != "train")
+        return terms, class_scores(output).argmax(dim=-1)
+
+    def on_train_start(self) -> None:
+        # The sanity-check validation must not count towards the best accuracy.
+        self.val_acc.reset()
+        self.val_acc_best.reset()
+
+    def training_step(self, batch: Batch, batch_idx: int) -> torch.Tensor:
+        terms, predictions = self._step(batch, "train")
+        self.train_acc(predictions, batch[1])
+        self.log("train/acc", self.train_acc, on_step=False, on_epoch=True, prog_bar=True)
+        return terms["loss"]
+
+    def validation_step(self, batch: Batch, batch_idx: int) -> None:
+        _, predictions = self._step(batch, "val")
+        self.val_acc(predictions, batch[1])
+        self.log("val/acc", self.val_acc, on_step=False, on_epoch=True, prog_bar=True)
+
+    def on_validation_epoch_end(self) -> None:
+        if self.trainer.sanity_checking:
+            return
+        self.val_acc_best(self.val_acc.compute())
+        self.log("val/acc_best", self.val_acc_best.compute(), prog_bar=True, sync_dist=True)
+
+    def test_step(self, batch: Batch, batch_idx: int) -> None:
+        _, predictions = self._step(batch, "test")
+        self.test_acc(predictions, batch[1])
+        self.log("test/acc", self.test_acc, on_step=False, on_epoch=True)
+
+    def configure_optimizers(self) -> Any:
+        optimizer = self.optimizer(params=self.parameters())
+        if not self.lr_scheduler:
+            return optimizer
+        scheduler_config = dict(self.lr_scheduler)
+        scheduler_config["scheduler"] = scheduler_config["scheduler"](optimizer)
+        return {"optimizer": optimizer, "lr_scheduler": scheduler_config}

@@ -1,0 +1,5 @@
+"""Pure ``torch.nn`` networks: no Lightning, no Hydra."""
+
+from capsexp.models.lenet5 import LeNet5
+
+__all__ = ["LeNet5"]

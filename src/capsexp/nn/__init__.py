@@ -1,0 +1,1 @@
+"""Capsule operations and layers (pure ``torch.nn``)."""

@@ -1,0 +1,73 @@
+"""``run(cfg)``: build everything from the composed config, train, test the best checkpoint."""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from typing import Any
+
+import lightning as L
+from hydra.utils import instantiate
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.loggers import Logger
+from omegaconf import DictConfig, OmegaConf
+
+log = logging.getLogger(__name__)
+
+
+def instantiate_all(group: DictConfig | None) -> list[Any]:
+    """Instantiate every entry of a ``callbacks`` or ``logger`` node; ``null`` entries are skipped,
+    so ``callbacks.progress_bar=null`` removes one."""
+    return [instantiate(node) for node in (group or {}).values() if node is not None and "_target_" in node]
+
+
+def _quiet_duplicate_console() -> None:
+    """``import lightning`` gives its logger a console handler of its own; when the root logger
+    already prints (Hydra's, which also writes the run's log file), each line would show twice."""
+    if logging.getLogger().hasHandlers():
+        lightning_logger = logging.getLogger("lightning")
+        for handler in list(lightning_logger.handlers):
+            lightning_logger.removeHandler(handler)
+
+
+def run(cfg: DictConfig) -> dict[str, float]:
+    """Seed, instantiate data, model, callbacks, loggers and trainer; fit; test; return the metrics."""
+    _quiet_duplicate_console()
+    # Raised inside Lightning 2.6 by torch 2.14 on every run; nothing a user can act on.
+    warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)")
+    if cfg.get("seed") is not None:
+        L.seed_everything(cfg.seed, workers=True)
+
+    datamodule: L.LightningDataModule = instantiate(cfg.data)
+    module: L.LightningModule = instantiate(
+        cfg.model, optimizer=cfg.optimizer, lr_scheduler=cfg.get("lr_scheduler"), _convert_="partial"
+    )
+    callbacks: list[Callback] = instantiate_all(cfg.get("callbacks"))
+    loggers: list[Logger] = instantiate_all(cfg.get("logger"))
+    trainer: L.Trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False)
+
+    hparams = OmegaConf.to_container(cfg, resolve=True)
+    hparams["model/params"] = sum(p.numel() for p in module.parameters())
+    for logger in trainer.loggers:
+        logger.log_hyperparams(hparams)
+
+    metrics: dict[str, float] = {}
+    if cfg.get("train"):
+        log.info("Training")
+        trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
+        metrics.update({name: float(value) for name, value in trainer.callback_metrics.items()})
+
+    if cfg.get("test"):
+        if cfg.get("train"):
+            ckpt_path = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
+            if not ckpt_path:
+                log.warning("No best checkpoint was saved (fast_dev_run?): testing the current weights.")
+        else:
+            ckpt_path = cfg.get("ckpt_path")
+            if not ckpt_path:
+                log.warning("test without train and without ckpt_path: testing untrained weights.")
+        log.info(f"Testing {ckpt_path or 'the current weights'}")
+        trainer.test(module, datamodule=datamodule, ckpt_path=ckpt_path or None)
+        metrics.update({name: float(value) for name, value in trainer.callback_metrics.items()})
+
+    return metrics
