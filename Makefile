@@ -2,11 +2,9 @@
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
-# Where the datasets live; override on the command line or in the environment.
-export CAPSEXP_DATA_DIR ?= $(CURDIR)/data
 
 .DEFAULT_GOAL := help
-.PHONY: help install train test test-all bench tensorboard clean
+.PHONY: help install train test test-all tensorboard clean
 
 help:  ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  make %-12s %s\n", $$1, $$2}'

@@ -74,11 +74,6 @@ class Classifier(L.LightningModule):
                      prog_bar=name == "loss", batch_size=len(targets), sync_dist=stage != "train")
         return terms, class_scores(output).argmax(dim=-1)
 
-    def on_train_start(self) -> None:
-        # The sanity-check validation must not count towards the best accuracy.
-        self.val_acc.reset()
-        self.val_acc_best.reset()
-
     def training_step(self, batch: Batch, batch_idx: int) -> torch.Tensor:
         terms, predictions = self._step(batch, "train")
         self.train_acc(predictions, batch[1])
@@ -91,7 +86,7 @@ class Classifier(L.LightningModule):
         self.log("val/acc", self.val_acc, on_step=False, on_epoch=True, prog_bar=True)
 
     def on_validation_epoch_end(self) -> None:
-        if self.trainer.sanity_checking:
+        if self.trainer.sanity_checking:  # the sanity check must not count towards the best
             return
         self.val_acc_best(self.val_acc.compute())
         self.log("val/acc_best", self.val_acc_best.compute(), prog_bar=True, sync_dist=True)

@@ -1,0 +1,92 @@
+"""The Classifier LightningModule: it learns, logs what it promises, and restores its state."""
+
+from __future__ import annotations
+
+import functools
+
+import lightning as L
+import pytest
+import torch
+
+from capsexp.data import MNISTDataModule
+from capsexp.lit import Classifier, CrossEntropy
+from capsexp.lit.schedulers import exponential_decay
+from capsexp.models import LeNet5
+
+
+def make_trainer(tmp_path, **kwargs) -> L.Trainer:
+    options = dict(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
+                   enable_model_summary=False, default_root_dir=tmp_path, enable_checkpointing=False)
+    return L.Trainer(**{**options, **kwargs})
+
+
+def make_module(**kwargs) -> Classifier:
+    return Classifier(LeNet5(), CrossEntropy(), functools.partial(torch.optim.Adam, lr=3e-3), **kwargs)
+
+
+def test_a_tiny_run_learns_and_logs_its_metrics(mnist_dir, tmp_path):
+    torch.manual_seed(0)
+    datamodule = MNISTDataModule(mnist_dir, batch_size=25, val_size=50, verify_checksums=False, download=False)
+    module = make_module()
+    trainer = make_trainer(tmp_path, max_epochs=6)
+    trainer.fit(module, datamodule=datamodule)
+    metrics = trainer.callback_metrics
+    for name in ["train/loss", "train/acc", "val/loss", "val/acc", "val/acc_best"]:
+        assert name in metrics, name
+    assert metrics["val/acc"] >= 0.9, "LeNet5 must learn the synthetic digits"
+    assert metrics["val/acc_best"] >= metrics["val/acc"]
+    (result,) = trainer.test(module, datamodule=datamodule, verbose=False)
+    assert result["test/acc"] >= 0.9
+
+
+def test_forward_passes_targets_only_to_nets_that_take_them():
+    class NeedsTargets(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = torch.nn.Linear(4, 3)
+            self.seen = "unset"
+
+        def forward(self, images, targets=None):
+            self.seen = targets
+            return self.linear(images)
+
+    net = NeedsTargets()
+    module = Classifier(net, CrossEntropy(), functools.partial(torch.optim.SGD, lr=0.1), num_classes=3)
+    targets = torch.tensor([0, 2])
+    module(torch.rand(2, 4), targets)
+    assert net.seen is targets
+    assert not make_module().net_takes_targets
+
+
+def test_best_validation_accuracy_is_saved_in_the_checkpoint():
+    module = make_module()
+    module.val_acc_best(torch.tensor(0.75))
+    restored = make_module()
+    restored.load_state_dict(module.state_dict())
+    assert restored.val_acc_best.compute() == pytest.approx(0.75)
+
+
+def test_scheduler_config_is_passed_to_lightning():
+    module = make_module(lr_scheduler={"scheduler": functools.partial(exponential_decay, decay_steps=10),
+                                       "interval": "step", "frequency": 1})
+    config = module.configure_optimizers()
+    assert config["lr_scheduler"]["interval"] == "step"
+    assert isinstance(config["lr_scheduler"]["scheduler"], torch.optim.lr_scheduler.ExponentialLR)
+
+
+@pytest.mark.parametrize("staircase", [False, True])
+def test_exponential_decay_matches_the_tensorflow_formula(staircase):
+    parameter = torch.nn.Parameter(torch.zeros(1))
+    optimizer = torch.optim.SGD([parameter], lr=1.0)
+    scheduler = exponential_decay(optimizer, decay_rate=0.96, decay_steps=20, staircase=staircase)
+    for step in range(1, 51):
+        optimizer.step()
+        scheduler.step()
+        exponent = step // 20 if staircase else step / 20
+        assert optimizer.param_groups[0]["lr"] == pytest.approx(0.96**exponent, rel=1e-6)
+
+
+def test_exponential_decay_rejects_nonsense():
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    with pytest.raises(ValueError, match="decay_steps"):
+        exponential_decay(optimizer, decay_steps=0)

@@ -1,0 +1,58 @@
+"""End to end through ``python -m capsexp``: outputs, TensorBoard scalars, resuming."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from conftest import TINY_RUN, run_cli
+
+
+def scalars(run_dir: Path) -> dict[str, list]:
+    events = EventAccumulator(str(run_dir / "tensorboard"))
+    events.Reload()
+    return {tag: events.Scalars(tag) for tag in events.Tags()["scalars"]}
+
+
+def test_train_test_and_resume(mnist_dir, tmp_path):
+    first, second = tmp_path / "first", tmp_path / "second"
+    # 240 training images / batch 20 = 12 steps per epoch.
+    result = run_cli(*TINY_RUN, f"paths.data_dir={mnist_dir}", "trainer.max_epochs=2",
+                     f"hydra.run.dir={first}")
+    assert result.returncode == 0, result.stderr[-3000:]
+
+    assert (first / ".hydra" / "config.yaml").exists() and (first / ".hydra" / "overrides.yaml").exists()
+    checkpoints = {p.name for p in (first / "checkpoints").glob("*.ckpt")}
+    assert "last.ckpt" in checkpoints and len(checkpoints) == 2, checkpoints  # last + best by val/acc
+    logged = scalars(first)
+    for tag in ["train/loss_step", "train/acc", "val/loss", "val/acc", "val/acc_best", "test/acc", "lr-Adam"]:
+        assert tag in logged, (tag, sorted(logged))
+    assert [s.step for s in logged["val/acc"]] == [11, 23]
+    assert 0.0 <= logged["test/acc"][-1].value <= 1.0
+    assert "val/acc_best = " in result.stderr + result.stdout
+
+    last = first / "checkpoints" / "last.ckpt"
+    assert torch.load(last, weights_only=True)["global_step"] == 24
+    result = run_cli(*TINY_RUN, f"paths.data_dir={mnist_dir}", "trainer.max_epochs=3",
+                     f"ckpt_path={last}", f"hydra.run.dir={second}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert torch.load(second / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 36
+    train_steps = [s.step for s in scalars(second)["train/loss_step"]]
+    assert min(train_steps) >= 24, "the resumed run must continue from step 24, not restart at 0"
+
+
+def test_debug_fast_runs_one_batch_of_each_loop(mnist_dir, tmp_path):
+    result = run_cli(*TINY_RUN, f"paths.data_dir={mnist_dir}", "debug=fast", f"hydra.run.dir={tmp_path / 'run'}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "testing the current weights" in result.stderr + result.stdout
+
+
+def test_lenet5_reaches_97_5_percent_on_real_mnist_in_one_epoch(real_mnist_dir, tmp_path):
+    """The README's first command; about 20 s on 2 CPU cores."""
+    result = run_cli("model=lenet5", "data=mnist", "trainer.max_epochs=1", f"paths.data_dir={real_mnist_dir}",
+                     "trainer.accelerator=cpu", "callbacks.progress_bar=null", f"hydra.run.dir={tmp_path}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    test_acc = scalars(tmp_path)["test/acc"][-1].value
+    assert test_acc >= 0.975, test_acc
