@@ -12,6 +12,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from capsexp.nn.functional import margin_loss
+
 
 def class_scores(output: Any) -> torch.Tensor:
     """The (batch, classes) scores of a net's output: the output itself, or its ``scores`` field."""
@@ -26,3 +28,24 @@ class CrossEntropy:
 
     def __call__(self, output: Any, images: torch.Tensor, targets: torch.Tensor) -> dict[str, torch.Tensor]:
         return {"loss": F.cross_entropy(class_scores(output), targets, label_smoothing=self.label_smoothing)}
+
+
+class CapsuleLoss:
+    """Margin loss (Eq. 4) plus the reconstruction regulariser (section 4.1).
+
+    loss = margin_loss + recon_weight * sum of squared pixel errors per image, averaged over the batch
+    (paper: recon_weight = 0.0005, "so that it does not dominate the margin loss"). Logged terms:
+    ``margin_loss`` and ``recon_loss`` (the unweighted per-image sum of squared errors).
+    """
+
+    def __init__(self, m_pos: float = 0.9, m_neg: float = 0.1, lambda_: float = 0.5,
+                 recon_weight: float = 0.0005) -> None:
+        self.m_pos, self.m_neg, self.lambda_, self.recon_weight = m_pos, m_neg, lambda_, recon_weight
+
+    def __call__(self, output: Any, images: torch.Tensor, targets: torch.Tensor) -> dict[str, torch.Tensor]:
+        margin = margin_loss(class_scores(output), targets, self.m_pos, self.m_neg, self.lambda_)
+        reconstructions = getattr(output, "reconstructions", None)
+        if reconstructions is None or self.recon_weight == 0:
+            return {"loss": margin, "margin_loss": margin}
+        recon = (reconstructions - images).pow(2).flatten(1).sum(dim=1).mean()
+        return {"loss": margin + self.recon_weight * recon, "margin_loss": margin, "recon_loss": recon}

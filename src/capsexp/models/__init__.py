@@ -1,5 +1,6 @@
 """Pure ``torch.nn`` networks: no Lightning, no Hydra."""
 
+from capsexp.models.capsnet import CapsNet, CapsNetOutput
 from capsexp.models.lenet5 import LeNet5
 
-__all__ = ["LeNet5"]
+__all__ = ["CapsNet", "CapsNetOutput", "LeNet5"]

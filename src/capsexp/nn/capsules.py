@@ -1,0 +1,74 @@
+"""Capsule layers of the dynamic-routing CapsNet (Sabour et al. 2017, section 4)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from capsexp.nn.functional import dynamic_routing, squash
+
+
+class PrimaryCapsules(nn.Module):
+    """PrimaryCaps: a convolution whose output channels form ``num_types`` capsule types of ``dim`` dims.
+
+    The paper: 32 channels of convolutional 8D capsules, 9x9 kernel, stride 2. Output channel
+    ``t * dim + d`` is dimension d of capsule type t: the 256 channels group as 32 types x 8 dims
+    (not 8 x 32), and every spatial position of every type is one capsule. Output: (B, num_types * H' * W',
+    dim), type-major, each vector squashed (Eq. 1).
+    """
+
+    def __init__(self, in_channels: int = 256, num_types: int = 32, dim: int = 8, kernel_size: int = 9,
+                 stride: int = 2) -> None:
+        super().__init__()
+        self.num_types, self.dim = num_types, dim
+        self.conv = nn.Conv2d(in_channels, num_types * dim, kernel_size=kernel_size, stride=stride)
+
+    def output_size(self, height: int, width: int) -> int:
+        """Number of capsules for an input feature map of the given size."""
+        kernel, stride = self.conv.kernel_size, self.conv.stride
+        return self.num_types * ((height - kernel[0]) // stride[0] + 1) * ((width - kernel[1]) // stride[1] + 1)
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        out = self.conv(features)
+        batch, _, height, width = out.shape
+        capsules = out.view(batch, self.num_types, self.dim, height, width).permute(0, 1, 3, 4, 2)
+        return squash(capsules.reshape(batch, self.num_types * height * width, self.dim))
+
+
+class RoutingCapsules(nn.Module):
+    """A fully connected capsule layer routed by agreement (DigitCaps).
+
+    One ``out_dim x in_dim`` matrix W_ij per (input capsule i, output capsule j); votes
+    u_hat_j|i = W_ij u_i (section 2), then :func:`~capsexp.nn.functional.dynamic_routing`.
+    No bias, as in the paper's parameter count.
+    """
+
+    def __init__(self, in_caps: int, in_dim: int, out_caps: int, out_dim: int, iterations: int = 3,
+                 detach_agreement: bool = False, init_std: float = 0.01) -> None:
+        super().__init__()
+        self.in_caps, self.in_dim, self.out_caps, self.out_dim = in_caps, in_dim, out_caps, out_dim
+        self.iterations, self.detach_agreement = iterations, detach_agreement
+        # Stored (I, in_dim, J * out_dim): the votes are then one batched matmul over the inputs i.
+        self.weight = nn.Parameter(torch.randn(in_caps, in_dim, out_caps * out_dim) * init_std)
+
+    def votes(self, inputs: torch.Tensor) -> torch.Tensor:
+        """u_hat_j|i = W_ij u_i for inputs (B, I, in_dim): shape (B, I, J, D), stored parent-major.
+
+        One bmm over the input capsules, (I, B, in_dim) @ (I, in_dim, J*D): W is never copied over
+        the batch. The result is then laid out as (B, J, I, D), where routing reads each
+        (example, parent) as one contiguous I x D matrix, and returned as a (B, I, J, D) view.
+        """
+        batch = inputs.shape[0]
+        votes = torch.bmm(inputs.transpose(0, 1), self.weight)                   # (I, B, J*D)
+        votes = votes.view(self.in_caps, batch, self.out_caps, self.out_dim)
+        return votes.permute(1, 2, 0, 3).contiguous().transpose(1, 2)              # (B, I, J, D)
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        if inputs.shape[1:] != (self.in_caps, self.in_dim):
+            raise ValueError(f"expected input capsules of shape (B, {self.in_caps}, {self.in_dim}), "
+                             f"got {tuple(inputs.shape)}")
+        return dynamic_routing(self.votes(inputs), self.iterations, detach_agreement=self.detach_agreement)
+
+    def extra_repr(self) -> str:
+        return (f"in_caps={self.in_caps}, in_dim={self.in_dim}, out_caps={self.out_caps}, "
+                f"out_dim={self.out_dim}, iterations={self.iterations}")

@@ -1,0 +1,160 @@
+"""Capsule operations (Sabour, Frosst & Hinton 2017, "Dynamic Routing Between Capsules").
+
+Shapes: ``B`` batch, ``I`` input (child) capsules, ``J`` output (parent) capsules, ``D`` output
+capsule dimension. ``votes`` are the prediction vectors u_hat_{j|i} = W_ij u_i, shape (B, I, J, D).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch.autograd.function import once_differentiable
+
+SQUASH_EPS = 1e-8
+
+
+def squash(s: torch.Tensor, dim: int = -1, eps: float = SQUASH_EPS) -> torch.Tensor:
+    """Eq. 1: v = |s|^2 / (1 + |s|^2) * s / |s|.
+
+    ``eps`` sits inside the square root, so that s = 0 gives v = 0 with a finite gradient (a plain
+    ``s / s.norm()`` is 0/0 there and its gradient NaN). |v| < 1 always.
+    """
+    squared_norm = s.pow(2).sum(dim=dim, keepdim=True)
+    return s * (squared_norm / ((1.0 + squared_norm) * torch.sqrt(squared_norm + eps)))
+
+
+def dynamic_routing(
+    votes: torch.Tensor,
+    iterations: int = 3,
+    return_couplings: bool = False,
+    detach_agreement: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Procedure 1 (routing-by-agreement): parent capsules v (B, J, D) from votes (B, I, J, D).
+
+    For every example the routing logits start at b = 0; each iteration sets
+    c_i = softmax(b_i) over the parents j, s_j = sum_i c_ij u_hat_j|i, v_j = squash(s_j) and, except
+    after the last, b_ij += u_hat_j|i . v_j.
+
+    Args:
+        votes: u_hat, shape (B, I, J, D). Laid out in memory as (B, J, I, D) (i.e. a
+            ``transpose(1, 2)`` view of a contiguous tensor, as :class:`~capsexp.nn.RoutingCapsules`
+            makes them), the routing sums are contiguous matrix-vector products and no copy is made.
+        iterations: routing iterations r >= 1 (the paper uses 3).
+        return_couplings: also return the last coupling coefficients c, shape (B, I, J).
+        detach_agreement: if False (the paper, and the official code), the loss differentiates
+            through the agreement updates b += u_hat . v, so the couplings themselves learn. If True,
+            the couplings are treated as constants in the backward pass and gradients reach the votes
+            only through the last s_j = sum_i c_ij u_hat_j|i (as some public ports do); cheaper.
+
+    The backward pass is written out (see ``_DynamicRouting.backward``) rather than left to autograd:
+    the gradient of the votes is a sum of 2r - 1 outer products, written into one tensor by one batched
+    matmul, instead of autograd's one full-size tensor per use of the votes.
+    """
+    if votes.ndim != 4:
+        raise ValueError(f"votes must have shape (batch, in_caps, out_caps, out_dim), got {tuple(votes.shape)}")
+    if iterations < 1:
+        raise ValueError(f"routing needs at least one iteration, got {iterations}")
+    # (B, J, I, D): per (example, parent), the votes of all children form one I x D matrix.
+    parent_major_votes = votes.transpose(1, 2)
+    if not parent_major_votes.is_contiguous():
+        parent_major_votes = parent_major_votes.contiguous()
+    parents, couplings = _DynamicRouting.apply(parent_major_votes, iterations, detach_agreement)
+    if return_couplings:
+        return parents, couplings.transpose(1, 2)
+    return parents
+
+
+def _route(votes: torch.Tensor, iterations: int) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
+    """Procedure 1 on parent-major votes (B, J, I, D); returns every iteration's c, s and v.
+
+    c: (B, J, I), s and v: (B, J, D). Sums over children are batched matrix-vector products.
+    """
+    batch, num_parents, num_children, _ = votes.shape
+    # The routing state (b, c, s, v) is small: keep it at least float32 when the votes are half/bf16.
+    state_dtype = torch.promote_types(votes.dtype, torch.float32)
+    logits = votes.new_zeros(batch, num_parents, num_children, dtype=state_dtype)      # b_ij = 0
+    couplings, totals, parents = [], [], []
+    for r in range(iterations):
+        if r == 0:  # softmax of zero logits: exactly uniform, no need to compute it
+            c = logits.new_full(logits.shape, 1.0 / num_parents)
+        else:
+            c = torch.softmax(logits, dim=1)                                            # over parents j
+        s = torch.matmul(c.to(votes.dtype).unsqueeze(2), votes).squeeze(2).to(state_dtype)  # s_j = sum_i c_ij u_hat_j|i
+        v = squash(s)                                                                   # v_j = squash(s_j)
+        couplings.append(c), totals.append(s), parents.append(v)
+        if r < iterations - 1:
+            agreement = torch.matmul(votes, v.to(votes.dtype).unsqueeze(-1)).squeeze(-1)
+            logits = logits + agreement.to(state_dtype)                                # b_ij += u_hat_j|i . v_j
+    return couplings, totals, parents
+
+
+class _DynamicRouting(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, votes: torch.Tensor, iterations: int, detach_agreement: bool):
+        # Autocast off: the votes keep the dtype they come in, the small routing state is float32.
+        with torch.autocast(device_type=votes.device.type, enabled=False):
+            couplings, totals, parents = _route(votes, iterations)
+        ctx.detach_agreement = detach_agreement
+        ctx.save_for_backward(votes, *couplings, *totals, *parents)
+        ctx.mark_non_differentiable(couplings[-1])  # returned for inspection, not for a loss
+        return parents[-1].to(votes.dtype), couplings[-1]
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_parents: torch.Tensor, _grad_couplings: None):
+        """Reverse Procedure 1. With g(x) = dL/dx, going back over r = R..1:
+
+            g(v_r)   = g(output)                        if r = R
+                     = sum_i g(a_ir) u_hat_i            otherwise (a_r = u_hat . v_r added to b_{r+1})
+            g(s_r)   = squash'(s_r)^T g(v_r)
+            g(c_r)   = u_hat . g(s_r)                   (per child i and parent j)
+            g(b_r)   = g(b_{r+1}) + softmax'(c_r)^T g(c_r)     (c_1 is constant: b_1 = 0)
+            g(a_r)   = g(b_{r+1})
+            g(u_hat) = sum_r c_r (x) g(s_r) + sum_{r<R} g(a_r) (x) v_r
+
+        The last line is a batched (I x (2R-1)) @ ((2R-1) x D) matmul per (example, parent).
+        """
+        votes, *saved = ctx.saved_tensors
+        iterations = len(saved) // 3
+        couplings, totals, parents = saved[:iterations], saved[iterations : 2 * iterations], saved[2 * iterations :]
+        if ctx.detach_agreement:
+            iterations_with_grad = [iterations - 1]
+        else:
+            iterations_with_grad = list(range(iterations - 1, -1, -1))
+
+        with torch.autocast(device_type=votes.device.type, enabled=False):
+            state_dtype = totals[0].dtype
+            grad_v = grad_parents.to(state_dtype)
+            grad_logits = None  # g(b_{r+1})
+            left, right = [], []  # factors of g(u_hat): per term an (I) column and a (D) row
+            for r in iterations_with_grad:
+                if r < iterations - 1:  # v_r fed the agreement a_r = u_hat . v_r, whose gradient is g(b_{r+1})
+                    grad_v = torch.matmul(grad_logits.to(votes.dtype).unsqueeze(2), votes).squeeze(2).to(state_dtype)
+                    left.append(grad_logits), right.append(parents[r])
+                with torch.enable_grad():
+                    total = totals[r].detach().requires_grad_()
+                    (grad_s,) = torch.autograd.grad(squash(total), total, grad_v)
+                left.append(couplings[r]), right.append(grad_s)
+                if r > 0 and not ctx.detach_agreement:
+                    grad_c = torch.matmul(votes, grad_s.to(votes.dtype).unsqueeze(-1)).squeeze(-1).to(state_dtype)
+                    c = couplings[r]
+                    grad_b = c * (grad_c - (grad_c * c).sum(dim=1, keepdim=True))  # softmax over parents
+                    grad_logits = grad_b if grad_logits is None else grad_logits + grad_b
+            # (B, J, I, T) @ (B, J, T, D) -> (B, J, I, D): every term written in one pass.
+            left_factors = torch.stack(left, dim=-1).to(votes.dtype)
+            right_factors = torch.stack(right, dim=-2).to(votes.dtype)
+            grad_votes = torch.matmul(left_factors, right_factors)
+        return grad_votes, None, None
+
+
+def margin_loss(
+    lengths: torch.Tensor, targets: torch.Tensor, m_pos: float = 0.9, m_neg: float = 0.1, lambda_: float = 0.5
+) -> torch.Tensor:
+    """Eq. 4: L_k = T_k max(0, m+ - |v_k|)^2 + lambda (1 - T_k) max(0, |v_k| - m-)^2.
+
+    Summed over the classes k, averaged over the batch. ``lengths``: (B, K) capsule lengths;
+    ``targets``: (B,) class indices.
+    """
+    present = F.one_hot(targets, num_classes=lengths.shape[-1]).to(lengths.dtype)
+    loss = present * F.relu(m_pos - lengths).pow(2) + lambda_ * (1.0 - present) * F.relu(lengths - m_neg).pow(2)
+    return loss.sum(dim=-1).mean()
