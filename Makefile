@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 
 .DEFAULT_GOAL := help
-.PHONY: help install train test test-all tensorboard clean
+.PHONY: help install train test test-all bench tensorboard clean
 
 help:  ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  make %-12s %s\n", $$1, $$2}'
@@ -22,6 +22,9 @@ test:  ## the fast test suite (no slow tests)
 
 test-all:  ## every test, slow ones included
 	$(BIN)/python -m pytest $(ARGS)
+
+bench:  ## CapsNet speed + one-epoch accuracy benchmark -> experiments/results/bench.md (about 20 min on 2 cores)
+	$(BIN)/python experiments/bench_capsnet.py --accuracy $(ARGS)
 
 tensorboard:  ## serve logs/ on http://localhost:6006
 	$(BIN)/tensorboard --logdir logs --port 6006

@@ -56,3 +56,21 @@ def test_lenet5_reaches_97_5_percent_on_real_mnist_in_one_epoch(real_mnist_dir, 
     assert result.returncode == 0, result.stderr[-3000:]
     test_acc = scalars(tmp_path)["test/acc"][-1].value
     assert test_acc >= 0.975, test_acc
+
+
+def test_capsnet_on_rotated_mnist_logs_each_angle_and_the_figures(mnist_dir, tmp_path):
+    result = run_cli(*TINY_RUN, f"paths.data_dir={mnist_dir}", "model=capsnet", "data=rotated_mnist",
+                     "data.test_rotations=[0,45]", "trainer.max_steps=6", "model.net.conv_channels=32",
+                     "model.net.primary_types=8", f"hydra.run.dir={tmp_path}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    logged = scalars(tmp_path)
+    for tag in ["train/margin_loss_step", "train/recon_loss_step", "test/acc", "test/acc_rot0", "test/acc_rot45",
+                "lr-Adam"]:
+        assert tag in logged, (tag, sorted(logged))
+    events = EventAccumulator(str(tmp_path / "tensorboard"), size_guidance={"images": 0})
+    events.Reload()
+    images = events.Tags()["images"]
+    assert "val/reconstructions" in images and "test/pose_perturbation_0" in images
+    # The perturbation figure: 16 rows (pose dims) x 11 columns (steps) of 28x28 digits, 1 px padding.
+    figure = events.Images("test/pose_perturbation_0")[-1]
+    assert (figure.height, figure.width) == (16 * 29 + 1, 11 * 29 + 1)

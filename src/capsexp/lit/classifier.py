@@ -55,6 +55,8 @@ class Classifier(L.LightningModule):
         self.train_acc = MulticlassAccuracy(num_classes, average="micro")
         self.val_acc = MulticlassAccuracy(num_classes, average="micro")
         self.test_acc = MulticlassAccuracy(num_classes, average="micro")
+        # One accuracy per extra named test set (rotations ...), made when the set is first seen.
+        self.test_set_accs = torch.nn.ModuleDict()
         # Persistent, so that a resumed run keeps the best accuracy seen before it stopped.
         self.val_acc_best = MaxMetric()
         self.val_acc_best.persistent(True)
@@ -64,14 +66,15 @@ class Classifier(L.LightningModule):
             return self.net(images, targets)
         return self.net(images)
 
-    def _step(self, batch: Batch, stage: str) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    def _step(self, batch: Batch, stage: str, suffix: str = "") -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         images, targets = batch
         # Only training feeds the labels forward: evaluation must not see them.
         output = self(images, targets if stage == "train" else None)
         terms = self.objective(output, images, targets)
         for name, value in terms.items():
-            self.log(f"{stage}/{name}", value, on_step=stage == "train", on_epoch=True,
-                     prog_bar=name == "loss", batch_size=len(targets), sync_dist=stage != "train")
+            self.log(f"{stage}/{name}{suffix}", value, on_step=stage == "train", on_epoch=True,
+                     prog_bar=name == "loss" and not suffix, batch_size=len(targets),
+                     sync_dist=stage != "train", add_dataloader_idx=False)
         return terms, class_scores(output).argmax(dim=-1)
 
     def training_step(self, batch: Batch, batch_idx: int) -> torch.Tensor:
@@ -91,10 +94,28 @@ class Classifier(L.LightningModule):
         self.val_acc_best(self.val_acc.compute())
         self.log("val/acc_best", self.val_acc_best.compute(), prog_bar=True, sync_dist=True)
 
-    def test_step(self, batch: Batch, batch_idx: int) -> None:
-        _, predictions = self._step(batch, "test")
-        self.test_acc(predictions, batch[1])
-        self.log("test/acc", self.test_acc, on_step=False, on_epoch=True)
+    def _test_set_suffix(self, dataloader_idx: int) -> str:
+        """Metric suffix of a test DataLoader: ``_rot30`` etc. from the DataModule's ``test_set_names``."""
+        names = getattr(self.trainer.datamodule, "test_set_names", None) or [""]
+        name = names[dataloader_idx] if dataloader_idx < len(names) else f"set{dataloader_idx}"
+        return f"_{name}" if name else ""
+
+    def test_step(self, batch: Batch, batch_idx: int, dataloader_idx: int = 0) -> None:
+        suffix = self._test_set_suffix(dataloader_idx)
+        _, predictions = self._step(batch, "test", suffix)
+        if dataloader_idx == 0:  # test/acc: the first (for rotations, usually the unrotated) test set
+            self.test_acc(predictions, batch[1])
+            self.log("test/acc", self.test_acc, on_step=False, on_epoch=True, add_dataloader_idx=False)
+        if suffix:
+            key = str(dataloader_idx)
+            if key not in self.test_set_accs:
+                metric = self.test_acc.clone()
+                metric.reset()
+                self.test_set_accs[key] = metric.to(self.device)
+            metric = self.test_set_accs[key]
+            metric(predictions, batch[1])
+            self.log(f"test/acc{suffix}", metric, on_step=False, on_epoch=True, add_dataloader_idx=False,
+                     metric_attribute=f"test_set_accs.{key}")
 
     def configure_optimizers(self) -> Any:
         optimizer = self.optimizer(params=self.parameters())

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from capsexp.nn.functional import dynamic_routing, squash
+from capsexp.nn.functional import fully_connected_routing, squash
 
 
 class PrimaryCapsules(nn.Module):
@@ -39,7 +39,8 @@ class RoutingCapsules(nn.Module):
     """A fully connected capsule layer routed by agreement (DigitCaps).
 
     One ``out_dim x in_dim`` matrix W_ij per (input capsule i, output capsule j); votes
-    u_hat_j|i = W_ij u_i (section 2), then :func:`~capsexp.nn.functional.dynamic_routing`.
+    u_hat_j|i = W_ij u_i (section 2), then :func:`~capsexp.nn.functional.dynamic_routing` (fused, see
+    :func:`~capsexp.nn.functional.fully_connected_routing`).
     No bias, as in the paper's parameter count.
     """
 
@@ -67,7 +68,8 @@ class RoutingCapsules(nn.Module):
         if inputs.shape[1:] != (self.in_caps, self.in_dim):
             raise ValueError(f"expected input capsules of shape (B, {self.in_caps}, {self.in_dim}), "
                              f"got {tuple(inputs.shape)}")
-        return dynamic_routing(self.votes(inputs), self.iterations, detach_agreement=self.detach_agreement)
+        # Same as dynamic_routing(self.votes(inputs), ...), with the vote matmul fused into the backward.
+        return fully_connected_routing(inputs, self.weight, self.out_caps, self.iterations, self.detach_agreement)
 
     def extra_repr(self) -> str:
         return (f"in_caps={self.in_caps}, in_dim={self.in_dim}, out_caps={self.out_caps}, "

@@ -46,7 +46,7 @@ def dynamic_routing(
             the couplings are treated as constants in the backward pass and gradients reach the votes
             only through the last s_j = sum_i c_ij u_hat_j|i (as some public ports do); cheaper.
 
-    The backward pass is written out (see ``_DynamicRouting.backward``) rather than left to autograd:
+    The backward pass is written out (derivation in ``_routing_gradient_factors``), not left to autograd:
     the gradient of the votes is a sum of 2r - 1 outer products, written into one tensor by one batched
     matmul, instead of autograd's one full-size tensor per use of the votes.
     """
@@ -88,7 +88,49 @@ def _route(votes: torch.Tensor, iterations: int) -> tuple[list[torch.Tensor], li
     return couplings, totals, parents
 
 
+def _routing_gradient_factors(
+    votes: torch.Tensor, saved: tuple[torch.Tensor, ...], grad_parents: torch.Tensor, detach_agreement: bool
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Reverse Procedure 1: the gradient of the parent-major votes as a sum of outer products.
+
+    With g(x) = dL/dx, going back over r = R..1:
+
+        g(v_r)   = g(output)                        if r = R
+                 = sum_i g(a_ir) u_hat_i            otherwise (a_r = u_hat . v_r was added to b_{r+1})
+        g(s_r)   = squash'(s_r)^T g(v_r)
+        g(c_r)   = u_hat . g(s_r)                   (per child i and parent j)
+        g(b_r)   = g(b_{r+1}) + softmax'(c_r)^T g(c_r)     (c_1 is constant: b_1 = 0)
+        g(a_r)   = g(b_{r+1})
+        g(u_hat) = sum_r c_r (x) g(s_r) + sum_{r<R} g(a_r) (x) v_r
+
+    Returns the factors of the last line: ``left`` terms of shape (B, J, I), ``right`` of (B, J, D).
+    With ``detach_agreement`` only the last iteration's c_R (x) g(s_R) remains.
+    """
+    iterations = len(saved) // 3
+    couplings, totals, parents = saved[:iterations], saved[iterations : 2 * iterations], saved[2 * iterations :]
+    state_dtype = totals[0].dtype
+    grad_v = grad_parents.to(state_dtype)
+    grad_logits = None  # g(b_{r+1})
+    left, right = [], []
+    for r in [iterations - 1] if detach_agreement else range(iterations - 1, -1, -1):
+        if r < iterations - 1:
+            grad_v = torch.matmul(grad_logits.to(votes.dtype).unsqueeze(2), votes).squeeze(2).to(state_dtype)
+            left.append(grad_logits), right.append(parents[r])
+        with torch.enable_grad():
+            total = totals[r].detach().requires_grad_()
+            (grad_s,) = torch.autograd.grad(squash(total), total, grad_v)
+        left.append(couplings[r]), right.append(grad_s)
+        if r > 0 and not detach_agreement:
+            grad_c = torch.matmul(votes, grad_s.to(votes.dtype).unsqueeze(-1)).squeeze(-1).to(state_dtype)
+            c = couplings[r]
+            grad_b = c * (grad_c - (grad_c * c).sum(dim=1, keepdim=True))  # softmax over the parents
+            grad_logits = grad_b if grad_logits is None else grad_logits + grad_b
+    return left, right
+
+
 class _DynamicRouting(torch.autograd.Function):
+    """Routing on parent-major votes (B, J, I, D), with the backward pass written out."""
+
     @staticmethod
     def forward(ctx, votes: torch.Tensor, iterations: int, detach_agreement: bool):
         # Autocast off: the votes keep the dtype they come in, the small routing state is float32.
@@ -102,49 +144,72 @@ class _DynamicRouting(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_parents: torch.Tensor, _grad_couplings: None):
-        """Reverse Procedure 1. With g(x) = dL/dx, going back over r = R..1:
-
-            g(v_r)   = g(output)                        if r = R
-                     = sum_i g(a_ir) u_hat_i            otherwise (a_r = u_hat . v_r added to b_{r+1})
-            g(s_r)   = squash'(s_r)^T g(v_r)
-            g(c_r)   = u_hat . g(s_r)                   (per child i and parent j)
-            g(b_r)   = g(b_{r+1}) + softmax'(c_r)^T g(c_r)     (c_1 is constant: b_1 = 0)
-            g(a_r)   = g(b_{r+1})
-            g(u_hat) = sum_r c_r (x) g(s_r) + sum_{r<R} g(a_r) (x) v_r
-
-        The last line is a batched (I x (2R-1)) @ ((2R-1) x D) matmul per (example, parent).
-        """
         votes, *saved = ctx.saved_tensors
-        iterations = len(saved) // 3
-        couplings, totals, parents = saved[:iterations], saved[iterations : 2 * iterations], saved[2 * iterations :]
-        if ctx.detach_agreement:
-            iterations_with_grad = [iterations - 1]
-        else:
-            iterations_with_grad = list(range(iterations - 1, -1, -1))
-
         with torch.autocast(device_type=votes.device.type, enabled=False):
-            state_dtype = totals[0].dtype
-            grad_v = grad_parents.to(state_dtype)
-            grad_logits = None  # g(b_{r+1})
-            left, right = [], []  # factors of g(u_hat): per term an (I) column and a (D) row
-            for r in iterations_with_grad:
-                if r < iterations - 1:  # v_r fed the agreement a_r = u_hat . v_r, whose gradient is g(b_{r+1})
-                    grad_v = torch.matmul(grad_logits.to(votes.dtype).unsqueeze(2), votes).squeeze(2).to(state_dtype)
-                    left.append(grad_logits), right.append(parents[r])
-                with torch.enable_grad():
-                    total = totals[r].detach().requires_grad_()
-                    (grad_s,) = torch.autograd.grad(squash(total), total, grad_v)
-                left.append(couplings[r]), right.append(grad_s)
-                if r > 0 and not ctx.detach_agreement:
-                    grad_c = torch.matmul(votes, grad_s.to(votes.dtype).unsqueeze(-1)).squeeze(-1).to(state_dtype)
-                    c = couplings[r]
-                    grad_b = c * (grad_c - (grad_c * c).sum(dim=1, keepdim=True))  # softmax over parents
-                    grad_logits = grad_b if grad_logits is None else grad_logits + grad_b
+            left, right = _routing_gradient_factors(votes, saved, grad_parents, ctx.detach_agreement)
             # (B, J, I, T) @ (B, J, T, D) -> (B, J, I, D): every term written in one pass.
-            left_factors = torch.stack(left, dim=-1).to(votes.dtype)
-            right_factors = torch.stack(right, dim=-2).to(votes.dtype)
-            grad_votes = torch.matmul(left_factors, right_factors)
+            grad_votes = torch.matmul(torch.stack(left, dim=-1).to(votes.dtype),
+                                      torch.stack(right, dim=-2).to(votes.dtype))
         return grad_votes, None, None
+
+
+def fully_connected_routing(
+    inputs: torch.Tensor, weight: torch.Tensor, out_caps: int, iterations: int = 3, detach_agreement: bool = False
+) -> torch.Tensor:
+    """Votes u_hat_j|i = W_ij u_i, then :func:`dynamic_routing`: a DigitCaps layer in one call.
+
+    ``inputs`` (B, I, in_dim); ``weight`` (I, in_dim, out_caps * out_dim), W_ij = weight[i, :, j].T;
+    returns the parents (B, out_caps, out_dim). Same result as
+    ``dynamic_routing(votes, iterations)``, but fused: the backward pass writes the gradient of the
+    votes straight into the layout of the vote matmul, (I, B, J*D), where the input and weight gradients
+    are plain batched matmuls (autograd would permute a second full-size copy of it).
+    """
+    if iterations < 1:
+        raise ValueError(f"routing needs at least one iteration, got {iterations}")
+    device_type = inputs.device.type
+    if torch.is_autocast_enabled(device_type):  # autocast would have run the vote matmul in this dtype
+        dtype = torch.get_autocast_dtype(device_type)
+    else:
+        dtype = torch.result_type(inputs, weight)
+    return _VotesAndRouting.apply(inputs.to(dtype), weight.to(dtype), out_caps, iterations, detach_agreement)
+
+
+class _VotesAndRouting(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, inputs: torch.Tensor, weight: torch.Tensor, num_parents: int, iterations: int,
+                detach_agreement: bool):
+        num_children, batch = weight.shape[0], inputs.shape[0]
+        with torch.autocast(device_type=inputs.device.type, enabled=False):
+            votes = torch.bmm(inputs.transpose(0, 1), weight)                             # (I, B, J*D)
+            # Parent-major (B, J, I, D): each routing sum becomes a contiguous matrix-vector product.
+            votes = votes.view(num_children, batch, num_parents, -1).permute(1, 2, 0, 3).contiguous()
+            couplings, totals, parents = _route(votes, iterations)
+        ctx.detach_agreement = detach_agreement
+        ctx.save_for_backward(inputs, weight, votes, *couplings, *totals, *parents)
+        return parents[-1].to(votes.dtype)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_parents: torch.Tensor):
+        inputs, weight, votes, *saved = ctx.saved_tensors
+        num_children, batch = weight.shape[0], inputs.shape[0]
+        with torch.autocast(device_type=inputs.device.type, enabled=False):
+            left, right = _routing_gradient_factors(votes, saved, grad_parents, ctx.detach_agreement)
+            grad_votes = votes.new_empty(num_children, *votes.shape[:2], votes.shape[3])  # (I, B, J, D)
+            for term, (child_factor, parent_factor) in enumerate(zip(left, right)):  # 2r - 1 terms at most
+                child_factor = child_factor.to(votes.dtype).permute(2, 0, 1).unsqueeze(-1)   # (I, B, J, 1)
+                parent_factor = parent_factor.to(votes.dtype).unsqueeze(0)                   # (1, B, J, D)
+                if term == 0:
+                    torch.mul(child_factor, parent_factor, out=grad_votes)
+                else:
+                    grad_votes.addcmul_(child_factor, parent_factor)
+            grad_votes = grad_votes.view(num_children, batch, -1)                          # (I, B, J*D)
+            grad_inputs = grad_weight = None
+            if ctx.needs_input_grad[0]:
+                grad_inputs = torch.bmm(grad_votes, weight.transpose(1, 2)).transpose(0, 1)
+            if ctx.needs_input_grad[1]:
+                grad_weight = torch.bmm(inputs.transpose(0, 1).transpose(1, 2), grad_votes)
+        return grad_inputs, grad_weight, None, None, None
 
 
 def margin_loss(

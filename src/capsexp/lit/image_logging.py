@@ -1,0 +1,94 @@
+"""TensorBoard figures of capsule models: reconstructions and pose perturbations.
+
+Both callbacks do nothing for nets without a decoder (LeNet5), so they sit in the default callbacks.
+Images are written once, by the global rank zero, with ``torchvision.utils.make_grid``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.loggers import TensorBoardLogger
+from torchvision.utils import make_grid
+
+
+def tensorboard_writer(trainer: L.Trainer) -> Any | None:
+    """The SummaryWriter of the trainer's TensorBoard logger, on global rank zero only."""
+    if not trainer.is_global_zero:
+        return None
+    for logger in trainer.loggers:
+        if isinstance(logger, TensorBoardLogger):
+            return logger.experiment
+    return None
+
+
+def displayable(images: torch.Tensor) -> torch.Tensor:
+    """(B, C, H, W) -> images make_grid can show: stereo pairs (C = 2) side by side as one channel."""
+    if images.shape[1] == 2:
+        images = torch.cat([images[:, :1], images[:, 1:]], dim=-1)
+    return images.float().clamp(0, 1).cpu()
+
+
+class ReconstructionGrid(L.Callback):
+    """Every validation epoch: ``num_images`` validation inputs (top row) above their reconstructions."""
+
+    def __init__(self, num_images: int = 8) -> None:
+        self.num_images = num_images
+        self.images: torch.Tensor | None = None
+
+    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
+        if batch_idx == 0 and dataloader_idx == 0:
+            self.images = batch[0][: self.num_images].detach()
+
+    @torch.no_grad()
+    def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        writer = tensorboard_writer(trainer)
+        if trainer.sanity_checking or writer is None or self.images is None:
+            return
+        reconstructions = getattr(pl_module(self.images), "reconstructions", None)
+        if reconstructions is None:
+            return
+        grid = make_grid(displayable(torch.cat([self.images, reconstructions])), nrow=len(self.images), padding=2)
+        writer.add_image("val/reconstructions", grid, trainer.global_step)
+
+
+class PosePerturbation(L.Callback):
+    """After testing: the paper's Fig. 4. For ``num_examples`` test digits, each dimension of the
+    predicted class capsule is tweaked by ``steps`` values evenly spaced over
+    [-max_delta, max_delta] and decoded: one grid per digit, a row per dimension."""
+
+    def __init__(self, num_examples: int = 4, steps: int = 11, max_delta: float = 0.25) -> None:
+        self.num_examples, self.steps, self.max_delta = num_examples, steps, max_delta
+        self.images: torch.Tensor | None = None
+
+    def on_test_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
+        if batch_idx == 0 and dataloader_idx == 0:
+            self.images = batch[0][: self.num_examples].detach()
+
+    @torch.no_grad()
+    def perturbed_reconstructions(self, net: torch.nn.Module, images: torch.Tensor) -> torch.Tensor:
+        """(examples, pose_dim, steps, C, H, W): each pose dimension of the predicted capsule, tweaked."""
+        output = net(images)
+        poses, predicted = output.poses, output.scores.argmax(dim=-1)              # (N, K, D), (N,)
+        examples, _, pose_dim = poses.shape
+        deltas = torch.linspace(-self.max_delta, self.max_delta, self.steps, device=poses.device)
+        tweaked = poses[:, None, None].repeat(1, pose_dim, self.steps, 1, 1)       # (N, D, S, K, D)
+        example = torch.arange(examples, device=poses.device)[:, None, None]
+        dim = torch.arange(pose_dim, device=poses.device)[None, :, None]
+        step = torch.arange(self.steps, device=poses.device)[None, None, :]
+        tweaked[example, dim, step, predicted[:, None, None], dim] += deltas[step]
+        classes = predicted.repeat_interleave(pose_dim * self.steps)
+        decoded = net.decode(tweaked.flatten(0, 2), classes)
+        return decoded.view(examples, pose_dim, self.steps, *decoded.shape[1:])
+
+    def on_test_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        writer = tensorboard_writer(trainer)
+        net = getattr(pl_module, "net", None)
+        if writer is None or self.images is None or getattr(net, "decoder", None) is None:
+            return
+        figures = self.perturbed_reconstructions(net, self.images)
+        for index, figure in enumerate(figures):
+            grid = make_grid(displayable(figure.flatten(0, 1)), nrow=self.steps, padding=1)
+            writer.add_image(f"test/pose_perturbation_{index}", grid, trainer.global_step)

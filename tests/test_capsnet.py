@@ -1,0 +1,153 @@
+"""CapsNet layers and model: the paper's layout, shapes, the decoder's input, learning."""
+
+from __future__ import annotations
+
+import functools
+
+import lightning as L
+import pytest
+import torch
+
+from capsexp.data import MNISTDataModule
+from capsexp.lit import CapsuleLoss, Classifier
+from capsexp.models import CapsNet
+from capsexp.nn import PrimaryCapsules, RoutingCapsules, dynamic_routing, fully_connected_routing
+
+
+def test_primary_capsules_group_32_types_of_8_dims():
+    layer = PrimaryCapsules(in_channels=1, num_types=32, dim=8, kernel_size=9, stride=2)
+    with torch.no_grad():
+        layer.conv.weight.zero_()
+        layer.conv.bias.copy_(torch.arange(256.0) + 1)   # channel t * 8 + d carries t * 8 + d + 1
+    capsules = layer(torch.zeros(2, 1, 20, 20))
+    assert capsules.shape == (2, 32 * 6 * 6, 8) and layer.output_size(20, 20) == 1152
+    for capsule_type in [0, 5, 31]:
+        for position in [0, 17, 35]:
+            vector = capsules[0, capsule_type * 36 + position]
+            expected = torch.arange(8.0) + capsule_type * 8 + 1    # the 8 channels of that type
+            assert torch.allclose(vector / vector.norm(), expected / expected.norm(), atol=1e-6)
+    assert (capsules.norm(dim=-1) < 1).all()
+
+
+def test_votes_are_w_ij_times_u_i():
+    layer = RoutingCapsules(in_caps=5, in_dim=8, out_caps=3, out_dim=16)
+    inputs = torch.randn(4, 5, 8)
+    votes = layer.votes(inputs)
+    assert votes.shape == (4, 5, 3, 16)
+    weight = layer.weight.view(5, 8, 3, 16)
+    for i in range(5):
+        for j in range(3):
+            assert torch.allclose(votes[:, i, j], inputs[:, i] @ weight[i, :, j], atol=1e-6)
+    assert votes.transpose(1, 2).is_contiguous(), "votes should be stored parent-major for routing"
+
+
+@pytest.mark.parametrize("detach_agreement", [False, True])
+def test_fused_layer_equals_routing_its_votes(detach_agreement):
+    """RoutingCapsules fuses the vote matmul with routing: same values and gradients as the two steps."""
+    torch.manual_seed(0)
+    layer = RoutingCapsules(7, 8, 5, 4, iterations=3, detach_agreement=detach_agreement).double()
+    inputs = torch.randn(3, 7, 8, dtype=torch.float64, requires_grad=True)
+    fused = layer(inputs)
+    two_steps = dynamic_routing(layer.votes(inputs), 3, detach_agreement=detach_agreement)
+    assert torch.allclose(fused, two_steps)
+    upstream = torch.randn_like(fused)
+    grads = torch.autograd.grad(fused, (inputs, layer.weight), upstream)
+    reference = torch.autograd.grad(two_steps, (inputs, layer.weight), upstream)
+    assert all(torch.allclose(a, b) for a, b in zip(grads, reference))
+    assert torch.autograd.gradcheck(
+        lambda x, w: fully_connected_routing(x, w, 5, 3, detach_agreement), (inputs, layer.weight))
+
+
+def test_parameter_count_is_the_papers():
+    assert sum(p.numel() for p in CapsNet().parameters()) == 8_215_568
+    assert sum(p.numel() for p in CapsNet(reconstruction=False).parameters()) == 6_804_224
+
+
+@pytest.mark.parametrize("channels,size,classes,primary", [(1, 28, 10, 1152), (2, 32, 5, 2048), (1, 40, 10, 4608)])
+def test_output_shapes(channels, size, classes, primary):
+    net = CapsNet(in_channels=channels, image_size=size, num_classes=classes)
+    assert net.digits.in_caps == primary
+    output = net(torch.rand(3, channels, size, size))
+    assert output.scores.shape == (3, classes) and output.poses.shape == (3, classes, 16)
+    assert output.reconstructions.shape == (3, channels, size, size)
+    assert ((output.reconstructions >= 0) & (output.reconstructions <= 1)).all()
+
+
+def test_bad_inputs_are_explained():
+    with pytest.raises(ValueError, match="built for inputs"):
+        CapsNet()(torch.rand(2, 1, 32, 32))
+    with pytest.raises(ValueError, match="too small"):
+        CapsNet(image_size=16)
+    with pytest.raises(RuntimeError, match="no decoder"):
+        net = CapsNet(reconstruction=False)
+        net.decode(torch.rand(1, 10, 16), torch.tensor([0]))
+
+
+def test_decoder_gets_the_label_in_training_and_the_prediction_in_evaluation():
+    torch.manual_seed(0)
+    net = CapsNet()
+    module = Classifier(net, CapsuleLoss(), functools.partial(torch.optim.Adam, lr=1e-3))
+    images = torch.rand(4, 1, 28, 28)
+    seen = {}
+
+    def spy(output, images, targets):
+        seen["output"] = output
+        return CapsuleLoss()(output, images, targets)
+
+    module.objective = spy
+    module.log = lambda *args, **kwargs: None
+    with torch.no_grad():
+        predicted = net(images).scores.argmax(dim=-1)
+        wrong = (predicted + 1) % 10
+        module._step((images, wrong), "train")
+        train_output = seen["output"]
+        assert torch.allclose(train_output.reconstructions, net.decode(train_output.poses, wrong))
+        module._step((images, wrong), "val")
+        val_output = seen["output"]
+        assert torch.allclose(val_output.reconstructions, net.decode(val_output.poses, predicted))
+
+
+@pytest.mark.parametrize("blank", [False, True])
+def test_gradients_reach_every_layer_without_nan(blank):
+    net = CapsNet()
+    images = torch.zeros(2, 1, 28, 28) if blank else torch.rand(2, 1, 28, 28)
+    targets = torch.tensor([3, 7])
+    CapsuleLoss()(net(images, targets), images, targets)["loss"].backward()
+    for name, parameter in net.named_parameters():
+        assert parameter.grad is not None and torch.isfinite(parameter.grad).all(), name
+        # (a blank image gives conv1's weights a zero gradient: it is proportional to the input)
+        if not blank:
+            assert parameter.grad.abs().sum() > 0, name
+
+
+def test_capsule_loss_terms():
+    net = CapsNet()
+    images, targets = torch.rand(3, 1, 28, 28), torch.tensor([0, 1, 2])
+    terms = CapsuleLoss(recon_weight=0.0005)(net(images, targets), images, targets)
+    assert set(terms) == {"loss", "margin_loss", "recon_loss"}
+    assert terms["loss"].item() == pytest.approx(terms["margin_loss"].item() + 0.0005 * terms["recon_loss"].item(),
+                                                 rel=1e-5)
+    no_decoder = CapsNet(reconstruction=False)
+    assert set(CapsuleLoss()(no_decoder(images), images, targets)) == {"loss", "margin_loss"}
+
+
+def test_a_small_capsnet_learns_real_format_digits(mnist_dir, tmp_path):
+    """A few hundred steps on the synthetic IDX digits: the loss falls well below its start."""
+    torch.manual_seed(0)
+    net = CapsNet(conv_channels=32, primary_types=8)   # the paper's layout, narrower for a CPU test
+    module = Classifier(net, CapsuleLoss(), functools.partial(torch.optim.Adam, lr=1e-3))
+    datamodule = MNISTDataModule(mnist_dir, batch_size=16, val_size=60, verify_checksums=False, download=False,
+                                 train_shift=2)
+    losses = []
+
+    class Record(L.Callback):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            losses.append(outputs["loss"].item())
+
+    trainer = L.Trainer(max_steps=225, accelerator="cpu", logger=False, enable_progress_bar=False,
+                        enable_model_summary=False, enable_checkpointing=False, callbacks=[Record()],
+                        default_root_dir=tmp_path)
+    trainer.fit(module, datamodule=datamodule)
+    start, end = sum(losses[:10]) / 10, sum(losses[-10:]) / 10
+    assert end < 0.3 * start, (start, end)
+    assert trainer.callback_metrics["val/acc"] >= 0.9
