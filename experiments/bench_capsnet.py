@@ -164,7 +164,7 @@ def write(results: dict, acc: dict | None, path: Path) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--batch-size", type=int, default=128)
-    parser.add_argument("--repeats", type=int, default=9)
+    parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--accuracy", action="store_true", help="also train one epoch through the CLI")
     parser.add_argument("--data-dir", default=None, help="data dir for --accuracy (default: paths.data_dir)")

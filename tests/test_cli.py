@@ -60,7 +60,7 @@ def test_lenet5_reaches_97_5_percent_on_real_mnist_in_one_epoch(real_mnist_dir, 
 
 def test_capsnet_on_rotated_mnist_logs_each_angle_and_the_figures(mnist_dir, tmp_path):
     result = run_cli(*TINY_RUN, f"paths.data_dir={mnist_dir}", "model=capsnet", "data=rotated_mnist",
-                     "data.test_rotations=[0,45]", "trainer.max_steps=6", "model.net.conv_channels=32",
+                     "data.test_rotations=[0,45]", "trainer.max_epochs=1", "model.net.conv_channels=32",
                      "model.net.primary_types=8", f"hydra.run.dir={tmp_path}")
     assert result.returncode == 0, result.stderr[-3000:]
     logged = scalars(tmp_path)

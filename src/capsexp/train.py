@@ -38,7 +38,9 @@ def run(cfg: DictConfig) -> dict[str, float]:
     if cfg.get("seed") is not None:
         L.seed_everything(cfg.seed, workers=True)
 
-    datamodule: L.LightningDataModule = instantiate(cfg.data)
+    # Plain lists and dicts, not OmegaConf containers: hyperparameters are saved in checkpoints,
+    # which load with torch.load(weights_only=True).
+    datamodule: L.LightningDataModule = instantiate(cfg.data, _convert_="all")
     module: L.LightningModule = instantiate(
         cfg.model, optimizer=cfg.optimizer, lr_scheduler=cfg.get("lr_scheduler"), _convert_="partial"
     )
