@@ -142,8 +142,11 @@ class MNISTDataModule(L.LightningDataModule):
         super().__init__()
         if train_shift < 0:
             raise ValueError(f"train_shift must be >= 0, got {train_shift}")
+        # Hyperparameters (read from these locals) go into checkpoints, which load with
+        # torch.load(weights_only=True): a str, not a Path.
+        data_dir = str(Path(data_dir).expanduser().resolve())
         self.save_hyperparameters(logger=False)
-        self.data_dir = Path(data_dir).expanduser().resolve()
+        self.data_dir = Path(data_dir)
         self.batch_size_per_device = batch_size
         self.data_train: ImageTensorDataset | None = None
         self.data_val: ImageTensorDataset | None = None

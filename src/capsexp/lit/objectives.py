@@ -12,7 +12,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from capsexp.nn.functional import margin_loss
+from capsexp.nn.functional import margin_loss, spread_loss
 
 
 def class_scores(output: Any) -> torch.Tensor:
@@ -49,3 +49,18 @@ class CapsuleLoss:
             return {"loss": margin, "margin_loss": margin}
         recon = (reconstructions - images).pow(2).flatten(1).sum(dim=1).mean()
         return {"loss": margin + self.recon_weight * recon, "margin_loss": margin, "recon_loss": recon}
+
+
+class SpreadLoss:
+    """Spread loss of the EM-routing paper (section 3.1) on the class activations.
+
+    ``margin`` starts at 0.2 and is raised during training by a margin schedule callback
+    (:mod:`capsexp.lit.margin`); logged term: ``spread_loss``.
+    """
+
+    def __init__(self, margin: float = 0.2) -> None:
+        self.margin = margin
+
+    def __call__(self, output: Any, images: torch.Tensor, targets: torch.Tensor) -> dict[str, torch.Tensor]:
+        loss = spread_loss(class_scores(output), targets, self.margin)
+        return {"loss": loss, "spread_loss": loss}

@@ -1,0 +1,64 @@
+"""Matrix capsules with EM routing (Hinton, Sabour & Frosst 2018): the smallNORB network of Fig. 1.
+
+ReLU conv1 5x5 stride 2 (A channels) -> PrimaryCaps 1x1 (B types) -> ConvCaps1 KxK stride 2 (C types)
+-> ConvCaps2 KxK stride 1 (D types) -> Class capsules (one per class, coordinate addition).
+The class activations are the scores.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from capsexp.nn.matrix_capsules import ClassMatrixCapsules, ConvMatrixCapsules, PrimaryMatrixCapsules
+
+
+class MatrixCapsNetOutput(NamedTuple):
+    scores: torch.Tensor    # (N, classes): class capsule activations in (0, 1)
+    poses: torch.Tensor     # (N, classes, P*P): class capsule poses
+
+
+class MatrixCapsNet(nn.Module):
+    """The paper's network; defaults A=B=C=D=32 (about 310K parameters on 2x32x32 smallNORB).
+
+    Args:
+        in_channels, image_size, num_classes: input and output geometry.
+        A, B, C, D: conv1 channels, primary, ConvCaps1 and ConvCaps2 capsule types.
+        K: ConvCaps kernel size. P: pose matrix size. iterations: EM iterations.
+        final_lambda, sigma_eps, normalize_cost: see :func:`capsexp.nn.em.em_routing`.
+    """
+
+    def __init__(self, in_channels: int = 1, num_classes: int = 10, A: int = 32, B: int = 32, C: int = 32,
+                 D: int = 32, K: int = 3, P: int = 4, iterations: int = 3, image_size: int = 28,
+                 final_lambda: float = 0.01, sigma_eps: float = 1e-4, normalize_cost: bool = False,
+                 coordinate_addition: bool = True) -> None:
+        super().__init__()
+        routing = dict(pose_size=P, iterations=iterations, final_lambda=final_lambda, sigma_eps=sigma_eps,
+                       normalize_cost=normalize_cost)
+        self.conv1 = nn.Conv2d(in_channels, A, kernel_size=5, stride=2)
+        self.primary = PrimaryMatrixCapsules(A, B, P)
+        self.conv_caps1 = ConvMatrixCapsules(B, C, K, stride=2, **routing)
+        self.conv_caps2 = ConvMatrixCapsules(C, D, K, stride=1, **routing)
+        self.class_caps = ClassMatrixCapsules(D, num_classes, coordinate_addition=coordinate_addition, **routing)
+
+        # Receptive-field centres of the ConvCaps2 positions in input pixels, scaled to [0, 1]:
+        # compose each layer's map p -> stride * p + (kernel - 1) / 2.
+        scale, offset, size = 1.0, 0.0, image_size
+        for kernel, stride in [(5, 2), (K, 2), (K, 1)]:
+            offset, scale = offset + scale * (kernel - 1) / 2, scale * stride
+            size = (size - kernel) // stride + 1
+        if size < 1:
+            raise ValueError(f"image_size={image_size} is too small for this network (K={K})")
+        centres = (offset + scale * torch.arange(size) + 0.5) / image_size
+        self.register_buffer("centres", torch.stack(torch.meshgrid(centres, centres, indexing="ij"), dim=-1),
+                             persistent=False)
+
+    def forward(self, images: torch.Tensor) -> MatrixCapsNetOutput:
+        poses, activations = self.primary(F.relu(self.conv1(images)))
+        poses, activations = self.conv_caps1(poses, activations)
+        poses, activations = self.conv_caps2(poses, activations)
+        class_poses, class_activations = self.class_caps(poses, activations, self.centres)
+        return MatrixCapsNetOutput(class_activations, class_poses)

@@ -1,0 +1,138 @@
+"""Matrix-capsule layers with EM routing (Hinton, Sabour & Frosst 2018, section 4).
+
+A capsule map is a pair: poses (N, T, P*P, H, W), T capsule types with a P x P pose matrix each,
+and activations (N, T, H, W) in (0, 1).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from capsexp.nn.em import em_routing
+
+CapsuleMap = tuple[torch.Tensor, torch.Tensor]
+
+
+class PrimaryMatrixCapsules(nn.Module):
+    """1x1 convolutions: a P x P pose and a sigmoid activation for each of ``num_types`` types."""
+
+    def __init__(self, in_channels: int, num_types: int, pose_size: int = 4) -> None:
+        super().__init__()
+        self.num_types, self.pose_elements = num_types, pose_size * pose_size
+        self.pose = nn.Conv2d(in_channels, num_types * self.pose_elements, kernel_size=1)
+        self.activation = nn.Conv2d(in_channels, num_types, kernel_size=1)
+
+    def forward(self, features: torch.Tensor) -> CapsuleMap:
+        batch, _, height, width = features.shape
+        poses = self.pose(features).view(batch, self.num_types, self.pose_elements, height, width)
+        return poses, torch.sigmoid(self.activation(features))
+
+
+class _EMLayer(nn.Module):
+    """What the EM capsule layers share: beta_u, beta_a per parent type and the routing options."""
+
+    def __init__(self, out_types: int, pose_size: int, iterations: int, final_lambda: float, sigma_eps: float,
+                 normalize_cost: bool) -> None:
+        super().__init__()
+        self.pose_size, self.out_types = pose_size, out_types
+        self.routing = dict(iterations=iterations, final_lambda=final_lambda, sigma_eps=sigma_eps,
+                            normalize_cost=normalize_cost)
+        self.beta_u = nn.Parameter(torch.zeros(out_types))
+        self.beta_a = nn.Parameter(torch.zeros(out_types))
+
+    def new_weight(self, *leading: int) -> nn.Parameter:
+        # std 1/P keeps the votes V = M W at the scale of the poses M (each entry sums P products).
+        return nn.Parameter(torch.randn(*leading, self.pose_size, self.pose_size) / math.sqrt(self.pose_size))
+
+
+class ConvMatrixCapsules(_EMLayer):
+    """ConvCaps: votes V_ij = M_i W_ij from every child in a K x K window, EM-routed to the parents.
+
+    One W per (kernel position, input type, output type), shared across positions. A child under
+    several overlapping windows is shared among all their parents: its responsibilities sum to 1 over
+    all of them (``child_index`` in :func:`~capsexp.nn.em.em_routing`). No padding, as in the paper.
+    """
+
+    def __init__(self, in_types: int, out_types: int, kernel_size: int = 3, stride: int = 1, pose_size: int = 4,
+                 iterations: int = 3, final_lambda: float = 0.01, sigma_eps: float = 1e-4,
+                 normalize_cost: bool = False) -> None:
+        super().__init__(out_types, pose_size, iterations, final_lambda, sigma_eps, normalize_cost)
+        self.in_types, self.kernel_size, self.stride = in_types, kernel_size, stride
+        self.weight = self.new_weight(kernel_size * kernel_size, in_types, out_types)
+
+    def output_size(self, size: int) -> int:
+        return (size - self.kernel_size) // self.stride + 1
+
+    def _unfold(self, maps: torch.Tensor) -> torch.Tensor:
+        """(N, C, H, W) -> (N, Q, K*K, C): the K x K windows, one per output position q."""
+        batch, channels = maps.shape[:2]
+        patches = F.unfold(maps, self.kernel_size, stride=self.stride)             # (N, C*K*K, Q)
+        return patches.view(batch, channels, self.kernel_size**2, -1).permute(0, 3, 2, 1)
+
+    def child_index(self, height: int, width: int, device: torch.device) -> torch.Tensor:
+        """(Q, K*K*I): the child (input type i at position (h, w), numbered i*H*W + h*W + w) in each slot."""
+        ids = torch.arange(self.in_types * height * width, device=device, dtype=torch.float64)
+        windows = self._unfold(ids.view(1, self.in_types, height, width))[0]       # (Q, K*K, I)
+        return windows.reshape(windows.shape[0], -1).long()
+
+    def forward(self, poses: torch.Tensor, activations: torch.Tensor) -> CapsuleMap:
+        batch, in_types, elements, height, width = poses.shape
+        pose_windows = self._unfold(poses.reshape(batch, in_types * elements, height, width))
+        pose_windows = pose_windows.reshape(batch, -1, self.kernel_size**2, in_types, self.pose_size, self.pose_size)
+        votes = torch.einsum("nqkiab,kijbc->nqkijac", pose_windows, self.weight)   # (N, Q, K*K, I, J, P, P)
+        votes = votes.reshape(batch, votes.shape[1], -1, self.out_types, elements)
+        mu, parent_activations = em_routing(
+            votes, activations.reshape(batch, -1), self.beta_u, self.beta_a,
+            child_index=self.child_index(height, width, poses.device), num_children=in_types * height * width,
+            **self.routing)
+        out_height, out_width = self.output_size(height), self.output_size(width)
+        mu = mu.view(batch, out_height, out_width, self.out_types, elements).permute(0, 3, 4, 1, 2)
+        parent_activations = parent_activations.view(batch, out_height, out_width, self.out_types).permute(0, 3, 1, 2)
+        return mu.contiguous(), parent_activations.contiguous()
+
+
+class ClassMatrixCapsules(_EMLayer):
+    """Class capsules: one W per input type, shared across positions, with coordinate addition.
+
+    Coordinate addition (section 4): the scaled (row, column) of the centre of each child's receptive
+    field is added to the first two elements of the right-hand column of its vote matrix, so the class
+    poses keep where the parts were. ``centres``: (H, W, 2) scaled centres; by default those of a plain
+    grid, ((h + 0.5) / H, (w + 0.5) / W). :class:`~capsexp.models.MatrixCapsNet` passes the true ones.
+    """
+
+    def __init__(self, in_types: int, num_classes: int, pose_size: int = 4, iterations: int = 3,
+                 final_lambda: float = 0.01, sigma_eps: float = 1e-4, normalize_cost: bool = False,
+                 coordinate_addition: bool = True) -> None:
+        super().__init__(num_classes, pose_size, iterations, final_lambda, sigma_eps, normalize_cost)
+        self.coordinate_addition = coordinate_addition
+        self.weight = self.new_weight(in_types, num_classes)
+
+    @staticmethod
+    def grid_centres(height: int, width: int, device: torch.device | None = None) -> torch.Tensor:
+        rows = (torch.arange(height, device=device) + 0.5) / height
+        cols = (torch.arange(width, device=device) + 0.5) / width
+        return torch.stack(torch.meshgrid(rows, cols, indexing="ij"), dim=-1)
+
+    def votes(self, poses: torch.Tensor, centres: torch.Tensor | None = None) -> torch.Tensor:
+        """V = M W plus coordinate addition: (N, H, W, I, J, P, P) for poses (N, I, P*P, H, W)."""
+        batch, in_types, _, height, width = poses.shape
+        matrices = poses.permute(0, 3, 4, 1, 2).reshape(batch, height, width, in_types, self.pose_size, self.pose_size)
+        votes = torch.einsum("nhwiab,ijbc->nhwijac", matrices, self.weight)
+        if self.coordinate_addition:
+            if centres is None:
+                centres = self.grid_centres(height, width, poses.device)
+            offsets = torch.zeros_like(votes[0, :, :, 0, 0])                         # (H, W, P, P)
+            offsets[..., 0, -1], offsets[..., 1, -1] = centres[..., 0], centres[..., 1]
+            votes = votes + offsets[:, :, None, None].to(votes.dtype)
+        return votes
+
+    def forward(self, poses: torch.Tensor, activations: torch.Tensor,
+                centres: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        batch, _, elements = poses.shape[:3]
+        votes = self.votes(poses, centres).reshape(batch, -1, self.out_types, elements)   # children (h, w, i)
+        child_activations = activations.permute(0, 2, 3, 1).reshape(batch, -1)
+        return em_routing(votes, child_activations, self.beta_u, self.beta_a, **self.routing)

@@ -1,0 +1,182 @@
+"""EM routing, matrix-capsule layers, spread loss and margin schedules (Hinton et al. 2018)."""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import lightning as L
+import pytest
+import torch
+
+from capsexp.data import MNISTDataModule
+from capsexp.lit import Classifier, SpreadLoss
+from capsexp.lit.margin import LinearMargin, SigmoidMargin
+from capsexp.models import LeNet5, MatrixCapsNet
+from capsexp.nn import ClassMatrixCapsules, ConvMatrixCapsules, PrimaryMatrixCapsules
+from capsexp.nn.functional import em_routing, inverse_temperatures, spread_loss
+from conftest import TINY_RUN, run_cli
+
+
+def routed(votes, activations, parents, **kwargs):
+    return em_routing(votes, activations, torch.zeros(parents), torch.zeros(parents), return_responsibilities=True,
+                      **kwargs)
+
+
+def test_inverse_temperature_schedule():
+    assert inverse_temperatures(3, 0.01) == pytest.approx([0.01 * (1 - 0.95), 0.01 * (1 - 0.95**2),
+                                                           0.01 * (1 - 0.95**3)])
+
+
+def test_dense_responsibilities_sum_to_one_and_activations_in_unit_interval():
+    torch.manual_seed(0)
+    mu, activations, responsibilities = routed(torch.randn(3, 20, 5, 16), torch.rand(3, 20), 5, iterations=3)
+    assert mu.shape == (3, 5, 16) and activations.shape == (3, 5)
+    assert torch.allclose(responsibilities.sum(dim=-1), torch.ones(3, 20), atol=1e-5)
+    assert ((activations > 0) & (activations < 1)).all()
+
+
+def test_conv_layer_shares_each_child_among_all_overlapping_parents():
+    torch.manual_seed(0)
+    layer = ConvMatrixCapsules(in_types=3, out_types=4, kernel_size=3, stride=1)
+    poses, activations = torch.randn(2, 3, 16, 5, 5), torch.rand(2, 3, 5, 5)
+    child_index = layer.child_index(5, 5, poses.device)
+    assert child_index.shape == (9, 27)
+    # Every child is seen by as many windows as cover its position: 1 in a corner, 9 in the centre.
+    counts = torch.bincount(child_index.reshape(-1), minlength=75).view(3, 5, 5)
+    assert counts[0, 0, 0] == 1 and counts[0, 2, 2] == 9 and counts[0, 1, 2] == 6
+    windows = layer._unfold(poses.reshape(2, 48, 5, 5)).reshape(2, 9, 9, 3, 4, 4)
+    votes = torch.einsum("nqkiab,kijbc->nqkijac", windows, layer.weight).reshape(2, 9, 27, 4, 16)
+    _, _, responsibilities = routed(votes, activations.reshape(2, -1), 4, child_index=child_index, iterations=3)
+    per_child = torch.zeros(2, 75).index_add_(1, child_index.reshape(-1), responsibilities.sum(-1).reshape(2, -1))
+    assert torch.allclose(per_child, torch.ones(2, 75), atol=1e-5)
+    out_poses, out_activations = layer(poses, activations)
+    assert out_poses.shape == (2, 4, 16, 3, 3) and out_activations.shape == (2, 4, 3, 3)
+
+
+def test_conv_layer_with_kernel_covering_the_input_is_the_dense_layer():
+    torch.manual_seed(0)
+    layer = ConvMatrixCapsules(in_types=2, out_types=3, kernel_size=4, stride=1)
+    poses, activations = torch.randn(2, 2, 16, 4, 4), torch.rand(2, 2, 4, 4)
+    conv_poses, conv_activations = layer(poses, activations)
+    # Dense: child (k, i) = type i at kernel position k, with its own W[k, i, j].
+    matrices = poses.permute(0, 3, 4, 1, 2).reshape(2, 16, 2, 4, 4)            # (N, k = h * 4 + w, i, 4, 4)
+    votes = torch.einsum("nkiab,kijbc->nkijac", matrices, layer.weight).reshape(2, 32, 3, 16)
+    dense_activations = activations.permute(0, 2, 3, 1).reshape(2, 32)
+    mu, dense_out = em_routing(votes, dense_activations, layer.beta_u, layer.beta_a, iterations=3)
+    assert torch.allclose(conv_poses.view(2, 3, 16), mu, atol=1e-5)
+    assert torch.allclose(conv_activations.view(2, 3), dense_out, atol=1e-6)
+
+
+@pytest.mark.parametrize("scale", [0.0, 1e-6, 1e4])
+def test_finite_for_identical_tiny_and_huge_votes(scale):
+    votes = (torch.randn(2, 1, 1, 1) + torch.zeros(2, 30, 4, 16)) if scale == 0 else torch.randn(2, 30, 4, 16) * scale
+    votes.requires_grad_()
+    beta_u, beta_a = torch.zeros(4, requires_grad=True), torch.zeros(4, requires_grad=True)
+    mu, activations = em_routing(votes, torch.rand(2, 30), beta_u, beta_a, iterations=3)
+    (mu.sum() + activations.sum()).backward()
+    for tensor in [mu, activations, votes.grad, beta_u.grad, beta_a.grad]:
+        assert torch.isfinite(tensor).all()
+
+
+def test_finite_under_bf16_autocast():
+    torch.manual_seed(0)
+    net = MatrixCapsNet(in_channels=1, num_classes=10, A=8, B=4, C=4, D=4, image_size=28)
+    images = torch.rand(2, 1, 28, 28)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        output = net(images)
+    spread_loss(output.scores, torch.tensor([1, 2]), 0.2).backward()
+    assert torch.isfinite(output.scores).all()
+    assert all(torch.isfinite(p.grad).all() for p in net.parameters() if p.grad is not None)
+
+
+def test_coordinate_addition_adds_scaled_centres_to_the_right_column():
+    layer = ClassMatrixCapsules(in_types=2, num_classes=3)
+    poses = torch.zeros(1, 2, 16, 3, 4)
+    votes = layer.votes(poses)                                           # M = 0: the votes are the offsets
+    assert votes.shape == (1, 3, 4, 2, 3, 4, 4)
+    assert votes[0, 2, 1, 0, 0, 0, 3].item() == pytest.approx(2.5 / 3)  # row centre of h = 2
+    assert votes[0, 2, 1, 0, 0, 1, 3].item() == pytest.approx(1.5 / 4)  # column centre of w = 1
+    assert votes[..., 2:, :].abs().sum() == 0 and votes[..., :, :3].abs().sum() == 0
+    assert ClassMatrixCapsules(2, 3, coordinate_addition=False).votes(poses).abs().sum() == 0
+
+
+def test_primary_capsules_shapes_and_activation_range():
+    poses, activations = PrimaryMatrixCapsules(8, 5)(torch.randn(2, 8, 6, 6))
+    assert poses.shape == (2, 5, 16, 6, 6) and activations.shape == (2, 5, 6, 6)
+    assert ((activations > 0) & (activations < 1)).all()
+
+
+def test_model_geometry_and_parameter_count():
+    net = MatrixCapsNet(in_channels=2, num_classes=5, image_size=32)
+    # conv1 1,632 + primary 17,952 + two ConvCaps 147,520 each + class caps 2,570: the paper's ~310K.
+    assert sum(p.numel() for p in net.parameters()) == 317_194
+    output = net(torch.rand(2, 2, 32, 32))
+    assert output.scores.shape == (2, 5) and output.poses.shape == (2, 5, 16)
+    # ConvCaps2 positions 0..3 sit at input pixels 8 + 4 h (centre 8.5 + 4 h of 32).
+    assert torch.allclose(net.centres[:, 0, 0], (8.5 + 4 * torch.arange(4)) / 32)
+    assert MatrixCapsNet(image_size=28, A=8, B=4, C=4, D=4)(torch.rand(1, 1, 28, 28)).scores.shape == (1, 10)
+
+
+def test_spread_loss_hand_computed():
+    activations = torch.tensor([[0.9, 0.2, 0.5], [0.1, 0.6, 0.7]])
+    targets = torch.tensor([0, 1])
+    # example 0: gaps 0.7 and 0.4 -> (0.5 - 0.4)^2 = 0.01; example 1: gaps 0.5, -0.1 -> 0 and 0.36
+    assert spread_loss(activations, targets, 0.5).item() == pytest.approx((0.01 + 0.36) / 2, abs=1e-6)
+    assert spread_loss(activations, targets, 0.0).item() == pytest.approx(0.01 / 2, abs=1e-6)
+
+
+def test_margin_schedules_at_given_points():
+    linear = LinearMargin(0.2, 0.9, duration=10, unit="epoch")
+    assert [linear.margin(0, e) for e in (0, 5, 10, 20)] == pytest.approx([0.2, 0.55, 0.9, 0.9])
+    assert LinearMargin(duration=1000, unit="step").margin(250, 0) == pytest.approx(0.375)
+    sigmoid = SigmoidMargin()
+    assert sigmoid.margin(200_000, 0) == pytest.approx(0.2 + 0.79 * 0.5)
+    assert sigmoid.margin(0, 0) == pytest.approx(0.2 + 0.79 / (1 + math.exp(4)))
+    assert sigmoid.margin(10**9, 0) == pytest.approx(0.2 + 0.79 / (1 + math.exp(-10)))
+    with pytest.raises(ValueError, match="unit"):
+        LinearMargin(unit="hour")
+
+
+def test_margin_continues_exactly_after_a_resume(mnist_dir, tmp_path):
+    """Fit 2 epochs at once, or 1 then resume for the 2nd: the margins seen at every step agree."""
+
+    class Record(L.Callback):
+        def __init__(self):
+            self.margins = {}
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            self.margins[trainer.global_step] = pl_module.objective.margin
+
+    def fit(epochs, ckpt_path=None):
+        torch.manual_seed(0)
+        module = Classifier(LeNet5(), SpreadLoss(), functools.partial(torch.optim.SGD, lr=0.01))
+        record = Record()
+        datamodule = MNISTDataModule(mnist_dir, batch_size=40, val_size=60, verify_checksums=False, download=False)
+        trainer = L.Trainer(max_epochs=epochs, accelerator="cpu", logger=False, enable_progress_bar=False,
+                            enable_model_summary=False, default_root_dir=tmp_path,
+                            callbacks=[LinearMargin(0.2, 0.9, duration=2, unit="epoch"), record])
+        trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
+        return trainer, record.margins
+
+    _, uninterrupted = fit(2)
+    first, _ = fit(1)
+    _, resumed = fit(2, ckpt_path=first.checkpoint_callback.last_model_path or first.checkpoint_callback.best_model_path)
+    assert resumed and min(resumed) > 1
+    assert all(resumed[step] == pytest.approx(uninterrupted[step]) for step in resumed)
+
+
+def test_em_caps_trains_through_the_cli(mnist_dir, tmp_path):
+    result = run_cli(*TINY_RUN, f"paths.data_dir={mnist_dir}", "model=em_caps", "data=mnist",
+                     "model.net.A=8", "model.net.B=4", "model.net.C=4", "model.net.D=4", "trainer.max_epochs=1",
+                     "trainer.limit_train_batches=3", "trainer.limit_val_batches=1", "trainer.limit_test_batches=1",
+                     f"hydra.run.dir={tmp_path}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(tmp_path / "tensorboard"))
+    events.Reload()
+    tags = events.Tags()["scalars"]
+    for tag in ["train/spread_loss_step", "train/margin", "val/acc", "test/acc"]:
+        assert tag in tags, (tag, tags)
+    assert events.Scalars("train/margin")[0].value == pytest.approx(0.2)
