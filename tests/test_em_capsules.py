@@ -16,6 +16,7 @@ from capsexp.models import LeNet5, MatrixCapsNet
 from capsexp.nn import ClassMatrixCapsules, ConvMatrixCapsules, PrimaryMatrixCapsules
 from capsexp.nn.functional import em_routing, inverse_temperatures, spread_loss
 from conftest import TINY_RUN, run_cli
+from em_reference import plain_em_routing
 
 
 def routed(votes, activations, parents, **kwargs):
@@ -26,6 +27,33 @@ def routed(votes, activations, parents, **kwargs):
 def test_inverse_temperature_schedule():
     assert inverse_temperatures(3, 0.01) == pytest.approx([0.01 * (1 - 0.95), 0.01 * (1 - 0.95**2),
                                                            0.01 * (1 - 0.95**3)])
+
+
+@pytest.mark.parametrize("convolutional", [False, True])
+@pytest.mark.parametrize("normalize_cost", [False, True])
+def test_matches_the_plain_transcription_values_and_gradients(convolutional, normalize_cost):
+    """The optimised em_routing (expanded Gaussian, matrix-vector products) against the plain one."""
+    torch.manual_seed(1)
+    if convolutional:
+        child_index = ConvMatrixCapsules(3, 4, kernel_size=2, stride=1).child_index(3, 3, torch.device("cpu"))
+        votes = torch.randn(2, *child_index.shape, 4, 16, dtype=torch.float64)
+        activations = torch.rand(2, 27, dtype=torch.float64)
+    else:
+        child_index, votes, activations = None, torch.randn(2, 12, 4, 16, dtype=torch.float64), torch.rand(2, 12)
+    votes.requires_grad_()
+    beta_u = torch.randn(4, dtype=torch.float64, requires_grad=True)
+    beta_a = torch.randn(4, dtype=torch.float64, requires_grad=True)
+    options = dict(iterations=3, child_index=child_index, normalize_cost=normalize_cost,
+                   return_responsibilities=True)
+    fast = em_routing(votes, activations.double(), beta_u, beta_a, **options)
+    plain = plain_em_routing(votes, activations.double(), beta_u, beta_a, **options)
+    for a, b in zip(fast, plain):
+        assert torch.allclose(a, b, rtol=1e-7, atol=1e-9)
+    upstream = [torch.randn_like(fast[0]), torch.randn_like(fast[1])]
+    grads = torch.autograd.grad(fast[:2], (votes, beta_u, beta_a), upstream)
+    reference = torch.autograd.grad(plain[:2], (votes, beta_u, beta_a), upstream)
+    for a, b in zip(grads, reference):
+        assert torch.allclose(a, b, rtol=1e-6, atol=1e-8 * float(b.abs().max()))
 
 
 def test_dense_responsibilities_sum_to_one_and_activations_in_unit_interval():
@@ -94,9 +122,9 @@ def test_coordinate_addition_adds_scaled_centres_to_the_right_column():
     layer = ClassMatrixCapsules(in_types=2, num_classes=3)
     poses = torch.zeros(1, 2, 16, 3, 4)
     votes = layer.votes(poses)                                           # M = 0: the votes are the offsets
-    assert votes.shape == (1, 3, 4, 2, 3, 4, 4)
-    assert votes[0, 2, 1, 0, 0, 0, 3].item() == pytest.approx(2.5 / 3)  # row centre of h = 2
-    assert votes[0, 2, 1, 0, 0, 1, 3].item() == pytest.approx(1.5 / 4)  # column centre of w = 1
+    assert votes.shape == (1, 3, 3, 4, 2, 4, 4)                          # (N, J, H, W, I, P, P)
+    assert votes[0, 0, 2, 1, 0, 0, 3].item() == pytest.approx(2.5 / 3)  # row centre of h = 2
+    assert votes[0, 0, 2, 1, 0, 1, 3].item() == pytest.approx(1.5 / 4)  # column centre of w = 1
     assert votes[..., 2:, :].abs().sum() == 0 and votes[..., :, :3].abs().sum() == 0
     assert ClassMatrixCapsules(2, 3, coordinate_addition=False).votes(poses).abs().sum() == 0
 

@@ -39,8 +39,16 @@ def em_routing(
 ):
     """Procedure 1 of the paper: parent poses and activations from votes and child activations.
 
+    R_ij starts uniform over the parents of each child. Each iteration runs the M-step
+    (R'_ij = R_ij a_i; mu_jh and sigma_jh^2 are the R'-weighted mean and variance of the votes;
+    cost_h = (beta_u + log sigma_jh) sum_i R'_ij; a_j = sigmoid(lambda_t (beta_a - sum_h cost_h))) and,
+    except after the last, the E-step: R_ij proportional to a_j N(V_ij; mu_j, sigma_j^2), normalised
+    over the parents of child i.
+
     Args:
         votes: V, shape (B, I, J, H) for a dense layer, or (B, Q, M, J, H) for a convolutional one.
+            Stored parent-major in memory ((B, Q, J, M, H), i.e. a ``transpose(-3, -2)`` view, as the
+            matrix-capsule layers make them), no copy is made.
         activations: child activations a_i: (B, I) dense; (B, num_children) with ``child_index``.
         beta_u, beta_a: learned per parent type, shape (J,) (broadcast over positions).
         iterations: EM iterations (the paper: 3).
@@ -56,9 +64,14 @@ def em_routing(
     Returns:
         poses mu (B, J, H) or (B, Q, J, H); activations a_j (B, J) or (B, Q, J) [; R].
 
-    Safeguards, all in float32 whatever the input dtype: sums of R' get 1e-8 added before dividing;
-    the E-step runs in the log domain (log a_j is ``logsigmoid`` of the activation's argument, the
-    normalisation a log-sum-exp per child), so R is never 0/0.
+    Computation: the Gaussian is expanded, sum R'(V - mu)^2 = sum R'V^2 - 2 mu sum R'V + mu^2 sum R' and
+    (V - mu)^2 / sigma^2 = V^2 . (1 / sigma^2) - 2 V . (mu / sigma^2) + mu^2 / sigma^2, so that with
+    V and V^2 computed once, every sum over children (M-step) and over pose elements (E-step) is a
+    batched matrix-vector product. No (B, Q, M, J, H)-sized tensor is made per iteration: memory and
+    time stay near those of the votes themselves. Safeguards, in float32 at least whatever the input dtype:
+    the variance is clamped at 0 before adding ``sigma_eps`` (the expansion can round below 0); sums of
+    R' get 1e-8 before dividing; the E-step runs in the log domain (log a_j is ``logsigmoid`` of its
+    argument, the normalisation a log-sum-exp per child), so R is never 0/0.
     """
     dense = votes.ndim == 4
     if dense:
@@ -71,41 +84,51 @@ def em_routing(
         raise ValueError(f"EM routing needs at least one iteration, got {iterations}")
 
     with torch.autocast(device_type=votes.device.type, enabled=False):
-        votes, activations = votes.float(), activations.float()
-        beta_u, beta_a = beta_u.float(), beta_a.float()
-        batch, positions, slots, parents, _ = votes.shape
+        dtype = torch.promote_types(votes.dtype, torch.float32)                     # float32 at least
+        votes = votes.transpose(2, 3).to(dtype)                                     # (B, Q, J, M, H)
+        if not votes.is_contiguous():
+            votes = votes.contiguous()
+        squares = votes.square()
+        activations, beta_u, beta_a = activations.to(dtype), beta_u.to(dtype), beta_a.to(dtype)
+        batch, positions, parents, slots, elements = votes.shape
         if child_index is None:
-            slot_activations = activations.unsqueeze(-1)                          # (B, 1, M, 1)
-            fan_out = votes.new_full((1, 1, slots, 1), float(parents))
+            slot_activations = activations.view(batch, 1, 1, slots)                  # (B, 1, 1, M)
+            fan_out = float(parents)
         else:
             num_children = num_children or int(child_index.max()) + 1
             flat_index = child_index.reshape(-1)
-            slot_activations = activations[:, flat_index].view(batch, positions, slots, 1)
+            slot_activations = activations[:, flat_index].view(batch, positions, 1, slots)
             # Parents receiving each child: (positions whose field holds it) x (parent types).
             counts = torch.bincount(flat_index, minlength=num_children).to(votes.dtype)
-            fan_out = (counts[flat_index] * parents).view(1, positions, slots, 1)
-        responsibilities = (1.0 / fan_out).expand(batch, positions, slots, parents)    # R uniform
+            fan_out = (counts[flat_index] * parents).view(1, positions, 1, slots)
+        responsibilities = votes.new_ones(()) / fan_out                              # R uniform
 
         for t, inverse_temperature in enumerate(inverse_temperatures(iterations, final_lambda)):
-            # M-step: R'_ij = R_ij a_i; mu_j, sigma_j^2 weighted by R'; cost; a_j.
-            weighted = (responsibilities * slot_activations).unsqueeze(-1)          # (B, Q, M, J, 1)
-            weight_sum = weighted.sum(dim=2)                                        # (B, Q, J, 1)
-            mu = (weighted * votes).sum(dim=2) / (weight_sum + 1e-8)                # (B, Q, J, H)
-            variance = (weighted * (votes - mu.unsqueeze(2)).pow(2)).sum(dim=2) / (weight_sum + 1e-8)
-            variance = variance + sigma_eps
-            cost = ((beta_u.view(-1, 1) + 0.5 * torch.log(variance)) * weight_sum).sum(dim=-1)  # (B, Q, J)
+            # M-step: R'_ij = R_ij a_i; mu_j and sigma_j^2 weighted by R'; cost; a_j.
+            weighted = (responsibilities * slot_activations).unsqueeze(-2)           # (B, Q, J, 1, M)
+            weight_sum = weighted.sum(dim=-1)                                        # (B, Q, J, 1)
+            denominator = weight_sum + 1e-8
+            first = torch.matmul(weighted, votes).squeeze(-2)                        # sum_i R' V   (B, Q, J, H)
+            second = torch.matmul(weighted, squares).squeeze(-2)                     # sum_i R' V^2
+            mu = first / denominator
+            # sum_i R' (V - mu)^2 / denominator, expanded (exact also where the 1e-8 shrinks mu).
+            variance = ((second - 2 * mu * first + mu.square() * weight_sum) / denominator).clamp_min(0) + sigma_eps
+            log_variance = torch.log(variance)
+            cost = ((beta_u.view(-1, 1) + 0.5 * log_variance) * weight_sum).sum(dim=-1)   # (B, Q, J)
             if normalize_cost:
                 cost = (cost - cost.mean(dim=-1, keepdim=True)) / (cost.std(dim=-1, keepdim=True) + 1e-8)
             logit = inverse_temperature * (beta_a - cost)
             parent_activations = torch.sigmoid(logit)
             if t == iterations - 1:
                 break
-            # E-step: R_ij proportional to a_j N(V_ij; mu_j, sigma_j^2), in the log domain.
-            log_p = -0.5 * ((votes - mu.unsqueeze(2)).pow(2) / variance.unsqueeze(2)
-                            + torch.log(variance.unsqueeze(2)) + LOG_2PI).sum(dim=-1)      # (B, Q, M, J)
-            log_r = F.logsigmoid(logit).unsqueeze(2) + log_p
+            # E-step: log N(V_ij; mu_j, sigma_j^2), summed over h with two matrix-vector products.
+            precision = 1.0 / variance
+            quadratic = _dot_pose(squares, precision) - 2 * _dot_pose(votes, mu * precision)   # (B, Q, J, M)
+            constant = (mu.square() * precision + log_variance).sum(dim=-1, keepdim=True) + elements * LOG_2PI
+            log_r = F.logsigmoid(logit).unsqueeze(-1) - 0.5 * (quadratic + constant)
             responsibilities = _normalise_per_child(log_r, child_index, num_children)
 
+    responsibilities = responsibilities.expand(batch, positions, parents, slots).transpose(2, 3)  # (B, Q, M, J)
     if dense:
         mu, parent_activations, responsibilities = mu[:, 0], parent_activations[:, 0], responsibilities[:, 0]
     if return_responsibilities:
@@ -113,19 +136,27 @@ def em_routing(
     return mu, parent_activations
 
 
+def _dot_pose(votes: torch.Tensor, parent_vectors: torch.Tensor) -> torch.Tensor:
+    """sum_h V_ijh x_jh for every child: (B, Q, J, M, H), (B, Q, J, H) -> (B, Q, J, M).
+
+    Written x^T V^T, the (1 x H) @ (H x M) form BLAS runs fastest (as in dynamic routing).
+    """
+    return torch.matmul(parent_vectors.unsqueeze(-2), votes.transpose(-1, -2)).squeeze(-2)
+
+
 def _normalise_per_child(log_r: torch.Tensor, child_index: torch.Tensor | None, num_children: int | None):
-    """exp(log_r) normalised to sum to 1 over every (position, parent type) that holds the same child."""
+    """exp(log_r) (B, Q, J, M) normalised to sum to 1 over every (position, parent type) holding a child."""
     if child_index is None:
-        return torch.softmax(log_r, dim=-1)
-    batch, positions, slots, _ = log_r.shape
+        return torch.softmax(log_r, dim=2)
+    batch, positions, _, slots = log_r.shape
     flat_index = child_index.reshape(-1).expand(batch, -1)                          # (B, Q*M)
-    slot_max = log_r.amax(dim=-1).reshape(batch, -1)                                # (B, Q*M)
+    slot_max = log_r.amax(dim=2).reshape(batch, -1)                                 # (B, Q*M)
     child_max = slot_max.new_full((batch, num_children), -torch.inf)
     child_max = child_max.scatter_reduce(1, flat_index, slot_max, reduce="amax").detach()
-    shifted = log_r - child_max.gather(1, flat_index).view(batch, positions, slots, 1)
-    slot_sum = shifted.exp().sum(dim=-1).reshape(batch, -1)
+    shifted = log_r - child_max.gather(1, flat_index).view(batch, positions, 1, slots)
+    slot_sum = shifted.exp().sum(dim=2).reshape(batch, -1)
     child_sum = slot_sum.new_zeros(batch, num_children).scatter_add(1, flat_index, slot_sum)
-    log_norm = torch.log(child_sum.gather(1, flat_index)).view(batch, positions, slots, 1)
+    log_norm = torch.log(child_sum.gather(1, flat_index)).view(batch, positions, 1, slots)
     return torch.exp(shifted - log_norm)
 
 

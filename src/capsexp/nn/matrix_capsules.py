@@ -83,8 +83,10 @@ class ConvMatrixCapsules(_EMLayer):
         batch, in_types, elements, height, width = poses.shape
         pose_windows = self._unfold(poses.reshape(batch, in_types * elements, height, width))
         pose_windows = pose_windows.reshape(batch, -1, self.kernel_size**2, in_types, self.pose_size, self.pose_size)
-        votes = torch.einsum("nqkiab,kijbc->nqkijac", pose_windows, self.weight)   # (N, Q, K*K, I, J, P, P)
-        votes = votes.reshape(batch, votes.shape[1], -1, self.out_types, elements)
+        # Parent-major (N, Q, J, K*K*I, P*P), the layout em_routing works in; passed as its
+        # (N, Q, M, J, P*P) view.
+        votes = torch.einsum("nqkiab,kijbc->nqjkiac", pose_windows, self.weight)
+        votes = votes.reshape(batch, votes.shape[1], self.out_types, -1, elements).transpose(2, 3)
         mu, parent_activations = em_routing(
             votes, activations.reshape(batch, -1), self.beta_u, self.beta_a,
             child_index=self.child_index(height, width, poses.device), num_children=in_types * height * width,
@@ -118,21 +120,22 @@ class ClassMatrixCapsules(_EMLayer):
         return torch.stack(torch.meshgrid(rows, cols, indexing="ij"), dim=-1)
 
     def votes(self, poses: torch.Tensor, centres: torch.Tensor | None = None) -> torch.Tensor:
-        """V = M W plus coordinate addition: (N, H, W, I, J, P, P) for poses (N, I, P*P, H, W)."""
+        """V = M W plus coordinate addition for poses (N, I, P*P, H, W): (N, J, H, W, I, P, P), parent-major."""
         batch, in_types, _, height, width = poses.shape
         matrices = poses.permute(0, 3, 4, 1, 2).reshape(batch, height, width, in_types, self.pose_size, self.pose_size)
-        votes = torch.einsum("nhwiab,ijbc->nhwijac", matrices, self.weight)
+        votes = torch.einsum("nhwiab,ijbc->njhwiac", matrices, self.weight)
         if self.coordinate_addition:
             if centres is None:
                 centres = self.grid_centres(height, width, poses.device)
-            offsets = torch.zeros_like(votes[0, :, :, 0, 0])                         # (H, W, P, P)
+            offsets = votes.new_zeros(height, width, self.pose_size, self.pose_size)
             offsets[..., 0, -1], offsets[..., 1, -1] = centres[..., 0], centres[..., 1]
-            votes = votes + offsets[:, :, None, None].to(votes.dtype)
+            votes = votes + offsets[:, :, None]
         return votes
 
     def forward(self, poses: torch.Tensor, activations: torch.Tensor,
                 centres: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         batch, _, elements = poses.shape[:3]
-        votes = self.votes(poses, centres).reshape(batch, -1, self.out_types, elements)   # children (h, w, i)
+        # Children numbered (h, w, i); passed as the (N, children, J, P*P) view of parent-major votes.
+        votes = self.votes(poses, centres).reshape(batch, self.out_types, -1, elements).transpose(1, 2)
         child_activations = activations.permute(0, 2, 3, 1).reshape(batch, -1)
         return em_routing(votes, child_activations, self.beta_u, self.beta_a, **self.routing)

@@ -1,0 +1,161 @@
+"""EM-capsule (MatrixCapsNet) speed and memory benchmark; writes experiments/results/bench_em.md.
+
+The paper's smallNORB network (A=B=C=D=32, K=3, 4x4 poses, 3 EM iterations) on 2x32x32 inputs with
+5 classes. Each batch size runs in its own process, so that its peak RSS is its own. Routing's share
+is the CPU time of the profiled ``em_routing`` calls (forward and the autograd nodes they created)
+over the whole step.
+
+    python experiments/bench_em_capsnet.py                     # batch 8 and 32
+    python experiments/bench_em_capsnet.py --batch-sizes 8     # one size
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")  # as the CLI does (capsexp/__main__.py)
+
+import torch  # noqa: E402
+
+from capsexp import PROJECT_ROOT  # noqa: E402
+
+RESULTS = PROJECT_ROOT / "experiments" / "results" / "bench_em.md"
+
+
+def measure(batch_size: int, repeats: int) -> dict[str, float]:
+    """Run in a fresh process: step timings, routing share, peak RSS."""
+    from torch.profiler import ProfilerActivity, profile
+
+    import capsexp.nn.em as em
+    from capsexp.models import MatrixCapsNet
+    from capsexp.nn.em import spread_loss
+
+    torch.manual_seed(0)
+    net = MatrixCapsNet(in_channels=2, num_classes=5, image_size=32)
+    optimizer = torch.optim.Adam(net.parameters(), lr=3e-3)
+    images, targets = torch.rand(batch_size, 2, 32, 32), torch.randint(0, 5, (batch_size,))
+
+    def step() -> None:
+        optimizer.zero_grad(set_to_none=True)
+        spread_loss(net(images).scores, targets, 0.2).backward()
+        optimizer.step()
+
+    @torch.no_grad()
+    def infer() -> None:
+        net(images)
+
+    step()  # warm-up
+    steps = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        step()
+        steps.append(time.perf_counter() - start)
+    infer()
+    inference = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        infer()
+        inference.append(time.perf_counter() - start)
+
+    # Routing's share: tag em_routing's forward; its backward nodes are the autograd functions
+    # created inside that scope, which the profiler links by sequence number.
+    original = em.em_routing
+
+    def tagged(*args, **kwargs):
+        with torch.profiler.record_function("em_routing"):
+            return original(*args, **kwargs)
+
+    for module in [sys.modules["capsexp.nn.matrix_capsules"]]:
+        module.em_routing = tagged
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        step()
+    for module in [sys.modules["capsexp.nn.matrix_capsules"]]:
+        module.em_routing = original
+    events = prof.events()
+    total = sum(e.self_cpu_time_total for e in events)
+    forward_ids = {e.sequence_nr for e in events if e.sequence_nr >= 0 and _under(e, "em_routing")}
+    routing = sum(e.self_cpu_time_total for e in events
+                  if _under(e, "em_routing") or (e.sequence_nr in forward_ids and _is_backward(e)))
+    return {
+        "batch_size": batch_size,
+        "train_images_per_s": batch_size / statistics.median(steps),
+        "train_step_s": statistics.median(steps),
+        "inference_images_per_s": batch_size / statistics.median(inference),
+        "routing_share": routing / total if total else float("nan"),
+        "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
+    }
+
+
+def _under(event, name: str) -> bool:
+    parent = event.cpu_parent
+    while parent is not None:
+        if parent.name == name:
+            return True
+        parent = parent.cpu_parent
+    return False
+
+
+def _is_backward(event) -> bool:
+    parent = event
+    while parent is not None:
+        if "Backward" in parent.name or parent.name.startswith("autograd::engine"):
+            return True
+        parent = parent.cpu_parent
+    return False
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[8, 32])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--output", type=Path, default=RESULTS)
+    parser.add_argument("--worker", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        print(json.dumps(measure(args.worker, args.repeats)))
+        return
+
+    rows = []
+    for batch_size in args.batch_sizes:
+        done = subprocess.run([sys.executable, __file__, "--worker", str(batch_size), "--repeats", str(args.repeats)],
+                              capture_output=True, text=True)
+        if done.returncode != 0:
+            rows.append(f"| {batch_size} | failed: {done.stderr.strip().splitlines()[-1] if done.stderr else done.returncode} "
+                        "| | | | |")
+            continue
+        result = json.loads(done.stdout.strip().splitlines()[-1])
+        rows.append(f"| {batch_size} | {result['train_images_per_s']:.2f} | {result['train_step_s']:.2f} s | "
+                    f"{result['inference_images_per_s']:.2f} | {100 * result['routing_share']:.0f}% | "
+                    f"{result['peak_rss_gib']:.2f} GiB |")
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.processor())
+    text = "\n".join([
+        "# EM capsules (MatrixCapsNet) benchmark",
+        "",
+        f"Written by `experiments/bench_em_capsnet.py` on {datetime.date.today()}: {cpu}, "
+        f"{torch.get_num_threads()} threads, torch {torch.__version__}.",
+        "A=B=C=D=32, K=3, 4x4 poses, 3 EM iterations, 2x32x32 inputs, 5 classes, Adam; "
+        f"medians of {args.repeats} steps; each batch size in its own process.",
+        "",
+        "| batch | training images/s | training step | inference images/s | routing share of the step | peak RSS |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: |",
+        *rows,
+        "",
+    ])
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,121 @@
+"""The plain, unoptimised transcription of EM routing (Procedure 1), as first written: the reference
+the optimised ``capsexp.nn.em.em_routing`` must match."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from capsexp.nn.em import inverse_temperatures
+
+LOG_2PI = math.log(2 * math.pi)
+
+
+def plain_em_routing(
+    votes: torch.Tensor,
+    activations: torch.Tensor,
+    beta_u: torch.Tensor,
+    beta_a: torch.Tensor,
+    iterations: int = 3,
+    final_lambda: float = 0.01,
+    child_index: torch.Tensor | None = None,
+    num_children: int | None = None,
+    sigma_eps: float = 1e-4,
+    normalize_cost: bool = False,
+    return_responsibilities: bool = False,
+):
+    """Procedure 1 of the paper: parent poses and activations from votes and child activations.
+
+    Args:
+        votes: V, shape (B, I, J, H) for a dense layer, or (B, Q, M, J, H) for a convolutional one.
+        activations: child activations a_i: (B, I) dense; (B, num_children) with ``child_index``.
+        beta_u, beta_a: learned per parent type, shape (J,) (broadcast over positions).
+        iterations: EM iterations (the paper: 3).
+        final_lambda: inverse temperature at the last iteration; see :func:`inverse_temperatures`.
+        child_index: (Q, M) long, the child in each receptive-field slot (convolutional layers).
+        num_children: number of distinct children (default: ``child_index.max() + 1``).
+        sigma_eps: added to every variance sigma_h^2: keeps log sigma and 1/sigma^2 finite when all
+            votes agree exactly (sigma -> 0). The debatable safeguard: 1e-4 by default.
+        normalize_cost: standardise the costs over the parent types of each position before the
+            sigmoid (as some public ports do, to stop a_j saturating). Off: the paper has no such step.
+        return_responsibilities: also return R, shape of ``votes`` without H.
+
+    Returns:
+        poses mu (B, J, H) or (B, Q, J, H); activations a_j (B, J) or (B, Q, J) [; R].
+
+    Safeguards, all in float32 whatever the input dtype: sums of R' get 1e-8 added before dividing;
+    the E-step runs in the log domain (log a_j is ``logsigmoid`` of the activation's argument, the
+    normalisation a log-sum-exp per child), so R is never 0/0.
+    """
+    dense = votes.ndim == 4
+    if dense:
+        if child_index is not None:
+            raise ValueError("child_index is for convolutional votes (B, Q, M, J, H)")
+        votes, activations = votes.unsqueeze(1), activations.unsqueeze(1)   # Q = 1, children = slots
+    elif child_index is None:
+        raise ValueError("convolutional votes (B, Q, M, J, H) need child_index (Q, M)")
+    if iterations < 1:
+        raise ValueError(f"EM routing needs at least one iteration, got {iterations}")
+
+    with torch.autocast(device_type=votes.device.type, enabled=False):
+        dtype = torch.promote_types(votes.dtype, torch.float32)
+        votes, activations = votes.to(dtype), activations.to(dtype)
+        beta_u, beta_a = beta_u.to(dtype), beta_a.to(dtype)
+        batch, positions, slots, parents, _ = votes.shape
+        if child_index is None:
+            slot_activations = activations.unsqueeze(-1)                          # (B, 1, M, 1)
+            fan_out = votes.new_full((1, 1, slots, 1), float(parents))
+        else:
+            num_children = num_children or int(child_index.max()) + 1
+            flat_index = child_index.reshape(-1)
+            slot_activations = activations[:, flat_index].view(batch, positions, slots, 1)
+            # Parents receiving each child: (positions whose field holds it) x (parent types).
+            counts = torch.bincount(flat_index, minlength=num_children).to(votes.dtype)
+            fan_out = (counts[flat_index] * parents).view(1, positions, slots, 1)
+        responsibilities = (1.0 / fan_out).expand(batch, positions, slots, parents)    # R uniform
+
+        for t, inverse_temperature in enumerate(inverse_temperatures(iterations, final_lambda)):
+            # M-step: R'_ij = R_ij a_i; mu_j, sigma_j^2 weighted by R'; cost; a_j.
+            weighted = (responsibilities * slot_activations).unsqueeze(-1)          # (B, Q, M, J, 1)
+            weight_sum = weighted.sum(dim=2)                                        # (B, Q, J, 1)
+            mu = (weighted * votes).sum(dim=2) / (weight_sum + 1e-8)                # (B, Q, J, H)
+            variance = (weighted * (votes - mu.unsqueeze(2)).pow(2)).sum(dim=2) / (weight_sum + 1e-8)
+            variance = variance + sigma_eps
+            cost = ((beta_u.view(-1, 1) + 0.5 * torch.log(variance)) * weight_sum).sum(dim=-1)  # (B, Q, J)
+            if normalize_cost:
+                cost = (cost - cost.mean(dim=-1, keepdim=True)) / (cost.std(dim=-1, keepdim=True) + 1e-8)
+            logit = inverse_temperature * (beta_a - cost)
+            parent_activations = torch.sigmoid(logit)
+            if t == iterations - 1:
+                break
+            # E-step: R_ij proportional to a_j N(V_ij; mu_j, sigma_j^2), in the log domain.
+            log_p = -0.5 * ((votes - mu.unsqueeze(2)).pow(2) / variance.unsqueeze(2)
+                            + torch.log(variance.unsqueeze(2)) + LOG_2PI).sum(dim=-1)      # (B, Q, M, J)
+            log_r = F.logsigmoid(logit).unsqueeze(2) + log_p
+            responsibilities = _plain_normalise(log_r, child_index, num_children)
+
+    if dense:
+        mu, parent_activations, responsibilities = mu[:, 0], parent_activations[:, 0], responsibilities[:, 0]
+    if return_responsibilities:
+        return mu, parent_activations, responsibilities
+    return mu, parent_activations
+
+
+def _plain_normalise(log_r: torch.Tensor, child_index: torch.Tensor | None, num_children: int | None):
+    """exp(log_r) normalised to sum to 1 over every (position, parent type) that holds the same child."""
+    if child_index is None:
+        return torch.softmax(log_r, dim=-1)
+    batch, positions, slots, _ = log_r.shape
+    flat_index = child_index.reshape(-1).expand(batch, -1)                          # (B, Q*M)
+    slot_max = log_r.amax(dim=-1).reshape(batch, -1)                                # (B, Q*M)
+    child_max = slot_max.new_full((batch, num_children), -torch.inf)
+    child_max = child_max.scatter_reduce(1, flat_index, slot_max, reduce="amax").detach()
+    shifted = log_r - child_max.gather(1, flat_index).view(batch, positions, slots, 1)
+    slot_sum = shifted.exp().sum(dim=-1).reshape(batch, -1)
+    child_sum = slot_sum.new_zeros(batch, num_children).scatter_add(1, flat_index, slot_sum)
+    log_norm = torch.log(child_sum.gather(1, flat_index)).view(batch, positions, slots, 1)
+    return torch.exp(shifted - log_norm)
+
+
