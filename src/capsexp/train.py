@@ -50,6 +50,7 @@ def run(cfg: DictConfig) -> dict[str, float]:
 
     hparams = OmegaConf.to_container(cfg, resolve=True)
     hparams["model/params"] = sum(p.numel() for p in module.parameters())
+    log.info(f"{type(getattr(module, 'net', module)).__name__}: {hparams['model/params']:,} parameters")
     for logger in trainer.loggers:
         logger.log_hyperparams(hparams)
 
