@@ -23,8 +23,9 @@ test:  ## the fast test suite (no slow tests)
 test-all:  ## every test, slow ones included
 	$(BIN)/python -m pytest $(ARGS)
 
-bench:  ## CapsNet speed + one-epoch accuracy benchmark -> experiments/results/bench.md (about 20 min on 2 cores)
+bench:  ## speed + accuracy benchmarks -> experiments/results/bench.md, bench_em.md (about 45 min on 2 cores)
 	$(BIN)/python experiments/bench_capsnet.py --accuracy $(ARGS)
+	$(BIN)/python experiments/bench_em_capsnet.py --accuracy $(ARGS)
 
 tensorboard:  ## serve logs/ on http://localhost:6006
 	$(BIN)/tensorboard --logdir logs --port 6006

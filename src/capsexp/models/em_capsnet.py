@@ -12,6 +12,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from capsexp.nn.matrix_capsules import ClassMatrixCapsules, ConvMatrixCapsules, PrimaryMatrixCapsules
 
@@ -29,13 +30,18 @@ class MatrixCapsNet(nn.Module):
         A, B, C, D: conv1 channels, primary, ConvCaps1 and ConvCaps2 capsule types.
         K: ConvCaps kernel size. P: pose matrix size. iterations: EM iterations.
         final_lambda, sigma_eps, normalize_cost: see :func:`capsexp.nn.em.em_routing`.
+        recompute: in training, keep only each capsule layer's (small) input and recompute its
+            routing during the backward pass (activation checkpointing). The vote tensors of all
+            layers are then never held at once: about a third less peak memory for a quarter more
+            time. Same results.
     """
 
     def __init__(self, in_channels: int = 1, num_classes: int = 10, A: int = 32, B: int = 32, C: int = 32,
                  D: int = 32, K: int = 3, P: int = 4, iterations: int = 3, image_size: int = 28,
                  final_lambda: float = 0.01, sigma_eps: float = 1e-4, normalize_cost: bool = False,
-                 coordinate_addition: bool = True) -> None:
+                 coordinate_addition: bool = True, recompute: bool = False) -> None:
         super().__init__()
+        self.recompute = recompute
         routing = dict(pose_size=P, iterations=iterations, final_lambda=final_lambda, sigma_eps=sigma_eps,
                        normalize_cost=normalize_cost)
         self.conv1 = nn.Conv2d(in_channels, A, kernel_size=5, stride=2)
@@ -56,9 +62,14 @@ class MatrixCapsNet(nn.Module):
         self.register_buffer("centres", torch.stack(torch.meshgrid(centres, centres, indexing="ij"), dim=-1),
                              persistent=False)
 
+    def _run(self, layer: nn.Module, *inputs: torch.Tensor):
+        if self.recompute and torch.is_grad_enabled() and self.training:
+            return checkpoint(layer, *inputs, use_reentrant=False)
+        return layer(*inputs)
+
     def forward(self, images: torch.Tensor) -> MatrixCapsNetOutput:
         poses, activations = self.primary(F.relu(self.conv1(images)))
-        poses, activations = self.conv_caps1(poses, activations)
-        poses, activations = self.conv_caps2(poses, activations)
-        class_poses, class_activations = self.class_caps(poses, activations, self.centres)
+        poses, activations = self._run(self.conv_caps1, poses, activations)
+        poses, activations = self._run(self.conv_caps2, poses, activations)
+        class_poses, class_activations = self._run(self.class_caps, poses, activations, self.centres)
         return MatrixCapsNetOutput(class_activations, class_poses)

@@ -12,9 +12,11 @@ position q's receptive field, and the E-step normalises over all slots holding t
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
+from torch.autograd.function import once_differentiable
 
 LOG_2PI = math.log(2 * math.pi)
 
@@ -88,52 +90,172 @@ def em_routing(
         votes = votes.transpose(2, 3).to(dtype)                                     # (B, Q, J, M, H)
         if not votes.is_contiguous():
             votes = votes.contiguous()
-        squares = votes.square()
-        activations, beta_u, beta_a = activations.to(dtype), beta_u.to(dtype), beta_a.to(dtype)
-        batch, positions, parents, slots, elements = votes.shape
-        if child_index is None:
-            slot_activations = activations.view(batch, 1, 1, slots)                  # (B, 1, 1, M)
-            fan_out = float(parents)
-        else:
-            num_children = num_children or int(child_index.max()) + 1
-            flat_index = child_index.reshape(-1)
-            slot_activations = activations[:, flat_index].view(batch, positions, 1, slots)
-            # Parents receiving each child: (positions whose field holds it) x (parent types).
-            counts = torch.bincount(flat_index, minlength=num_children).to(votes.dtype)
-            fan_out = (counts[flat_index] * parents).view(1, positions, 1, slots)
-        responsibilities = votes.new_ones(()) / fan_out                              # R uniform
+        options = _EMOptions(iterations, final_lambda, child_index, num_children, sigma_eps, normalize_cost)
+        mu, parent_activations, responsibilities = _EMRouting.apply(
+            votes, activations.to(dtype), beta_u.to(dtype), beta_a.to(dtype), options)
 
-        for t, inverse_temperature in enumerate(inverse_temperatures(iterations, final_lambda)):
-            # M-step: R'_ij = R_ij a_i; mu_j and sigma_j^2 weighted by R'; cost; a_j.
-            weighted = (responsibilities * slot_activations).unsqueeze(-2)           # (B, Q, J, 1, M)
-            weight_sum = weighted.sum(dim=-1)                                        # (B, Q, J, 1)
-            denominator = weight_sum + 1e-8
-            first = torch.matmul(weighted, votes).squeeze(-2)                        # sum_i R' V   (B, Q, J, H)
-            second = torch.matmul(weighted, squares).squeeze(-2)                     # sum_i R' V^2
-            mu = first / denominator
-            # sum_i R' (V - mu)^2 / denominator, expanded (exact also where the 1e-8 shrinks mu).
-            variance = ((second - 2 * mu * first + mu.square() * weight_sum) / denominator).clamp_min(0) + sigma_eps
-            log_variance = torch.log(variance)
-            cost = ((beta_u.view(-1, 1) + 0.5 * log_variance) * weight_sum).sum(dim=-1)   # (B, Q, J)
-            if normalize_cost:
-                cost = (cost - cost.mean(dim=-1, keepdim=True)) / (cost.std(dim=-1, keepdim=True) + 1e-8)
-            logit = inverse_temperature * (beta_a - cost)
-            parent_activations = torch.sigmoid(logit)
-            if t == iterations - 1:
-                break
-            # E-step: log N(V_ij; mu_j, sigma_j^2), summed over h with two matrix-vector products.
-            precision = 1.0 / variance
-            quadratic = _dot_pose(squares, precision) - 2 * _dot_pose(votes, mu * precision)   # (B, Q, J, M)
-            constant = (mu.square() * precision + log_variance).sum(dim=-1, keepdim=True) + elements * LOG_2PI
-            log_r = F.logsigmoid(logit).unsqueeze(-1) - 0.5 * (quadratic + constant)
-            responsibilities = _normalise_per_child(log_r, child_index, num_children)
-
-    responsibilities = responsibilities.expand(batch, positions, parents, slots).transpose(2, 3)  # (B, Q, M, J)
+    responsibilities = responsibilities.transpose(2, 3)                              # (B, Q, M, J)
     if dense:
         mu, parent_activations, responsibilities = mu[:, 0], parent_activations[:, 0], responsibilities[:, 0]
     if return_responsibilities:
         return mu, parent_activations, responsibilities
     return mu, parent_activations
+
+
+class _EMOptions(NamedTuple):
+    iterations: int
+    final_lambda: float
+    child_index: torch.Tensor | None
+    num_children: int | None
+    sigma_eps: float
+    normalize_cost: bool
+
+
+def _em_iterations(votes, squares, activations, beta_u, beta_a, options: _EMOptions, over_children, over_elements):
+    """Procedure 1 on parent-major votes V (B, Q, J, M, H) and V^2.
+
+    ``over_children(x, big)``: sum_m x[..., m] big[..., m, :]; ``over_elements(big, y)``:
+    sum_h big[..., h] y[..., h]: the only operations that read the vote-sized tensors.
+    Returns mu (B, Q, J, H), a (B, Q, J), R (B, Q, J, M).
+    """
+    batch, positions, parents, slots, elements = votes.shape
+    child_index, num_children = options.child_index, options.num_children
+    if child_index is None:
+        slot_activations = activations.view(batch, 1, 1, slots)                      # (B, 1, 1, M)
+        fan_out = float(parents)
+    else:
+        num_children = num_children or int(child_index.max()) + 1
+        flat_index = child_index.reshape(-1)
+        slot_activations = activations[:, flat_index].view(batch, positions, 1, slots)
+        # Parents receiving each child: (positions whose field holds it) x (parent types).
+        counts = torch.bincount(flat_index, minlength=num_children).to(votes.dtype)
+        fan_out = (counts[flat_index] * parents).view(1, positions, 1, slots)
+    responsibilities = (votes.new_ones(()) / fan_out).expand(batch, positions, parents, slots)   # R uniform
+
+    for t, inverse_temperature in enumerate(inverse_temperatures(options.iterations, options.final_lambda)):
+        # M-step: R'_ij = R_ij a_i; mu_j and sigma_j^2 weighted by R'; cost; a_j.
+        weighted = responsibilities * slot_activations                               # (B, Q, J, M)
+        weight_sum = weighted.sum(dim=-1, keepdim=True)                              # (B, Q, J, 1)
+        denominator = weight_sum + 1e-8
+        first = over_children(weighted, votes)                                       # sum_i R' V   (B, Q, J, H)
+        second = over_children(weighted, squares)                                    # sum_i R' V^2
+        mu = first / denominator
+        # sum_i R' (V - mu)^2 / denominator, expanded (exact also where the 1e-8 shrinks mu).
+        variance = ((second - 2 * mu * first + mu.square() * weight_sum) / denominator).clamp_min(0)
+        variance = variance + options.sigma_eps
+        log_variance = torch.log(variance)
+        cost = ((beta_u.view(-1, 1) + 0.5 * log_variance) * weight_sum).sum(dim=-1)  # (B, Q, J)
+        if options.normalize_cost:
+            cost = (cost - cost.mean(dim=-1, keepdim=True)) / (cost.std(dim=-1, keepdim=True) + 1e-8)
+        logit = inverse_temperature * (beta_a - cost)
+        parent_activations = torch.sigmoid(logit)
+        if t == options.iterations - 1:
+            break
+        # E-step: log N(V_ij; mu_j, sigma_j^2), summed over h with two matrix-vector products.
+        precision = 1.0 / variance
+        quadratic = over_elements(squares, precision) - 2 * over_elements(votes, mu * precision)   # (B, Q, J, M)
+        constant = (mu.square() * precision + log_variance).sum(dim=-1, keepdim=True) + elements * LOG_2PI
+        log_r = F.logsigmoid(logit).unsqueeze(-1) - 0.5 * (quadratic + constant)
+        responsibilities = _normalise_per_child(log_r, child_index, num_children)
+    return mu, parent_activations, responsibilities
+
+
+def _sum_over_children(weights: torch.Tensor, big: torch.Tensor) -> torch.Tensor:
+    return torch.matmul(weights.unsqueeze(-2), big).squeeze(-2)
+
+
+class _EMRouting(torch.autograd.Function):
+    """EM routing whose backward pass never holds more than a few vote-sized tensors.
+
+    Forward: Procedure 1 without a graph; only V is saved. Backward: the iterations run again on a
+    graph of the small tensors, in which each read of V or V^2 is a :class:`_Contraction` that
+    records its (child-vector, pose-vector) factor pair instead of a vote-sized gradient. The
+    gradient of V is then sum(factor products) + 2 V * sum(factor products of V^2), built with two
+    batched matmuls. Autograd alone would keep every intermediate and one gradient per read.
+    """
+
+    @staticmethod
+    def forward(ctx, votes, activations, beta_u, beta_a, options: _EMOptions):
+        with torch.no_grad():
+            outputs = _em_iterations(votes, votes.square(), activations, beta_u, beta_a, options,
+                                     _sum_over_children, _dot_pose)
+        ctx.options = options
+        ctx.save_for_backward(votes, activations, beta_u, beta_a)
+        ctx.mark_non_differentiable(outputs[2])
+        return outputs
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_mu, grad_activations, _grad_responsibilities):
+        votes, activations, beta_u, beta_a = ctx.saved_tensors
+        leaves = [tensor.detach().requires_grad_(needed)
+                  for tensor, needed in zip((activations, beta_u, beta_a), ctx.needs_input_grad[1:4])]
+        factors = {"votes": ([], []), "squares": ([], [])}
+        squares = votes.square()
+        # Every read of V must be visited by the backward pass, also those whose small input needs no
+        # gradient (the first iteration's weights when the activations are constants): each
+        # contraction also takes this empty leaf, which is among the inputs asked for.
+        anchor = votes.new_empty(0, requires_grad=True)
+
+        def over_children(weights, big):
+            return _Contraction.apply(weights, big, True, factors["votes" if big is votes else "squares"], anchor)
+
+        def over_elements(big, vectors):
+            return _Contraction.apply(vectors, big, False, factors["votes" if big is votes else "squares"], anchor)
+
+        with torch.enable_grad():
+            mu, parent_activations, _ = _em_iterations(votes, squares, *leaves, ctx.options, over_children,
+                                                       over_elements)
+            wanted = [leaf for leaf in leaves if leaf.requires_grad]
+            grads = torch.autograd.grad((mu, parent_activations), [anchor, *wanted], (grad_mu, grad_activations),
+                                        allow_unused=True)
+        grads = iter(grads[1:])
+        leaf_grads = [next(grads) if leaf.requires_grad else None for leaf in leaves]
+        del squares
+        grad_votes = None
+        if ctx.needs_input_grad[0]:
+            # g(V) = sum_t L_t (x) R_t over the reads of V, + 2 V * (the same over the reads of V^2).
+            grad_votes = _outer_sum(*factors["squares"], votes.shape).mul_(votes).mul_(2)
+            left, right = factors["votes"]
+            flat = grad_votes.view(-1, *votes.shape[-2:])
+            flat.baddbmm_(torch.stack(left, -1).flatten(0, -3), torch.stack(right, -2).flatten(0, -3))
+        return grad_votes, *leaf_grads, None
+
+
+def _outer_sum(left: list[torch.Tensor], right: list[torch.Tensor], shape: torch.Size) -> torch.Tensor:
+    """sum_t left_t[..., m] right_t[..., h] as one batched matmul: (B, Q, J, M, T) @ (B, Q, J, T, H)."""
+    return torch.matmul(torch.stack(left, dim=-1), torch.stack(right, dim=-2)).view(shape)
+
+
+class _Contraction(torch.autograd.Function):
+    """One read of a vote-sized tensor ``big`` (B, Q, J, M, H) by a small one.
+
+    over children (``small`` (B, Q, J, M)): out = sum_m small_m big_m,h;
+    over elements (``small`` (B, Q, J, H)): out = sum_h big_m,h small_h.
+    The backward pass returns the small tensor's gradient and appends the factors of big's gradient
+    (an outer product) to ``factors`` = (left list over m, right list over h).
+    """
+
+    @staticmethod
+    def forward(ctx, small, big, over_children: bool, factors, anchor):
+        ctx.over_children, ctx.factors = over_children, factors
+        ctx.save_for_backward(small, big)
+        return _sum_over_children(small, big) if over_children else _dot_pose(big, small)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_out):
+        small, big = ctx.saved_tensors
+        # Detached, and the list dropped: a factor that kept its grad_fn would tie the graph to
+        # this context in a cycle through C++ objects that the garbage collector cannot free.
+        left, right = ctx.factors
+        ctx.factors = None
+        small = small.detach()
+        if ctx.over_children:      # out_h = sum_m small_m big_mh: g(small_m) = sum_h g_h big_mh
+            left.append(small), right.append(grad_out)
+            return _dot_pose(big, grad_out), None, None, None, None
+        left.append(grad_out), right.append(small)   # out_m = sum_h big_mh small_h
+        return _sum_over_children(grad_out, big), None, None, None, None
 
 
 def _dot_pose(votes: torch.Tensor, parent_vectors: torch.Tensor) -> torch.Tensor:
