@@ -233,3 +233,13 @@ def test_training_steps_do_not_leak_memory():
     for _ in range(4):
         step()
     assert live_tensors() - before <= 0
+
+
+def test_em_routing_rejects_bad_input():
+    beta = torch.zeros(3)
+    with pytest.raises(ValueError, match="need child_index"):
+        em_routing(torch.randn(2, 4, 5, 3, 16), torch.rand(2, 20), beta, beta)
+    with pytest.raises(ValueError, match="child_index is for convolutional"):
+        em_routing(torch.randn(2, 5, 3, 16), torch.rand(2, 5), beta, beta, child_index=torch.zeros(1, 5).long())
+    with pytest.raises(ValueError, match="at least one iteration"):
+        em_routing(torch.randn(2, 5, 3, 16), torch.rand(2, 5), beta, beta, iterations=0)

@@ -69,8 +69,9 @@ def em_routing(
     Computation: the Gaussian is expanded, sum R'(V - mu)^2 = sum R'V^2 - 2 mu sum R'V + mu^2 sum R' and
     (V - mu)^2 / sigma^2 = V^2 . (1 / sigma^2) - 2 V . (mu / sigma^2) + mu^2 / sigma^2, so that with
     V and V^2 computed once, every sum over children (M-step) and over pose elements (E-step) is a
-    batched matrix-vector product. No (B, Q, M, J, H)-sized tensor is made per iteration: memory and
-    time stay near those of the votes themselves. Safeguards, in float32 at least whatever the input dtype:
+    batched matrix-vector product. No (B, Q, M, J, H)-sized tensor is made per iteration, and the
+    backward pass (:class:`_EMRouting`) builds the gradient of V from low-rank factors instead of
+    keeping every intermediate: memory and time stay near those of the votes themselves. Safeguards, in float32 at least whatever the input dtype:
     the variance is clamped at 0 before adding ``sigma_eps`` (the expansion can round below 0); sums of
     R' get 1e-8 before dividing; the E-step runs in the log domain (log a_j is ``logsigmoid`` of its
     argument, the normalisation a log-sum-exp per child), so R is never 0/0.
