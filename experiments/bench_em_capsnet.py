@@ -179,7 +179,7 @@ def main() -> None:
     ])
     if args.accuracy:
         acc = accuracy(args.data_dir)
-        text += "\n".join([
+        text += "\n" + "\n".join([
             "## Accuracy (MNIST, fixed number of steps)",
             "",
             f"`python -m capsexp {' '.join(ACCURACY_COMMAND)}`: {ACCURACY_STEPS} steps of batch 16, then the",
