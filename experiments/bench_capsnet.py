@@ -17,8 +17,6 @@ import os
 import platform
 import resource
 import statistics
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -27,6 +25,8 @@ os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
+
+from benchlib import cli_test_accuracy, cpu_name  # noqa: E402
 
 from capsexp import PROJECT_ROOT  # noqa: E402
 from capsexp.lit import CapsuleLoss  # noqa: E402
@@ -40,16 +40,6 @@ def timed(step) -> float:
     start = time.perf_counter()
     step()
     return time.perf_counter() - start
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
 
 
 def speed(batch_size: int, repeats: int, warmup: int) -> dict[str, float]:
@@ -103,19 +93,9 @@ def speed(batch_size: int, repeats: int, warmup: int) -> dict[str, float]:
     }
 
 
-def accuracy(data_dir: str | None) -> dict[str, float | str]:
+def accuracy(data_dir: str | None) -> dict[str, float]:
     """One epoch of the README command through the CLI; test accuracy from its TensorBoard events."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    run_dir = PROJECT_ROOT / "logs" / "bench" / datetime.datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
-    command = [sys.executable, "-m", "capsexp", *ACCURACY_COMMAND, "callbacks.progress_bar=null",
-               f"hydra.run.dir={run_dir}"] + ([f"paths.data_dir={data_dir}"] if data_dir else [])
-    start = time.perf_counter()
-    subprocess.run(command, cwd=PROJECT_ROOT, check=True)
-    wall = time.perf_counter() - start
-    events = EventAccumulator(str(run_dir / "tensorboard"))
-    events.Reload()
-    return {"test_acc": events.Scalars("test/acc")[-1].value, "wall_s": wall, "run_dir": str(run_dir)}
+    return cli_test_accuracy(ACCURACY_COMMAND, "bench", data_dir)
 
 
 def write(results: dict, acc: dict | None, path: Path) -> str:

@@ -16,7 +16,6 @@ import argparse
 import datetime
 import json
 import os
-import platform
 import resource
 import statistics
 import subprocess
@@ -27,6 +26,8 @@ from pathlib import Path
 os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")  # as the CLI does (capsexp/__main__.py)
 
 import torch  # noqa: E402
+
+from benchlib import cli_test_accuracy, cpu_name  # noqa: E402
 
 from capsexp import PROJECT_ROOT  # noqa: E402
 
@@ -124,17 +125,7 @@ def _is_backward(event) -> bool:
 
 def accuracy(data_dir: str | None) -> dict[str, float]:
     """Train ACCURACY_STEPS steps through the CLI; test accuracy (full test set) from the event files."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    run_dir = PROJECT_ROOT / "logs" / "bench_em" / datetime.datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
-    command = [sys.executable, "-m", "capsexp", *ACCURACY_COMMAND, "callbacks.progress_bar=null",
-               f"hydra.run.dir={run_dir}"] + ([f"paths.data_dir={data_dir}"] if data_dir else [])
-    start = time.perf_counter()
-    subprocess.run(command, cwd=PROJECT_ROOT, check=True)
-    wall = time.perf_counter() - start
-    events = EventAccumulator(str(run_dir / "tensorboard"))
-    events.Reload()
-    return {"test_acc": events.Scalars("test/acc")[-1].value, "wall_s": wall}
+    return cli_test_accuracy(ACCURACY_COMMAND, "bench_em", data_dir)
 
 
 def main() -> None:
@@ -162,8 +153,7 @@ def main() -> None:
         rows.append(f"| {batch_size} | {result['train_images_per_s']:.2f} | {result['train_step_s']:.2f} s | "
                     f"{result['inference_images_per_s']:.2f} | {100 * result['routing_share']:.0f}% | "
                     f"{result['peak_rss_gib']:.2f} GiB |")
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor())
+    cpu = cpu_name()
     text = "\n".join([
         "# EM capsules (MatrixCapsNet) benchmark",
         "",

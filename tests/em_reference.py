@@ -26,29 +26,8 @@ def plain_em_routing(
     normalize_cost: bool = False,
     return_responsibilities: bool = False,
 ):
-    """Procedure 1 of the paper: parent poses and activations from votes and child activations.
-
-    Args:
-        votes: V, shape (B, I, J, H) for a dense layer, or (B, Q, M, J, H) for a convolutional one.
-        activations: child activations a_i: (B, I) dense; (B, num_children) with ``child_index``.
-        beta_u, beta_a: learned per parent type, shape (J,) (broadcast over positions).
-        iterations: EM iterations (the paper: 3).
-        final_lambda: inverse temperature at the last iteration; see :func:`inverse_temperatures`.
-        child_index: (Q, M) long, the child in each receptive-field slot (convolutional layers).
-        num_children: number of distinct children (default: ``child_index.max() + 1``).
-        sigma_eps: added to every variance sigma_h^2: keeps log sigma and 1/sigma^2 finite when all
-            votes agree exactly (sigma -> 0). The debatable safeguard: 1e-4 by default.
-        normalize_cost: standardise the costs over the parent types of each position before the
-            sigmoid (as some public ports do, to stop a_j saturating). Off: the paper has no such step.
-        return_responsibilities: also return R, shape of ``votes`` without H.
-
-    Returns:
-        poses mu (B, J, H) or (B, Q, J, H); activations a_j (B, J) or (B, Q, J) [; R].
-
-    Safeguards, all in float32 whatever the input dtype: sums of R' get 1e-8 added before dividing;
-    the E-step runs in the log domain (log a_j is ``logsigmoid`` of the activation's argument, the
-    normalisation a log-sum-exp per child), so R is never 0/0.
-    """
+    """The same arguments and results as :func:`capsexp.nn.em.em_routing`, computed the obvious way:
+    every (V - mu)^2 materialised, plain autograd."""
     dense = votes.ndim == 4
     if dense:
         if child_index is not None:
