@@ -74,3 +74,11 @@ def test_capsnet_on_rotated_mnist_logs_each_angle_and_the_figures(mnist_dir, tmp
     # The perturbation figure: 16 rows (pose dims) x 11 columns (steps) of 28x28 digits, 1 px padding.
     figure = events.Images("test/pose_perturbation_0")[-1]
     assert (figure.height, figure.width) == (16 * 29 + 1, 11 * 29 + 1)
+
+
+def test_unknown_optimized_metric_is_a_short_error(mnist_dir, tmp_path):
+    result = run_cli(*TINY_RUN, f"paths.data_dir={mnist_dir}", "debug=fast", "optimized_metric=val/nope",
+                     f"hydra.run.dir={tmp_path}")
+    assert result.returncode == 1
+    assert "error: optimized_metric='val/nope' was not logged" in result.stderr
+    assert "Traceback" not in result.stderr

@@ -28,12 +28,14 @@ def main(cfg: DictConfig) -> float | None:
     from capsexp.train import run
 
     try:
-        metrics = run(cfg)
+        return optimized_metric(cfg, run(cfg))
     except CapsexpError as error:
         # A message that says what to do; a traceback would bury it.
         print(f"\nerror: {error}", file=sys.stderr)
         sys.exit(1)
 
+
+def optimized_metric(cfg: DictConfig, metrics: dict[str, float]) -> float | None:
     metric_name = cfg.get("optimized_metric")
     if not metric_name:
         return None
