@@ -14,3 +14,6 @@ CONFIG_DIR = PROJECT_ROOT / "conf"
 # notebooks using hydra.compose) resolves it.
 if not OmegaConf.has_resolver("project_root"):
     OmegaConf.register_new_resolver("project_root", lambda: str(PROJECT_ROOT))
+# ${stereo_channels:${data.stereo}}: smallNORB's input channels for its stereo mode.
+if not OmegaConf.has_resolver("stereo_channels"):
+    OmegaConf.register_new_resolver("stereo_channels", lambda stereo: 2 if stereo == "both" else 1)

@@ -1,6 +1,7 @@
 """LightningDataModules and datasets."""
 
 from capsexp.data.mnist import MNISTDataModule
+from capsexp.data.smallnorb import SmallNORBDataModule
 from capsexp.data.tensor_dataset import ImageTensorDataset
 
-__all__ = ["ImageTensorDataset", "MNISTDataModule"]
+__all__ = ["ImageTensorDataset", "MNISTDataModule", "SmallNORBDataModule"]

@@ -8,6 +8,23 @@ from torchvision.transforms.v2 import InterpolationMode
 from torchvision.transforms.v2 import functional as TF
 
 
+def random_crop(images: torch.Tensor, size: int, generator: torch.Generator | None = None) -> torch.Tensor:
+    """A random ``size`` x ``size`` crop of each image (B, C, H, W), each at its own position."""
+    batch, _, height, width = images.shape
+    offsets = [torch.randint(0, extent - size + 1, (batch,), device=images.device, generator=generator)
+               for extent in (height, width)]
+    rows = offsets[0][:, None] + torch.arange(size, device=images.device)               # (B, size)
+    cols = offsets[1][:, None] + torch.arange(size, device=images.device)
+    examples = torch.arange(batch, device=images.device)[:, None, None]
+    # Advanced indexing on dims 0, 2, 3 puts them first: (B, size, size, C) -> (B, C, size, size).
+    return images[examples, :, rows[:, :, None], cols[:, None, :]].permute(0, 3, 1, 2)
+
+
+def center_crop(images: torch.Tensor, size: int) -> torch.Tensor:
+    top, left = (images.shape[-2] - size) // 2, (images.shape[-1] - size) // 2
+    return images[..., top : top + size, left : left + size]
+
+
 def random_shift(images: torch.Tensor, max_shift: int, generator: torch.Generator | None = None) -> torch.Tensor:
     """Shift each image (B, C, H, W) by its own random (dy, dx) in [-max_shift, max_shift]^2 pixels.
 
@@ -16,14 +33,30 @@ def random_shift(images: torch.Tensor, max_shift: int, generator: torch.Generato
     """
     if max_shift == 0:
         return images
-    batch, _, height, width = images.shape
-    padded = F.pad(images, (max_shift,) * 4)
-    offsets = torch.randint(0, 2 * max_shift + 1, (2, batch), device=images.device, generator=generator)
-    rows = offsets[0, :, None] + torch.arange(height, device=images.device)          # (B, H)
-    cols = offsets[1, :, None] + torch.arange(width, device=images.device)           # (B, W)
-    examples = torch.arange(batch, device=images.device)[:, None, None]
-    # Advanced indexing on dims 0, 2, 3 puts them first: (B, H, W, C) -> (B, C, H, W).
-    return padded[examples, :, rows[:, :, None], cols[:, None, :]].permute(0, 3, 1, 2)
+    return random_crop(F.pad(images, (max_shift,) * 4), images.shape[-1], generator)
+
+
+def random_brightness_contrast(images: torch.Tensor, max_delta: float, contrast: tuple[float, float]) -> torch.Tensor:
+    """Per image: add a brightness offset in [-max_delta, max_delta], then scale each channel's
+    deviation from its mean by a factor in ``contrast`` (as ``tf.image.random_brightness`` and
+    ``random_contrast``)."""
+    batch = images.shape[0]
+    shape = (batch,) + (1,) * (images.ndim - 1)
+    delta = (torch.rand(shape, device=images.device) * 2 - 1) * max_delta
+    factor = torch.empty(shape, device=images.device).uniform_(*contrast)
+    images = images + delta
+    mean = images.mean(dim=(-2, -1), keepdim=True)
+    return (images - mean) * factor + mean
+
+
+def standardize(images: torch.Tensor) -> torch.Tensor:
+    """Per-image standardisation over all its pixels and channels: (x - mean) / max(std, 1/sqrt(n)),
+    as ``tf.image.per_image_standardization``."""
+    flat = images.flatten(1)
+    mean = flat.mean(dim=1)
+    std = flat.std(dim=1, unbiased=False).clamp_min(1.0 / flat.shape[1] ** 0.5)
+    shape = (-1,) + (1,) * (images.ndim - 1)
+    return (images - mean.view(shape)) / std.view(shape)
 
 
 def rotate(images: torch.Tensor, angle: float) -> torch.Tensor:

@@ -16,13 +16,16 @@ class ImageTensorDataset(Dataset):
     reach the device (see the DataModules' ``on_after_batch_transfer``), which moves 4x fewer bytes.
     """
 
-    def __init__(self, images: torch.Tensor, targets: torch.Tensor) -> None:
+    def __init__(self, images: torch.Tensor, targets: torch.Tensor, extras: dict[str, torch.Tensor] | None = None
+                 ) -> None:
         if images.ndim != 4:
             raise ValueError(f"images must have shape (N, C, H, W), got {tuple(images.shape)}")
         if len(images) != len(targets):
             raise ValueError(f"{len(images)} images but {len(targets)} targets")
         self.images = images
         self.targets = targets.long()
+        # Per-sample metadata kept beside the batches (smallNORB's instance, elevation, ...).
+        self.extras = extras or {}
 
     def __len__(self) -> int:
         return len(self.images)
@@ -36,7 +39,8 @@ class ImageTensorDataset(Dataset):
 
     def subset(self, indices: torch.Tensor) -> "ImageTensorDataset":
         """A dataset holding only ``indices`` (copies the selected rows once)."""
-        return ImageTensorDataset(self.images[indices], self.targets[indices])
+        return ImageTensorDataset(self.images[indices], self.targets[indices],
+                                  {name: values[indices] for name, values in self.extras.items()})
 
 
 def collate_batch(batch: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,0 +1,266 @@
+"""smallNORB (LeCun, Huang & Bottou 2004) as a LightningDataModule, with the EM-capsule paper's protocol.
+
+The six official files (``*-{dat,cat,info}.mat``, plain or ``.gz``) live in ``<data_dir>/smallnorb/``.
+``prepare_data`` downloads what is missing (atomically: a partial download never looks complete),
+checks every file (format, shape, value ranges and, by default, the official md5) and caches the
+images downsampled 96 -> 48 once, next to the files; the cache is rebuilt when a source file changes.
+Batches stay uint8 until the device, where training images get a random 32x32 crop with random
+brightness and contrast and test images the centre crop, then per-image standardisation (section 5).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import http.client
+import os
+import shutil
+import tempfile
+import urllib.request
+from pathlib import Path
+from urllib.error import URLError
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader
+
+from capsexp.data.augment import center_crop, random_brightness_contrast, random_crop, standardize
+from capsexp.data.norb_format import SMALLNORB_FILES, read_matrix
+from capsexp.data.tensor_dataset import ImageTensorDataset, collate_batch
+from capsexp.errors import CorruptDatasetError, DatasetNotFoundError
+
+PREFIX = {"train": "smallnorb-5x46789x9x18x6x2x96x96-training", "test": "smallnorb-5x01235x9x18x6x2x96x96-testing"}
+INFO_FIELDS = ("instance", "elevation", "azimuth", "lighting")
+INFO_MAX = (9, 8, 34, 5)  # instance 0-9, elevation 0-8 (30-70 degrees), azimuth 0, 2, .., 34 (x10 deg), lighting 0-5
+# Section 5.1: train on azimuths 300, 320, 340, 0, 20, 40 degrees (info value = degrees / 10), or on
+# the 3 lowest elevations (30, 35, 40 degrees).
+TRAIN_AZIMUTHS = (30, 32, 34, 0, 2, 4)
+TRAIN_ELEVATIONS = (0, 1, 2)
+CACHE_VERSION = 1
+
+
+def _md5(path: Path) -> str:
+    digest = hashlib.md5()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+class SmallNORBDataModule(L.LightningDataModule):
+    """smallNORB: 5 categories of toys, 24,300 stereo training pairs and 24,300 test pairs.
+
+    Args:
+        data_dir: folder holding ``smallnorb/`` with the six official files (plain or ``.gz``).
+        batch_size: global batch, divided among the processes of a run.
+        val_size: training samples held out for validation (fixed ``split_seed``).
+        download: fetch missing files from ``base_url`` in ``prepare_data``.
+        base_url: where the official ``.gz`` files are served.
+        verify_checksums: compare every file with the official md5 (false for your own files in the
+            official format).
+        stereo: ``both`` (2 channels, as the official code), ``left`` (1 channel) or ``split`` (each
+            view its own 1-channel sample).
+        viewpoint: ``null`` (all data), ``azimuth`` or ``elevation``: the novel-viewpoint protocol of
+            section 5.1. Training keeps the azimuths 300-40 degrees, or the 3 lowest elevations.
+        familiar: with ``viewpoint``: test on the training viewpoints (true) or on the others (false).
+        resize, crop_size: the 96x96 images are downsampled once to ``resize`` (48), then cropped to
+            ``crop_size`` (32): randomly in training, centred for evaluation.
+        brightness, contrast: training jitter: a brightness offset in [-brightness, brightness] (pixel
+            scale [0, 1]) and a contrast factor in [contrast[0], contrast[1]], per image. Defaults are
+            those of the TensorFlow CIFAR-10 input pipeline that public smallNORB ports follow.
+    """
+
+    num_classes = 5
+
+    def __init__(
+        self,
+        data_dir: str | os.PathLike = "data",
+        batch_size: int = 32,
+        val_size: int = 1000,
+        split_seed: int = 0,
+        num_workers: int = 0,
+        pin_memory: bool = False,
+        download: bool = True,
+        base_url: str = "https://cs.nyu.edu/~ylclab/data/norb-v1.0-small/",
+        verify_checksums: bool = True,
+        stereo: str = "both",
+        viewpoint: str | None = None,
+        familiar: bool = True,
+        resize: int = 48,
+        crop_size: int = 32,
+        brightness: float = 63 / 255,
+        contrast: tuple[float, float] = (0.2, 1.8),
+    ) -> None:
+        super().__init__()
+        if stereo not in ("both", "left", "split"):
+            raise ValueError(f"stereo must be 'both', 'left' or 'split', got {stereo!r}")
+        if viewpoint not in (None, "azimuth", "elevation"):
+            raise ValueError(f"viewpoint must be null, 'azimuth' or 'elevation', got {viewpoint!r}")
+        if crop_size > resize:
+            raise ValueError(f"crop_size={crop_size} is larger than resize={resize}")
+        data_dir = str(Path(data_dir).expanduser().resolve())  # a str in the checkpoint's hyperparameters
+        contrast = tuple(contrast)
+        self.save_hyperparameters(logger=False)
+        self.root = Path(data_dir) / "smallnorb"
+        self.batch_size_per_device = batch_size
+        self.data_train: ImageTensorDataset | None = None
+        self.data_val: ImageTensorDataset | None = None
+        self.data_test: ImageTensorDataset | None = None
+
+    @property
+    def dims(self) -> tuple[int, int, int]:
+        return (2 if self.hparams.stereo == "both" else 1, self.hparams.crop_size, self.hparams.crop_size)
+
+    @property
+    def cache_path(self) -> Path:
+        return self.root / f"smallnorb-{self.hparams.resize}x{self.hparams.resize}.pt"
+
+    # ---- files -------------------------------------------------------------------------------
+    def _source_of(self, name: str) -> Path | None:
+        for candidate in (self.root / name, self.root / f"{name}.gz"):
+            if candidate.exists():
+                return candidate
+        return None
+
+    def prepare_data(self) -> None:
+        """Download missing files, check all six, and build the downsampled cache if it is stale."""
+        missing = [name for name in SMALLNORB_FILES if self._source_of(name) is None]
+        if missing:
+            self._download(missing)
+        sources = {name: self._source_of(name) for name in SMALLNORB_FILES}
+        fingerprint = {name: (path.name, path.stat().st_size, path.stat().st_mtime_ns) for name, path in sources.items()}
+        if self.cache_path.exists():
+            cached = torch.load(self.cache_path, weights_only=True)
+            if cached.get("fingerprint") == repr(fingerprint) and cached.get("version") == CACHE_VERSION:
+                return
+        if self.hparams.verify_checksums:
+            for name, path in sources.items():
+                expected = SMALLNORB_FILES[name][0 if path.suffix == ".gz" else 1]
+                if _md5(path) != expected:
+                    raise CorruptDatasetError(
+                        f"{path}: md5 differs from the official smallNORB file. Delete it and download it "
+                        "again; for your own data in the official format, pass data.verify_checksums=false.")
+        cache = {"version": CACHE_VERSION, "fingerprint": repr(fingerprint)}
+        for split, prefix in PREFIX.items():
+            cache[split] = self._read_split(sources, prefix)
+        partial = self.cache_path.with_suffix(".partial")
+        torch.save(cache, partial)
+        partial.replace(self.cache_path)
+
+    def _read_split(self, sources: dict[str, Path], prefix: str) -> dict[str, torch.Tensor]:
+        images = read_matrix(sources[f"{prefix}-dat.mat"], expected_shape=(None, 2, 96, 96))
+        count = images.shape[0]
+        categories = read_matrix(sources[f"{prefix}-cat.mat"], expected_shape=(count,))
+        info = read_matrix(sources[f"{prefix}-info.mat"], expected_shape=(count, 4))
+        if categories.size and not 0 <= categories.min() <= categories.max() <= 4:
+            raise CorruptDatasetError(f"{sources[f'{prefix}-cat.mat']}: categories outside 0-4")
+        for column, (field, largest) in enumerate(zip(INFO_FIELDS, INFO_MAX)):
+            values = info[:, column]
+            if values.size and not 0 <= values.min() <= values.max() <= largest:
+                raise CorruptDatasetError(f"{sources[f'{prefix}-info.mat']}: {field} outside 0-{largest}")
+        # 96 -> 48 by 2x2 averaging ("area"), in chunks to bound the float copy.
+        size = self.hparams.resize
+        small = torch.empty(count, 2, size, size, dtype=torch.uint8)
+        source = torch.from_numpy(images.copy())
+        for start in range(0, count, 2048):
+            chunk = source[start : start + 2048].float()
+            small[start : start + 2048] = F.interpolate(chunk, size=(size, size), mode="area").round_().to(torch.uint8)
+        return {"images": small, "targets": torch.from_numpy(categories.astype("int64")),
+                "info": torch.from_numpy(info.astype("int64"))}
+
+    def _not_found(self, missing: list[str], reason: str) -> DatasetNotFoundError:
+        listed = "\n".join(f"  {name}{'' if name in missing else '  (found)'}" for name in SMALLNORB_FILES)
+        return DatasetNotFoundError(
+            f"smallNORB not found in {self.root}\nExpected the six official files there, plain or .gz:\n{listed}\n"
+            f"{reason}\nPut the files there, or point capsexp at a folder holding smallnorb/: set "
+            "CAPSEXP_DATA_DIR=/path/to/data or pass data.data_dir=/path/to/data.")
+
+    def _download(self, missing: list[str]) -> None:
+        if not self.hparams.download:
+            raise self._not_found(missing, "Downloading is off (data.download=false).")
+        self.root.mkdir(parents=True, exist_ok=True)
+        for name in missing:
+            url = f"{self.hparams.base_url.rstrip('/')}/{name}.gz"
+            target = self.root / f"{name}.gz"
+            # Into a temporary file first: an interrupted or corrupted download never takes the real name.
+            with tempfile.NamedTemporaryFile(dir=self.root, suffix=".download", delete=False) as handle:
+                partial = Path(handle.name)
+            try:
+                with urllib.request.urlopen(url, timeout=60) as response, open(partial, "wb") as out:
+                    shutil.copyfileobj(response, out, 1 << 20)
+                    announced, received = response.headers.get("Content-Length"), out.tell()
+                # A dropped connection just ends the stream: compare with what the server announced.
+                if announced is not None and received != int(announced):
+                    raise OSError(f"interrupted after {received} of {announced} bytes")
+                if self.hparams.verify_checksums and _md5(partial) != SMALLNORB_FILES[name][0]:
+                    raise CorruptDatasetError(f"{url}: the downloaded file's md5 differs from the official one")
+                partial.replace(target)
+            except (URLError, OSError, http.client.HTTPException) as error:
+                raise self._not_found(missing, f"Download of {url} failed: {getattr(error, 'reason', error)}") from None
+            finally:
+                partial.unlink(missing_ok=True)
+
+    # ---- datasets ----------------------------------------------------------------------------
+    def _dataset(self, split: dict[str, torch.Tensor], keep: torch.Tensor) -> ImageTensorDataset:
+        images, targets, info = split["images"][keep], split["targets"][keep], split["info"][keep]
+        stereo = self.hparams.stereo
+        if stereo == "left":
+            images = images[:, :1]
+        elif stereo == "split":  # each view its own sample: (N, 2, H, W) -> (2N, 1, H, W)
+            images = images.reshape(-1, 1, *images.shape[-2:])
+            targets, info = targets.repeat_interleave(2), info.repeat_interleave(2, dim=0)
+        extras = {field: info[:, column] for column, field in enumerate(INFO_FIELDS)}
+        return ImageTensorDataset(images.contiguous(), targets, extras)
+
+    def _viewpoint_mask(self, info: torch.Tensor, training: bool) -> torch.Tensor:
+        viewpoint = self.hparams.viewpoint
+        if viewpoint is None:
+            return torch.ones(len(info), dtype=torch.bool)
+        column, trained = (2, TRAIN_AZIMUTHS) if viewpoint == "azimuth" else (1, TRAIN_ELEVATIONS)
+        familiar = torch.isin(info[:, column], torch.tensor(trained))
+        return familiar if training or self.hparams.familiar else ~familiar
+
+    def setup(self, stage: str | None = None) -> None:
+        world_size = self.trainer.world_size if self.trainer is not None else 1
+        if self.hparams.batch_size % world_size:
+            raise ValueError(f"data.batch_size={self.hparams.batch_size} (the global batch) is not divisible by "
+                             f"the {world_size} processes of this run")
+        self.batch_size_per_device = self.hparams.batch_size // world_size
+        if self.data_test is not None and self.data_train is not None:
+            return
+        cache = torch.load(self.cache_path, weights_only=True)
+        train = cache["train"]
+        keep = self._viewpoint_mask(train["info"], training=True).nonzero().squeeze(1)
+        if not 0 <= self.hparams.val_size < len(keep):
+            raise ValueError(f"data.val_size={self.hparams.val_size} must lie in [0, {len(keep)})")
+        order = keep[torch.randperm(len(keep), generator=torch.Generator().manual_seed(self.hparams.split_seed))]
+        self.data_val = self._dataset(train, order[: self.hparams.val_size].sort().values)
+        self.data_train = self._dataset(train, order[self.hparams.val_size :].sort().values)
+        test = cache["test"]
+        self.data_test = self._dataset(test, self._viewpoint_mask(test["info"], training=False).nonzero().squeeze(1))
+
+    def _loader(self, dataset: ImageTensorDataset, shuffle: bool) -> DataLoader:
+        return DataLoader(dataset, batch_size=self.batch_size_per_device, shuffle=shuffle, collate_fn=collate_batch,
+                          num_workers=self.hparams.num_workers, pin_memory=self.hparams.pin_memory,
+                          persistent_workers=self.hparams.num_workers > 0)
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader(self.data_train, shuffle=True)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader(self.data_val, shuffle=False)
+
+    def test_dataloader(self) -> DataLoader:
+        return self._loader(self.data_test, shuffle=False)
+
+    # ---- on the device -----------------------------------------------------------------------
+    def on_after_batch_transfer(self, batch: tuple[torch.Tensor, torch.Tensor], dataloader_idx: int) -> tuple:
+        """uint8 -> [0, 1]; random crop + brightness/contrast (training) or centre crop; standardise."""
+        images, targets = batch
+        images = images.float().div_(255)
+        if self.trainer is not None and self.trainer.training:
+            images = random_crop(images, self.hparams.crop_size)
+            images = random_brightness_contrast(images, self.hparams.brightness, self.hparams.contrast)
+        else:
+            images = center_crop(images, self.hparams.crop_size)
+        return standardize(images), targets

@@ -1,0 +1,250 @@
+"""SmallNORBDataModule on small files written in the official format; downloads from a loopback server."""
+
+from __future__ import annotations
+
+import gzip
+import http.server
+import shutil
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from capsexp.data import SmallNORBDataModule
+from capsexp.data.norb_format import SMALLNORB_FILES, write_matrix
+from capsexp.data.smallnorb import PREFIX
+from capsexp.errors import CorruptDatasetError, DatasetNotFoundError
+from conftest import TINY_RUN, run_cli
+
+COUNT = 108  # 18 azimuths x 6 elevations: every viewpoint appears
+
+
+def norb_arrays(seed: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    categories = (np.arange(COUNT) % 5).astype(np.int32)
+    info = np.stack([rng.integers(0, 10, COUNT), np.arange(COUNT) % 9, (np.arange(COUNT) % 18) * 2,
+                     rng.integers(0, 6, COUNT)], axis=1).astype(np.int32)
+    images = rng.integers(0, 60, size=(COUNT, 2, 96, 96), dtype=np.uint8)
+    for k in range(5):  # a learnable bright block per category
+        images[categories == k, :, 10 + 15 * k : 25 + 15 * k, 30:60] = 230
+    return {"dat": images, "cat": categories, "info": info}
+
+
+def write_norb(root: Path, gz: bool = True) -> Path:
+    """The six files in <root>/smallnorb/, training files gzipped (if ``gz``), testing files plain."""
+    folder = root / "smallnorb"
+    folder.mkdir(parents=True, exist_ok=True)
+    for seed, (split, prefix) in enumerate(PREFIX.items()):
+        for kind, array in norb_arrays(seed).items():
+            suffix = ".gz" if gz and split == "train" else ""
+            write_matrix(folder / f"{prefix}-{kind}.mat{suffix}", array)
+    return root
+
+
+@pytest.fixture
+def norb_dir(tmp_path: Path) -> Path:
+    return write_norb(tmp_path / "data")
+
+
+def prepared(data_dir: Path, **kwargs) -> SmallNORBDataModule:
+    options = dict(batch_size=12, val_size=12, verify_checksums=False, download=False)
+    datamodule = SmallNORBDataModule(data_dir, **{**options, **kwargs})
+    datamodule.prepare_data()
+    datamodule.setup("fit")
+    return datamodule
+
+
+class FakeTrainer:
+    world_size = 1
+    training = False
+
+
+@pytest.mark.parametrize("stereo,channels,factor", [("both", 2, 1), ("left", 1, 1), ("split", 1, 2)])
+def test_reads_plain_and_gz_files_in_each_stereo_mode(norb_dir, stereo, channels, factor):
+    datamodule = prepared(norb_dir, stereo=stereo)
+    assert len(datamodule.data_train) + len(datamodule.data_val) == factor * COUNT
+    assert len(datamodule.data_test) == factor * COUNT
+    images, targets = next(iter(datamodule.train_dataloader()))
+    assert images.shape == (12, channels, 48, 48) and images.dtype == torch.uint8
+    assert datamodule.dims == (channels, 32, 32)
+    assert set(datamodule.data_test.extras) == {"instance", "elevation", "azimuth", "lighting"}
+    # The training split came from the training file (seed 0), the test split from the testing one.
+    test_info = norb_arrays(1)["info"]
+    assert torch.equal(datamodule.data_test.extras["lighting"][::factor], torch.from_numpy(test_info[:, 3]).long())
+
+
+def test_downsampling_is_2x2_averaging(norb_dir):
+    datamodule = prepared(norb_dir, stereo="both")
+    raw = torch.from_numpy(norb_arrays(1)["dat"][:2]).float()
+    expected = torch.nn.functional.avg_pool2d(raw, 2).round().to(torch.uint8)
+    assert torch.equal(datamodule.data_test.images[:2], expected)
+
+
+def test_crops_jitter_and_standardisation(norb_dir):
+    datamodule = prepared(norb_dir)
+    datamodule.trainer = FakeTrainer()
+    batch = (datamodule.data_test.images[:12], datamodule.data_test.targets[:12])
+    evaluated, _ = datamodule.on_after_batch_transfer(batch, 0)
+    assert evaluated.shape == (12, 2, 32, 32)
+    assert torch.allclose(evaluated, datamodule.on_after_batch_transfer(batch, 0)[0])  # centre crop: fixed
+    flat = evaluated.flatten(1)
+    assert torch.allclose(flat.mean(1), torch.zeros(12), atol=1e-5)
+    assert torch.allclose(flat.std(1, unbiased=False), torch.ones(12), atol=1e-4)
+    FakeTrainer.training = True
+    try:
+        trained = [datamodule.on_after_batch_transfer(batch, 0)[0] for _ in range(2)]
+    finally:
+        FakeTrainer.training = False
+    assert trained[0].shape == (12, 2, 32, 32) and not torch.allclose(trained[0], trained[1])
+
+
+@pytest.mark.parametrize("viewpoint,column,trained", [("azimuth", "azimuth", {30, 32, 34, 0, 2, 4}),
+                                                      ("elevation", "elevation", {0, 1, 2})])
+def test_novel_viewpoint_splits(norb_dir, viewpoint, column, trained):
+    familiar = prepared(norb_dir, viewpoint=viewpoint, familiar=True, val_size=6)
+    novel = prepared(norb_dir, viewpoint=viewpoint, familiar=False, val_size=6)
+    train_values = set(torch.cat([familiar.data_train.extras[column], familiar.data_val.extras[column]]).tolist())
+    assert train_values == trained
+    assert set(familiar.data_test.extras[column].tolist()) == trained
+    assert set(novel.data_test.extras[column].tolist()).isdisjoint(trained)
+    assert len(familiar.data_test) + len(novel.data_test) == COUNT
+
+
+def test_cache_is_built_once_and_rebuilt_when_a_source_changes(norb_dir):
+    datamodule = prepared(norb_dir)
+    cache = datamodule.cache_path
+    built = cache.stat().st_mtime_ns
+    prepared(norb_dir)
+    assert cache.stat().st_mtime_ns == built, "an up-to-date cache must not be rebuilt"
+    changed = norb_arrays(1)["dat"].copy()
+    changed[0] = 255
+    write_matrix(norb_dir / "smallnorb" / f"{PREFIX['test']}-dat.mat", changed)
+    rebuilt = prepared(norb_dir)
+    assert cache.stat().st_mtime_ns != built
+    assert int(rebuilt.data_test.images[0].min()) == 255
+
+
+@pytest.mark.parametrize("damage,message", [
+    (lambda raw: b"\x00" * 4 + raw[4:], "not a NORB matrix file"),
+    (lambda raw: raw[:-100], "truncated"),
+])
+def test_bad_files_name_the_file(norb_dir, damage, message):
+    path = norb_dir / "smallnorb" / f"{PREFIX['test']}-dat.mat"
+    path.write_bytes(damage(path.read_bytes()))
+    with pytest.raises(CorruptDatasetError, match=f"testing-dat.mat.*{message}|testing-dat.mat: magic.*{message}"):
+        prepared(norb_dir)
+
+
+def test_wrong_dims_and_values_name_the_file(norb_dir):
+    write_matrix(norb_dir / "smallnorb" / f"{PREFIX['test']}-info.mat", np.zeros((COUNT, 3), dtype=np.int32))
+    with pytest.raises(CorruptDatasetError, match=r"testing-info.mat: shape \(108, 3\), expected \(108, 4\)"):
+        prepared(norb_dir)
+    write_matrix(norb_dir / "smallnorb" / f"{PREFIX['test']}-info.mat", np.full((COUNT, 4), 40, dtype=np.int32))
+    with pytest.raises(CorruptDatasetError, match="testing-info.mat: instance outside 0-9"):
+        prepared(norb_dir)
+
+
+def test_checksums_are_checked_by_default(norb_dir):
+    with pytest.raises(CorruptDatasetError, match="md5 differs.*verify_checksums=false"):
+        prepared(norb_dir, verify_checksums=True)
+
+
+def test_missing_files_without_network_name_folder_and_files(tmp_path):
+    with pytest.raises(DatasetNotFoundError) as error:
+        prepared(tmp_path)
+    message = str(error.value)
+    assert str(tmp_path / "smallnorb") in message and all(name in message for name in SMALLNORB_FILES)
+    assert "CAPSEXP_DATA_DIR" in message
+    with pytest.raises(DatasetNotFoundError, match="Download of http://127.0.0.1:9/.* failed"):
+        prepared(tmp_path, download=True, base_url="http://127.0.0.1:9/")
+    assert not list((tmp_path / "smallnorb").glob("*"))
+
+
+# ---- download from a loopback HTTP server ----------------------------------------------------
+class Server:
+    def __init__(self, directory: Path, truncate: str | None = None):
+        truncated = truncate
+
+        class Handler(http.server.SimpleHTTPRequestHandler):
+            def __init__(self, *args, **kwargs):
+                super().__init__(*args, directory=str(directory), **kwargs)
+
+            def log_message(self, *args):
+                pass
+
+            def do_GET(self):  # noqa: N802
+                if truncated and self.path.endswith(truncated):
+                    # Announce the whole file, send a tenth of it, hang up: an interrupted download.
+                    body = (directory / truncated).read_bytes()
+                    self.send_response(200)
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body[: len(body) // 10])
+                    self.close_connection = True
+                    return
+                super().do_GET()
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def served(tmp_path: Path) -> Path:
+    """The six files gzipped, as the official site serves them."""
+    folder = write_norb(tmp_path / "source", gz=False) / "smallnorb"
+    for path in folder.glob("*.mat"):
+        path.with_name(path.name + ".gz").write_bytes(gzip.compress(path.read_bytes()))
+        path.unlink()
+    return folder
+
+
+def test_download_from_the_configured_url(served, tmp_path):
+    with Server(served) as server:
+        datamodule = prepared(tmp_path / "data", download=True, base_url=server.url)
+    assert len(datamodule.data_test) == COUNT
+    assert sorted(p.name for p in (tmp_path / "data" / "smallnorb").glob("*.gz")) == sorted(
+        f"{name}.gz" for name in SMALLNORB_FILES)
+
+
+def test_corrupted_download_is_detected_and_not_kept(served, tmp_path):
+    with Server(served) as server:
+        with pytest.raises(CorruptDatasetError, match="downloaded file's md5 differs"):
+            prepared(tmp_path / "data", download=True, base_url=server.url, verify_checksums=True)
+    assert not list((tmp_path / "data" / "smallnorb").glob("*.mat*"))
+    assert not list((tmp_path / "data" / "smallnorb").glob("*.download"))
+
+
+def test_interrupted_download_is_not_left_behind(served, tmp_path):
+    victim = f"{PREFIX['test']}-dat.mat.gz"
+    with Server(served, truncate=victim) as server:
+        with pytest.raises(DatasetNotFoundError, match="failed"):
+            prepared(tmp_path / "data", download=True, base_url=server.url)
+    folder = tmp_path / "data" / "smallnorb"
+    assert not (folder / victim).exists() and not list(folder.glob("*.download"))
+    # With the server fixed, the next run fetches what is still missing and works.
+    with Server(served) as server:
+        assert len(prepared(tmp_path / "data", download=True, base_url=server.url).data_test) == COUNT
+
+
+# ---- every model trains on it through the CLI ---------------------------------------------------
+@pytest.mark.parametrize("model,extra", [
+    ("lenet5", []),
+    ("capsnet", ["model.net.conv_channels=16", "model.net.primary_types=4"]),
+    ("em_caps", ["model.net.A=8", "model.net.B=4", "model.net.C=4", "model.net.D=4"]),
+])
+def test_each_model_trains_on_smallnorb_through_the_cli(norb_dir, tmp_path, model, extra):
+    result = run_cli(*TINY_RUN, f"paths.data_dir={norb_dir}", "data=smallnorb", f"model={model}", *extra,
+                     "data.val_size=12", "data.batch_size=12", "trainer.max_epochs=1",
+                     "trainer.limit_train_batches=3", "trainer.limit_test_batches=2", f"hydra.run.dir={tmp_path}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert (tmp_path / "checkpoints" / "last.ckpt").exists()
