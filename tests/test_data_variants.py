@@ -83,3 +83,31 @@ def test_capsnet_selects_the_official_lr_schedule_unless_overridden():
     assert compose_config(["model=capsnet"]).lr_scheduler.scheduler.decay_steps == 2000
     assert compose_config(["model=capsnet", "lr_scheduler=none"]).lr_scheduler is None
     assert compose_config(["model=lenet5"]).lr_scheduler is None
+
+
+def test_brightness_and_contrast_jitter_stay_in_their_ranges():
+    from capsexp.data.augment import random_brightness_contrast
+
+    torch.manual_seed(0)
+    flat = torch.full((400, 2, 8, 8), 0.5)  # contrast leaves a constant image alone: only brightness acts
+    shifted = random_brightness_contrast(flat, 0.25, (0.2, 1.8)) - 0.5
+    assert shifted.abs().max() <= 0.25 + 1e-6 and shifted.abs().max() > 0.2
+    assert torch.allclose(shifted.amin(dim=(1, 2, 3)), shifted.amax(dim=(1, 2, 3)))  # one offset per image
+    textured = torch.rand(400, 2, 8, 8)
+    scaled = random_brightness_contrast(textured, 0.0, (0.2, 1.8))
+    deviation = lambda x: x - x.mean(dim=(-2, -1), keepdim=True)  # noqa: E731
+    factors = (deviation(scaled).flatten(1).norm(dim=1) / deviation(textured).flatten(1).norm(dim=1))
+    assert factors.min() >= 0.2 - 1e-5 and factors.max() <= 1.8 + 1e-5
+    assert factors.max() - factors.min() > 1.2
+
+
+def test_random_crop_and_center_crop():
+    from capsexp.data.augment import center_crop, random_crop
+
+    images = torch.arange(48 * 48, dtype=torch.float32).view(1, 1, 48, 48).repeat(300, 1, 1, 1)
+    crops = random_crop(images, 32)
+    corners = crops[:, 0, 0, 0].long()
+    rows, cols = corners // 48, corners % 48
+    assert crops.shape == (300, 1, 32, 32) and rows.max() == 16 and cols.max() == 16 and rows.min() == 0
+    assert torch.equal(crops[:, 0, 31, 31].long(), corners + 31 * 48 + 31)  # each crop is contiguous
+    assert center_crop(images[:1], 32)[0, 0, 0, 0].item() == 8 * 48 + 8
