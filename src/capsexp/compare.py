@@ -1,0 +1,184 @@
+"""Compare runs: ``python -m capsexp.compare <folder> [--output DIR]``.
+
+Finds every run under ``folder`` (a multirun, or all of ``logs/``): a folder with
+``.hydra/overrides.yaml`` and ``tensorboard/`` event files. Runs whose overrides differ only by ``seed``
+form one configuration. Writes ``comparison.md`` and ``comparison.csv`` (per configuration: count, and
+mean ± std over seeds of the best validation accuracy and the final test accuracies, every
+``test/acc_rot*`` included), ``val_acc.png`` (validation accuracy curves) and, where rotated test sets
+were logged, ``rotation.png`` (test accuracy versus angle).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import re
+import statistics
+import textwrap
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+# Overrides that name where a run went, not what it was.
+IGNORED_OVERRIDE = re.compile(r"^\+?(seed|hydra\.[\w.]+|paths\.[\w.]+|ckpt_path|tags|task_name)=")
+ROTATION = re.compile(r"^test/acc_rot(-?[\d.]+)$")
+
+
+@dataclass
+class Run:
+    path: Path
+    configuration: tuple[str, ...] | str  # the overrides, then (label_configurations) a label
+    scalars: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
+
+    def final(self, tag: str) -> float | None:
+        values = self.scalars.get(tag)
+        return values[-1][1] if values else None
+
+
+def find_runs(folder: Path) -> list[Run]:
+    """Every run under ``folder``, with its configuration label and its scalars."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    runs = []
+    for overrides_file in sorted(folder.rglob(".hydra/overrides.yaml")):
+        run_dir = overrides_file.parent.parent
+        if not (run_dir / "tensorboard").is_dir():
+            continue
+        overrides = yaml.safe_load(overrides_file.read_text()) or []
+        kept = tuple(sorted(o for o in overrides if not IGNORED_OVERRIDE.match(o)))
+        events = EventAccumulator(str(run_dir / "tensorboard"), size_guidance={"scalars": 0})
+        events.Reload()
+        scalars = {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+        runs.append(Run(run_dir, kept, scalars))
+    return runs
+
+
+def label_configurations(runs: list[Run]) -> list[str]:
+    """Label each run's configuration by the overrides that set it apart; return those all share."""
+    configurations = {run.configuration for run in runs}
+    shared = set.intersection(*map(set, configurations)) if len(configurations) > 1 else set()
+    for run in runs:
+        run.configuration = " ".join(o for o in run.configuration if o not in shared) or "(defaults)"
+    return sorted(shared)
+
+
+def _mean_std(values: list[float]) -> tuple[float, float]:
+    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
+
+
+def summarise(runs: list[Run]) -> tuple[list[str], list[dict]]:
+    """Columns and one row per configuration: count plus mean and std of each metric over seeds."""
+    groups: dict[str, list[Run]] = defaultdict(list)
+    for run in runs:
+        groups[run.configuration].append(run)
+    tags = {tag for run in runs for tag in run.scalars}
+    rotations = sorted((tag for tag in tags if ROTATION.match(tag)), key=lambda t: float(ROTATION.match(t)[1]))
+    metrics = [tag for tag in ("val/acc_best", "val/acc", "test/acc") if tag in tags] + rotations
+    rows = []
+    for configuration, members in sorted(groups.items()):
+        row: dict = {"configuration": configuration, "runs": len(members)}
+        for metric in metrics:
+            values = [v for v in (run.final(metric) for run in members) if v is not None]
+            row[metric] = _mean_std(values) if values else None
+        rows.append(row)
+    return metrics, rows
+
+
+def write_tables(metrics: list[str], rows: list[dict], shared: list[str], output: Path) -> None:
+    def cell(value) -> str:
+        return "" if value is None else f"{100 * value[0]:.2f} ± {100 * value[1]:.2f}"
+
+    header = ["configuration", "runs", *metrics]
+    lines = ["| " + " | ".join(header) + " |", "| " + " | ".join(["---", "---:"] + ["---:"] * len(metrics)) + " |"]
+    for row in rows:
+        lines.append("| " + " | ".join([row["configuration"], str(row["runs"])] + [cell(row[m]) for m in metrics]) + " |")
+    (output / "comparison.md").write_text(
+        "# Run comparison\n\nAccuracies in %, mean ± std over the runs of each configuration (they differ only "
+        "by seed). Final values, except val/acc_best.\n\n"
+        + (f"Common to every run: `{' '.join(shared)}`\n\n" if shared else "")
+        + "\n".join(lines) + "\n")
+    with open(output / "comparison.csv", "w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["configuration", "runs"] + [f"{m} {s}" for m in metrics for s in ("mean", "std")])
+        for row in rows:
+            values = [x for m in metrics for x in (row[m] if row[m] is not None else (math.nan, math.nan))]
+            writer.writerow([row["configuration"], row["runs"], *values])
+
+
+def write_plots(runs: list[Run], metrics: list[str], rows: list[dict], output: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written = []
+    colours = {row["configuration"]: f"C{i % 10}" for i, row in enumerate(rows)}
+
+    def legend(axes) -> None:  # below the plot, long labels wrapped, so the axes keep their width
+        handles, labels = axes.get_legend_handles_labels()
+        axes.legend(handles, [textwrap.fill(label, 60) for label in labels], fontsize="small",
+                    loc="upper center", bbox_to_anchor=(0.5, -0.15))
+    figure, axes = plt.subplots(figsize=(8, 5))
+    labelled = set()
+    for run in runs:
+        curve = run.scalars.get("val/acc")
+        if not curve:
+            continue
+        label = None if run.configuration in labelled else run.configuration
+        labelled.add(run.configuration)
+        axes.plot([s for s, _ in curve], [100 * v for _, v in curve], color=colours[run.configuration], label=label)
+    if labelled:
+        axes.set(xlabel="step", ylabel="validation accuracy (%)", title="Validation accuracy")
+        legend(axes)
+        figure.savefig(output / "val_acc.png", dpi=120, bbox_inches="tight")
+        written.append(output / "val_acc.png")
+    plt.close(figure)
+
+    rotations = [m for m in metrics if ROTATION.match(m)]
+    if rotations:
+        angles = [float(ROTATION.match(m)[1]) for m in rotations]
+        figure, axes = plt.subplots(figsize=(8, 5))
+        for row in rows:
+            means = [100 * row[m][0] if row[m] else math.nan for m in rotations]
+            errors = [100 * row[m][1] if row[m] else 0.0 for m in rotations]
+            axes.errorbar(angles, means, yerr=errors, marker="o", capsize=3, color=colours[row["configuration"]],
+                          label=row["configuration"])
+        axes.set(xlabel="rotation of the test digits (degrees)", ylabel="test accuracy (%)",
+                 title="Accuracy versus rotation")
+        legend(axes)
+        figure.savefig(output / "rotation.png", dpi=120, bbox_inches="tight")
+        written.append(output / "rotation.png")
+        plt.close(figure)
+    return written
+
+
+def compare(folder: Path, output: Path | None = None) -> Path:
+    """Write the comparison of every run under ``folder`` into ``output`` (default: ``folder``)."""
+    output = output or folder
+    runs = find_runs(folder)
+    if not runs:
+        raise SystemExit(f"error: no runs under {folder} (a run is a folder with .hydra/overrides.yaml and tensorboard/)")
+    output.mkdir(parents=True, exist_ok=True)
+    shared = label_configurations(runs)
+    metrics, rows = summarise(runs)
+    write_tables(metrics, rows, shared, output)
+    write_plots(runs, metrics, rows, output)
+    return output
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m capsexp.compare", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("folder", type=Path, help="a multirun folder, or logs/ for every run")
+    parser.add_argument("--output", type=Path, default=None, help="where to write (default: the folder)")
+    args = parser.parse_args(argv)
+    output = compare(args.folder, args.output)
+    print((output / "comparison.md").read_text())
+    print(f"Written to {output}: comparison.md, comparison.csv and the PNG plots.")
+
+
+if __name__ == "__main__":
+    main()

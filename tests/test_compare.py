@@ -1,0 +1,63 @@
+"""python -m capsexp.compare: grouping by configuration, mean ± std over seeds, tables and plots."""
+
+from __future__ import annotations
+
+import csv
+import statistics
+from pathlib import Path
+
+import pytest
+import yaml
+from torch.utils.tensorboard import SummaryWriter
+
+from capsexp.compare import compare, main
+
+RUNS = {  # run folder: (overrides, val/acc curve, test/acc, rotations)
+    "0": (["model=lenet5", "seed=1", "data=rotated_mnist"], [0.90, 0.95], 0.96, {0: 0.96, 45: 0.70}),
+    "1": (["model=lenet5", "seed=2", "data=rotated_mnist"], [0.91, 0.97], 0.98, {0: 0.98, 45: 0.74}),
+    "2": (["model=capsnet", "seed=1", "hydra.run.dir=somewhere", "data=rotated_mnist"], [0.93, 0.99], 0.99, {0: 0.99, 45: 0.85}),
+}
+
+
+def make_runs(folder: Path) -> None:
+    for name, (overrides, curve, test_acc, rotations) in RUNS.items():
+        run = folder / name
+        (run / ".hydra").mkdir(parents=True)
+        (run / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(overrides))
+        writer = SummaryWriter(str(run / "tensorboard"))
+        for step, value in enumerate(curve):
+            writer.add_scalar("val/acc", value, step * 100)
+            writer.add_scalar("val/acc_best", max(curve[: step + 1]), step * 100)
+        writer.add_scalar("test/acc", test_acc, 200)
+        for angle, value in rotations.items():
+            writer.add_scalar(f"test/acc_rot{angle}", value, 200)
+        writer.close()
+
+
+def test_groups_seeds_and_matches_the_event_files(tmp_path):
+    make_runs(tmp_path / "multirun")
+    output = compare(tmp_path / "multirun", tmp_path / "out")
+    table = (output / "comparison.md").read_text()
+    lenet = next(line for line in table.splitlines() if line.startswith("| model=lenet5 |"))
+    cells = [c.strip() for c in lenet.strip("|").split("|")]
+    assert cells[1] == "2"
+    best_mean = statistics.fmean([0.95, 0.97]) * 100
+    best_std = statistics.stdev([0.95, 0.97]) * 100
+    assert cells[2] == f"{best_mean:.2f} ± {best_std:.2f}"
+    assert "| model=capsnet | 1 |" in table  # the hydra.run.dir override does not split configurations
+    assert "Common to every run: `data=rotated_mnist`" in table
+    with open(output / "comparison.csv") as handle:
+        rows = {row["configuration"]: row for row in csv.DictReader(handle)}
+    assert float(rows["model=lenet5"]["test/acc_rot45 mean"]) == pytest.approx(0.72, abs=1e-6)
+    assert float(rows["model=capsnet"]["test/acc mean"]) == pytest.approx(0.99, abs=1e-6)
+    assert list(rows["model=lenet5"])[-2:] == ["test/acc_rot45 mean", "test/acc_rot45 std"]  # angles in order
+    for plot in ["val_acc.png", "rotation.png"]:
+        assert (output / plot).stat().st_size > 1000
+
+
+def test_command_line_and_empty_folder(tmp_path, capsys):
+    make_runs(tmp_path)
+    main([str(tmp_path)])
+    assert "comparison.md" in capsys.readouterr().out and (tmp_path / "comparison.csv").exists()
+    with pytest.raises(SystemExit, match="no runs under"):
+        main([str(tmp_path / "empty")])
