@@ -9,21 +9,20 @@ with a short message naming the file. ``setup`` then reads the checked files int
 from __future__ import annotations
 
 import gzip
-import hashlib
 import os
 import struct
 import zlib
 from pathlib import Path
 from urllib.error import URLError
 
-import lightning as L
 import torch
 from torch.utils.data import DataLoader
 from torchvision.datasets import MNIST
 from torchvision.datasets.utils import download_and_extract_archive
 
 from capsexp.data.augment import random_shift, rotate
-from capsexp.data.tensor_dataset import ImageTensorDataset, collate_batch
+from capsexp.data.base import InMemoryDataModule, md5sum
+from capsexp.data.tensor_dataset import ImageTensorDataset
 from capsexp.errors import CorruptDatasetError, DatasetNotFoundError
 
 IMAGES_MAGIC = 0x00000803  # IDX: unsigned bytes, 3 dimensions
@@ -38,14 +37,6 @@ UNPACKED_MD5 = {
 }
 GZ_MD5 = dict(MNIST.resources)
 MNIST_MEAN, MNIST_STD = 0.1307, 0.3081
-
-
-def md5sum(path: Path, chunk_size: int = 1 << 20) -> str:
-    digest = hashlib.md5()
-    with open(path, "rb") as handle:
-        while chunk := handle.read(chunk_size):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def check_idx_file(path: Path, magic: int, max_label: int = 9) -> int:
@@ -100,7 +91,7 @@ def _unpack(gz_path: Path, path: Path) -> None:
     partial.replace(path)
 
 
-class MNISTDataModule(L.LightningDataModule):
+class MNISTDataModule(InMemoryDataModule):
     """MNIST digits, pixels in [0, 1], with a fixed-seed train/validation split.
 
     Args:
@@ -148,9 +139,6 @@ class MNISTDataModule(L.LightningDataModule):
         self.save_hyperparameters(logger=False)
         self.data_dir = Path(data_dir)
         self.batch_size_per_device = batch_size
-        self.data_train: ImageTensorDataset | None = None
-        self.data_val: ImageTensorDataset | None = None
-        self.data_test: ImageTensorDataset | None = None
 
     @property
     def test_set_names(self) -> list[str]:
@@ -232,13 +220,7 @@ class MNISTDataModule(L.LightningDataModule):
         return ImageTensorDataset(dataset.data.unsqueeze(1), dataset.targets)
 
     def setup(self, stage: str | None = None) -> None:
-        world_size = self.trainer.world_size if self.trainer is not None else 1
-        if self.hparams.batch_size % world_size:
-            raise ValueError(
-                f"data.batch_size={self.hparams.batch_size} (the global batch) is not divisible by "
-                f"the {world_size} processes of this run"
-            )
-        self.batch_size_per_device = self.hparams.batch_size // world_size
+        self.split_batch_over_processes()
 
         if stage in ("fit", "validate", None) and self.data_train is None:
             full = self._load(train=True)
@@ -249,23 +231,6 @@ class MNISTDataModule(L.LightningDataModule):
             self.data_train = full.subset(order[self.hparams.val_size :])
         if stage in ("test", None) and self.data_test is None:
             self.data_test = self._load(train=False)
-
-    def _loader(self, dataset: ImageTensorDataset, shuffle: bool) -> DataLoader:
-        return DataLoader(
-            dataset,
-            batch_size=self.batch_size_per_device,
-            shuffle=shuffle,
-            collate_fn=collate_batch,
-            num_workers=self.hparams.num_workers,
-            pin_memory=self.hparams.pin_memory,
-            persistent_workers=self.hparams.num_workers > 0,
-        )
-
-    def train_dataloader(self) -> DataLoader:
-        return self._loader(self.data_train, shuffle=True)
-
-    def val_dataloader(self) -> DataLoader:
-        return self._loader(self.data_val, shuffle=False)
 
     def test_dataloader(self) -> DataLoader | list[DataLoader]:
         if self.hparams.test_rotations is None:

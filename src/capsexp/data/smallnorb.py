@@ -10,7 +10,6 @@ brightness and contrast and test images the centre crop, then per-image standard
 
 from __future__ import annotations
 
-import hashlib
 import http.client
 import os
 import shutil
@@ -19,14 +18,13 @@ import urllib.request
 from pathlib import Path
 from urllib.error import URLError
 
-import lightning as L
 import torch
 import torch.nn.functional as F
-from torch.utils.data import DataLoader
 
 from capsexp.data.augment import center_crop, random_brightness_contrast, random_crop, standardize
+from capsexp.data.base import InMemoryDataModule, md5sum
 from capsexp.data.norb_format import SMALLNORB_FILES, read_matrix
-from capsexp.data.tensor_dataset import ImageTensorDataset, collate_batch
+from capsexp.data.tensor_dataset import ImageTensorDataset
 from capsexp.errors import CorruptDatasetError, DatasetNotFoundError
 
 PREFIX = {"train": "smallnorb-5x46789x9x18x6x2x96x96-training", "test": "smallnorb-5x01235x9x18x6x2x96x96-testing"}
@@ -39,15 +37,7 @@ TRAIN_ELEVATIONS = (0, 1, 2)
 CACHE_VERSION = 1
 
 
-def _md5(path: Path) -> str:
-    digest = hashlib.md5()
-    with open(path, "rb") as handle:
-        while chunk := handle.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-class SmallNORBDataModule(L.LightningDataModule):
+class SmallNORBDataModule(InMemoryDataModule):
     """smallNORB: 5 categories of toys, 24,300 stereo training pairs and 24,300 test pairs.
 
     Args:
@@ -103,9 +93,6 @@ class SmallNORBDataModule(L.LightningDataModule):
         self.save_hyperparameters(logger=False)
         self.root = Path(data_dir) / "smallnorb"
         self.batch_size_per_device = batch_size
-        self.data_train: ImageTensorDataset | None = None
-        self.data_val: ImageTensorDataset | None = None
-        self.data_test: ImageTensorDataset | None = None
 
     @property
     def dims(self) -> tuple[int, int, int]:
@@ -136,7 +123,7 @@ class SmallNORBDataModule(L.LightningDataModule):
         if self.hparams.verify_checksums:
             for name, path in sources.items():
                 expected = SMALLNORB_FILES[name][0 if path.suffix == ".gz" else 1]
-                if _md5(path) != expected:
+                if md5sum(path) != expected:
                     raise CorruptDatasetError(
                         f"{path}: md5 differs from the official smallNORB file. Delete it and download it "
                         "again; for your own data in the official format, pass data.verify_checksums=false.")
@@ -192,7 +179,7 @@ class SmallNORBDataModule(L.LightningDataModule):
                 # A dropped connection just ends the stream: compare with what the server announced.
                 if announced is not None and received != int(announced):
                     raise OSError(f"interrupted after {received} of {announced} bytes")
-                if self.hparams.verify_checksums and _md5(partial) != SMALLNORB_FILES[name][0]:
+                if self.hparams.verify_checksums and md5sum(partial) != SMALLNORB_FILES[name][0]:
                     raise CorruptDatasetError(f"{url}: the downloaded file's md5 differs from the official one")
                 partial.replace(target)
             except (URLError, OSError, http.client.HTTPException) as error:
@@ -221,11 +208,7 @@ class SmallNORBDataModule(L.LightningDataModule):
         return familiar if training or self.hparams.familiar else ~familiar
 
     def setup(self, stage: str | None = None) -> None:
-        world_size = self.trainer.world_size if self.trainer is not None else 1
-        if self.hparams.batch_size % world_size:
-            raise ValueError(f"data.batch_size={self.hparams.batch_size} (the global batch) is not divisible by "
-                             f"the {world_size} processes of this run")
-        self.batch_size_per_device = self.hparams.batch_size // world_size
+        self.split_batch_over_processes()
         if self.data_test is not None and self.data_train is not None:
             return
         cache = torch.load(self.cache_path, weights_only=True)
@@ -238,20 +221,6 @@ class SmallNORBDataModule(L.LightningDataModule):
         self.data_train = self._dataset(train, order[self.hparams.val_size :].sort().values)
         test = cache["test"]
         self.data_test = self._dataset(test, self._viewpoint_mask(test["info"], training=False).nonzero().squeeze(1))
-
-    def _loader(self, dataset: ImageTensorDataset, shuffle: bool) -> DataLoader:
-        return DataLoader(dataset, batch_size=self.batch_size_per_device, shuffle=shuffle, collate_fn=collate_batch,
-                          num_workers=self.hparams.num_workers, pin_memory=self.hparams.pin_memory,
-                          persistent_workers=self.hparams.num_workers > 0)
-
-    def train_dataloader(self) -> DataLoader:
-        return self._loader(self.data_train, shuffle=True)
-
-    def val_dataloader(self) -> DataLoader:
-        return self._loader(self.data_val, shuffle=False)
-
-    def test_dataloader(self) -> DataLoader:
-        return self._loader(self.data_test, shuffle=False)
 
     # ---- on the device -----------------------------------------------------------------------
     def on_after_batch_transfer(self, batch: tuple[torch.Tensor, torch.Tensor], dataloader_idx: int) -> tuple:

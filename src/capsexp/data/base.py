@@ -1,0 +1,62 @@
+"""What the in-memory DataModules share: the global batch split per process, and the DataLoaders."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import lightning as L
+from torch.utils.data import DataLoader
+
+from capsexp.data.tensor_dataset import ImageTensorDataset, collate_batch
+
+
+def md5sum(path: Path, chunk_size: int = 1 << 20) -> str:
+    digest = hashlib.md5()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(chunk_size):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+class InMemoryDataModule(L.LightningDataModule):
+    """Datasets held as :class:`ImageTensorDataset` (whole batches gathered by one indexing operation).
+
+    Subclasses set ``data_train``, ``data_val`` and ``data_test`` in ``setup`` and call
+    :meth:`split_batch_over_processes` there; their hyperparameters include ``batch_size`` (the global
+    batch), ``num_workers`` and ``pin_memory``.
+    """
+
+    data_train: ImageTensorDataset | None = None
+    data_val: ImageTensorDataset | None = None
+    data_test: ImageTensorDataset | None = None
+
+    def split_batch_over_processes(self) -> None:
+        """``batch_size`` is global: each of the run's processes gets an equal share."""
+        world_size = self.trainer.world_size if self.trainer is not None else 1
+        if self.hparams.batch_size % world_size:
+            raise ValueError(
+                f"data.batch_size={self.hparams.batch_size} (the global batch) is not divisible by "
+                f"the {world_size} processes of this run"
+            )
+        self.batch_size_per_device = self.hparams.batch_size // world_size
+
+    def _loader(self, dataset: ImageTensorDataset, shuffle: bool) -> DataLoader:
+        return DataLoader(
+            dataset,
+            batch_size=self.batch_size_per_device,
+            shuffle=shuffle,
+            collate_fn=collate_batch,
+            num_workers=self.hparams.num_workers,
+            pin_memory=self.hparams.pin_memory,
+            persistent_workers=self.hparams.num_workers > 0,
+        )
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader(self.data_train, shuffle=True)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader(self.data_val, shuffle=False)
+
+    def test_dataloader(self) -> DataLoader | list[DataLoader]:
+        return self._loader(self.data_test, shuffle=False)
