@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import gzip
 import http.server
-import shutil
 import threading
 from pathlib import Path
 
