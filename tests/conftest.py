@@ -13,6 +13,8 @@ import numpy as np
 import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig, open_dict
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from tensorboard.plugins.hparams import plugin_data_pb2
 
 from capsexp import CONFIG_DIR, PROJECT_ROOT
 
@@ -110,3 +112,24 @@ TINY_RUN = [
     "callbacks.progress_bar=null",
     "callbacks.model_summary=null",
 ]
+
+
+def scalars(run_dir: Path) -> dict[str, list]:
+    """Every scalar series in ``run_dir/tensorboard``: tag -> [ScalarEvent(step, value, ...)]."""
+    events = EventAccumulator(str(run_dir / "tensorboard"))
+    events.Reload()
+    return {tag: events.Scalars(tag) for tag in events.Tags()["scalars"]}
+
+
+def hparams_summary(run_dir: Path) -> dict[str, dict]:
+    """What TensorBoard's HParams tab reads from ``run_dir/tensorboard``: hyperparameters, metric tags."""
+    events = EventAccumulator(str(run_dir / "tensorboard"))
+    events.Reload()
+    content = events.PluginTagToContent("hparams")
+    experiment = plugin_data_pb2.HParamsPluginData.FromString(content["_hparams_/experiment"]).experiment
+    session = plugin_data_pb2.HParamsPluginData.FromString(content["_hparams_/session_start_info"])
+    hparams = {}
+    for name, value in session.session_start_info.hparams.items():
+        kind = value.WhichOneof("kind")
+        hparams[name] = getattr(value, kind)
+    return {"hparams": hparams, "metrics": [info.name.tag for info in experiment.metric_infos]}

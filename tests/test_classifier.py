@@ -31,7 +31,7 @@ def test_a_tiny_run_learns_and_logs_its_metrics(mnist_dir, tmp_path):
     trainer = make_trainer(tmp_path, max_epochs=6)
     trainer.fit(module, datamodule=datamodule)
     metrics = trainer.callback_metrics
-    for name in ["train/loss", "train/acc", "val/loss", "val/acc", "val/acc_best"]:
+    for name in ["train/loss_step", "train/loss_epoch", "train/acc", "val/loss", "val/acc", "val/acc_best"]:
         assert name in metrics, name
     assert metrics["val/acc"] >= 0.9, "LeNet5 must learn the synthetic digits"
     assert metrics["val/acc_best"] >= metrics["val/acc"]

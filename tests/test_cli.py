@@ -2,18 +2,10 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from conftest import TINY_RUN, run_cli
-
-
-def scalars(run_dir: Path) -> dict[str, list]:
-    events = EventAccumulator(str(run_dir / "tensorboard"))
-    events.Reload()
-    return {tag: events.Scalars(tag) for tag in events.Tags()["scalars"]}
+from conftest import TINY_RUN, hparams_summary, run_cli, scalars
 
 
 def test_train_test_and_resume(mnist_dir, tmp_path):
@@ -74,6 +66,13 @@ def test_capsnet_on_rotated_mnist_logs_each_angle_and_the_figures(mnist_dir, tmp
     # The perturbation figure: 16 rows (pose dims) x 11 columns (steps) of 28x28 digits, 1 px padding.
     figure = events.Images("test/pose_perturbation_0")[-1]
     assert (figure.height, figure.width) == (16 * 29 + 1, 11 * 29 + 1)
+
+    # TensorBoard's HParams tab: the run's hyperparameters, and every test set among its metrics.
+    hparams = hparams_summary(tmp_path)
+    assert hparams["hparams"]["model/net/routing_iterations"] == 3
+    assert hparams["hparams"]["data/_target_"].endswith("MNISTDataModule")
+    assert {"val/acc_best", "test/acc", "test/acc_rot0", "test/acc_rot45"} <= set(hparams["metrics"])
+    assert set(hparams["metrics"]) <= set(logged), "every HParams column must have its scalar"
 
 
 def test_unknown_optimized_metric_is_a_short_error(mnist_dir, tmp_path):

@@ -37,8 +37,8 @@ def main(cfg: DictConfig) -> float | None:
 
 def optimized_metric(cfg: DictConfig, metrics: dict[str, float]) -> float | None:
     metric_name = cfg.get("optimized_metric")
-    if not metric_name:
-        return None
+    if not metric_name or (metric_name not in metrics and not cfg.get("train")):
+        return None  # nothing to optimise in a test-only run (train=false ckpt_path=...)
     if metric_name not in metrics:
         raise CapsexpError(
             f"optimized_metric={metric_name!r} was not logged; logged metrics: {', '.join(sorted(metrics))}"

@@ -12,6 +12,9 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import Logger
 from omegaconf import DictConfig, OmegaConf
 
+from capsexp.distributed import ddp_job
+from capsexp.hparams import log_hyperparameters, metric_names
+
 log = logging.getLogger(__name__)
 
 
@@ -31,7 +34,16 @@ def _quiet_duplicate_console() -> None:
 
 
 def run(cfg: DictConfig) -> dict[str, float]:
-    """Seed, instantiate data, model, callbacks, loggers and trainer; fit; test; return the metrics."""
+    """Seed, instantiate data, model, callbacks, loggers and trainer; fit; test; return the metrics.
+
+    With ``trainer.devices > 1`` every process runs this; the returned metrics are reduced over all
+    of them (the same on every rank).
+    """
+    with ddp_job() as job:
+        return _run(cfg, job)
+
+
+def _run(cfg: DictConfig, job) -> dict[str, float]:
     _quiet_duplicate_console()
     # Raised inside Lightning 2.6 by torch 2.14 on every run; nothing a user can act on.
     warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)")
@@ -47,12 +59,13 @@ def run(cfg: DictConfig) -> dict[str, float]:
     callbacks: list[Callback] = instantiate_all(cfg.get("callbacks"))
     loggers: list[Logger] = instantiate_all(cfg.get("logger"))
     trainer: L.Trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False)
+    job.watch(trainer)
 
     hparams = OmegaConf.to_container(cfg, resolve=True)
     hparams["model/params"] = sum(p.numel() for p in module.parameters())
     log.info(f"{type(getattr(module, 'net', module)).__name__}: {hparams['model/params']:,} parameters")
-    for logger in trainer.loggers:
-        logger.log_hyperparams(hparams)
+    test_set_names = getattr(datamodule, "test_set_names", None) or [""]
+    log_hyperparameters(trainer.loggers, hparams, metric_names(test_set_names))
 
     metrics: dict[str, float] = {}
     if cfg.get("train"):

@@ -6,7 +6,8 @@ import hashlib
 from pathlib import Path
 
 import lightning as L
-from torch.utils.data import DataLoader
+from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
+from torch.utils.data import DataLoader, Sampler
 
 from capsexp.data.tensor_dataset import ImageTensorDataset, collate_batch
 
@@ -41,11 +42,26 @@ class InMemoryDataModule(L.LightningDataModule):
             )
         self.batch_size_per_device = self.hparams.batch_size // world_size
 
+    def _evaluation_sampler(self, dataset: ImageTensorDataset) -> Sampler | None:
+        """Over several processes, each evaluates a disjoint share of the set, every image once.
+
+        Lightning's default DistributedSampler pads the shares to equal length with repeated images,
+        which would bias validation and test accuracy; shares here differ by at most one image. That
+        is safe in evaluation: DDP syncs buffers only on the first batch without gradients.
+        """
+        if self.trainer is None or self.trainer.world_size == 1:
+            return None
+        return UnrepeatedDistributedSampler(
+            dataset, num_replicas=self.trainer.world_size, rank=self.trainer.global_rank, shuffle=False
+        )
+
     def _loader(self, dataset: ImageTensorDataset, shuffle: bool) -> DataLoader:
         return DataLoader(
             dataset,
             batch_size=self.batch_size_per_device,
             shuffle=shuffle,
+            # Training shards come from Lightning's DistributedSampler (shuffled per epoch).
+            sampler=None if shuffle else self._evaluation_sampler(dataset),
             collate_fn=collate_batch,
             num_workers=self.hparams.num_workers,
             pin_memory=self.hparams.pin_memory,

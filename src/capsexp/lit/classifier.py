@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 import lightning as L
 import torch
-from torchmetrics import MaxMetric
+from torchmetrics import MaxMetric, MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
 from capsexp.lit.objectives import class_scores
@@ -57,6 +57,10 @@ class Classifier(L.LightningModule):
         self.test_acc = MulticlassAccuracy(num_classes, average="micro")
         # One accuracy per extra named test set (rotations ...), made when the set is first seen.
         self.test_set_accs = torch.nn.ModuleDict()
+        # Epoch means of the loss terms, one MeanMetric per logged name, made when first logged.
+        # Its sum and weight are reduced over processes exactly; Lightning's own mean divides an
+        # integer image count by the number of processes, which truncates for uneven shards.
+        self.loss_means = torch.nn.ModuleDict()
         # Persistent, so that a resumed run keeps the best accuracy seen before it stopped.
         self.val_acc_best = MaxMetric()
         self.val_acc_best.persistent(True)
@@ -72,10 +76,25 @@ class Classifier(L.LightningModule):
         output = self(images, targets if stage == "train" else None)
         terms = self.objective(output, images, targets)
         for name, value in terms.items():
-            self.log(f"{stage}/{name}{suffix}", value, on_step=stage == "train", on_epoch=True,
-                     prog_bar=name == "loss" and not suffix, batch_size=len(targets),
-                     sync_dist=stage != "train", add_dataloader_idx=False)
+            logged_name = f"{stage}/{name}{suffix}"
+            if stage == "train":
+                # Step values are this process's own (no collective per step); the epoch mean,
+                # train/<name>_epoch, is over all processes. Names as Lightning would give them.
+                self.log(f"{logged_name}_step", value, on_step=True, on_epoch=False, prog_bar=name == "loss")
+                logged_name += "_epoch"
+            self._log_mean(logged_name, value.detach(), len(targets),
+                           prog_bar=stage == "val" and name == "loss")
         return terms, class_scores(output).argmax(dim=-1)
+
+    def _log_mean(self, logged_name: str, value: torch.Tensor, batch_size: int, prog_bar: bool) -> None:
+        """Log the mean of ``value`` over the epoch's images, on every process."""
+        key = logged_name.replace("/", "__").replace(".", "_")  # a module name may not hold "."
+        if key not in self.loss_means:
+            self.loss_means[key] = MeanMetric().to(self.device)
+        metric = self.loss_means[key]
+        metric.update(value, weight=batch_size)
+        self.log(logged_name, metric, on_step=False, on_epoch=True, prog_bar=prog_bar,
+                 add_dataloader_idx=False, metric_attribute=f"loss_means.{key}")
 
     def training_step(self, batch: Batch, batch_idx: int) -> torch.Tensor:
         terms, predictions = self._step(batch, "train")

@@ -1,0 +1,79 @@
+"""DDP on 2 CPU processes (gloo) through the CLI, alone and inside a multirun."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from capsexp.distributed import LAUNCH_ENVIRONMENT
+from conftest import TINY_RUN, run_cli, scalars, write_mnist
+
+TWO_PROCESSES = ["trainer.accelerator=cpu", "trainer.devices=2"]
+
+
+@pytest.fixture
+def uneven_mnist_dir(tmp_path: Path) -> Path:
+    """301 train and 101 test images: the processes' shares differ by one image."""
+    return write_mnist(tmp_path / "data", train=301, test=101)
+
+
+def clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in LAUNCH_ENVIRONMENT:
+        monkeypatch.delenv(name, raising=False)
+
+
+def test_two_process_run_writes_one_folder_and_exact_metrics(uneven_mnist_dir, tmp_path, monkeypatch):
+    clean_environment(monkeypatch)
+    log_dir = tmp_path / "logs"
+    # val_size=61: the validation shares are uneven too.
+    result = run_cli(*TINY_RUN, "data.val_size=61", *TWO_PROCESSES, f"paths.data_dir={uneven_mnist_dir}",
+                     "trainer.max_epochs=2", env={"CAPSEXP_LOG_DIR": str(log_dir)})
+    assert result.returncode == 0, result.stderr[-3000:]
+    (run_dir,) = (log_dir / "train" / "runs").iterdir()  # rank 1 made no folder of its own
+    assert list(log_dir.glob("train/*")) == [log_dir / "train" / "runs"]
+    checkpoints = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
+    assert len(checkpoints) == 2 and "last.ckpt" in checkpoints, checkpoints
+    assert (run_dir / "capsexp_rank1.log").exists() and (run_dir / ".hydra" / "config.yaml").exists()
+
+    distributed = scalars(run_dir)
+    # 240 training images, a global batch of 20 split over 2 processes: 12 steps per epoch.
+    assert [s.step for s in distributed["val/acc"]] == [11, 23]
+
+    # The best checkpoint tested by one process must give exactly what the 2 processes reported:
+    # every test image counted once (no padding), and the accuracy reduced over both processes.
+    best = next(p for p in (run_dir / "checkpoints").iterdir() if p.name != "last.ckpt")
+    result = run_cli(*TINY_RUN, "data.val_size=61", "train=false", f"ckpt_path={best}",
+                     f"paths.data_dir={uneven_mnist_dir}", f"hydra.run.dir={tmp_path / 'single'}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    single = scalars(tmp_path / "single")
+    assert distributed["test/acc"][-1].value == single["test/acc"][-1].value
+    assert distributed["test/loss"][-1].value == pytest.approx(single["test/loss"][-1].value, rel=1e-5)
+    # 101 images: an accuracy of k/101, which padding to 102 would not give.
+    assert round(single["test/acc"][-1].value * 101, 3) == round(single["test/acc"][-1].value * 101)
+
+
+def test_multirun_of_two_process_jobs_runs_each_job_once(mnist_dir, tmp_path, monkeypatch):
+    clean_environment(monkeypatch)
+    log_dir = tmp_path / "logs"
+    result = run_cli("-m", "model=capsnet,lenet5", "seed=1,2", *TINY_RUN, *TWO_PROCESSES,
+                     f"paths.data_dir={mnist_dir}", "trainer.max_epochs=1", "trainer.limit_train_batches=6",
+                     env={"CAPSEXP_LOG_DIR": str(log_dir)}, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert list(log_dir.glob("train/*")) == [log_dir / "train" / "multiruns"], "a child wrote a run folder"
+    (sweep,) = (log_dir / "train" / "multiruns").iterdir()
+    jobs = sorted(p for p in sweep.iterdir() if p.is_dir())
+    assert [job.name for job in jobs] == ["0", "1", "2", "3"]
+    expected = [["model=capsnet", "seed=1"], ["model=capsnet", "seed=2"], ["model=lenet5", "seed=1"],
+                ["model=lenet5", "seed=2"]]
+    for job, job_overrides in zip(jobs, expected):
+        assert yaml.safe_load((job / ".hydra" / "overrides.yaml").read_text())[:2] == job_overrides
+        assert (job / "checkpoints" / "last.ckpt").exists()
+        assert (job / "capsexp_rank1.log").exists()
+        # Each job trained once: one "Training" line per process log, one test/acc value.
+        assert (job / "capsexp.log").read_text().count("] - Training") == 1
+        assert (job / "capsexp_rank1.log").read_text().count("] - Training") == 1
+        logged = scalars(job)
+        assert len(logged["test/acc"]) == 1 and logged["val/acc"][-1].step == 5
+    assert result.stdout.count("Launching 4 jobs") + result.stderr.count("Launching 4 jobs") == 1
