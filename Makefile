@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 
 .DEFAULT_GOAL := help
-.PHONY: help install train test test-all bench tensorboard clean
+.PHONY: help install train test test-all bench studies studies-full tensorboard clean
 
 help:  ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  make %-12s %s\n", $$1, $$2}'
@@ -26,6 +26,16 @@ test-all:  ## every test, slow ones included
 bench:  ## speed + accuracy benchmarks -> experiments/results/bench.md, bench_em.md (about 45 min on 2 cores)
 	$(BIN)/python experiments/bench_capsnet.py --accuracy $(ARGS)
 	$(BIN)/python experiments/bench_em_capsnet.py --accuracy $(ARGS)
+
+studies:  ## the studies' quick CPU modes -> experiments/results/*_quick/ (about 30 min on 2 cores)
+	$(BIN)/python experiments/rotation_robustness.py --quick $(ARGS)
+	$(BIN)/python experiments/routing_ablation.py --quick $(ARGS)
+	$(BIN)/python experiments/em_smallnorb.py --quick $(ARGS)
+
+studies-full:  ## the studies in full (GPU hours; ARGS="trainer.devices=2" etc.) -> experiments/results/*_full/
+	$(BIN)/python experiments/rotation_robustness.py $(ARGS)
+	$(BIN)/python experiments/routing_ablation.py $(ARGS)
+	$(BIN)/python experiments/em_smallnorb.py $(ARGS)
 
 tensorboard:  ## serve logs/ on http://localhost:6006
 	$(BIN)/tensorboard --logdir logs --port 6006

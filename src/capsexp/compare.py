@@ -65,8 +65,9 @@ def label_configurations(runs: list[Run]) -> list[str]:
     return sorted(shared)
 
 
-def _mean_std(values: list[float]) -> tuple[float, float]:
-    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
+def _mean_std(values: list[float]) -> tuple[float, float | None]:
+    """Mean and sample std; no std for a single run (it would read as a spread of 0)."""
+    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else None
 
 
 def summarise(runs: list[Run]) -> tuple[list[str], list[dict]]:
@@ -89,7 +90,10 @@ def summarise(runs: list[Run]) -> tuple[list[str], list[dict]]:
 
 def write_tables(metrics: list[str], rows: list[dict], shared: list[str], output: Path) -> None:
     def cell(value) -> str:
-        return "" if value is None else f"{100 * value[0]:.2f} ± {100 * value[1]:.2f}"
+        if value is None:
+            return ""
+        mean, std = value
+        return f"{100 * mean:.2f}" if std is None else f"{100 * mean:.2f} ± {100 * std:.2f}"
 
     header = ["configuration", "runs", *metrics]
     lines = ["| " + " | ".join(header) + " |", "| " + " | ".join(["---", "---:"] + ["---:"] * len(metrics)) + " |"]
@@ -97,14 +101,15 @@ def write_tables(metrics: list[str], rows: list[dict], shared: list[str], output
         lines.append("| " + " | ".join([row["configuration"], str(row["runs"])] + [cell(row[m]) for m in metrics]) + " |")
     (output / "comparison.md").write_text(
         "# Run comparison\n\nAccuracies in %, mean ± std over the runs of each configuration (they differ only "
-        "by seed). Final values, except val/acc_best.\n\n"
+        "by seed; no std for a single run). Final values, except val/acc_best.\n\n"
         + (f"Common to every run: `{' '.join(shared)}`\n\n" if shared else "")
         + "\n".join(lines) + "\n")
     with open(output / "comparison.csv", "w", newline="") as handle:
         writer = csv.writer(handle)
         writer.writerow(["configuration", "runs"] + [f"{m} {s}" for m in metrics for s in ("mean", "std")])
         for row in rows:
-            values = [x for m in metrics for x in (row[m] if row[m] is not None else (math.nan, math.nan))]
+            values = [math.nan if x is None else x
+                      for m in metrics for x in (row[m] if row[m] is not None else (math.nan, math.nan))]
             writer.writerow([row["configuration"], row["runs"], *values])
 
 
@@ -143,7 +148,7 @@ def write_plots(runs: list[Run], metrics: list[str], rows: list[dict], output: P
         figure, axes = plt.subplots(figsize=(8, 5))
         for row in rows:
             means = [100 * row[m][0] if row[m] else math.nan for m in rotations]
-            errors = [100 * row[m][1] if row[m] else 0.0 for m in rotations]
+            errors = [100 * row[m][1] if row[m] and row[m][1] is not None else 0.0 for m in rotations]
             axes.errorbar(angles, means, yerr=errors, marker="o", capsize=3, color=colours[row["configuration"]],
                           label=row["configuration"])
         axes.set(xlabel="rotation of the test digits (degrees)", ylabel="test accuracy (%)",

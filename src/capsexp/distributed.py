@@ -19,10 +19,12 @@ environment, the thread count and the process group are as they were, and the ch
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
+import lightning as L
 import torch
 import torch.distributed
 from lightning.fabric.strategies.launchers import subprocess_script as fabric_launcher
@@ -60,12 +62,12 @@ class DDPJob:
     """Handle yielded by :func:`ddp_job`; :meth:`watch` the trainer so that its children are awaited."""
 
     def __init__(self) -> None:
-        self.trainers: list = []
+        self.trainers: list[L.Trainer] = []
 
-    def watch(self, trainer) -> None:
+    def watch(self, trainer: L.Trainer) -> None:
         self.trainers.append(trainer)
 
-    def child_processes(self) -> list:
+    def child_processes(self) -> list[subprocess.Popen]:
         launchers = [getattr(trainer.strategy, "launcher", None) for trainer in self.trainers]
         return [process for launcher in launchers for process in getattr(launcher, "procs", [])]
 

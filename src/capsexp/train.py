@@ -12,7 +12,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import Logger
 from omegaconf import DictConfig, OmegaConf
 
-from capsexp.distributed import ddp_job
+from capsexp.distributed import DDPJob, ddp_job
 from capsexp.hparams import log_hyperparameters, metric_names
 
 log = logging.getLogger(__name__)
@@ -43,7 +43,7 @@ def run(cfg: DictConfig) -> dict[str, float]:
         return _run(cfg, job)
 
 
-def _run(cfg: DictConfig, job) -> dict[str, float]:
+def _run(cfg: DictConfig, job: DDPJob) -> dict[str, float]:
     _quiet_duplicate_console()
     # Raised inside Lightning 2.6 by torch 2.14 on every run; nothing a user can act on.
     warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)")

@@ -1,0 +1,65 @@
+"""The study drivers in experiments/, on tiny synthetic data: they run their sweeps through the CLI and
+write their results pages."""
+
+from __future__ import annotations
+
+import csv
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import TINY_RUN
+from test_smallnorb import write_norb
+
+from capsexp import PROJECT_ROOT
+
+TINY_CAPSNET = ["model.net.conv_channels=16", "model.net.primary_types=4"]
+
+
+def run_driver(name: str, *arguments: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(PROJECT_ROOT / "experiments" / f"{name}.py"), *arguments],
+                          cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=timeout)
+
+
+def test_routing_ablation_writes_the_four_configurations_beside_the_paper(mnist_dir, tmp_path):
+    output = tmp_path / "results"
+    result = run_driver("routing_ablation", "--quick", "--data-dir", str(mnist_dir), "--log-dir", str(tmp_path),
+                        "--output", str(output), *TINY_RUN, *TINY_CAPSNET, "trainer.limit_train_batches=3")
+    assert result.returncode == 0, result.stderr[-3000:]
+    with open(output / "comparison.csv") as handle:
+        rows = list(csv.DictReader(handle))
+    assert len(rows) == 4
+    page = (output / "README.md").read_text()
+    for iterations, reconstruction, paper in [(1, "no", "0.34"), (1, "yes", "0.29"), (3, "no", "0.35"),
+                                              (3, "yes", "0.25")]:
+        assert f"| {iterations} | {reconstruction} | " in page and paper in page
+    assert (output / "val_acc.png").exists()
+    assert len(list((tmp_path / "routing_ablation" / "multiruns").glob("*/[0-3]/checkpoints/last.ckpt"))) == 4
+
+
+def test_em_smallnorb_says_so_and_runs_nothing_without_the_data(tmp_path):
+    result = run_driver("em_smallnorb", "--quick", "--data-dir", str(tmp_path / "empty"), "--log-dir",
+                        str(tmp_path / "logs"), "--output", str(tmp_path / "results"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "not run, smallNORB is not usable here" in result.stderr
+    assert "smallnorb-5x46789x9x18x6x2x96x96-training-dat.mat" in result.stderr  # names what is missing
+    assert not (tmp_path / "logs").exists() and not (tmp_path / "results").exists()
+
+
+def test_em_smallnorb_tests_each_viewpoint_run_on_familiar_and_novel_views(tmp_path):
+    data_dir = write_norb(tmp_path / "data")
+    output = tmp_path / "results"
+    result = run_driver("em_smallnorb", "--quick", "--data-dir", str(data_dir), "--log-dir", str(tmp_path / "logs"),
+                        "--output", str(output), *TINY_RUN, "data.verify_checksums=false", "data.val_size=12",
+                        "data.batch_size=12", "trainer.limit_train_batches=2", "trainer.limit_val_batches=1",
+                        "trainer.limit_test_batches=2")
+    assert result.returncode == 0, result.stderr[-3000:]
+    page = (output / "README.md").read_text()
+    novel_rows = [line for line in page.splitlines() if line.startswith("| em_caps_small |")
+                  or line.startswith("| lenet5 |")]
+    assert len(novel_rows) == 4, page  # 2 models x (azimuth, elevation)
+    assert {row.split(" | ")[1] for row in novel_rows} == {"azimuth", "elevation"}
+    logs = tmp_path / "logs" / "em_smallnorb" / "multiruns"
+    assert len(list(logs.glob("*_novel_viewpoints/*/tensorboard"))) == 4
+    with open(output / "comparison.csv") as handle:
+        assert len(list(csv.DictReader(handle))) == 5  # all viewpoints; 2 models x 2 protocols
