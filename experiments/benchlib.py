@@ -24,14 +24,19 @@ def cpu_name() -> str:
 
 def cli_test_accuracy(overrides: list[str], task: str, data_dir: str | None = None) -> dict[str, float]:
     """Run ``python -m capsexp <overrides>`` (train, then test); return its test/acc and wall time."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
     run_dir = PROJECT_ROOT / "logs" / task / datetime.datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
     command = [sys.executable, "-m", "capsexp", *overrides, "callbacks.progress_bar=null",
                f"hydra.run.dir={run_dir}"] + ([f"paths.data_dir={data_dir}"] if data_dir else [])
     start = time.perf_counter()
     subprocess.run(command, cwd=PROJECT_ROOT, check=True)
     wall = time.perf_counter() - start
+    return {"test_acc": last_scalar(run_dir, "test/acc"), "wall_s": wall}
+
+
+def last_scalar(run_dir: Path, tag: str) -> float:
+    """The last value of ``tag`` in a run's TensorBoard event files."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
     events = EventAccumulator(str(run_dir / "tensorboard"))
     events.Reload()
-    return {"test_acc": events.Scalars("test/acc")[-1].value, "wall_s": wall}
+    return events.Scalars(tag)[-1].value

@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 import yaml
+from benchlib import last_scalar
 from studylib import Timer, environment, multirun, new_folder, parse_args, run_capsexp, write_results
 
 from capsexp import PROJECT_ROOT
@@ -45,14 +46,6 @@ def smallnorb_problem(data_dir: Path, overrides: list[str]) -> str | None:
     return None
 
 
-def final_test_accuracy(run_dir: Path) -> float:
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    events = EventAccumulator(str(run_dir / "tensorboard"))
-    events.Reload()
-    return events.Scalars("test/acc")[-1].value
-
-
 def novel_viewpoint_table(jobs: list[Path], novel_accuracy: dict[Path, float]) -> str:
     lines = ["## Novel viewpoints", "",
              "Test accuracy (%) of each run's best checkpoint on the viewpoints it was trained on and on the "
@@ -61,7 +54,7 @@ def novel_viewpoint_table(jobs: list[Path], novel_accuracy: dict[Path, float]) -
     for job in jobs:
         overrides = dict(o.split("=", 1) for o in yaml.safe_load((job / ".hydra" / "overrides.yaml").read_text()))
         lines.append(f"| {overrides['model']} | {overrides['data.viewpoint']} | {overrides.get('seed', '')} | "
-                     f"{100 * final_test_accuracy(job):.2f} | {100 * novel_accuracy[job]:.2f} |")
+                     f"{100 * last_scalar(job, 'test/acc'):.2f} | {100 * novel_accuracy[job]:.2f} |")
     return "\n".join(lines) + "\n\n"
 
 
@@ -97,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
                 [*[o for o in job_overrides if not o.startswith(RESET_FOR_NOVEL_TEST)], "data.familiar=false",
                  "train=false", f"ckpt_path={best}", f"task_name={STUDY}", "callbacks.progress_bar=null",
                  f"hydra.run.dir={novel_dir}"], args))
-            novel_accuracy[job] = final_test_accuracy(novel_dir)
+            novel_accuracy[job] = last_scalar(novel_dir, "test/acc")
     notes = f"""
 smallNORB: 5 categories, stereo pairs downsampled to 48x48, random 32x32 crops with brightness and
 contrast jitter in training, centre crops in testing. Model `{model}`; training budget

@@ -108,8 +108,7 @@ def write_tables(metrics: list[str], rows: list[dict], shared: list[str], output
         writer = csv.writer(handle)
         writer.writerow(["configuration", "runs"] + [f"{m} {s}" for m in metrics for s in ("mean", "std")])
         for row in rows:
-            values = [math.nan if x is None else x
-                      for m in metrics for x in (row[m] if row[m] is not None else (math.nan, math.nan))]
+            values = [math.nan if x is None else x for m in metrics for x in (row[m] or (None, None))]
             writer.writerow([row["configuration"], row["runs"], *values])
 
 
