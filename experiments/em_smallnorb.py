@@ -97,7 +97,7 @@ contrast jitter in training, centre crops in testing. Model `{model}`; training 
 `{' '.join(budget)}`. Below the novel-viewpoint table, `capsexp.compare` of every training run: on
 all viewpoints, and on the training viewpoints of each protocol (tested on those).
 """
-    write_results(STUDY, args, "EM capsules on smallNORB", commands, study_folder, timer.seconds, notes,
+    write_results(args, "EM capsules on smallNORB", commands, study_folder, timer.seconds, notes,
                   extra_section=lambda output: novel_viewpoint_table(jobs, novel_accuracy))
     return 0
 

@@ -28,7 +28,7 @@ def main(argv: list[str] | None = None) -> None:
              f"data.test_rotations=[{','.join(map(str, ANGLES))}]", *(QUICK if args.quick else FULL)]
     with Timer() as timer:
         folder, command = multirun(STUDY, sweep, args)
-    write_results(STUDY, args, "Rotation robustness: LeNet5 versus CapsNet", [command], folder,
+    write_results(args, "Rotation robustness: LeNet5 versus CapsNet", [command], folder,
                   timer.seconds, notes(args.quick))
 
 

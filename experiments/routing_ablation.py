@@ -57,7 +57,7 @@ CapsNet (3 routing iterations and the 0.0005-weighted reconstruction loss are th
 trained on shifted MNIST, {budget}. Tested on the whole MNIST test set with the best checkpoint by
 validation accuracy. The paper trained much longer (its Table 1 errors are after full training).
 """
-    write_results(STUDY, args, "Routing ablation (CapsNet, paper Table 1)", [command], folder, timer.seconds,
+    write_results(args, "Routing ablation (CapsNet, paper Table 1)", [command], folder, timer.seconds,
                   notes, extra_section=lambda output: "## Against the paper\n\n" + paper_table(output / "comparison.csv"))
 
 

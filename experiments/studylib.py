@@ -89,7 +89,7 @@ def machine() -> str:
     return text
 
 
-def write_results(study: str, args: argparse.Namespace, title: str, commands: list[str], runs_folder: Path,
+def write_results(args: argparse.Namespace, title: str, commands: list[str], runs_folder: Path,
                   wall_s: float, notes: str, extra_section: Callable[[Path], str] | None = None) -> Path:
     """``capsexp.compare`` of ``runs_folder`` into ``args.output``, with a README.md around its table;
     ``extra_section(output)`` may add Markdown above the table, from the files written there."""
