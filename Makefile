@@ -27,12 +27,14 @@ bench:  ## speed + accuracy benchmarks -> experiments/results/bench.md, bench_em
 	$(BIN)/python experiments/bench_capsnet.py --accuracy $(ARGS)
 	$(BIN)/python experiments/bench_em_capsnet.py --accuracy $(ARGS)
 
-studies:  ## the studies' quick CPU modes -> experiments/results/*_quick/ (about 30 min on 2 cores)
+studies:  ## the studies' quick CPU modes -> experiments/results/*_quick/ (about 90 min on 2 cores)
+	$(BIN)/python experiments/em_training.py --quick $(ARGS)
 	$(BIN)/python experiments/rotation_robustness.py --quick $(ARGS)
 	$(BIN)/python experiments/routing_ablation.py --quick $(ARGS)
 	$(BIN)/python experiments/em_smallnorb.py --quick $(ARGS)
 
 studies-full:  ## the studies in full (GPU hours; ARGS="trainer.devices=2" etc.) -> experiments/results/*_full/
+	$(BIN)/python experiments/em_training.py $(ARGS)
 	$(BIN)/python experiments/rotation_robustness.py $(ARGS)
 	$(BIN)/python experiments/routing_ablation.py $(ARGS)
 	$(BIN)/python experiments/em_smallnorb.py $(ARGS)

@@ -20,7 +20,9 @@ from capsexp.compare import compare
 RESULTS = PROJECT_ROOT / "experiments" / "results"
 
 
-def parse_args(study: str, description: str, argv: list[str] | None = None) -> argparse.Namespace:
+def parse_args(study: str, description: str, argv: list[str] | None = None,
+               add_options: Callable[[argparse.ArgumentParser], None] | None = None) -> argparse.Namespace:
+    """The options every study has (``add_options`` adds a study's own), then Hydra overrides."""
     parser = argparse.ArgumentParser(
         prog=f"python experiments/{study}.py", description=description,
         epilog="Extra arguments after the options are Hydra overrides passed to every run "
@@ -31,6 +33,8 @@ def parse_args(study: str, description: str, argv: list[str] | None = None) -> a
                         help="where the runs go (default: $CAPSEXP_LOG_DIR or logs/), under logs/<study>/")
     parser.add_argument("--output", type=Path, default=None,
                         help=f"results folder (default: experiments/results/{study}_quick or _full)")
+    if add_options:
+        add_options(parser)
     args, overrides = parser.parse_known_args(argv)
     unknown = [o for o in overrides if o.startswith("-")]
     if unknown:
@@ -54,11 +58,20 @@ def log_root(args: argparse.Namespace) -> Path:
     return Path(environment(args).get("CAPSEXP_LOG_DIR", PROJECT_ROOT / "logs"))
 
 
+def display_path(path: Path) -> str:
+    """``path`` relative to the repository when it lies inside (results pages hold no machine's paths)."""
+    try:
+        return str(Path(path).resolve().relative_to(PROJECT_ROOT.resolve()))
+    except ValueError:
+        return str(path)
+
+
 def run_capsexp(arguments: list[str], args: argparse.Namespace) -> str:
     """``python -m capsexp <arguments>``, its output shown live; stops the study if a run fails.
     Returns the command as text, for the results page."""
     command = [sys.executable, "-m", "capsexp", *arguments]
     text = "python " + " ".join(command[1:])
+    text = text.replace(str(PROJECT_ROOT.resolve()) + "/", "")
     print(f"$ {text}", flush=True)
     result = subprocess.run(command, cwd=PROJECT_ROOT, env=environment(args))
     if result.returncode:
@@ -71,12 +84,23 @@ def new_folder(study: str, args: argparse.Namespace) -> Path:
     return log_root(args) / study / "multiruns" / datetime.datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
 
 
+def multirun_arguments(study: str, sweep: list[str], args: argparse.Namespace, folder: Path) -> list[str]:
+    return ["-m", *sweep, *args.overrides, f"task_name={study}", "callbacks.progress_bar=null",
+            f"hydra.sweep.dir={folder}"]
+
+
+def command_text(sweep: list[str], args: argparse.Namespace, folder: Path, study: str | None = None) -> str:
+    """The command :func:`multirun` runs, as a results page shows it (paths relative to the repository)."""
+    study = study or folder.parent.parent.parent.name
+    text = "python -m capsexp " + " ".join(multirun_arguments(study, sweep, args, folder))
+    return text.replace(str(PROJECT_ROOT.resolve()) + "/", "")
+
+
 def multirun(study: str, sweep: list[str], args: argparse.Namespace, folder: Path | None = None) -> tuple[Path, str]:
     """Run a multirun of ``sweep`` (plus the user's overrides) into ``folder`` (default: a new one);
     return the folder and the command. Progress bars are off: logs go to a terminal or a file alike."""
     folder = folder or new_folder(study, args)
-    command = run_capsexp(["-m", *sweep, *args.overrides, f"task_name={study}", "callbacks.progress_bar=null",
-                           f"hydra.sweep.dir={folder}"], args)
+    command = run_capsexp(multirun_arguments(study, sweep, args, folder), args)
     return folder, command
 
 
@@ -101,7 +125,7 @@ def write_results(args: argparse.Namespace, title: str, commands: list[str], run
         f"# {title} ({args.mode} mode)",
         "",
         f"- Machine: {machine()}; {datetime.date.today().isoformat()}; {wall_s / 60:.1f} min in all.",
-        f"- Runs: `{runs_folder}` (rebuild the tables: `python -m capsexp.compare <that folder>`).",
+        f"- Runs: `{display_path(runs_folder)}` (rebuild the tables: `python -m capsexp.compare <that folder>`).",
         "- Commands:",
         *[f"  - `{command}`" for command in commands],
         "",

@@ -23,7 +23,7 @@ def plain_em_routing(
     child_index: torch.Tensor | None = None,
     num_children: int | None = None,
     sigma_eps: float = 1e-4,
-    normalize_cost: bool = False,
+    cost_normalization: str = "none",
     return_responsibilities: bool = False,
 ):
     """The same arguments and results as :func:`capsexp.nn.em.em_routing`, computed the obvious way:
@@ -62,8 +62,11 @@ def plain_em_routing(
             mu = (weighted * votes).sum(dim=2) / (weight_sum + 1e-8)                # (B, Q, J, H)
             variance = (weighted * (votes - mu.unsqueeze(2)).pow(2)).sum(dim=2) / (weight_sum + 1e-8)
             variance = variance + sigma_eps
-            cost = ((beta_u.view(-1, 1) + 0.5 * torch.log(variance)) * weight_sum).sum(dim=-1)  # (B, Q, J)
-            if normalize_cost:
+            amount = weight_sum
+            if cost_normalization == "data":     # the amount of data relative to the mean parent's
+                amount = weight_sum / (weight_sum.mean(dim=2, keepdim=True) + 1e-8)
+            cost = ((beta_u.view(-1, 1) + 0.5 * torch.log(variance)) * amount).sum(dim=-1)  # (B, Q, J)
+            if cost_normalization == "standardize":
                 cost = (cost - cost.mean(dim=-1, keepdim=True)) / (cost.std(dim=-1, keepdim=True) + 1e-8)
             logit = inverse_temperature * (beta_a - cost)
             parent_activations = torch.sigmoid(logit)

@@ -14,6 +14,7 @@ from capsexp.lit import Classifier, SpreadLoss
 from capsexp.lit.margin import LinearMargin, SigmoidMargin
 from capsexp.models import LeNet5, MatrixCapsNet
 from capsexp.nn import ClassMatrixCapsules, ConvMatrixCapsules, PrimaryMatrixCapsules
+from capsexp.nn.em import responsibility_entropy
 from capsexp.nn.functional import em_routing, inverse_temperatures, spread_loss
 from conftest import TINY_RUN, run_cli
 from em_reference import plain_em_routing
@@ -30,8 +31,8 @@ def test_inverse_temperature_schedule():
 
 
 @pytest.mark.parametrize("convolutional", [False, True])
-@pytest.mark.parametrize("normalize_cost", [False, True])
-def test_matches_the_plain_transcription_values_and_gradients(convolutional, normalize_cost):
+@pytest.mark.parametrize("cost_normalization", ["none", "data", "standardize"])
+def test_matches_the_plain_transcription_values_and_gradients(convolutional, cost_normalization):
     """The optimised em_routing (expanded Gaussian, matrix-vector products) against the plain one."""
     torch.manual_seed(1)
     if convolutional:
@@ -43,7 +44,7 @@ def test_matches_the_plain_transcription_values_and_gradients(convolutional, nor
     votes.requires_grad_()
     beta_u = torch.randn(4, dtype=torch.float64, requires_grad=True)
     beta_a = torch.randn(4, dtype=torch.float64, requires_grad=True)
-    options = dict(iterations=3, child_index=child_index, normalize_cost=normalize_cost,
+    options = dict(iterations=3, child_index=child_index, cost_normalization=cost_normalization,
                    return_responsibilities=True)
     fast = em_routing(votes, activations.double(), beta_u, beta_a, **options)
     plain = plain_em_routing(votes, activations.double(), beta_u, beta_a, **options)
@@ -243,3 +244,95 @@ def test_em_routing_rejects_bad_input():
         em_routing(torch.randn(2, 5, 3, 16), torch.rand(2, 5), beta, beta, child_index=torch.zeros(1, 5).long())
     with pytest.raises(ValueError, match="at least one iteration"):
         em_routing(torch.randn(2, 5, 3, 16), torch.rand(2, 5), beta, beta, iterations=0)
+    with pytest.raises(ValueError, match="cost_normalization must be one of none, data, standardize, got 'z'"):
+        em_routing(torch.randn(2, 5, 3, 16), torch.rand(2, 5), beta, beta, cost_normalization="z")
+
+
+def test_responsibility_entropy_is_one_when_uniform_and_zero_when_hard():
+    uniform = torch.full((2, 6, 4), 0.25)
+    assert torch.allclose(responsibility_entropy(uniform), torch.ones(2, 6))
+    hard = torch.nn.functional.one_hot(torch.randint(0, 4, (2, 6)), 4).float()
+    assert torch.allclose(responsibility_entropy(hard), torch.zeros(2, 6))
+    # Convolutional: a child under several windows is uniform over all (window, parent) pairs.
+    layer = ConvMatrixCapsules(in_types=2, out_types=3, kernel_size=2, stride=1)
+    child_index = layer.child_index(3, 3, torch.device("cpu"))
+    counts = torch.bincount(child_index.reshape(-1), minlength=18).float()
+    spread = (1.0 / (counts[child_index] * 3)).unsqueeze(0).unsqueeze(-1).expand(2, *child_index.shape, 3)
+    assert torch.allclose(responsibility_entropy(spread, child_index, 18), torch.ones(2, 18), atol=1e-6)
+
+
+def test_routing_entropy_of_a_real_layer_lies_in_the_unit_interval_and_falls_with_iterations():
+    torch.manual_seed(0)
+    votes, activations = torch.randn(4, 40, 8, 16), torch.rand(4, 40)
+    entropies = []
+    for iterations in (1, 2, 3):
+        *_, responsibilities = routed(votes, activations, 8, iterations=iterations)
+        entropies.append(responsibility_entropy(responsibilities).mean().item())
+    assert entropies[0] == pytest.approx(1.0)               # before any E-step R is uniform
+    assert 0 <= entropies[2] <= entropies[1] < 1
+
+
+def test_net_options_batchnorm_and_weight_scale():
+    net = MatrixCapsNet(in_channels=1, A=8, B=4, C=4, D=4, image_size=28, conv1_norm=True, weight_std=2.0)
+    assert isinstance(net.conv1_norm, torch.nn.BatchNorm2d)
+    assert 1.5 < net.conv_caps1.weight.std().item() < 2.5
+    assert net(torch.rand(3, 1, 28, 28)).scores.shape == (3, 10)
+    assert isinstance(MatrixCapsNet(A=8, B=4, C=4, D=4).conv1_norm, torch.nn.Identity)
+
+
+def test_routing_diagnostics_are_logged_for_em_layers_only(mnist_dir, tmp_path):
+    result = run_cli(*TINY_RUN, f"paths.data_dir={mnist_dir}", "model=em_caps_small", "data=mnist",
+                     "model.net.A=8", "model.net.B=4", "model.net.C=4", "model.net.D=4", "trainer.max_epochs=1",
+                     "trainer.limit_train_batches=3", "trainer.limit_val_batches=1", "trainer.limit_test_batches=1",
+                     "callbacks.routing_diagnostics.every_n_steps=2", f"hydra.run.dir={tmp_path}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(tmp_path / "tensorboard"), size_guidance={"histograms": 0})
+    events.Reload()
+    scalars, histograms = events.Tags()["scalars"], events.Tags()["histograms"]
+    for layer in ("conv_caps1", "conv_caps2", "class_caps"):
+        entropy = events.Scalars(f"routing/{layer}/entropy")
+        assert [e.step for e in entropy] == [0, 2]           # every 2 steps, from the first
+        assert all(0 <= e.value <= 1 for e in entropy)
+        assert 0 < events.Scalars(f"routing/{layer}/activation_mean")[0].value < 1
+        assert events.Scalars(f"grad_norm/{layer}")[0].value > 0
+        assert f"routing/{layer}/activations" in histograms
+    assert "train/margin" in scalars
+
+
+def test_route_per_window_only_differs_where_windows_overlap():
+    torch.manual_seed(0)
+    poses, activations = torch.randn(2, 3, 16, 4, 4), torch.rand(2, 3, 4, 4)
+    shared = ConvMatrixCapsules(3, 4, kernel_size=2, stride=2)
+    per_window = ConvMatrixCapsules(3, 4, kernel_size=2, stride=2, route_per_window=True)
+    per_window.load_state_dict(shared.state_dict())
+    for a, b in zip(shared(poses, activations), per_window(poses, activations)):   # no overlap: the same
+        assert torch.allclose(a, b, atol=1e-6)
+    shared.stride = per_window.stride = 1                                          # overlap: not the same
+    assert not torch.allclose(shared(poses, activations)[1], per_window(poses, activations)[1], atol=1e-4)
+    # Per window, each slot's responsibilities sum to 1 over the parent types of its own position.
+    windows = per_window._unfold(poses.reshape(2, 48, 4, 4)).reshape(2, 9, 4, 3, 4, 4)
+    votes = torch.einsum("nqkiab,kijbc->nqkijac", windows, per_window.weight).reshape(2, 9, 12, 4, 16)
+    slot_activations = activations.reshape(2, -1)[:, per_window.child_index(4, 4, poses.device).reshape(-1)]
+    _, _, responsibilities = routed(votes, slot_activations, 4, iterations=2,
+                                    child_index=torch.arange(108).view(9, 12))
+    assert torch.allclose(responsibilities.sum(-1), torch.ones(2, 9, 12), atol=1e-5)
+
+
+@pytest.mark.parametrize("small", [False, True])
+def test_paper_recipe_is_one_override_away(small):
+    from conftest import compose_config
+
+    suffix = "_small" if small else ""
+    default = compose_config([f"model=em_caps{suffix}"])
+    paper = compose_config([f"model=em_caps{suffix}_paper"])
+    assert (paper.model.net.A, paper.model.net.B) == (default.model.net.A, default.model.net.B) == \
+        ((64, 8) if small else (32, 32))
+    expected_paper = dict(iterations=3, final_lambda=0.01, sigma_eps=1e-4, cost_normalization="none",
+                          conv1_norm=False, route_per_window=False)
+    assert {key: paper.model.net[key] for key in expected_paper} == expected_paper
+    assert (paper.callbacks.margin.duration, paper.callbacks.margin.unit) == (10, "epoch")
+    assert default.model.net.iterations >= 2           # the default still routes (at least one E-step)
+    assert (default.callbacks.margin.duration, default.callbacks.margin.unit) == (1000, "step")
+    assert paper.optimizer.lr == default.optimizer.lr == 0.003

@@ -63,3 +63,23 @@ def test_em_smallnorb_tests_each_viewpoint_run_on_familiar_and_novel_views(tmp_p
     assert len(list(logs.glob("*_novel_viewpoints/*/tensorboard"))) == 4
     with open(output / "comparison.csv") as handle:
         assert len(list(csv.DictReader(handle))) == 5  # all viewpoints; 2 models x 2 protocols
+
+
+def test_em_training_writes_curves_and_routing_entropies_per_recipe(mnist_dir, tmp_path):
+    output = tmp_path / "results"
+    result = run_driver("em_training", "--quick", "--recipes", "default", "paper", "--data-dir", str(mnist_dir),
+                        "--log-dir", str(tmp_path), "--output", str(output), *TINY_RUN, "model.net.A=8",
+                        "model.net.B=4", "model.net.C=4", "model.net.D=4", "trainer.max_steps=4",
+                        "trainer.val_check_interval=2", "trainer.limit_val_batches=1",
+                        "callbacks.routing_diagnostics.every_n_steps=2")
+    assert result.returncode == 0, result.stderr[-3000:]
+    page = (output / "README.md").read_text()
+    rows = {line.split(" | ")[0].lstrip("| "): line for line in page.splitlines() if line.startswith("| ")}
+    assert {"default", "paper"} <= set(rows) and "LeNet5" not in rows
+    for name in ("default", "paper"):
+        entropies = rows[name].split(" | ")[-2]        # c1 / c2 / class, first->last, each in [0, 1]
+        values = [float(v) for part in entropies.split(" / ") for v in part.split("->")]
+        assert len(values) == 6 and all(0 <= v <= 1 for v in values), rows[name]
+    assert (output / "curves.png").exists() and (output / "comparison.csv").exists()
+    folders = sorted(p.name for p in (tmp_path / "em_training" / "multiruns").glob("*/*"))
+    assert folders == ["default", "paper"]

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
 LOG_2PI = math.log(2 * math.pi)
+COST_NORMALIZATIONS = ("none", "data", "standardize")
 
 
 def inverse_temperatures(iterations: int, final_lambda: float = 0.01) -> list[float]:
@@ -36,7 +37,7 @@ def em_routing(
     child_index: torch.Tensor | None = None,
     num_children: int | None = None,
     sigma_eps: float = 1e-4,
-    normalize_cost: bool = False,
+    cost_normalization: str = "none",
     return_responsibilities: bool = False,
 ):
     """Procedure 1 of the paper: parent poses and activations from votes and child activations.
@@ -59,8 +60,12 @@ def em_routing(
         num_children: number of distinct children (default: ``child_index.max() + 1``).
         sigma_eps: added to every variance sigma_h^2: keeps log sigma and 1/sigma^2 finite when all
             votes agree exactly (sigma -> 0). The debatable safeguard: 1e-4 by default.
-        normalize_cost: standardise the costs over the parent types of each position before the
-            sigmoid (as some public ports do, to stop a_j saturating). Off: the paper has no such step.
+        cost_normalization: how the cost enters the sigmoid. ``"none"``: as in the paper. ``"data"``:
+            the amount of data sum_i R'_ij in the cost is divided by its mean over the parent types of
+            the position, so that the cost no longer grows with the number of children a layer has
+            (Gritzman 2019, pitfall 2, "normalising the amount of data assigned to parent capsules",
+            in a scale-free form). ``"standardize"``: the costs are standardised over the parent types
+            of each position (as some public ports do, e.g. www0wwwjs1/Matrix-Capsules-EM-Tensorflow).
         return_responsibilities: also return R, shape of ``votes`` without H.
 
     Returns:
@@ -85,13 +90,16 @@ def em_routing(
         raise ValueError("convolutional votes (B, Q, M, J, H) need child_index (Q, M)")
     if iterations < 1:
         raise ValueError(f"EM routing needs at least one iteration, got {iterations}")
+    if cost_normalization not in COST_NORMALIZATIONS:
+        raise ValueError(f"cost_normalization must be one of {', '.join(COST_NORMALIZATIONS)}, "
+                         f"got {cost_normalization!r}")
 
     with torch.autocast(device_type=votes.device.type, enabled=False):
         dtype = torch.promote_types(votes.dtype, torch.float32)                     # float32 at least
         votes = votes.transpose(2, 3).to(dtype)                                     # (B, Q, J, M, H)
         if not votes.is_contiguous():
             votes = votes.contiguous()
-        options = _EMOptions(iterations, final_lambda, child_index, num_children, sigma_eps, normalize_cost)
+        options = _EMOptions(iterations, final_lambda, child_index, num_children, sigma_eps, cost_normalization)
         mu, parent_activations, responsibilities = _EMRouting.apply(
             votes, activations.to(dtype), beta_u.to(dtype), beta_a.to(dtype), options)
 
@@ -109,7 +117,7 @@ class _EMOptions(NamedTuple):
     child_index: torch.Tensor | None
     num_children: int | None
     sigma_eps: float
-    normalize_cost: bool
+    cost_normalization: str
 
 
 def _em_iterations(votes, squares, activations, beta_u, beta_a, options: _EMOptions, over_children, over_elements):
@@ -145,8 +153,11 @@ def _em_iterations(votes, squares, activations, beta_u, beta_a, options: _EMOpti
         variance = ((second - 2 * mu * first + mu.square() * weight_sum) / denominator).clamp_min(0)
         variance = variance + options.sigma_eps
         log_variance = torch.log(variance)
-        cost = ((beta_u.view(-1, 1) + 0.5 * log_variance) * weight_sum).sum(dim=-1)  # (B, Q, J)
-        if options.normalize_cost:
+        amount = weight_sum                                                          # sum_i R'_ij
+        if options.cost_normalization == "data":
+            amount = weight_sum / (weight_sum.mean(dim=2, keepdim=True) + 1e-8)
+        cost = ((beta_u.view(-1, 1) + 0.5 * log_variance) * amount).sum(dim=-1)     # (B, Q, J)
+        if options.cost_normalization == "standardize":
             cost = (cost - cost.mean(dim=-1, keepdim=True)) / (cost.std(dim=-1, keepdim=True) + 1e-8)
         logit = inverse_temperature * (beta_a - cost)
         parent_activations = torch.sigmoid(logit)
@@ -281,6 +292,26 @@ def _normalise_per_child(log_r: torch.Tensor, child_index: torch.Tensor | None, 
     child_sum = slot_sum.new_zeros(batch, num_children).scatter_add(1, flat_index, slot_sum)
     log_norm = torch.log(child_sum.gather(1, flat_index)).view(batch, positions, 1, slots)
     return torch.exp(shifted - log_norm)
+
+
+def responsibility_entropy(responsibilities: torch.Tensor, child_index: torch.Tensor | None = None,
+                           num_children: int | None = None) -> torch.Tensor:
+    """Entropy of each child's responsibilities over all the parents that receive it, divided by its
+    maximum log(number of those parents): 1 is uniform (routing undecided), 0 is a hard assignment.
+
+    ``responsibilities`` as :func:`em_routing` returns them: (B, I, J) dense, or (B, Q, M, J) with
+    ``child_index`` (Q, M). Returns (B, children).
+    """
+    plogp = torch.special.xlogy(responsibilities, responsibilities)
+    parents = responsibilities.shape[-1]
+    if child_index is None:
+        return -plogp.sum(dim=-1) / math.log(parents)
+    num_children = num_children or int(child_index.max()) + 1
+    flat_index = child_index.reshape(-1)
+    batch = responsibilities.shape[0]
+    per_child = plogp.new_zeros(batch, num_children).index_add_(1, flat_index, plogp.sum(dim=-1).reshape(batch, -1))
+    fan_out = torch.bincount(flat_index, minlength=num_children).to(plogp.dtype) * parents
+    return -per_child / torch.log(fan_out).clamp_min(1e-8)
 
 
 def spread_loss(activations: torch.Tensor, targets: torch.Tensor, margin: float | torch.Tensor) -> torch.Tensor:

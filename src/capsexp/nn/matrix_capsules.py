@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from capsexp.nn.em import em_routing
+from capsexp.nn.em import em_routing, responsibility_entropy
 
 CapsuleMap = tuple[torch.Tensor, torch.Tensor]
 
@@ -33,20 +33,42 @@ class PrimaryMatrixCapsules(nn.Module):
 
 
 class _EMLayer(nn.Module):
-    """What the EM capsule layers share: beta_u, beta_a per parent type and the routing options."""
+    """What the EM capsule layers share: beta_u, beta_a per parent type and the routing options.
+
+    ``weight_std``: the transformation matrices W start as N(0, weight_std^2); None gives 1/sqrt(P),
+    which keeps the votes V = M W at the scale of the poses M (each entry sums P products).
+    """
 
     def __init__(self, out_types: int, pose_size: int, iterations: int, final_lambda: float, sigma_eps: float,
-                 normalize_cost: bool) -> None:
+                 cost_normalization: str, weight_std: float | None = None) -> None:
         super().__init__()
         self.pose_size, self.out_types = pose_size, out_types
+        self.weight_std = 1.0 / math.sqrt(pose_size) if weight_std is None else weight_std
         self.routing = dict(iterations=iterations, final_lambda=final_lambda, sigma_eps=sigma_eps,
-                            normalize_cost=normalize_cost)
+                            cost_normalization=cost_normalization)
         self.beta_u = nn.Parameter(torch.zeros(out_types))
         self.beta_a = nn.Parameter(torch.zeros(out_types))
+        # Set ``record = True`` and the next forward keeps what the routing did (detached) in
+        # ``last_routing``: parent activations and the normalised entropy of the responsibilities
+        # (capsexp.lit.routing_diagnostics logs them).
+        self.record = False
+        self.last_routing: dict[str, torch.Tensor] | None = None
+
+    def _route(self, votes: torch.Tensor, activations: torch.Tensor, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self.record:
+            return em_routing(votes, activations, self.beta_u, self.beta_a, **kwargs, **self.routing)
+        mu, parent_activations, responsibilities = em_routing(
+            votes, activations, self.beta_u, self.beta_a, return_responsibilities=True, **kwargs, **self.routing)
+        with torch.no_grad():
+            self.last_routing = {
+                "activations": parent_activations.detach(),
+                "entropy": responsibility_entropy(responsibilities.detach(), kwargs.get("child_index"),
+                                                  kwargs.get("num_children")),
+            }
+        return mu, parent_activations
 
     def new_weight(self, *leading: int) -> nn.Parameter:
-        # std 1/P keeps the votes V = M W at the scale of the poses M (each entry sums P products).
-        return nn.Parameter(torch.randn(*leading, self.pose_size, self.pose_size) / math.sqrt(self.pose_size))
+        return nn.Parameter(torch.randn(*leading, self.pose_size, self.pose_size) * self.weight_std)
 
 
 class ConvMatrixCapsules(_EMLayer):
@@ -54,14 +76,17 @@ class ConvMatrixCapsules(_EMLayer):
 
     One W per (kernel position, input type, output type), shared across positions. A child under
     several overlapping windows is shared among all their parents: its responsibilities sum to 1 over
-    all of them (``child_index`` in :func:`~capsexp.nn.em.em_routing`). No padding, as in the paper.
+    all of them (``child_index`` in :func:`~capsexp.nn.em.em_routing`); ``route_per_window=True``
+    routes each window's children on their own instead. No padding, as in the paper.
     """
 
     def __init__(self, in_types: int, out_types: int, kernel_size: int = 3, stride: int = 1, pose_size: int = 4,
                  iterations: int = 3, final_lambda: float = 0.01, sigma_eps: float = 1e-4,
-                 normalize_cost: bool = False) -> None:
-        super().__init__(out_types, pose_size, iterations, final_lambda, sigma_eps, normalize_cost)
+                 cost_normalization: str = "none", weight_std: float | None = None,
+                 route_per_window: bool = False) -> None:
+        super().__init__(out_types, pose_size, iterations, final_lambda, sigma_eps, cost_normalization, weight_std)
         self.in_types, self.kernel_size, self.stride = in_types, kernel_size, stride
+        self.route_per_window = route_per_window
         self.weight = self.new_weight(kernel_size * kernel_size, in_types, out_types)
 
     def output_size(self, size: int) -> int:
@@ -87,10 +112,14 @@ class ConvMatrixCapsules(_EMLayer):
         # (N, Q, M, J, P*P) view.
         votes = torch.einsum("nqkiab,kijbc->nqjkiac", pose_windows, self.weight)
         votes = votes.reshape(batch, votes.shape[1], self.out_types, -1, elements).transpose(2, 3)
-        mu, parent_activations = em_routing(
-            votes, activations.reshape(batch, -1), self.beta_u, self.beta_a,
-            child_index=self.child_index(height, width, poses.device), num_children=in_types * height * width,
-            **self.routing)
+        child_index, child_activations = self.child_index(height, width, poses.device), activations.reshape(batch, -1)
+        if self.route_per_window:
+            # Every (window, slot) is a child of its own: R sums to 1 over the parent types of one
+            # position, as in most public ports (Gritzman 2019's pitfall 3; the paper shares them).
+            child_activations = child_activations[:, child_index.reshape(-1)]
+            child_index = torch.arange(child_index.numel(), device=poses.device).view_as(child_index)
+        mu, parent_activations = self._route(votes, child_activations, child_index=child_index,
+                                             num_children=child_activations.shape[1])
         out_height, out_width = self.output_size(height), self.output_size(width)
         mu = mu.view(batch, out_height, out_width, self.out_types, elements).permute(0, 3, 4, 1, 2)
         parent_activations = parent_activations.view(batch, out_height, out_width, self.out_types).permute(0, 3, 1, 2)
@@ -107,9 +136,9 @@ class ClassMatrixCapsules(_EMLayer):
     """
 
     def __init__(self, in_types: int, num_classes: int, pose_size: int = 4, iterations: int = 3,
-                 final_lambda: float = 0.01, sigma_eps: float = 1e-4, normalize_cost: bool = False,
-                 coordinate_addition: bool = True) -> None:
-        super().__init__(num_classes, pose_size, iterations, final_lambda, sigma_eps, normalize_cost)
+                 final_lambda: float = 0.01, sigma_eps: float = 1e-4, cost_normalization: str = "none",
+                 coordinate_addition: bool = True, weight_std: float | None = None) -> None:
+        super().__init__(num_classes, pose_size, iterations, final_lambda, sigma_eps, cost_normalization, weight_std)
         self.coordinate_addition = coordinate_addition
         self.weight = self.new_weight(in_types, num_classes)
 
@@ -138,4 +167,4 @@ class ClassMatrixCapsules(_EMLayer):
         # Children numbered (h, w, i); passed as the (N, children, J, P*P) view of parent-major votes.
         votes = self.votes(poses, centres).reshape(batch, self.out_types, -1, elements).transpose(1, 2)
         child_activations = activations.permute(0, 2, 3, 1).reshape(batch, -1)
-        return em_routing(votes, child_activations, self.beta_u, self.beta_a, **self.routing)
+        return self._route(votes, child_activations)

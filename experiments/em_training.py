@@ -1,0 +1,187 @@
+"""Why EM capsules trained slowly, and which recipe fixes it: em_caps_small on MNIST under competing
+recipes, beside LeNet5 and CapsNet trained the same way (issue 10).
+
+    python experiments/em_training.py --quick     # CPU: 600 steps of batch 32 per run, seed 1 (about 50 min)
+    python experiments/em_training.py             # GPU: 2 epochs per run, seeds 1, 2, 3
+
+Each recipe is ``model=em_caps_small`` (capsexp's default recipe) with at most a few keys changed
+back towards the paper or elsewhere (``paper`` is ``model=em_caps_small_paper``); every run
+validates every 100 steps. Writes experiments/results/em_training_<mode>/: README.md (recipe table,
+validation accuracy at fixed steps, the routing diagnostics of each run), comparison.csv,
+val_acc.png and curves.png (validation accuracy against steps, one line per recipe).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from studylib import Timer, command_text, display_path, multirun, new_folder, parse_args, write_results
+
+STUDY = "em_training"
+
+BASELINES = {
+    "LeNet5": ["model=lenet5"],
+    "CapsNet": ["model=capsnet"],
+}
+# name: (overrides of model=em_caps_small, what it tests)
+RECIPES: dict[str, tuple[list[str], str]] = {
+    "default": ([], "capsexp's recipe: 2 EM iterations, final lambda 10, standardised costs, sigma_eps 1e-2, "
+                    "ConvCaps routed per window, BatchNorm after conv1, margin 0.2 -> 0.9 over 1,000 steps"),
+    "paper": (["model=em_caps_small_paper"], "the paper's recipe: 3 iterations, final lambda 0.01, plain costs, "
+                                             "sigma_eps 1e-4, children shared across windows, no BatchNorm, "
+                                             "margin over 10 epochs"),
+    "paper+standardize": (["model=em_caps_small_paper", "model.net.cost_normalization=standardize"],
+                          "the paper's, costs standardised (the old normalize_cost=true)"),
+    "3 iterations": (["model.net.iterations=3"], "one E-step more (the paper's 3 iterations)"),
+    "sigma_eps 1e-4": (["model.net.sigma_eps=1e-4"], "the old variance floor: E-step collapses to hard assignments"),
+    "final lambda 0.01": (["model.net.final_lambda=0.01"], "the authors' inverse temperature with standardised costs"),
+    "cost: plain": (["model.net.cost_normalization=none", "model.net.final_lambda=0.01"],
+                    "costs as in Procedure 1 (with the authors' lambda, on their scale)"),
+    "cost: data": (["model.net.cost_normalization=data", "model.net.final_lambda=1"],
+                   "Gritzman 2019 pitfall 2: the amount of data relative to the mean parent's"),
+    "shared children": (["model.net.route_per_window=false"],
+                        "ConvCaps children shared among all overlapping windows (the paper; Gritzman's pitfall 3)"),
+    "no BatchNorm": (["model.net.conv1_norm=false"], "conv1 without BatchNorm, as in the paper"),
+    "W std 1": (["model.net.weight_std=1.0"], "larger transformation matrices (votes twice as large)"),
+    "margin: paper": (["margin=linear"], "the paper's margin ramp over 10 epochs (still 0.22 at step 600)"),
+    "lr 1e-2": (["optimizer.lr=0.01"], "learning rate 1e-2 instead of the authors' 3e-3"),
+    "1 iteration": (["model.net.iterations=1"], "no E-step at all (not routing: a reference point)"),
+}
+# Shared by every run. Validation on 1,024 images every 100 steps draws the curves.
+QUICK = ["seed=1", "data=mnist", "data.batch_size=32", "trainer.max_steps=600", "trainer.max_epochs=1",
+         "trainer.val_check_interval=100", "trainer.limit_val_batches=32", "test=false", "trainer.accelerator=cpu"]
+FULL = ["seed=1,2,3", "data=mnist", "data.batch_size=32", "trainer.max_epochs=2", "trainer.val_check_interval=200"]
+CURVE_STEPS = (100, 200, 400, 600)
+
+
+def val_curve(run_dir: Path) -> list[tuple[int, float]]:
+    """(training steps done, val/acc): Lightning logs a validation after step N at step N - 1."""
+    from capsexp.compare import find_runs
+
+    runs = find_runs(run_dir)
+    return [] if not runs else [(step + 1, value) for step, value in runs[0].scalars.get("val/acc", [])]
+
+
+def routing_summary(run_dir: Path) -> str:
+    """Entropy of the responsibilities (normalised) per EM layer, first and last recorded step."""
+    from capsexp.compare import find_runs
+
+    runs = find_runs(run_dir)
+    if not runs:
+        return ""
+    parts = []
+    for layer in ("conv_caps1", "conv_caps2", "class_caps"):
+        values = runs[0].scalars.get(f"routing/{layer}/entropy")
+        if values:
+            parts.append(f"{values[0][1]:.2f}->{values[-1][1]:.2f}")
+    return " / ".join(parts)
+
+
+def curve_table(folder: Path, names: list[str], descriptions: dict[str, str]) -> tuple[str, dict]:
+    """Markdown table of validation accuracy at fixed steps, one row per recipe (seed 1's run)."""
+    header = " | ".join(f"step {s}" for s in CURVE_STEPS)
+    lines = [f"| recipe | {header} | best | routing entropy c1 / c2 / class (first->last) | what it tests |",
+             "| --- | " + " | ".join("---:" for _ in CURVE_STEPS) + " | ---: | --- | --- |"]
+    curves = {}
+    for name in names:
+        runs = sorted((folder / slug(name)).rglob(".hydra/overrides.yaml"))
+        if not runs:
+            continue
+        run_dir = runs[0].parent.parent
+        curve = val_curve(run_dir)
+        curves[name] = curve
+        at = dict(curve)
+        cells = " | ".join(f"{100 * at[s]:.1f}" if s in at else "" for s in CURVE_STEPS)
+        best = f"{100 * max(v for _, v in curve):.1f}" if curve else ""
+        lines.append(f"| {name} | {cells} | {best} | {routing_summary(run_dir)} | {descriptions.get(name, '')} |")
+    return "\n".join(lines) + "\n", curves
+
+
+def plot_curves(curves: dict[str, list[tuple[int, float]]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(9, 5.5))
+    for name, curve in curves.items():
+        if not curve:
+            continue
+        steps, values = zip(*curve)
+        style = "-" if name in BASELINES or name in ("default", "paper") else "--"
+        axes.plot(steps, [100 * v for v in values], style, marker="o", markersize=3, label=name,
+                  linewidth=2.5 if name in ("default", "LeNet5") else 1.2)
+    axes.set_xlabel("training step (batch 32)")
+    axes.set_ylabel("validation accuracy (%)")
+    axes.set_ylim(0, 100)
+    axes.grid(alpha=0.3)
+    axes.legend(fontsize=8, ncol=2, loc="lower right")
+    axes.set_title("em_caps_small on MNIST: recipes against LeNet5 and CapsNet")
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+def rebuilt_wall_time(folder: Path) -> float:
+    """From the first run's config to the last file written: the wall time of an earlier execution."""
+    starts = [path.stat().st_mtime for path in folder.rglob(".hydra/config.yaml")]
+    ends = [path.stat().st_mtime for path in folder.rglob("*") if path.is_file()]
+    return max(ends) - min(starts) if starts else 0.0
+
+
+def slug(name: str) -> str:
+    return "".join(c if c.isalnum() else "_" for c in name).strip("_")
+
+
+def main(argv: list[str] | None = None) -> int:
+    names = [*BASELINES, *RECIPES]
+
+    def add_options(parser) -> None:
+        parser.add_argument("--recipes", nargs="+", choices=names, default=names, metavar="NAME",
+                            help=f"run only these (default: all): {', '.join(repr(n) for n in names)}")
+        parser.add_argument("--rebuild", type=Path, metavar="FOLDER",
+                            help="run nothing: write the results page from the runs of an earlier execution "
+                                 "(<log dir>/em_training/multiruns/<time>)")
+
+    args = parse_args(STUDY, __doc__, argv, add_options)
+    budget = QUICK if args.quick else FULL
+    study_folder = args.rebuild.resolve() if args.rebuild else new_folder(STUDY, args)
+    descriptions = {name: description for name, (_, description) in RECIPES.items()}
+    descriptions.update(LeNet5="the CNN baseline (cross-entropy)", CapsNet="dynamic routing (Sabour et al. 2017)")
+    runs = {**BASELINES, **{name: ["model=em_caps_small", *overrides] for name, (overrides, _) in RECIPES.items()}}
+    runs = {name: overrides for name, overrides in runs.items() if name in args.recipes}
+    commands = []
+    with Timer() as timer:
+        for name, overrides in runs.items():
+            if args.rebuild:
+                if (study_folder / slug(name)).is_dir():
+                    commands.append(command_text([*overrides, *budget], args, study_folder / slug(name), STUDY))
+                continue
+            print(f"\n=== {name}", flush=True)
+            _, command = multirun(STUDY, [*overrides, *budget], args, folder=study_folder / slug(name))
+            commands.append(command)
+    wall_s = rebuilt_wall_time(study_folder) if args.rebuild else timer.seconds
+    table, curves = curve_table(study_folder, list(runs), descriptions)
+
+    def extra_section(output: Path) -> str:
+        plot_curves(curves, output / "curves.png")
+        return ("## Validation accuracy (%) by recipe\n\n" + table +
+                "\nRouting entropy: mean normalised entropy of each child's responsibilities over its parents "
+                "(1 uniform, 0 hard assignments), at the first and last recorded step (TensorBoard: "
+                "`routing/<layer>/entropy`).\n\n![curves](curves.png)\n\n")
+
+    budget_text = ("600 steps of batch 32 (a third of an epoch), seed 1, validation on 1,024 images every 100 "
+                   "steps" if args.quick else "2 epochs of batch 32, seeds 1, 2, 3")
+    notes = f"""
+em_caps_small (A=64, B=8, C=D=16) on MNIST under each recipe, {budget_text}; LeNet5 and CapsNet
+(their own default recipes) trained the same way in the same study. Runs under
+`{display_path(study_folder)}/<recipe>/`. Every recipe but "1 iteration" routes every capsule layer with EM.
+"""
+    write_results(args, "EM capsule training recipes (em_caps_small, MNIST)", commands, study_folder,
+                  wall_s, notes, extra_section=extra_section)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,79 @@
+"""What EM routing does during training, in TensorBoard: the quantities that tell a stuck run.
+
+Every ``every_n_steps`` training steps, for each EM capsule layer of the net (``conv_caps1``,
+``conv_caps2``, ``class_caps``):
+
+- ``routing/<layer>/entropy``: mean entropy of each child's responsibilities over the parents that
+  receive it, divided by its maximum (1: uniform, routing undecided; 0: hard assignments). A value
+  near 0 after the first E-step is the collapse that stalls training (see README, "Training EM
+  capsules");
+- ``routing/<layer>/activation_mean`` and ``activation_std``: parent activations (all near 0.5 means
+  the sigmoid argument is too small to tell parents apart);
+- ``grad_norm/<layer>``: norm of the gradient of the layer's parameters (which layer's vanish);
+- histograms ``routing/<layer>/activations`` and ``routing/<layer>/entropy``.
+
+A no-op for nets without EM capsule layers (LeNet5, CapsNet), so it sits in the default callbacks.
+"""
+
+from __future__ import annotations
+
+import lightning as L
+import torch
+
+from capsexp.lit.image_logging import tensorboard_writer
+from capsexp.nn.matrix_capsules import ClassMatrixCapsules, ConvMatrixCapsules
+
+EM_LAYERS = (ConvMatrixCapsules, ClassMatrixCapsules)
+
+
+def em_layers(module: torch.nn.Module) -> dict[str, torch.nn.Module]:
+    """The EM capsule layers of a module, by their name relative to its ``net``."""
+    return {name.removeprefix("net."): layer for name, layer in module.named_modules() if isinstance(layer, EM_LAYERS)}
+
+
+class RoutingDiagnostics(L.Callback):
+    """Written straight to TensorBoard (rank zero) at the step it was measured, whatever
+    ``trainer.log_every_n_steps`` is; ``histograms=False`` keeps only the scalars."""
+
+    def __init__(self, every_n_steps: int = 100, histograms: bool = True) -> None:
+        if every_n_steps < 1:
+            raise ValueError(f"every_n_steps must be >= 1, got {every_n_steps}")
+        self.every_n_steps, self.histograms = every_n_steps, histograms
+        self._step: int | None = None           # the step being recorded, or None
+        self._grad_norms: dict[str, float] = {}
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch, batch_idx: int) -> None:
+        layers = em_layers(pl_module)
+        due = bool(layers) and trainer.global_step % self.every_n_steps == 0 and tensorboard_writer(trainer) is not None
+        self._step, self._grad_norms = (trainer.global_step if due else None), {}
+        for layer in layers.values():
+            layer.record, layer.last_routing = due, None
+
+    def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer) -> None:
+        if self._step is None:
+            return
+        for name, layer in em_layers(pl_module).items():
+            grads = [p.grad.detach().float() for p in layer.parameters() if p.grad is not None]
+            if grads:
+                self._grad_norms[name] = torch.linalg.vector_norm(torch.stack([g.norm() for g in grads])).item()
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch,
+                           batch_idx: int) -> None:
+        if self._step is None:
+            return
+        step, self._step = self._step, None
+        writer = tensorboard_writer(trainer)
+        for name, layer in em_layers(pl_module).items():
+            layer.record = False
+            routing, layer.last_routing = layer.last_routing, None
+            if name in self._grad_norms:
+                writer.add_scalar(f"grad_norm/{name}", self._grad_norms[name], step)
+            if routing is None:
+                continue
+            activations, entropy = routing["activations"].float().cpu(), routing["entropy"].float().cpu()
+            writer.add_scalar(f"routing/{name}/entropy", entropy.mean().item(), step)
+            writer.add_scalar(f"routing/{name}/activation_mean", activations.mean().item(), step)
+            writer.add_scalar(f"routing/{name}/activation_std", activations.std().item(), step)
+            if self.histograms:
+                writer.add_histogram(f"routing/{name}/activations", activations, step)
+                writer.add_histogram(f"routing/{name}/entropy", entropy, step)
