@@ -15,8 +15,12 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from studylib import Timer, command_text, display_path, multirun, new_folder, parse_args, write_results
+
+if TYPE_CHECKING:
+    from capsexp.compare import Run
 
 STUDY = "em_training"
 
@@ -26,7 +30,7 @@ BASELINES = {
 }
 # name: (overrides of model=em_caps_small, what it tests)
 RECIPES: dict[str, tuple[list[str], str]] = {
-    "default": ([], "capsexp's recipe: 2 EM iterations, final lambda 10, standardised costs, sigma_eps 1e-2, "
+    "default": ([], "capsexp's recipe: 2 EM iterations, final lambda 3, standardised costs, sigma_eps 1e-2, "
                     "ConvCaps routed per window, BatchNorm after conv1, margin 0.2 -> 0.9 over 1,000 steps"),
     "paper": (["model=em_caps_small_paper"], "the paper's recipe: 3 iterations, final lambda 0.01, plain costs, "
                                              "sigma_eps 1e-4, children shared across windows, no BatchNorm, "
@@ -34,8 +38,10 @@ RECIPES: dict[str, tuple[list[str], str]] = {
     "paper+standardize": (["model=em_caps_small_paper", "model.net.cost_normalization=standardize"],
                           "the paper's, costs standardised (the old normalize_cost=true)"),
     "3 iterations": (["model.net.iterations=3"], "one E-step more (the paper's 3 iterations)"),
-    "sigma_eps 1e-4": (["model.net.sigma_eps=1e-4"], "the old variance floor: E-step collapses to hard assignments"),
+    "sigma_eps 1e-4": (["model.net.sigma_eps=1e-4"], "the old variance floor"),
     "final lambda 0.01": (["model.net.final_lambda=0.01"], "the authors' inverse temperature with standardised costs"),
+    "final lambda 1": (["model.net.final_lambda=1"], "a third of the default inverse temperature"),
+    "final lambda 10": (["model.net.final_lambda=10"], "a larger inverse temperature: activations spread wider"),
     "cost: plain": (["model.net.cost_normalization=none", "model.net.final_lambda=0.01"],
                     "costs as in Procedure 1 (with the authors' lambda, on their scale)"),
     "cost: data": (["model.net.cost_normalization=data", "model.net.final_lambda=1"],
@@ -55,46 +61,46 @@ FULL = ["seed=1,2,3", "data=mnist", "data.batch_size=32", "trainer.max_epochs=2"
 CURVE_STEPS = (100, 200, 400, 600)
 
 
-def val_curve(run_dir: Path) -> list[tuple[int, float]]:
+def val_curve(run: Run) -> list[tuple[int, float]]:
     """(training steps done, val/acc): Lightning logs a validation after step N at step N - 1."""
-    from capsexp.compare import find_runs
-
-    runs = find_runs(run_dir)
-    return [] if not runs else [(step + 1, value) for step, value in runs[0].scalars.get("val/acc", [])]
+    return [(step + 1, value) for step, value in run.scalars.get("val/acc", [])]
 
 
-def routing_summary(run_dir: Path) -> str:
-    """Entropy of the responsibilities (normalised) per EM layer, first and last recorded step."""
-    from capsexp.compare import find_runs
-
-    runs = find_runs(run_dir)
-    if not runs:
-        return ""
-    parts = []
+def routing_summary(run: Run) -> tuple[str, str]:
+    """Per EM layer, first -> last recorded value of the normalised entropy of the responsibilities,
+    and of the spread (std) of the parent activations."""
+    entropy, spread = [], []
     for layer in ("conv_caps1", "conv_caps2", "class_caps"):
-        values = runs[0].scalars.get(f"routing/{layer}/entropy")
-        if values:
-            parts.append(f"{values[0][1]:.2f}->{values[-1][1]:.2f}")
-    return " / ".join(parts)
+        for parts, key in ((entropy, "entropy"), (spread, "activation_std")):
+            values = run.scalars.get(f"routing/{layer}/{key}")
+            if values:
+                parts.append(f"{values[0][1]:.2f}->{values[-1][1]:.2f}")
+    return " / ".join(entropy), " / ".join(spread)
 
 
 def curve_table(folder: Path, names: list[str], descriptions: dict[str, str]) -> tuple[str, dict]:
     """Markdown table of validation accuracy at fixed steps, one row per recipe (seed 1's run)."""
+    from capsexp.compare import find_runs
+
     header = " | ".join(f"step {s}" for s in CURVE_STEPS)
-    lines = [f"| recipe | {header} | best | routing entropy c1 / c2 / class (first->last) | what it tests |",
-             "| --- | " + " | ".join("---:" for _ in CURVE_STEPS) + " | ---: | --- | --- |"]
+    lines = [f"| recipe | {header} | best | routing entropy c1 / c2 / class (first->last) "
+             "| activation std c1 / c2 / class (first->last) | what it tests |",
+             "| --- | " + " | ".join("---:" for _ in CURVE_STEPS) + " | ---: | --- | --- | --- |"]
     curves = {}
     for name in names:
         runs = sorted((folder / slug(name)).rglob(".hydra/overrides.yaml"))
         if not runs:
             continue
-        run_dir = runs[0].parent.parent
-        curve = val_curve(run_dir)
+        found = find_runs(runs[0].parent.parent)
+        if not found:
+            continue
+        curve = val_curve(found[0])
         curves[name] = curve
         at = dict(curve)
         cells = " | ".join(f"{100 * at[s]:.1f}" if s in at else "" for s in CURVE_STEPS)
         best = f"{100 * max(v for _, v in curve):.1f}" if curve else ""
-        lines.append(f"| {name} | {cells} | {best} | {routing_summary(run_dir)} | {descriptions.get(name, '')} |")
+        entropy, spread = routing_summary(found[0])
+        lines.append(f"| {name} | {cells} | {best} | {entropy} | {spread} | {descriptions.get(name, '')} |")
     return "\n".join(lines) + "\n", curves
 
 
