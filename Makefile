@@ -17,11 +17,11 @@ install:  ## create .venv and install capsexp (editable) with its dev extras
 train:  ## train with the default config (pass overrides with ARGS="model=lenet5 trainer.max_epochs=1")
 	$(BIN)/python -m capsexp $(ARGS)
 
-test:  ## the fast test suite (no slow tests)
-	$(BIN)/python -m pytest -m "not slow" $(ARGS)
+test:  ## the fast test suite (no slow tests), one worker per core
+	$(BIN)/python -m pytest -n auto -m "not slow" $(ARGS)
 
-test-all:  ## every test, slow ones included
-	$(BIN)/python -m pytest $(ARGS)
+test-all:  ## every test, slow ones included (end-to-end runs on real MNIST)
+	$(BIN)/python -m pytest -n auto $(ARGS)
 
 bench:  ## speed + accuracy benchmarks -> experiments/results/bench.md, bench_em.md (about 45 min on 2 cores)
 	$(BIN)/python experiments/bench_capsnet.py --accuracy $(ARGS)

@@ -9,6 +9,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # `make test` runs one pytest worker per core (pytest-xdist): one thread each, for the worker
+    # and the CLI runs it starts, instead of every process using every core.
+    for variable in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[variable] = "1"
+
 import numpy as np
 import pytest
 from hydra import compose, initialize_config_dir

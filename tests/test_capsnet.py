@@ -74,7 +74,7 @@ def test_output_shapes(channels, size, classes, primary):
 
 
 def test_bad_inputs_are_explained():
-    with pytest.raises(ValueError, match="built for inputs"):
+    with pytest.raises(ValueError, match="built for images of 1x28x28 .* got 1x32x32"):
         CapsNet()(torch.rand(2, 1, 32, 32))
     with pytest.raises(ValueError, match="too small"):
         CapsNet(image_size=16)

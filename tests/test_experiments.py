@@ -4,9 +4,12 @@ write their results pages."""
 from __future__ import annotations
 
 import csv
+import re
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from conftest import TINY_RUN
 from test_smallnorb import write_norb
@@ -19,6 +22,16 @@ TINY_CAPSNET = ["model.net.conv_channels=16", "model.net.primary_types=4"]
 def run_driver(name: str, *arguments: str, timeout: int = 600) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(PROJECT_ROOT / "experiments" / f"{name}.py"), *arguments],
                           cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=timeout)
+
+
+def test_results_pages_are_portable_and_say_things_once():
+    """Paths relative to the repository (no machine's absolute path), and each header block once."""
+    pages = sorted((PROJECT_ROOT / "experiments" / "results").rglob("*.md"))
+    assert pages
+    for page in pages:
+        text = page.read_text()
+        assert not re.search(r"(?<![\w.~])/(work|home|root|tmp|Users|mnt|scratch)/", text), page
+        assert text.count("- Machine:") <= 1 and text.count("- Commands:") <= 1, page
 
 
 def test_routing_ablation_writes_the_four_configurations_beside_the_paper(mnist_dir, tmp_path):
@@ -46,6 +59,7 @@ def test_em_smallnorb_says_so_and_runs_nothing_without_the_data(tmp_path):
     assert not (tmp_path / "logs").exists() and not (tmp_path / "results").exists()
 
 
+@pytest.mark.slow  # six study runs (about 60 s): make test-all
 def test_em_smallnorb_tests_each_viewpoint_run_on_familiar_and_novel_views(tmp_path):
     data_dir = write_norb(tmp_path / "data")
     output = tmp_path / "results"

@@ -16,36 +16,80 @@ import hydra  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 
 from capsexp import CONFIG_DIR  # noqa: E402
+from capsexp.config_check import check_config, check_group_overrides  # noqa: E402
 from capsexp.errors import CapsexpError  # noqa: E402
 
 log = logging.getLogger("capsexp")
 
 
+def report(error: CapsexpError) -> None:
+    """Print a user's error as its message alone and exit with its status (2: usage, 1: other).
+    HYDRA_FULL_ERROR=1 shows the traceback instead, as for Hydra's own errors."""
+    if os.environ.get("HYDRA_FULL_ERROR") == "1":
+        raise error
+    print(f"\nerror: {error}", file=sys.stderr)
+    sys.exit(error.exit_code)
+
+
 @hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="config")
 def main(cfg: DictConfig) -> float | None:
     """Run one job; return ``cfg.optimized_metric`` for Hydra sweepers (Optuna maximises it)."""
-    # Imported here so that `--help`, `--cfg job` and config errors answer without loading torch.
-    from capsexp.train import run
-
     try:
+        check_config(cfg)
+        # Imported here so that `--help`, `--cfg job` and config errors answer without loading torch.
+        from capsexp.train import run
+
         return optimized_metric(cfg, run(cfg))
     except CapsexpError as error:
-        # A message that says what to do; a traceback would bury it.
-        print(f"\nerror: {error}", file=sys.stderr)
-        sys.exit(1)
+        report(error)
 
 
 def optimized_metric(cfg: DictConfig, metrics: dict[str, float]) -> float | None:
+    """The value of ``cfg.optimized_metric`` for the sweeper. A run that never validated has none: a
+    warning, unless a sweeper (Optuna) needs the value, which makes it an error."""
     metric_name = cfg.get("optimized_metric")
     if not metric_name or (metric_name not in metrics and not cfg.get("train")):
         return None  # nothing to optimise in a test-only run (train=false ckpt_path=...)
     if metric_name not in metrics:
-        raise CapsexpError(
-            f"optimized_metric={metric_name!r} was not logged; logged metrics: {', '.join(sorted(metrics))}"
-        )
+        logged = ", ".join(sorted(name for name in metrics if "/" in name)) or "none"
+        if any(name.startswith("val/") for name in metrics):
+            problem, advice = "is not a metric this run logs", f"choose one of: {logged}"
+        else:
+            max_steps = cfg.trainer.get("max_steps", -1)
+            below = f", below trainer.max_steps={max_steps}" if max_steps and max_steps > 0 else ""
+            problem = "was not logged: the run never validated"
+            advice = (f"validate before the run ends (trainer.val_check_interval=N, a number of steps{below}; "
+                      f"trainer.limit_val_batches not 0) or optimise a metric it logs (optimized_metric=test/acc)")
+        if _sweeper_needs_metric():
+            raise CapsexpError(f"optimized_metric={metric_name} {problem}, and the sweeper needs its value.\n"
+                               f"To get one, {advice}")
+        log.warning(f"optimized_metric={metric_name} {problem} (only a sweeper needs it); to get it, {advice}")
+        return None
     log.info(f"{metric_name} = {metrics[metric_name]:.4f}")
     return metrics[metric_name]
 
 
-if __name__ == "__main__":
+def _sweeper_needs_metric() -> bool:
+    """True for a multirun driven by a sweeper that optimises (any but Hydra's basic sweeper)."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    if not HydraConfig.initialized():
+        return False
+    hydra_cfg = HydraConfig.get()
+    target = str(hydra_cfg.sweeper.get("_target_", ""))
+    return hydra_cfg.mode == RunMode.MULTIRUN and not target.endswith("BasicSweeper")
+
+
+def cli() -> None:
+    """The entry point: group options checked before Hydra composes (its message lists the search
+    path; ours names the option and the choices), then :func:`main`."""
+    try:
+        check_group_overrides(sys.argv[1:], CONFIG_DIR)
+    except CapsexpError as error:
+        report(error)
     main()
+
+
+if __name__ == "__main__":
+    cli()

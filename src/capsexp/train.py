@@ -7,15 +7,42 @@ import warnings
 from typing import Any
 
 import lightning as L
-from hydra.utils import instantiate
+from hydra.errors import InstantiationException
+from lightning.fabric.utilities.exceptions import MisconfigurationException
+from hydra.utils import instantiate as hydra_instantiate
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import Logger
 from omegaconf import DictConfig, OmegaConf
 
+from capsexp.checkpoints import check_checkpoint
 from capsexp.distributed import DDPJob, ddp_job
+from capsexp.errors import ConfigError
 from capsexp.hparams import log_hyperparameters, metric_names
 
 log = logging.getLogger(__name__)
+
+
+def instantiate(node: Any, **kwargs: Any) -> Any:
+    """``hydra.utils.instantiate``; a constructor's ValueError or Lightning's MisconfigurationException
+    (a value the config check cannot judge alone: an image too small for a net, a GPU asked for on a
+    machine without one) becomes a :class:`ConfigError` naming the config node."""
+    try:
+        return hydra_instantiate(node, **kwargs)
+    except InstantiationException as error:
+        cause = error.__cause__
+        if isinstance(cause, (ValueError, MisconfigurationException)) and not isinstance(cause, ConfigError):
+            lines = str(error).splitlines()
+            target = lines[0].removeprefix("Error in call to target ").rstrip(":")
+            full_key = next((line.removeprefix("full_key: ") for line in lines if line.startswith("full_key:")), "")
+            message = f"{cause}\n  raised by {target}" + (f" ({full_key})" if full_key else "")
+            if full_key == "trainer":
+                message += "\n  " + " ".join(f"trainer.{key}={node.get(key)}" for key in TRAINER_DEVICE_KEYS)
+            raise ConfigError(message) from error
+        raise
+
+
+# What a trainer error is usually about.
+TRAINER_DEVICE_KEYS = ("accelerator", "devices", "num_nodes", "strategy", "precision")
 
 
 def instantiate_all(group: DictConfig | None) -> list[Any]:
@@ -56,6 +83,8 @@ def _run(cfg: DictConfig, job: DDPJob) -> dict[str, float]:
     module: L.LightningModule = instantiate(
         cfg.model, optimizer=cfg.optimizer, lr_scheduler=cfg.get("lr_scheduler"), _convert_="partial"
     )
+    if cfg.get("ckpt_path"):
+        check_checkpoint(cfg.ckpt_path, module)
     callbacks: list[Callback] = instantiate_all(cfg.get("callbacks"))
     loggers: list[Logger] = instantiate_all(cfg.get("logger"))
     trainer: L.Trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False)
@@ -77,7 +106,7 @@ def _run(cfg: DictConfig, job: DDPJob) -> dict[str, float]:
         if cfg.get("train"):
             ckpt_path = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
             if not ckpt_path:
-                log.warning("No best checkpoint was saved (fast_dev_run?): testing the current weights.")
+                log.warning("No best checkpoint was saved (the run never validated): testing the current weights.")
         else:
             ckpt_path = cfg.get("ckpt_path")
             if not ckpt_path:

@@ -2,14 +2,39 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import lightning as L
 from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from torch.utils.data import DataLoader, Sampler
 
 from capsexp.data.tensor_dataset import ImageTensorDataset, collate_batch
+from capsexp.errors import ConfigError, DataFolderError
+
+Method = TypeVar("Method", bound=Callable)
+
+
+def data_folder_errors(method: Method) -> Method:
+    """A folder that cannot be created, read or written (``self.data_folder``) becomes a
+    :class:`DataFolderError` that names it, instead of the OSError's chained tracebacks."""
+
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        try:
+            return method(self, *args, **kwargs)
+        except OSError as error:
+            culprit = error.filename or self.data_folder
+            raise DataFolderError(
+                f"data folder {self.data_folder}: {error.strerror or error} ({culprit})\n"
+                "capsexp reads datasets there (and writes downloads, unpacked files and caches). Point it "
+                "at a folder it can use: set CAPSEXP_DATA_DIR=/path/to/data or pass data.data_dir=/path/to/data."
+            ) from None
+
+    return wrapper  # type: ignore[return-value]
 
 
 def md5sum(path: Path, chunk_size: int = 1 << 20) -> str:
@@ -28,6 +53,7 @@ class InMemoryDataModule(L.LightningDataModule):
     batch), ``num_workers`` and ``pin_memory``.
     """
 
+    data_folder: Path  # where the dataset's files live (named in errors)
     data_train: ImageTensorDataset | None = None
     data_val: ImageTensorDataset | None = None
     data_test: ImageTensorDataset | None = None
@@ -36,7 +62,7 @@ class InMemoryDataModule(L.LightningDataModule):
         """``batch_size`` is global: each of the run's processes gets an equal share."""
         world_size = self.trainer.world_size if self.trainer is not None else 1
         if self.hparams.batch_size % world_size:
-            raise ValueError(
+            raise ConfigError(
                 f"data.batch_size={self.hparams.batch_size} (the global batch) is not divisible by "
                 f"the {world_size} processes of this run"
             )

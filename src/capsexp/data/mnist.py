@@ -21,7 +21,7 @@ from torchvision.datasets import MNIST
 from torchvision.datasets.utils import download_and_extract_archive
 
 from capsexp.data.augment import random_shift, rotate
-from capsexp.data.base import InMemoryDataModule, md5sum
+from capsexp.data.base import InMemoryDataModule, data_folder_errors, md5sum
 from capsexp.data.tensor_dataset import ImageTensorDataset
 from capsexp.errors import CorruptDatasetError, DatasetNotFoundError
 
@@ -151,7 +151,10 @@ class MNISTDataModule(InMemoryDataModule):
     def raw_dir(self) -> Path:
         return self.data_dir / "MNIST" / "raw"
 
+    data_folder = raw_dir
+
     # ---- files -------------------------------------------------------------------------------
+    @data_folder_errors
     def prepare_data(self) -> None:
         """Download missing files (if allowed), unpack ``.gz`` files and validate all four."""
         missing = [name for name in self.files if not self._source_of(name)]
@@ -219,6 +222,7 @@ class MNISTDataModule(InMemoryDataModule):
         dataset = MNIST(str(self.data_dir), train=train, download=False)
         return ImageTensorDataset(dataset.data.unsqueeze(1), dataset.targets)
 
+    @data_folder_errors
     def setup(self, stage: str | None = None) -> None:
         self.split_batch_over_processes()
 

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from capsexp.data.augment import center_crop, random_brightness_contrast, random_crop, standardize
-from capsexp.data.base import InMemoryDataModule, md5sum
+from capsexp.data.base import InMemoryDataModule, data_folder_errors, md5sum
 from capsexp.data.norb_format import SMALLNORB_FILES, read_matrix
 from capsexp.data.tensor_dataset import ImageTensorDataset
 from capsexp.errors import CorruptDatasetError, DatasetNotFoundError
@@ -92,6 +92,7 @@ class SmallNORBDataModule(InMemoryDataModule):
         contrast = tuple(contrast)
         self.save_hyperparameters(logger=False)
         self.root = Path(data_dir) / "smallnorb"
+        self.data_folder = self.root
         self.batch_size_per_device = batch_size
 
     @property
@@ -109,6 +110,7 @@ class SmallNORBDataModule(InMemoryDataModule):
                 return candidate
         return None
 
+    @data_folder_errors
     def prepare_data(self) -> None:
         """Download missing files, check all six, and build the downsampled cache if it is stale."""
         missing = [name for name in SMALLNORB_FILES if self._source_of(name) is None]
@@ -207,6 +209,7 @@ class SmallNORBDataModule(InMemoryDataModule):
         familiar = torch.isin(info[:, column], torch.tensor(trained))
         return familiar if training or self.hparams.familiar else ~familiar
 
+    @data_folder_errors
     def setup(self, stage: str | None = None) -> None:
         self.split_batch_over_processes()
         if self.data_test is not None and self.data_train is not None:

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from capsexp.models.input_check import check_images
 from capsexp.nn import PrimaryCapsules, RoutingCapsules
 
 
@@ -65,8 +66,7 @@ class CapsNet(nn.Module):
         return self.decoder((poses * mask).flatten(1)).view(-1, *self.image_shape)
 
     def forward(self, images: torch.Tensor, targets: torch.Tensor | None = None) -> CapsNetOutput:
-        if images.shape[1:] != self.image_shape:
-            raise ValueError(f"CapsNet built for inputs {self.image_shape}, got {tuple(images.shape[1:])}")
+        check_images(images, self.image_shape, "CapsNet")
         primary = self.primary(F.relu(self.conv1(images)))
         poses = self.digits(primary)                                       # (B, classes, pose_dim)
         # vector_norm's gradient at a zero vector is 0, not NaN.

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from capsexp.models.input_check import check_images
 from capsexp.nn.matrix_capsules import ClassMatrixCapsules, ConvMatrixCapsules, PrimaryMatrixCapsules
 
 
@@ -47,6 +48,7 @@ class MatrixCapsNet(nn.Module):
                  weight_std: float | None = None, route_per_window: bool = False) -> None:
         super().__init__()
         self.recompute = recompute
+        self.image_shape = (in_channels, image_size, image_size)
         routing = dict(pose_size=P, iterations=iterations, final_lambda=final_lambda, sigma_eps=sigma_eps,
                        cost_normalization=cost_normalization, weight_std=weight_std)
         self.conv1 = nn.Conv2d(in_channels, A, kernel_size=5, stride=2)
@@ -75,6 +77,7 @@ class MatrixCapsNet(nn.Module):
         return layer(*inputs)
 
     def forward(self, images: torch.Tensor) -> MatrixCapsNetOutput:
+        check_images(images, self.image_shape, "MatrixCapsNet")
         poses, activations = self.primary(F.relu(self.conv1_norm(self.conv1(images))))
         poses, activations = self._run(self.conv_caps1, poses, activations)
         poses, activations = self._run(self.conv_caps2, poses, activations)

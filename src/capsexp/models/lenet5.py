@@ -11,6 +11,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from capsexp.models.input_check import check_images
+
 
 class LeNet5(nn.Module):
     """LeNet5 classifier returning logits of shape (batch, num_classes).
@@ -24,6 +26,7 @@ class LeNet5(nn.Module):
     def __init__(self, in_channels: int = 1, num_classes: int = 10, image_size: int | tuple[int, int] = 28) -> None:
         super().__init__()
         height, width = (image_size, image_size) if isinstance(image_size, int) else image_size
+        self.image_shape = (in_channels, height, width)
         self.features = nn.Sequential(
             nn.Conv2d(in_channels, 6, kernel_size=5, padding=2),
             nn.ReLU(inplace=True),
@@ -46,4 +49,5 @@ class LeNet5(nn.Module):
         )
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
+        check_images(images, self.image_shape, "LeNet5")
         return self.classifier(self.features(images))

@@ -1,0 +1,88 @@
+"""Checks of a checkpoint given as ``ckpt_path`` before Lightning loads it.
+
+Lightning's own failures read as PyTorch internals ("PytorchStreamReader failed reading zip
+archive", or advice to retry with ``weights_only=False``, which would let an untrusted file run code).
+Here a file that is missing, empty, not a checkpoint, not a Lightning checkpoint or saved from
+another model gets one short message. The file is only ever read with ``weights_only=True``.
+"""
+
+from __future__ import annotations
+
+import pickle
+import zipfile
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from capsexp.errors import CheckpointError
+
+# ckpt_path values that Lightning resolves itself ("last" checkpoint of this run, ...).
+LIGHTNING_ALIASES = ("last", "best", "hpc", "registry")
+
+
+def check_checkpoint(ckpt_path: str | Path, module: nn.Module | None = None) -> None:
+    """Raise :class:`CheckpointError` unless ``ckpt_path`` is a Lightning checkpoint whose weights fit
+    ``module`` (same parameter names and shapes)."""
+    if str(ckpt_path) in LIGHTNING_ALIASES:
+        return
+    path = Path(ckpt_path)
+    where = f"ckpt_path={ckpt_path}"
+    if path.is_dir():
+        found = sorted(path.glob("*.ckpt")) or sorted(path.glob("checkpoints/*.ckpt"))
+        hint = f"; it holds {', '.join(p.name for p in found[:3])}" if found else ""
+        raise CheckpointError(f"{where} is a folder: give a .ckpt file{hint}")
+    if not path.is_file():
+        raise CheckpointError(f"{where}: no such file. A run's checkpoints are in "
+                              "logs/<task_name>/runs/<time>/checkpoints/ (last.ckpt, and the best by val/acc)")
+    if path.stat().st_size == 0:
+        raise CheckpointError(f"{where} is empty (0 bytes): the run that wrote it stopped while saving?")
+    if not zipfile.is_zipfile(path):  # torch.save writes a zip archive
+        raise CheckpointError(f"{where} is not a PyTorch checkpoint (not in torch.save's format, or truncated)")
+    try:
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except pickle.UnpicklingError as error:
+        if "weights only" in str(error).lower() or "weights_only" in str(error):
+            raise CheckpointError(
+                f"{where} holds Python objects other than tensors and plain values. capsexp loads "
+                "checkpoints without running code from them and will not load this one; checkpoints "
+                "written by capsexp never need that.") from None
+        raise CheckpointError(f"{where} is not a PyTorch checkpoint ({_first_line(error)})") from None
+    except Exception as error:  # a damaged archive: one line, not PyTorch's advice
+        raise CheckpointError(f"{where} is a damaged PyTorch checkpoint ({_first_line(error)})") from None
+    if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint or "pytorch-lightning_version" not in checkpoint:
+        raise CheckpointError(f"{where} is a PyTorch file but not a Lightning checkpoint (no state_dict or "
+                              "pytorch-lightning_version in it): give a .ckpt written by a capsexp run")
+    if module is not None:
+        _check_weights_fit(where, checkpoint["state_dict"], module)
+
+
+def _check_weights_fit(where: str, saved: dict[str, torch.Tensor], module: nn.Module) -> None:
+    expected = {name: tuple(tensor.shape) for name, tensor in module.state_dict().items()}
+    found = {name: tuple(tensor.shape) for name, tensor in saved.items()}
+    missing = [name for name in expected if name not in found]
+    unexpected = [name for name in found if name not in expected]
+    mismatched = [name for name in expected if name in found and expected[name] != found[name]]
+    if not (missing or unexpected or mismatched):
+        return
+    if mismatched:
+        name = mismatched[0]
+        first = f"{name} is {_shape(found[name])} in the checkpoint, {_shape(expected[name])} in this model"
+    elif missing:
+        first = f"this model's {missing[0]} is not in the checkpoint"
+    else:
+        first = f"the checkpoint's {unexpected[0]} is not in this model"
+    net = type(getattr(module, "net", module)).__name__
+    raise CheckpointError(
+        f"{where} was saved from another model than this run's {net} ({len(missing) + len(unexpected) + len(mismatched)} "
+        f"weights differ; {first}).\nUse the model and data options of the run that wrote it (its "
+        ".hydra/config.yaml, two folders up from checkpoints/).")
+
+
+def _shape(shape: tuple[int, ...]) -> str:
+    return "(" + ", ".join(map(str, shape)) + ")"
+
+
+def _first_line(error: Exception) -> str:
+    text = str(error).strip().splitlines()
+    return text[0][:160] if text else type(error).__name__

@@ -1,0 +1,196 @@
+"""A user's mistake gets a short message that names the culprit, never a traceback (issue 11)."""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+from pathlib import Path
+from typing import get_args
+
+import pytest
+import torch
+from conftest import TINY_RUN, compose_config, run_cli
+from lightning.fabric.plugins.precision.precision import (
+    _PRECISION_INPUT_INT,
+    _PRECISION_INPUT_STR,
+    _PRECISION_INPUT_STR_ALIAS,
+)
+
+from capsexp import CONFIG_DIR
+from capsexp.checkpoints import check_checkpoint
+from capsexp.config_check import COST_NORMALIZATIONS, PRECISIONS, check_group_overrides, config_problems
+from capsexp.errors import CheckpointError, ConfigError, InputShapeError
+from capsexp.lit import Classifier, CrossEntropy
+from capsexp.models import CapsNet, LeNet5, MatrixCapsNet
+from capsexp.nn import em
+
+
+def _options(group: str) -> list[str]:
+    return sorted(path.stem for path in (CONFIG_DIR / group).glob("*.yaml"))
+
+
+# ---- the config check ------------------------------------------------------------------------------
+@pytest.mark.parametrize("model,data", list(itertools.product(_options("model"), _options("data"))))
+def test_every_shipped_model_and_data_config_passes_the_check(model, data):
+    assert config_problems(compose_config([f"model={model}", f"data={data}"])) == []
+
+
+@pytest.mark.parametrize("extra", [[f"experiment={name}"] for name in _options("experiment")]
+                         + [[f"debug={name}"] for name in _options("debug")]
+                         + [[f"margin={name}", "model=em_caps_small"] for name in _options("margin")]
+                         + [[f"lr_scheduler={name}"] for name in _options("lr_scheduler")]
+                         + [["optimizer=sgd"], ["trainer=cpu"], ["logger=csv"], ["trainer.devices=2", "trainer.accelerator=cpu"]])
+def test_every_shipped_option_passes_the_check(extra):
+    assert config_problems(compose_config(extra)) == []
+
+
+def test_choices_mirror_their_sources():
+    assert COST_NORMALIZATIONS == em.COST_NORMALIZATIONS
+    lightning = get_args(_PRECISION_INPUT_STR) + get_args(_PRECISION_INPUT_INT) + get_args(_PRECISION_INPUT_STR_ALIAS)
+    assert set(PRECISIONS) == set(lightning)
+
+
+@pytest.mark.parametrize("overrides,expected", [
+    (["data.batch_size=0"], "data.batch_size=0: must be a positive integer"),
+    (["data.batch_size=abc"], "data.batch_size=abc: must be a positive integer"),
+    (["data.batch_size=2.5"], "data.batch_size=2.5"),
+    (["optimizer.lr=-0.1"], "optimizer.lr=-0.1: must be a number > 0"),
+    (["optimizer.lr=nan"], "optimizer.lr=nan"),
+    (["model=capsnet", "model.net.routing_iterations=0"], "model.net.routing_iterations=0"),
+    (["model=em_caps_small", "model.net.iterations=-1"], "model.net.iterations=-1"),
+    (["model=em_caps_small", "model.net.final_lambda=0"], "model.net.final_lambda=0"),
+    (["model=em_caps_small", "model.net.cost_normalization=zscore"], "none, data, standardize"),
+    (["data=rotated_mnist", "data.test_rotations=[0,abc]"], "data.test_rotations=[0,abc]"),
+    (["data=smallnorb", "data.stereo=top"], "data.stereo=top: must be both, left or split"),
+    (["data=smallnorb", "data.crop_size=64"], "data.crop_size=64: must be at most data.resize=48"),
+    (["trainer.precision=bf17"], "trainer.precision=bf17"),
+    (["trainer.max_epochs=0"], "trainer.max_epochs=0"),
+    (["trainer.val_check_interval=1.5"], "trainer.val_check_interval=1.5"),
+    (["trainer.devices=3", "trainer.accelerator=cpu"], "must divide by the 3 processes"),
+    (["train=false", "test=false"], "nothing to do"),
+    (["seed=abc"], "seed=abc"),
+])
+def test_bad_values_are_named_with_what_is_allowed(overrides, expected):
+    problems = config_problems(compose_config(overrides))
+    assert len(problems) == 1 and expected in problems[0], problems
+
+
+def test_group_options_are_checked_before_hydra_composes():
+    with pytest.raises(ConfigError, match=r"model=lenet: no such option \(did you mean model=lenet5\?\)"):
+        check_group_overrides(["model=capsnet,lenet"], CONFIG_DIR)
+    check_group_overrides(["model=capsnet,lenet5", "data.batch_size=3", "hydra/launcher=joblib", "--cfg", "job",
+                           "experiment=null", "+extra=1"], CONFIG_DIR)
+
+
+# ---- the CLI: exit status, no traceback, a few lines naming the culprit ----------------------------
+def _corrupt_checkpoints(folder: Path) -> dict[str, Path]:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "empty.ckpt").write_bytes(b"")
+    (folder / "noise.ckpt").write_bytes(bytes(range(256)) * 20)
+    torch.save({"weights": torch.zeros(3)}, folder / "plain.pt")
+    torch.save({"state_dict": {}, "pytorch-lightning_version": "2.6", "args": argparse.Namespace(a=1)},
+               folder / "pickled.ckpt")
+    return {"missing": folder / "missing.ckpt", "folder": folder, "empty": folder / "empty.ckpt",
+            "noise": folder / "noise.ckpt", "plain": folder / "plain.pt", "pickled": folder / "pickled.ckpt"}
+
+
+BAD_COMMANDS = {
+    # name: (overrides, exit status, what the message must name)
+    "batch 0": (["data.batch_size=0"], 2, "data.batch_size=0"),
+    "batch abc": (["data.batch_size=abc"], 2, "data.batch_size=abc"),
+    "routing 0": (["model=capsnet", "model.net.routing_iterations=0"], 2, "model.net.routing_iterations=0"),
+    "EM iterations 0": (["model=em_caps_small", "model.net.iterations=0"], 2, "model.net.iterations=0"),
+    "negative lr": (["optimizer.lr=-0.001"], 2, "optimizer.lr=-0.001"),
+    "word in rotations": (["data=rotated_mnist", "data.test_rotations=[0,abc]"], 2, "data.test_rotations"),
+    "batch over processes": (["trainer.devices=3", "trainer.accelerator=cpu"], 2, "data.batch_size=32"),
+    "unknown model": (["model=lenet"], 2, "model=lenet"),
+    "unknown precision": (["trainer.precision=bf17"], 2, "trainer.precision=bf17"),
+    "unknown stereo": (["data=smallnorb", "data.stereo=top"], 2, "data.stereo=top"),
+    "unknown key": (["data.batchsize=3"], 1, "data.batchsize"),
+    "image too small for the net": (["model=capsnet", "dataset.image_size=16"], 2, "model.net"),
+    "unknown strategy": (["trainer.accelerator=cpu", "trainer.strategy=bogus"], 2, "trainer.strategy=bogus"),
+    "checkpoint missing": (["train=false", "ckpt_path={missing}"], 1, "{missing}"),
+    "checkpoint folder": (["train=false", "ckpt_path={folder}"], 1, "is a folder"),
+    "checkpoint empty": (["train=false", "ckpt_path={empty}"], 1, "{empty}"),
+    "checkpoint noise": (["train=false", "ckpt_path={noise}"], 1, "{noise}"),
+    "checkpoint not Lightning": (["train=false", "ckpt_path={plain}"], 1, "not a Lightning checkpoint"),
+    "checkpoint with objects": (["train=false", "ckpt_path={pickled}"], 1, "{pickled}"),
+    "data dir is a file": (["data.data_dir={noise}"], 1, "{noise}"),
+    "data dir without MNIST": (["data.data_dir={folder}", "data.download=false"], 1, "{folder}/MNIST/raw"),
+}
+
+
+@pytest.mark.parametrize("name", list(BAD_COMMANDS))
+def test_bad_command_lines_get_a_short_error(name, tmp_path):
+    overrides, status, named = BAD_COMMANDS[name]
+    files = {key: str(path) for key, path in _corrupt_checkpoints(tmp_path / "files").items()}
+    result = run_cli(*(o.format(**files) for o in overrides), f"hydra.run.dir={tmp_path / 'run'}",
+                     "callbacks.progress_bar=null", "callbacks.model_summary=null")
+    message = [line for line in result.stderr.splitlines() if line.strip()]
+    assert result.returncode == status, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr + result.stdout
+    assert 1 <= len(message) <= 12, result.stderr
+    assert named.format(**files) in result.stderr
+    assert "weights_only=False" not in result.stderr  # never suggest unpickling an untrusted file
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without a GPU")
+def test_a_gpu_asked_for_on_a_machine_without_one_is_a_usage_error(tmp_path):
+    result = run_cli("trainer.accelerator=gpu", f"hydra.run.dir={tmp_path}")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "trainer.accelerator=gpu" in result.stderr
+
+
+def test_a_run_without_validation_exits_0_warns_and_logs_progress_when_piped(mnist_dir, tmp_path):
+    result = run_cli(*TINY_RUN, f"paths.data_dir={mnist_dir}", "trainer.max_steps=5",
+                     "callbacks.progress_log.interval_s=0.001", f"hydra.run.dir={tmp_path}")
+    assert result.returncode == 0, result.stderr[-2000:]
+    output = result.stdout + result.stderr
+    assert "optimized_metric=val/acc_best was not logged: the run never validated" in output
+    # stdout is a pipe here: the plain progress lines stand in for the rich bar.
+    progress = [line for line in output.splitlines() if "capsexp.progress" in line]
+    assert any("step 5/5 (100.0%)" in line and "img/s" in line and "loss" in line for line in progress), progress
+    assert any("training done: 5 steps" in line for line in progress)
+
+
+def test_an_optuna_job_that_never_validated_fails_and_says_how_to_validate(mnist_dir, tmp_path):
+    result = run_cli(*TINY_RUN, f"paths.data_dir={mnist_dir}", "hparams_search=em_caps_optuna",
+                     "model=em_caps_small", "hydra.sweeper.n_trials=1", "trainer.max_steps=2", "data.batch_size=20",
+                     "trainer.limit_test_batches=1", f"hydra.sweep.dir={tmp_path}")
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr
+    assert "error: optimized_metric=val/acc_best was not logged: the run never validated" in result.stderr
+    assert "trainer.val_check_interval=N" in result.stderr
+
+
+def test_a_misnamed_metric_is_an_error_for_a_sweeper_only(mnist_dir, tmp_path):
+    result = run_cli(*TINY_RUN, f"paths.data_dir={mnist_dir}", "debug=fast", "optimized_metric=val/nope",
+                     f"hydra.run.dir={tmp_path}")
+    assert result.returncode == 0
+    assert "optimized_metric=val/nope is not a metric this run logs" in result.stdout + result.stderr
+
+
+# ---- checkpoints and nets, as a library -----------------------------------------------------------
+def test_checkpoint_of_another_model_is_named_as_such(tmp_path):
+    def classifier(net):
+        return Classifier(net, CrossEntropy(), optimizer=torch.optim.Adam, num_classes=10)
+
+    path = tmp_path / "lenet.ckpt"
+    torch.save({"state_dict": classifier(LeNet5()).state_dict(), "pytorch-lightning_version": "2.6"}, path)
+    check_checkpoint(path, classifier(LeNet5()))
+    with pytest.raises(CheckpointError, match=r"another model than this run's LeNet5 .*net.features.0.weight is "
+                                              r"\(6, 1, 5, 5\) in the checkpoint, \(6, 2, 5, 5\) in this model"):
+        check_checkpoint(path, classifier(LeNet5(in_channels=2)))
+    for name, file in _corrupt_checkpoints(tmp_path / "bad").items():
+        with pytest.raises(CheckpointError, match="ckpt_path="):
+            check_checkpoint(file)
+
+
+@pytest.mark.parametrize("net,name,built", [
+    (LeNet5(), "LeNet5", "1x28x28"),
+    (CapsNet(), "CapsNet", "1x28x28"),
+    (MatrixCapsNet(A=8, B=4, C=4, D=4, in_channels=2, image_size=32), "MatrixCapsNet", "2x32x32"),
+])
+def test_nets_name_both_sizes_for_images_of_another_size(net, name, built):
+    with pytest.raises(InputShapeError, match=f"{name} was built for images of {built} .* got 1x40x40"):
+        net(torch.rand(2, 1, 40, 40))
