@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 
 .DEFAULT_GOAL := help
-.PHONY: help install train test test-all bench studies studies-full tensorboard clean
+.PHONY: help install train test test-all bench bench-gpu studies studies-full tensorboard clean
 
 help:  ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  make %-12s %s\n", $$1, $$2}'
@@ -26,6 +26,9 @@ test-all:  ## every test, slow ones included (end-to-end runs on real MNIST)
 bench:  ## speed + accuracy benchmarks -> experiments/results/bench.md, bench_em.md (about 45 min on 2 cores)
 	$(BIN)/python experiments/bench_capsnet.py --accuracy $(ARGS)
 	$(BIN)/python experiments/bench_em_capsnet.py --accuracy $(ARGS)
+
+bench-gpu:  ## GPU benchmark: images/s, epoch time, peak memory per model, fp32/bf16, eager/compiled -> experiments/results/bench_gpu.md
+	$(BIN)/python experiments/bench_gpu.py $(ARGS)
 
 studies:  ## the studies' quick CPU modes -> experiments/results/*_quick/ (about 90 min on 2 cores)
 	$(BIN)/python experiments/em_training.py --quick $(ARGS)

@@ -20,17 +20,16 @@ import statistics
 import time
 from pathlib import Path
 
-# As the CLI does (capsexp/__main__.py): huge pages for large CPU buffers, set before torch allocates.
-os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
+# As a user's script would: torch first, then capsexp as a library. Nothing set in the environment
+# here: importing capsexp turns on huge pages for large CPU buffers (capsexp/__init__.py).
+import torch
+from torch import nn
 
-import torch  # noqa: E402
-from torch import nn  # noqa: E402
+from benchlib import cli_test_accuracy, cpu_name
 
-from benchlib import cli_test_accuracy, cpu_name  # noqa: E402
-
-from capsexp import PROJECT_ROOT  # noqa: E402
-from capsexp.lit import CapsuleLoss  # noqa: E402
-from capsexp.models import CapsNet  # noqa: E402
+from capsexp import PROJECT_ROOT
+from capsexp.lit import CapsuleLoss
+from capsexp.models import CapsNet
 
 RESULTS = PROJECT_ROOT / "experiments" / "results" / "bench.md"
 ACCURACY_COMMAND = ["model=capsnet", "data=shifted_mnist", "trainer.max_epochs=1", "trainer.accelerator=cpu"]

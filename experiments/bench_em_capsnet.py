@@ -24,7 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")  # as the CLI does (capsexp/__main__.py)
+os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")  # as importing capsexp does (capsexp/__init__.py)
 
 import torch  # noqa: E402
 

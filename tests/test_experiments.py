@@ -4,6 +4,7 @@ write their results pages."""
 from __future__ import annotations
 
 import csv
+import os
 import re
 import subprocess
 import sys
@@ -97,3 +98,17 @@ def test_em_training_writes_curves_and_routing_entropies_per_recipe(mnist_dir, t
     assert (output / "curves.png").exists() and (output / "comparison.csv").exists()
     folders = sorted(p.name for p in (tmp_path / "em_training" / "multiruns").glob("*/*"))
     assert folders == ["default", "paper"]
+
+
+def test_bench_gpu_runs_its_code_path_on_the_cpu(tmp_path):
+    """--smoke: the benchmark's runs, tiny and on the CPU, with smallNORB written synthetically in the
+    official format; the page has a row per precision and the epoch timer's figures."""
+    output = tmp_path / "bench_gpu.md"
+    result = subprocess.run([sys.executable, str(PROJECT_ROOT / "experiments" / "bench_gpu.py"), "--smoke",
+                             "--output", str(output), "--log-dir", str(tmp_path), "--only", "em_caps, 2x32x32, batch 32"],
+                            cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=600,
+                            env={**os.environ, "CAPSEXP_DATA_DIR": str(tmp_path / "no_data")})
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    rows = [line for line in output.read_text().splitlines() if line.startswith("| em_caps")]
+    assert [row.split(" | ")[1] for row in rows] == ["fp32 (TF32)", "bf16-mixed"]
+    assert all("failed" not in row and float(row.split(" | ")[4].replace(",", "")) > 0 for row in rows)

@@ -6,18 +6,12 @@ import logging
 import os
 import sys
 
-# Transparent huge pages for PyTorch's large CPU allocations (a documented c10 switch, read once, at
-# the first allocation, hence before torch is imported). Fresh 4 KiB-page buffers cost a page fault
-# per 4 KiB: for the 94 MB vote tensors of CapsNet that was 30 ms each, a third of the capsule layers'
-# time on a 2-core CPU. THP_MEM_ALLOC_ENABLE=0 in the environment turns it off.
-os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
+import hydra
+from omegaconf import DictConfig
 
-import hydra  # noqa: E402
-from omegaconf import DictConfig  # noqa: E402
-
-from capsexp import CONFIG_DIR  # noqa: E402
-from capsexp.config_check import check_config, check_group_overrides  # noqa: E402
-from capsexp.errors import CapsexpError  # noqa: E402
+from capsexp import CONFIG_DIR
+from capsexp.config_check import check_config, check_group_overrides
+from capsexp.errors import CapsexpError
 
 log = logging.getLogger("capsexp")
 

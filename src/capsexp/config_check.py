@@ -117,12 +117,14 @@ RULES: tuple[Rule, ...] = (
     Rule("ckpt_path", optional(non_empty_string), "the path of a checkpoint file, or null"),
     Rule("task_name", non_empty_string, "a non-empty name (the folder under the log dir)"),
     Rule("optimized_metric", optional(non_empty_string), "a logged metric name, e.g. val/acc_best, or null"),
+    Rule("float32_matmul_precision", one_of("highest", "high", "medium"), "highest, high (TF32 on GPUs) or medium"),
     # Data
     Rule("data.batch_size", positive_int, "a positive integer (the global batch, split over the processes)"),
     Rule("data.val_size", positive_int, "a positive integer (training images held out for validation)"),
     Rule("data.split_seed", _is_int, "an integer"),
     Rule("data.num_workers", non_negative_int, "0 or a positive integer (DataLoader worker processes)"),
     Rule("data.pin_memory", boolean, "true or false"),
+    Rule("data.on_device", one_of("auto", True, False), "auto, true or false"),
     Rule("data.download", boolean, "true or false"),
     Rule("data.verify_checksums", boolean, "true or false"),
     Rule("data.normalize", boolean, "true or false"),
@@ -149,6 +151,7 @@ RULES: tuple[Rule, ...] = (
     *(Rule(f"model.net.{key}", positive_int, "a positive integer")
       for key in ("A", "B", "C", "D", "K", "P", "conv_channels", "primary_types", "primary_dim", "pose_dim")),
     Rule("model.net.reconstruction", boolean, "true or false"),
+    Rule("model.compile", boolean, "true or false"),
     Rule("model.net.detach_agreement", boolean, "true or false"),
     Rule("model.objective.margin", number_in(0.0, 1.0, low_open=True), "a number in (0, 1]"),
     Rule("model.objective.m_pos", number_in(0.0, 1.0), "a number in [0, 1]"),

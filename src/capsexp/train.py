@@ -7,6 +7,7 @@ import warnings
 from typing import Any
 
 import lightning as L
+import torch
 from hydra.errors import InstantiationException
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from hydra.utils import instantiate as hydra_instantiate
@@ -76,6 +77,8 @@ def _run(cfg: DictConfig, job: DDPJob) -> dict[str, float]:
     warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)")
     if cfg.get("seed") is not None:
         L.seed_everything(cfg.seed, workers=True)
+    if torch.cuda.is_available():
+        torch.set_float32_matmul_precision(cfg.get("float32_matmul_precision") or "highest")
 
     # Plain lists and dicts, not OmegaConf containers: hyperparameters are saved in checkpoints,
     # which load with torch.load(weights_only=True).

@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
 import lightning as L
+import torch
 from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
-from torch.utils.data import DataLoader, Sampler
+from torch.utils.data import DataLoader, DistributedSampler, Sampler
 
+from capsexp.data.device_loader import DeviceBatchLoader
 from capsexp.data.tensor_dataset import ImageTensorDataset, collate_batch
 from capsexp.errors import ConfigError, DataFolderError
 
@@ -50,7 +53,9 @@ class InMemoryDataModule(L.LightningDataModule):
 
     Subclasses set ``data_train``, ``data_val`` and ``data_test`` in ``setup`` and call
     :meth:`split_batch_over_processes` there; their hyperparameters include ``batch_size`` (the global
-    batch), ``num_workers`` and ``pin_memory``.
+    batch), ``num_workers``, ``pin_memory`` and ``on_device`` (``"auto"``, ``True`` or ``False``: keep
+    the datasets on the accelerator and draw batches there, see :class:`DeviceBatchLoader`; auto:
+    wherever the run's device is not the CPU).
     """
 
     data_folder: Path  # where the dataset's files live (named in errors)
@@ -81,7 +86,37 @@ class InMemoryDataModule(L.LightningDataModule):
             dataset, num_replicas=self.trainer.world_size, rank=self.trainer.global_rank, shuffle=False
         )
 
-    def _loader(self, dataset: ImageTensorDataset, shuffle: bool) -> DataLoader:
+    def data_device(self) -> torch.device | None:
+        """The device batches are drawn on (``on_device``), or None for the DataLoader path."""
+        choice = self.hparams.get("on_device", False)
+        strategy = getattr(self.trainer, "strategy", None)  # None outside a Trainer
+        if strategy is None or choice is False:
+            return None
+        device = strategy.root_device
+        return None if choice == "auto" and device.type == "cpu" else device
+
+    def _device_copy(self, dataset: ImageTensorDataset, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """The dataset's tensors on ``device``, copied once (the test set's rotations share one copy)."""
+        copies = self.__dict__.setdefault("_device_copies", {})
+        key = (id(dataset), str(device))
+        if key not in copies:
+            copies[key] = (dataset.images.to(device), dataset.targets.to(device))
+        return copies[key]
+
+    def _device_loader(self, dataset: ImageTensorDataset, shuffle: bool, device: torch.device) -> DeviceBatchLoader:
+        sampler: Sampler | None = self._evaluation_sampler(dataset)
+        if shuffle:  # as Lightning shards a training DataLoader: DistributedSampler, seeded alike
+            world_size = self.trainer.world_size
+            sampler = None if world_size == 1 else DistributedSampler(
+                dataset, num_replicas=world_size, rank=self.trainer.global_rank, shuffle=True,
+                seed=int(os.environ.get("PL_GLOBAL_SEED", 0)))
+        images, targets = self._device_copy(dataset, device)
+        return DeviceBatchLoader(images, targets, self.batch_size_per_device, sampler=sampler, shuffle=shuffle)
+
+    def _loader(self, dataset: ImageTensorDataset, shuffle: bool) -> DataLoader | DeviceBatchLoader:
+        device = self.data_device()
+        if device is not None:
+            return self._device_loader(dataset, shuffle, device)
         return DataLoader(
             dataset,
             batch_size=self.batch_size_per_device,
@@ -94,10 +129,10 @@ class InMemoryDataModule(L.LightningDataModule):
             persistent_workers=self.hparams.num_workers > 0,
         )
 
-    def train_dataloader(self) -> DataLoader:
+    def train_dataloader(self) -> DataLoader | DeviceBatchLoader:
         return self._loader(self.data_train, shuffle=True)
 
-    def val_dataloader(self) -> DataLoader:
+    def val_dataloader(self) -> DataLoader | DeviceBatchLoader:
         return self._loader(self.data_val, shuffle=False)
 
     def test_dataloader(self) -> DataLoader | list[DataLoader]:

@@ -100,6 +100,8 @@ class MNISTDataModule(InMemoryDataModule):
         val_size: training images held out for validation (55,000/5,000 by default).
         split_seed: seed of the train/validation split, independent of the run's seed.
         num_workers: DataLoader workers. 0 is fastest here: batches are gathered from memory.
+        on_device: keep the datasets on the accelerator and draw batches there (no DataLoader, no
+            host-to-device copies); ``"auto"``: wherever the run's device is not the CPU.
         download: download missing files in ``prepare_data``.
         verify_checksums: check the official md5 of every file; turn off for your own IDX files.
         normalize: standardise with the MNIST mean and std (off by default: reconstructions are
@@ -124,6 +126,7 @@ class MNISTDataModule(InMemoryDataModule):
         split_seed: int = 0,
         num_workers: int = 0,
         pin_memory: bool = False,
+        on_device: bool | str = "auto",
         download: bool = True,
         verify_checksums: bool = True,
         normalize: bool = False,

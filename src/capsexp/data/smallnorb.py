@@ -44,6 +44,8 @@ class SmallNORBDataModule(InMemoryDataModule):
         data_dir: folder holding ``smallnorb/`` with the six official files (plain or ``.gz``).
         batch_size: global batch, divided among the processes of a run.
         val_size: training samples held out for validation (fixed ``split_seed``).
+        on_device: keep the datasets on the accelerator and draw batches there (no DataLoader, no
+            host-to-device copies); ``"auto"``: wherever the run's device is not the CPU.
         download: fetch missing files from ``base_url`` in ``prepare_data``.
         base_url: where the official ``.gz`` files are served.
         verify_checksums: compare every file with the official md5 (false for your own files in the
@@ -70,6 +72,7 @@ class SmallNORBDataModule(InMemoryDataModule):
         split_seed: int = 0,
         num_workers: int = 0,
         pin_memory: bool = False,
+        on_device: bool | str = "auto",
         download: bool = True,
         base_url: str = "https://cs.nyu.edu/~ylclab/data/norb-v1.0-small/",
         verify_checksums: bool = True,

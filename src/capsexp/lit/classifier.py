@@ -31,6 +31,8 @@ class Classifier(L.LightningModule):
         lr_scheduler: ``None``, or Lightning's scheduler config dict whose ``scheduler`` entry is a
             partial called with the optimizer (``interval``, ``frequency``, ... pass through).
         num_classes: number of classes, for the accuracy metrics.
+        compile: compile the net with ``torch.compile`` (``nn.Module.compile``: in place, so the
+            checkpoint's parameter names stay those of the eager net), once, before training or testing.
     """
 
     def __init__(
@@ -40,6 +42,7 @@ class Classifier(L.LightningModule):
         optimizer: Callable[..., torch.optim.Optimizer],
         lr_scheduler: dict[str, Any] | None = None,
         num_classes: int = 10,
+        compile: bool = False,
     ) -> None:
         super().__init__()
         # Only plain values go into the checkpoint's hyperparameters: checkpoints load with
@@ -51,6 +54,8 @@ class Classifier(L.LightningModule):
         self.net = net
         self.objective = objective
         self.net_takes_targets = "targets" in inspect.signature(net.forward).parameters
+        self.compile_net = compile
+        self._compiled = False
 
         self.train_acc = MulticlassAccuracy(num_classes, average="micro")
         self.val_acc = MulticlassAccuracy(num_classes, average="micro")
@@ -64,6 +69,12 @@ class Classifier(L.LightningModule):
         # Persistent, so that a resumed run keeps the best accuracy seen before it stopped.
         self.val_acc_best = MaxMetric()
         self.val_acc_best.persistent(True)
+
+    def configure_model(self) -> None:
+        """Lightning's hook before fit/validate/test: compile the net once, if asked."""
+        if self.compile_net and not self._compiled:
+            self.net.compile()
+            self._compiled = True
 
     def forward(self, images: torch.Tensor, targets: torch.Tensor | None = None) -> Any:
         if self.net_takes_targets:

@@ -28,7 +28,8 @@ def _duration(seconds: float) -> str:
     return f"{hours}:{rest // 60:02d}:{rest % 60:02d}" if hours else f"{rest // 60}:{rest % 60:02d}"
 
 
-def _batch_size(batch: Any) -> int:
+def batch_size_of(batch: Any) -> int:
+    """Images in a batch: the first dimension of its first tensor (0 if there is none)."""
     first = batch[0] if isinstance(batch, (list, tuple)) else batch
     return int(first.shape[0]) if isinstance(first, torch.Tensor) else 0
 
@@ -73,7 +74,7 @@ class ProgressLog(Callback):
                            batch_idx: int) -> None:
         if not self.active:
             return
-        self.images += _batch_size(batch) * trainer.world_size
+        self.images += batch_size_of(batch) * trainer.world_size
         loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
         if isinstance(loss, torch.Tensor):
             # Summed on the device; read once per line, so that a GPU is not synchronised every step.
