@@ -59,9 +59,15 @@ class InMemoryDataModule(L.LightningDataModule):
     """
 
     data_folder: Path  # where the dataset's files live (named in errors)
+
     data_train: ImageTensorDataset | None = None
     data_val: ImageTensorDataset | None = None
     data_test: ImageTensorDataset | None = None
+
+    def __init__(self) -> None:
+        super().__init__()
+        # (id(dataset), device) -> the dataset's tensors there, for data.on_device
+        self._device_copies: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]] = {}
 
     def split_batch_over_processes(self) -> None:
         """``batch_size`` is global: each of the run's processes gets an equal share."""
@@ -97,11 +103,10 @@ class InMemoryDataModule(L.LightningDataModule):
 
     def _device_copy(self, dataset: ImageTensorDataset, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """The dataset's tensors on ``device``, copied once (the test set's rotations share one copy)."""
-        copies = self.__dict__.setdefault("_device_copies", {})
         key = (id(dataset), str(device))
-        if key not in copies:
-            copies[key] = (dataset.images.to(device), dataset.targets.to(device))
-        return copies[key]
+        if key not in self._device_copies:
+            self._device_copies[key] = (dataset.images.to(device), dataset.targets.to(device))
+        return self._device_copies[key]
 
     def _device_loader(self, dataset: ImageTensorDataset, shuffle: bool, device: torch.device) -> DeviceBatchLoader:
         sampler: Sampler | None = self._evaluation_sampler(dataset)
