@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 
 .DEFAULT_GOAL := help
-.PHONY: help install train test test-all bench bench-gpu studies studies-full tensorboard clean
+.PHONY: help install train lint format test test-all bench bench-gpu studies studies-full tensorboard clean
 
 help:  ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  make %-12s %s\n", $$1, $$2}'
@@ -16,6 +16,14 @@ install:  ## create .venv and install capsexp (editable) with its dev extras
 
 train:  ## train with the default config (pass overrides with ARGS="model=lenet5 trainer.max_epochs=1")
 	$(BIN)/python -m capsexp $(ARGS)
+
+lint:  ## ruff: lint and check formatting (configured in pyproject.toml)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format:  ## ruff: fix what can be fixed, reformat
+	$(BIN)/ruff check --fix .
+	$(BIN)/ruff format .
 
 test:  ## the fast test suite (no slow tests), one worker per core
 	$(BIN)/python -m pytest -n auto -m "not slow" $(ARGS)

@@ -26,7 +26,6 @@ import torch
 from torch import nn
 
 from benchlib import cli_test_accuracy, cpu_name
-
 from capsexp import PROJECT_ROOT
 from capsexp.lit import CapsuleLoss
 from capsexp.models import CapsNet

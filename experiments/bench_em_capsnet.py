@@ -26,21 +26,27 @@ from pathlib import Path
 
 os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")  # as importing capsexp does (capsexp/__init__.py)
 
-import torch  # noqa: E402
+import torch
 
-from benchlib import cli_test_accuracy, cpu_name  # noqa: E402
-
-from capsexp import PROJECT_ROOT  # noqa: E402
+from benchlib import cli_test_accuracy, cpu_name
+from capsexp import PROJECT_ROOT
 
 RESULTS = PROJECT_ROOT / "experiments" / "results" / "bench_em.md"
 # A whole epoch of MNIST takes hours on 2 CPU cores: a fixed number of steps, then the full test set.
 ACCURACY_STEPS = 300
-ACCURACY_COMMAND = ["model=em_caps", "data=mnist", "data.batch_size=16", "trainer.max_epochs=1",
-                    f"trainer.limit_train_batches={ACCURACY_STEPS}", "trainer.val_check_interval=1.0",
-                    "trainer.limit_val_batches=20", "trainer.accelerator=cpu"]
+ACCURACY_COMMAND = [
+    "model=em_caps",
+    "data=mnist",
+    "data.batch_size=16",
+    "trainer.max_epochs=1",
+    f"trainer.limit_train_batches={ACCURACY_STEPS}",
+    "trainer.val_check_interval=1.0",
+    "trainer.limit_val_batches=20",
+    "trainer.accelerator=cpu",
+]
 
 
-RECIPES = {"default": "em_caps", "paper": "em_caps_paper"}   # recipe: its model config
+RECIPES = {"default": "em_caps", "paper": "em_caps_paper"}  # recipe: its model config
 
 
 def net_options(recipe: str) -> dict:
@@ -49,10 +55,13 @@ def net_options(recipe: str) -> dict:
 
     config_dir = PROJECT_ROOT / "conf" / "model"
     net = OmegaConf.load(config_dir / f"{RECIPES[recipe]}.yaml").model.get("net", {})
-    if recipe == "paper":   # em_caps_paper.yaml holds only what it changes in em_caps.yaml
+    if recipe == "paper":  # em_caps_paper.yaml holds only what it changes in em_caps.yaml
         net = OmegaConf.merge(OmegaConf.load(config_dir / "em_caps.yaml").model.net, net)
-    return {key: value for key, value in OmegaConf.to_container(net).items()
-            if key not in ("_target_", "in_channels", "image_size", "num_classes")}
+    return {
+        key: value
+        for key, value in OmegaConf.to_container(net).items()
+        if key not in ("_target_", "in_channels", "image_size", "num_classes")
+    }
 
 
 def measure(batch_size: int, repeats: int, recipe: str = "default") -> dict[str, float]:
@@ -109,8 +118,11 @@ def measure(batch_size: int, repeats: int, recipe: str = "default") -> dict[str,
     events = prof.events()
     total = sum(e.self_cpu_time_total for e in events)
     forward_ids = {e.sequence_nr for e in events if e.sequence_nr >= 0 and _under(e, "em_routing")}
-    routing = sum(e.self_cpu_time_total for e in events
-                  if _under(e, "em_routing") or (e.sequence_nr in forward_ids and _is_backward(e)))
+    routing = sum(
+        e.self_cpu_time_total
+        for e in events
+        if _under(e, "em_routing") or (e.sequence_nr in forward_ids and _is_backward(e))
+    )
     return {
         "batch_size": batch_size,
         "train_images_per_s": batch_size / statistics.median(steps),
@@ -151,8 +163,13 @@ def main() -> None:
     parser.add_argument("--output", type=Path, default=RESULTS)
     parser.add_argument("--accuracy", action="store_true", help=f"also train {ACCURACY_STEPS} MNIST steps via the CLI")
     parser.add_argument("--data-dir", default=None, help="data dir for --accuracy (default: paths.data_dir)")
-    parser.add_argument("--recipes", nargs="+", choices=list(RECIPES), default=list(RECIPES),
-                        help="model=em_caps (default) and/or model=em_caps_paper")
+    parser.add_argument(
+        "--recipes",
+        nargs="+",
+        choices=list(RECIPES),
+        default=list(RECIPES),
+        help="model=em_caps (default) and/or model=em_caps_paper",
+    )
     parser.add_argument("--worker", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--worker-recipe", default="default", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -163,46 +180,65 @@ def main() -> None:
     rows = []
     for recipe in args.recipes:
         for batch_size in args.batch_sizes:
-            done = subprocess.run([sys.executable, __file__, "--worker", str(batch_size), "--repeats", str(args.repeats),
-                                   "--worker-recipe", recipe], capture_output=True, text=True)
+            done = subprocess.run(
+                [
+                    sys.executable,
+                    __file__,
+                    "--worker",
+                    str(batch_size),
+                    "--repeats",
+                    str(args.repeats),
+                    "--worker-recipe",
+                    recipe,
+                ],
+                capture_output=True,
+                text=True,
+            )
             name = f"model={RECIPES[recipe]}"
             if done.returncode != 0:
                 error = done.stderr.strip().splitlines()[-1] if done.stderr else done.returncode
                 rows.append(f"| {name} | {batch_size} | failed: {error} | | | | |")
                 continue
             result = json.loads(done.stdout.strip().splitlines()[-1])
-            rows.append(f"| {name} | {batch_size} | {result['train_images_per_s']:.2f} | {result['train_step_s']:.2f} s | "
-                        f"{result['inference_images_per_s']:.2f} | {100 * result['routing_share']:.0f}% | "
-                        f"{result['peak_rss_gib']:.2f} GiB |")
+            rows.append(
+                f"| {name} | {batch_size} | {result['train_images_per_s']:.2f} | {result['train_step_s']:.2f} s | "
+                f"{result['inference_images_per_s']:.2f} | {100 * result['routing_share']:.0f}% | "
+                f"{result['peak_rss_gib']:.2f} GiB |"
+            )
     cpu = cpu_name()
-    text = "\n".join([
-        "# EM capsules (MatrixCapsNet) benchmark",
-        "",
-        f"Written by `experiments/bench_em_capsnet.py` on {datetime.date.today()}: {cpu}, "
-        f"{torch.get_num_threads()} threads, torch {torch.__version__}.",
-        "A=B=C=D=32, K=3, 4x4 poses, 2x32x32 inputs, 5 classes, Adam; each model config's own routing options "
-        "(em_caps: 2 EM iterations, BatchNorm after conv1; em_caps_paper: 3 iterations);",
-        f"medians of {args.repeats} steps; each row in its own process.",
-        "",
-        "| recipe | batch | training images/s | training step | inference images/s | routing share of the step | peak RSS |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
-        *rows,
-        "",
-    ])
+    text = "\n".join(
+        [
+            "# EM capsules (MatrixCapsNet) benchmark",
+            "",
+            f"Written by `experiments/bench_em_capsnet.py` on {datetime.date.today()}: {cpu}, "
+            f"{torch.get_num_threads()} threads, torch {torch.__version__}.",
+            "A=B=C=D=32, K=3, 4x4 poses, 2x32x32 inputs, 5 classes, Adam; each model config's own routing options "
+            "(em_caps: 2 EM iterations, BatchNorm after conv1; em_caps_paper: 3 iterations);",
+            f"medians of {args.repeats} steps; each row in its own process.",
+            "",
+            "| recipe | batch | training images/s | training step | inference images/s "
+            "| routing share of the step | peak RSS |",
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+            *rows,
+            "",
+        ]
+    )
     if args.accuracy:
         acc = accuracy(args.data_dir)
-        text += "\n" + "\n".join([
-            "## Accuracy (MNIST, fixed number of steps)",
-            "",
-            f"`python -m capsexp {' '.join(ACCURACY_COMMAND)}`: {ACCURACY_STEPS} steps of batch 16 under the",
-            "default recipe of model=em_caps, then the full 10,000-image test set (before the recipe of issue 10,",
-            "the same command reached 47.14% in 13.4 min).",
-            "",
-            "| test accuracy | wall time |",
-            "| ---: | ---: |",
-            f"| {100 * acc['test_acc']:.2f}% | {acc['wall_s'] / 60:.1f} min |",
-            "",
-        ])
+        text += "\n" + "\n".join(
+            [
+                "## Accuracy (MNIST, fixed number of steps)",
+                "",
+                f"`python -m capsexp {' '.join(ACCURACY_COMMAND)}`: {ACCURACY_STEPS} steps of batch 16 under the",
+                "default recipe of model=em_caps, then the full 10,000-image test set (before the recipe of issue 10,",
+                "the same command reached 47.14% in 13.4 min).",
+                "",
+                "| test accuracy | wall time |",
+                "| ---: | ---: |",
+                f"| {100 * acc['test_acc']:.2f}% | {acc['wall_s'] / 60:.1f} min |",
+                "",
+            ]
+        )
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(text)
     print(text)

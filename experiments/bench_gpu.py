@@ -28,8 +28,8 @@ import time
 from pathlib import Path
 
 import numpy as np
-from benchlib import cpu_name
 
+from benchlib import cpu_name
 from capsexp import PROJECT_ROOT
 
 MNIST = ["data=mnist", "data.batch_size=128"]
@@ -40,17 +40,29 @@ RUNS = {
     "em_caps, 2x32x32, batch 32": ["model=em_caps", "data=smallnorb", "data.batch_size=32"],
     "em_caps, 2x32x32, batch 64": ["model=em_caps", "data=smallnorb", "data.batch_size=64"],
 }
-PRECISIONS = {"fp32 (TF32)": ["trainer.precision=32-true", "float32_matmul_precision=high"],
-              "bf16-mixed": ["trainer.precision=bf16-mixed"]}
+PRECISIONS = {
+    "fp32 (TF32)": ["trainer.precision=32-true", "float32_matmul_precision=high"],
+    "bf16-mixed": ["trainer.precision=bf16-mixed"],
+}
 COMPILE = {"eager": ["model.compile=false"], "compiled": ["model.compile=true"]}
-COMMON = ["trainer.max_epochs=2", "trainer.limit_val_batches=0", "test=false", "seed=1",
-          "callbacks.progress_bar=null", "callbacks.model_summary=null", "callbacks.model_checkpoint=null",
-          "callbacks.reconstructions=null", "callbacks.routing_diagnostics=null",
-          "task_name=bench_gpu"]
+COMMON = [
+    "trainer.max_epochs=2",
+    "trainer.limit_val_batches=0",
+    "test=false",
+    "seed=1",
+    "callbacks.progress_bar=null",
+    "callbacks.model_summary=null",
+    "callbacks.model_checkpoint=null",
+    "callbacks.reconstructions=null",
+    "callbacks.routing_diagnostics=null",
+    "task_name=bench_gpu",
+]
 # --smoke: the same runs, tiny, on the CPU (the tests run it).
 SMOKE = ["trainer.accelerator=cpu", "trainer.limit_train_batches=3", "data.val_size=60", "model.compile=false"]
-SMOKE_NETS = {"model=capsnet": ["model.net.conv_channels=16", "model.net.primary_types=4"],
-              "model=em_caps": ["model.net.A=8", "model.net.B=4", "model.net.C=4", "model.net.D=4"]}
+SMOKE_NETS = {
+    "model=capsnet": ["model.net.conv_channels=16", "model.net.primary_types=4"],
+    "model=em_caps": ["model.net.A=8", "model.net.B=4", "model.net.C=4", "model.net.D=4"],
+}
 
 
 def write_synthetic_smallnorb(root: Path, train: int = 24300, test: int = 24300) -> Path:
@@ -60,12 +72,15 @@ def write_synthetic_smallnorb(root: Path, train: int = 24300, test: int = 24300)
     folder = root / "smallnorb"
     folder.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(0)
-    for prefix, count in (("smallnorb-5x46789x9x18x6x2x96x96-training", train),
-                          ("smallnorb-5x01235x9x18x6x2x96x96-testing", test)):
+    for prefix, count in (
+        ("smallnorb-5x46789x9x18x6x2x96x96-training", train),
+        ("smallnorb-5x01235x9x18x6x2x96x96-testing", test),
+    ):
         write_matrix(folder / f"{prefix}-dat.mat", rng.integers(0, 256, (count, 2, 96, 96), dtype=np.uint8))
         write_matrix(folder / f"{prefix}-cat.mat", (np.arange(count) % 5).astype(np.int32))
-        info = np.stack([np.arange(count) % 10, np.arange(count) % 9, 2 * (np.arange(count) % 18),
-                         np.arange(count) % 6], axis=1).astype(np.int32)
+        info = np.stack(
+            [np.arange(count) % 10, np.arange(count) % 9, 2 * (np.arange(count) % 18), np.arange(count) % 6], axis=1
+        ).astype(np.int32)
         write_matrix(folder / f"{prefix}-info.mat", info)
     return root
 
@@ -76,15 +91,23 @@ def second_epoch(run_dir: Path) -> dict[str, float]:
     events = EventAccumulator(str(run_dir / "tensorboard"))
     events.Reload()
     tags = events.Tags()["scalars"]
-    values = {tag.removeprefix("perf/"): [event.value for event in events.Scalars(tag)]
-              for tag in tags if tag.startswith("perf/")}
+    values = {
+        tag.removeprefix("perf/"): [event.value for event in events.Scalars(tag)]
+        for tag in tags
+        if tag.startswith("perf/")
+    }
     return {name: series[-1] for name, series in values.items()} | {
-        "first_epoch_s": values.get("train_epoch_s", [float("nan")])[0]}
+        "first_epoch_s": values.get("train_epoch_s", [float("nan")])[0]
+    }
 
 
 def run(name: str, overrides: list[str], args: argparse.Namespace, norb_dir: Path | None) -> dict[str, float]:
     run_dir = args.log_dir / "bench_gpu" / datetime.datetime.now().strftime("%Y-%m-%d_%H-%M-%S-%f")
-    data = [f"data.data_dir={norb_dir}", "data.verify_checksums=false"] if norb_dir and "data=smallnorb" in overrides else []
+    data = (
+        [f"data.data_dir={norb_dir}", "data.verify_checksums=false"]
+        if norb_dir and "data=smallnorb" in overrides
+        else []
+    )
     command = [sys.executable, "-m", "capsexp", *overrides, *COMMON, *data, f"hydra.run.dir={run_dir}"]
     if args.smoke:
         command += SMOKE + [o for key, extra in SMOKE_NETS.items() if key in overrides for o in extra]
@@ -105,15 +128,20 @@ def device_name() -> str:
 
 
 def table(results: list[tuple[str, str, str, dict[str, float]]]) -> str:
-    lines = ["| run | precision | mode | epoch (s, 2nd) | images/s | first epoch (s) | peak GPU memory (GiB) |",
-             "| --- | --- | --- | ---: | ---: | ---: | ---: |"]
+    lines = [
+        "| run | precision | mode | epoch (s, 2nd) | images/s | first epoch (s) | peak GPU memory (GiB) |",
+        "| --- | --- | --- | ---: | ---: | ---: | ---: |",
+    ]
     for name, precision, mode, values in results:
         if "failed" in values:
             lines.append(f"| {name} | {precision} | {mode} | failed (exit {values['failed']:.0f}) | | | |")
             continue
         memory = f"{values['peak_memory_gib']:.2f}" if "peak_memory_gib" in values else ""
-        lines.append(f"| {name} | {precision} | {mode} | {values.get('train_epoch_s', float('nan')):.2f} | "
-                     f"{values.get('train_images_per_s', float('nan')):,.0f} | {values.get('first_epoch_s', float('nan')):.2f} | {memory} |")
+        lines.append(
+            f"| {name} | {precision} | {mode} | {values.get('train_epoch_s', float('nan')):.2f} | "
+            f"{values.get('train_images_per_s', float('nan')):,.0f} | "
+            f"{values.get('first_epoch_s', float('nan')):.2f} | {memory} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -141,24 +169,30 @@ def main(argv: list[str] | None = None) -> int:
                 for mode, compile_overrides in COMPILE.items():
                     if args.smoke and mode == "compiled":
                         continue
-                    values = run(f"{name}, {precision}, {mode}", [*overrides, *precision_overrides, *compile_overrides],
-                                 args, norb_dir)
+                    values = run(
+                        f"{name}, {precision}, {mode}",
+                        [*overrides, *precision_overrides, *compile_overrides],
+                        args,
+                        norb_dir,
+                    )
                     results.append((name, precision, mode, values))
     import torch
 
-    page = "\n".join([
-        "# GPU benchmark" + (" (smoke run on the CPU)" if args.smoke else ""),
-        "",
-        f"Written by `experiments/bench_gpu.py` on {datetime.date.today().isoformat()}: {device_name()}, "
-        f"torch {torch.__version__}.",
-        "",
-        "Each row is one `python -m capsexp` run of 2 epochs without validation; the epoch time is the "
-        "second epoch's training time (`perf/train_epoch_s`), the first includes compilation and warm-up. "
-        "MNIST epochs are 55,000 images; em_caps epochs 23,300 (smallNORB's training set less 1,000 for "
-        "validation).",
-        "",
-        table(results),
-    ])
+    page = "\n".join(
+        [
+            "# GPU benchmark" + (" (smoke run on the CPU)" if args.smoke else ""),
+            "",
+            f"Written by `experiments/bench_gpu.py` on {datetime.date.today().isoformat()}: {device_name()}, "
+            f"torch {torch.__version__}.",
+            "",
+            "Each row is one `python -m capsexp` run of 2 epochs without validation; the epoch time is the "
+            "second epoch's training time (`perf/train_epoch_s`), the first includes compilation and warm-up. "
+            "MNIST epochs are 55,000 images; em_caps epochs 23,300 (smallNORB's training set less 1,000 for "
+            "validation).",
+            "",
+            table(results),
+        ]
+    )
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(page)
     print(f"\nResults: {args.output}")

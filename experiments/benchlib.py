@@ -25,8 +25,14 @@ def cpu_name() -> str:
 def cli_test_accuracy(overrides: list[str], task: str, data_dir: str | None = None) -> dict[str, float]:
     """Run ``python -m capsexp <overrides>`` (train, then test); return its test/acc and wall time."""
     run_dir = PROJECT_ROOT / "logs" / task / datetime.datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
-    command = [sys.executable, "-m", "capsexp", *overrides, "callbacks.progress_bar=null",
-               f"hydra.run.dir={run_dir}"] + ([f"paths.data_dir={data_dir}"] if data_dir else [])
+    command = [
+        sys.executable,
+        "-m",
+        "capsexp",
+        *overrides,
+        "callbacks.progress_bar=null",
+        f"hydra.run.dir={run_dir}",
+    ] + ([f"paths.data_dir={data_dir}"] if data_dir else [])
     start = time.perf_counter()
     subprocess.run(command, cwd=PROJECT_ROOT, check=True)
     wall = time.perf_counter() - start

@@ -19,11 +19,11 @@ import sys
 from pathlib import Path
 
 import yaml
-from benchlib import last_scalar
-from studylib import Timer, environment, multirun, new_folder, parse_args, run_capsexp, write_results
 
+from benchlib import last_scalar
 from capsexp import PROJECT_ROOT
 from capsexp.errors import CapsexpError
+from studylib import Timer, environment, multirun, new_folder, parse_args, run_capsexp, write_results
 
 STUDY = "em_smallnorb"
 
@@ -47,14 +47,21 @@ def smallnorb_problem(data_dir: Path, overrides: list[str]) -> str | None:
 
 
 def novel_viewpoint_table(jobs: list[Path], novel_accuracy: dict[Path, float]) -> str:
-    lines = ["## Novel viewpoints", "",
-             "Test accuracy (%) of each run's best checkpoint on the viewpoints it was trained on and on the "
-             "others. The paper compares the two nets at matched familiar-viewpoint accuracy.", "",
-             "| model | viewpoint | seed | familiar | novel |", "| --- | --- | ---: | ---: | ---: |"]
+    lines = [
+        "## Novel viewpoints",
+        "",
+        "Test accuracy (%) of each run's best checkpoint on the viewpoints it was trained on and on the "
+        "others. The paper compares the two nets at matched familiar-viewpoint accuracy.",
+        "",
+        "| model | viewpoint | seed | familiar | novel |",
+        "| --- | --- | ---: | ---: | ---: |",
+    ]
     for job in jobs:
         overrides = dict(o.split("=", 1) for o in yaml.safe_load((job / ".hydra" / "overrides.yaml").read_text()))
-        lines.append(f"| {overrides['model']} | {overrides['data.viewpoint']} | {overrides.get('seed', '')} | "
-                     f"{100 * last_scalar(job, 'test/acc'):.2f} | {100 * novel_accuracy[job]:.2f} |")
+        lines.append(
+            f"| {overrides['model']} | {overrides['data.viewpoint']} | {overrides.get('seed', '')} | "
+            f"{100 * last_scalar(job, 'test/acc'):.2f} | {100 * novel_accuracy[job]:.2f} |"
+        )
     return "\n".join(lines) + "\n\n"
 
 
@@ -63,21 +70,37 @@ def main(argv: list[str] | None = None) -> int:
     data_dir = Path(environment(args).get("CAPSEXP_DATA_DIR", PROJECT_ROOT / "data"))
     problem = smallnorb_problem(data_dir, args.overrides)
     if problem:
-        print(f"em_smallnorb: not run, smallNORB is not usable here.\n\n{problem}\n\n"
-              "With a network, `python -m capsexp data=smallnorb` downloads it (about 250 MB) first.",
-              file=sys.stderr)
+        print(
+            f"em_smallnorb: not run, smallNORB is not usable here.\n\n{problem}\n\n"
+            "With a network, `python -m capsexp data=smallnorb` downloads it (about 250 MB) first.",
+            file=sys.stderr,
+        )
         return 0
     budget = QUICK if args.quick else FULL
     model = "em_caps_small" if args.quick else "em_caps"
     commands = []
     study_folder = new_folder(STUDY, args)
     with Timer() as timer:
-        _, command = multirun(STUDY, [f"model={model}", "data=smallnorb", "seed=1,2", *budget], args,
-                              folder=study_folder / "all_viewpoints")
+        _, command = multirun(
+            STUDY,
+            [f"model={model}", "data=smallnorb", "seed=1,2", *budget],
+            args,
+            folder=study_folder / "all_viewpoints",
+        )
         commands.append(command)
         viewpoint_folder, command = multirun(
-            STUDY, [f"model={model},lenet5", "data=smallnorb", "data.viewpoint=azimuth,elevation",
-                    "data.familiar=true", "seed=1", *budget], args, folder=study_folder / "familiar_viewpoints")
+            STUDY,
+            [
+                f"model={model},lenet5",
+                "data=smallnorb",
+                "data.viewpoint=azimuth,elevation",
+                "data.familiar=true",
+                "seed=1",
+                *budget,
+            ],
+            args,
+            folder=study_folder / "familiar_viewpoints",
+        )
         commands.append(command)
         jobs = sorted((p for p in viewpoint_folder.iterdir() if (p / ".hydra").is_dir()), key=lambda p: int(p.name))
         novel_accuracy = {}
@@ -86,19 +109,36 @@ def main(argv: list[str] | None = None) -> int:
             best = next(p for p in (job / "checkpoints").glob("*.ckpt") if p.name != "last.ckpt")
             # Beside the study's folder, not in it: capsexp.compare of that folder lists training runs.
             novel_dir = study_folder.with_name(f"{study_folder.name}_novel_viewpoints") / job.name
-            commands.append(run_capsexp(
-                [*[o for o in job_overrides if not o.startswith(RESET_FOR_NOVEL_TEST)], "data.familiar=false",
-                 "train=false", f"ckpt_path={best}", f"task_name={STUDY}", "callbacks.progress_bar=null",
-                 f"hydra.run.dir={novel_dir}"], args))
+            commands.append(
+                run_capsexp(
+                    [
+                        *[o for o in job_overrides if not o.startswith(RESET_FOR_NOVEL_TEST)],
+                        "data.familiar=false",
+                        "train=false",
+                        f"ckpt_path={best}",
+                        f"task_name={STUDY}",
+                        "callbacks.progress_bar=null",
+                        f"hydra.run.dir={novel_dir}",
+                    ],
+                    args,
+                )
+            )
             novel_accuracy[job] = last_scalar(novel_dir, "test/acc")
     notes = f"""
 smallNORB: 5 categories, stereo pairs downsampled to 48x48, random 32x32 crops with brightness and
 contrast jitter in training, centre crops in testing. Model `{model}`; training budget
-`{' '.join(budget)}`. Below the novel-viewpoint table, `capsexp.compare` of every training run: on
+`{" ".join(budget)}`. Below the novel-viewpoint table, `capsexp.compare` of every training run: on
 all viewpoints, and on the training viewpoints of each protocol (tested on those).
 """
-    write_results(args, "EM capsules on smallNORB", commands, study_folder, timer.seconds, notes,
-                  extra_section=lambda output: novel_viewpoint_table(jobs, novel_accuracy))
+    write_results(
+        args,
+        "EM capsules on smallNORB",
+        commands,
+        study_folder,
+        timer.seconds,
+        notes,
+        extra_section=lambda output: novel_viewpoint_table(jobs, novel_accuracy),
+    )
     return 0
 
 

@@ -30,24 +30,38 @@ BASELINES = {
 }
 # name: (overrides of model=em_caps_small, what it tests)
 RECIPES: dict[str, tuple[list[str], str]] = {
-    "default": ([], "capsexp's recipe: 2 EM iterations, final lambda 3, standardised costs, sigma_eps 1e-2, "
-                    "ConvCaps routed per window, BatchNorm after conv1, margin 0.2 -> 0.9 over 1,000 steps"),
-    "paper": (["model=em_caps_small_paper"], "the paper's recipe: 3 iterations, final lambda 0.01, plain costs, "
-                                             "sigma_eps 1e-4, children shared across windows, no BatchNorm, "
-                                             "margin over 10 epochs"),
-    "paper+standardize": (["model=em_caps_small_paper", "model.net.cost_normalization=standardize"],
-                          "the paper's, costs standardised (the old normalize_cost=true)"),
+    "default": (
+        [],
+        "capsexp's recipe: 2 EM iterations, final lambda 3, standardised costs, sigma_eps 1e-2, "
+        "ConvCaps routed per window, BatchNorm after conv1, margin 0.2 -> 0.9 over 1,000 steps",
+    ),
+    "paper": (
+        ["model=em_caps_small_paper"],
+        "the paper's recipe: 3 iterations, final lambda 0.01, plain costs, "
+        "sigma_eps 1e-4, children shared across windows, no BatchNorm, "
+        "margin over 10 epochs",
+    ),
+    "paper+standardize": (
+        ["model=em_caps_small_paper", "model.net.cost_normalization=standardize"],
+        "the paper's, costs standardised (the old normalize_cost=true)",
+    ),
     "3 iterations": (["model.net.iterations=3"], "one E-step more (the paper's 3 iterations)"),
     "sigma_eps 1e-4": (["model.net.sigma_eps=1e-4"], "the old variance floor"),
     "final lambda 0.01": (["model.net.final_lambda=0.01"], "the authors' inverse temperature with standardised costs"),
     "final lambda 1": (["model.net.final_lambda=1"], "a third of the default inverse temperature"),
     "final lambda 10": (["model.net.final_lambda=10"], "a larger inverse temperature: activations spread wider"),
-    "cost: plain": (["model.net.cost_normalization=none", "model.net.final_lambda=0.01"],
-                    "costs as in Procedure 1 (with the authors' lambda, on their scale)"),
-    "cost: data": (["model.net.cost_normalization=data", "model.net.final_lambda=1"],
-                   "Gritzman 2019 pitfall 2: the amount of data relative to the mean parent's"),
-    "shared children": (["model.net.route_per_window=false"],
-                        "ConvCaps children shared among all overlapping windows (the paper; Gritzman's pitfall 3)"),
+    "cost: plain": (
+        ["model.net.cost_normalization=none", "model.net.final_lambda=0.01"],
+        "costs as in Procedure 1 (with the authors' lambda, on their scale)",
+    ),
+    "cost: data": (
+        ["model.net.cost_normalization=data", "model.net.final_lambda=1"],
+        "Gritzman 2019 pitfall 2: the amount of data relative to the mean parent's",
+    ),
+    "shared children": (
+        ["model.net.route_per_window=false"],
+        "ConvCaps children shared among all overlapping windows (the paper; Gritzman's pitfall 3)",
+    ),
     "no BatchNorm": (["model.net.conv1_norm=false"], "conv1 without BatchNorm, as in the paper"),
     "W std 1": (["model.net.weight_std=1.0"], "larger transformation matrices (votes twice as large)"),
     "margin: paper": (["margin=linear"], "the paper's margin ramp over 10 epochs (still 0.22 at step 600)"),
@@ -55,8 +69,17 @@ RECIPES: dict[str, tuple[list[str], str]] = {
     "1 iteration": (["model.net.iterations=1"], "no E-step at all (not routing: a reference point)"),
 }
 # Shared by every run. Validation on 1,024 images every 100 steps draws the curves.
-QUICK = ["seed=1", "data=mnist", "data.batch_size=32", "trainer.max_steps=600", "trainer.max_epochs=1",
-         "trainer.val_check_interval=100", "trainer.limit_val_batches=32", "test=false", "trainer.accelerator=cpu"]
+QUICK = [
+    "seed=1",
+    "data=mnist",
+    "data.batch_size=32",
+    "trainer.max_steps=600",
+    "trainer.max_epochs=1",
+    "trainer.val_check_interval=100",
+    "trainer.limit_val_batches=32",
+    "test=false",
+    "trainer.accelerator=cpu",
+]
 FULL = ["seed=1,2,3", "data=mnist", "data.batch_size=32", "trainer.max_epochs=2", "trainer.val_check_interval=200"]
 CURVE_STEPS = (100, 200, 400, 600)
 
@@ -83,9 +106,11 @@ def curve_table(folder: Path, names: list[str], descriptions: dict[str, str]) ->
     from capsexp.compare import find_runs
 
     header = " | ".join(f"step {s}" for s in CURVE_STEPS)
-    lines = [f"| recipe | {header} | best | routing entropy c1 / c2 / class (first->last) "
-             "| activation std c1 / c2 / class (first->last) | what it tests |",
-             "| --- | " + " | ".join("---:" for _ in CURVE_STEPS) + " | ---: | --- | --- | --- |"]
+    lines = [
+        f"| recipe | {header} | best | routing entropy c1 / c2 / class (first->last) "
+        "| activation std c1 / c2 / class (first->last) | what it tests |",
+        "| --- | " + " | ".join("---:" for _ in CURVE_STEPS) + " | ---: | --- | --- | --- |",
+    ]
     curves = {}
     for name in names:
         runs = sorted((folder / slug(name)).rglob(".hydra/overrides.yaml"))
@@ -114,10 +139,17 @@ def plot_curves(curves: dict[str, list[tuple[int, float]]], path: Path) -> None:
     for name, curve in curves.items():
         if not curve:
             continue
-        steps, values = zip(*curve)
+        steps, values = zip(*curve, strict=True)
         style = "-" if name in BASELINES or name in ("default", "paper") else "--"
-        axes.plot(steps, [100 * v for v in values], style, marker="o", markersize=3, label=name,
-                  linewidth=2.5 if name in ("default", "LeNet5") else 1.2)
+        axes.plot(
+            steps,
+            [100 * v for v in values],
+            style,
+            marker="o",
+            markersize=3,
+            label=name,
+            linewidth=2.5 if name in ("default", "LeNet5") else 1.2,
+        )
     axes.set_xlabel("training step (batch 32)")
     axes.set_ylabel("validation accuracy (%)")
     axes.set_ylim(0, 100)
@@ -144,11 +176,21 @@ def main(argv: list[str] | None = None) -> int:
     names = [*BASELINES, *RECIPES]
 
     def add_options(parser) -> None:
-        parser.add_argument("--recipes", nargs="+", choices=names, default=names, metavar="NAME",
-                            help=f"run only these (default: all): {', '.join(repr(n) for n in names)}")
-        parser.add_argument("--rebuild", type=Path, metavar="FOLDER",
-                            help="run nothing: write the results page from the runs of an earlier execution "
-                                 "(<log dir>/em_training/multiruns/<time>)")
+        parser.add_argument(
+            "--recipes",
+            nargs="+",
+            choices=names,
+            default=names,
+            metavar="NAME",
+            help=f"run only these (default: all): {', '.join(repr(n) for n in names)}",
+        )
+        parser.add_argument(
+            "--rebuild",
+            type=Path,
+            metavar="FOLDER",
+            help="run nothing: write the results page from the runs of an earlier execution "
+            "(<log dir>/em_training/multiruns/<time>)",
+        )
 
     args = parse_args(STUDY, __doc__, argv, add_options)
     budget = QUICK if args.quick else FULL
@@ -172,20 +214,33 @@ def main(argv: list[str] | None = None) -> int:
 
     def extra_section(output: Path) -> str:
         plot_curves(curves, output / "curves.png")
-        return ("## Validation accuracy (%) by recipe\n\n" + table +
-                "\nRouting entropy: mean normalised entropy of each child's responsibilities over its parents "
-                "(1 uniform, 0 hard assignments), at the first and last recorded step (TensorBoard: "
-                "`routing/<layer>/entropy`).\n\n![curves](curves.png)\n\n")
+        return (
+            "## Validation accuracy (%) by recipe\n\n"
+            + table
+            + "\nRouting entropy: mean normalised entropy of each child's responsibilities over its parents "
+            "(1 uniform, 0 hard assignments), at the first and last recorded step (TensorBoard: "
+            "`routing/<layer>/entropy`).\n\n![curves](curves.png)\n\n"
+        )
 
-    budget_text = ("600 steps of batch 32 (a third of an epoch), seed 1, validation on 1,024 images every 100 "
-                   "steps" if args.quick else "2 epochs of batch 32, seeds 1, 2, 3")
+    budget_text = (
+        "600 steps of batch 32 (a third of an epoch), seed 1, validation on 1,024 images every 100 steps"
+        if args.quick
+        else "2 epochs of batch 32, seeds 1, 2, 3"
+    )
     notes = f"""
 em_caps_small (A=64, B=8, C=D=16) on MNIST under each recipe, {budget_text}; LeNet5 and CapsNet
 (their own default recipes) trained the same way in the same study. Runs under
 `{display_path(study_folder)}/<recipe>/`. Every recipe but "1 iteration" routes every capsule layer with EM.
 """
-    write_results(args, "EM capsule training recipes (em_caps_small, MNIST)", commands, study_folder,
-                  wall_s, notes, extra_section=extra_section)
+    write_results(
+        args,
+        "EM capsule training recipes (em_caps_small, MNIST)",
+        commands,
+        study_folder,
+        wall_s,
+        notes,
+        extra_section=extra_section,
+    )
     return 0
 
 

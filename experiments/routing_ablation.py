@@ -19,8 +19,12 @@ from studylib import Timer, multirun, parse_args, write_results
 STUDY = "routing_ablation"
 
 # Table 1 of the paper: MNIST test error (%), mean ± std over 3 trials.
-PAPER_ERROR = {(1, False): "0.34 ± 0.032", (1, True): "0.29 ± 0.011",
-               (3, False): "0.35 ± 0.036", (3, True): "0.25 ± 0.005"}
+PAPER_ERROR = {
+    (1, False): "0.34 ± 0.032",
+    (1, True): "0.29 ± 0.011",
+    (3, False): "0.35 ± 0.036",
+    (3, True): "0.25 ± 0.005",
+}
 
 QUICK = ["seed=1", "trainer.max_epochs=1", "trainer.limit_train_batches=300", "trainer.limit_val_batches=32"]
 FULL = ["seed=1,2,3", "trainer.max_epochs=30"]
@@ -28,8 +32,10 @@ FULL = ["seed=1,2,3", "trainer.max_epochs=30"]
 
 def paper_table(comparison_csv: Path) -> str:
     """Our test error per configuration beside the paper's Table 1."""
-    lines = ["| routing iterations | reconstruction | test error here (%) | paper, Table 1 (%) |",
-             "| ---: | --- | ---: | ---: |"]
+    lines = [
+        "| routing iterations | reconstruction | test error here (%) | paper, Table 1 (%) |",
+        "| ---: | --- | ---: | ---: |",
+    ]
     with open(comparison_csv) as handle:
         for row in csv.DictReader(handle):
             words = dict(part.split("=", 1) for part in row["configuration"].split())
@@ -38,27 +44,44 @@ def paper_table(comparison_csv: Path) -> str:
             error = f"{100 * (1 - float(row['test/acc mean'])):.2f}"
             if int(row["runs"]) > 1:
                 error += f" ± {100 * float(row['test/acc std']):.2f}"
-            lines.append(f"| {iterations} | {'yes' if reconstruction else 'no'} | {error} | "
-                         f"{PAPER_ERROR[iterations, reconstruction]} |")
+            lines.append(
+                f"| {iterations} | {'yes' if reconstruction else 'no'} | {error} | "
+                f"{PAPER_ERROR[iterations, reconstruction]} |"
+            )
     return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(STUDY, __doc__, argv)
-    sweep = ["model=capsnet", "data=shifted_mnist", "model.net.routing_iterations=1,3",
-             "model.net.reconstruction=true,false", *(QUICK if args.quick else FULL)]
+    sweep = [
+        "model=capsnet",
+        "data=shifted_mnist",
+        "model.net.routing_iterations=1,3",
+        "model.net.reconstruction=true,false",
+        *(QUICK if args.quick else FULL),
+    ]
     with Timer() as timer:
         folder, command = multirun(STUDY, sweep, args)
-    budget = ("300 training steps of 32 digits (under a fifth of an epoch), one seed: differences this "
-              "early mostly show how fast each variant starts learning, not the paper's final errors"
-              if args.quick else "30 epochs, seeds 1, 2, 3")
+    budget = (
+        "300 training steps of 32 digits (under a fifth of an epoch), one seed: differences this "
+        "early mostly show how fast each variant starts learning, not the paper's final errors"
+        if args.quick
+        else "30 epochs, seeds 1, 2, 3"
+    )
     notes = f"""
 CapsNet (3 routing iterations and the 0.0005-weighted reconstruction loss are the paper's default)
 trained on shifted MNIST, {budget}. Tested on the whole MNIST test set with the best checkpoint by
 validation accuracy. The paper trained much longer (its Table 1 errors are after full training).
 """
-    write_results(args, "Routing ablation (CapsNet, paper Table 1)", [command], folder, timer.seconds,
-                  notes, extra_section=lambda output: "## Against the paper\n\n" + paper_table(output / "comparison.csv"))
+    write_results(
+        args,
+        "Routing ablation (CapsNet, paper Table 1)",
+        [command],
+        folder,
+        timer.seconds,
+        notes,
+        extra_section=lambda output: "## Against the paper\n\n" + paper_table(output / "comparison.csv"),
+    )
 
 
 if __name__ == "__main__":

@@ -13,26 +13,39 @@ from collections.abc import Callable
 from pathlib import Path
 
 from benchlib import cpu_name
-
 from capsexp import PROJECT_ROOT
 from capsexp.compare import compare
 
 RESULTS = PROJECT_ROOT / "experiments" / "results"
 
 
-def parse_args(study: str, description: str, argv: list[str] | None = None,
-               add_options: Callable[[argparse.ArgumentParser], None] | None = None) -> argparse.Namespace:
+def parse_args(
+    study: str,
+    description: str,
+    argv: list[str] | None = None,
+    add_options: Callable[[argparse.ArgumentParser], None] | None = None,
+) -> argparse.Namespace:
     """The options every study has (``add_options`` adds a study's own), then Hydra overrides."""
     parser = argparse.ArgumentParser(
-        prog=f"python experiments/{study}.py", description=description,
+        prog=f"python experiments/{study}.py",
+        description=description,
         epilog="Extra arguments after the options are Hydra overrides passed to every run "
-               "(e.g. trainer.accelerator=gpu trainer.devices=2).")
+        "(e.g. trainer.accelerator=gpu trainer.devices=2).",
+    )
     parser.add_argument("--quick", action="store_true", help="the short CPU version (minutes, not hours)")
     parser.add_argument("--data-dir", default=None, help="datasets folder (default: $CAPSEXP_DATA_DIR or data/)")
-    parser.add_argument("--log-dir", type=Path, default=None,
-                        help="where the runs go (default: $CAPSEXP_LOG_DIR or logs/), under logs/<study>/")
-    parser.add_argument("--output", type=Path, default=None,
-                        help=f"results folder (default: experiments/results/{study}_quick or _full)")
+    parser.add_argument(
+        "--log-dir",
+        type=Path,
+        default=None,
+        help="where the runs go (default: $CAPSEXP_LOG_DIR or logs/), under logs/<study>/",
+    )
+    parser.add_argument(
+        "--output",
+        type=Path,
+        default=None,
+        help=f"results folder (default: experiments/results/{study}_quick or _full)",
+    )
     if add_options:
         add_options(parser)
     args, overrides = parser.parse_known_args(argv)
@@ -85,8 +98,14 @@ def new_folder(study: str, args: argparse.Namespace) -> Path:
 
 
 def multirun_arguments(study: str, sweep: list[str], args: argparse.Namespace, folder: Path) -> list[str]:
-    return ["-m", *sweep, *args.overrides, f"task_name={study}", "callbacks.progress_bar=null",
-            f"hydra.sweep.dir={folder}"]
+    return [
+        "-m",
+        *sweep,
+        *args.overrides,
+        f"task_name={study}",
+        "callbacks.progress_bar=null",
+        f"hydra.sweep.dir={folder}",
+    ]
 
 
 def command_text(sweep: list[str], args: argparse.Namespace, folder: Path, study: str | None = None) -> str:
@@ -113,35 +132,44 @@ def machine() -> str:
     return text
 
 
-def write_results(args: argparse.Namespace, title: str, commands: list[str], runs_folder: Path,
-                  wall_s: float, notes: str, extra_section: Callable[[Path], str] | None = None) -> Path:
+def write_results(
+    args: argparse.Namespace,
+    title: str,
+    commands: list[str],
+    runs_folder: Path,
+    wall_s: float,
+    notes: str,
+    extra_section: Callable[[Path], str] | None = None,
+) -> Path:
     """``capsexp.compare`` of ``runs_folder`` into ``args.output``, with a README.md around its table;
     ``extra_section(output)`` may add Markdown above the table, from the files written there."""
     output = args.output
     compare(runs_folder, output)
     table = (output / "comparison.md").read_text().replace("# Run comparison", "## Run comparison", 1)
     plots = "".join(f"\n![{png.stem}]({png.name})\n" for png in sorted(output.glob("*.png")))
-    page = "\n".join([
-        f"# {title} ({args.mode} mode)",
-        "",
-        f"- Machine: {machine()}; {datetime.date.today().isoformat()}; {wall_s / 60:.1f} min in all.",
-        f"- Runs: `{display_path(runs_folder)}` (rebuild the tables: `python -m capsexp.compare <that folder>`).",
-        "- Commands:",
-        *[f"  - `{command}`" for command in commands],
-        "",
-        notes.strip(),
-        "",
-        extra_section(output) if extra_section else "",
-        table,
-        plots,
-    ])
+    page = "\n".join(
+        [
+            f"# {title} ({args.mode} mode)",
+            "",
+            f"- Machine: {machine()}; {datetime.date.today().isoformat()}; {wall_s / 60:.1f} min in all.",
+            f"- Runs: `{display_path(runs_folder)}` (rebuild the tables: `python -m capsexp.compare <that folder>`).",
+            "- Commands:",
+            *[f"  - `{command}`" for command in commands],
+            "",
+            notes.strip(),
+            "",
+            extra_section(output) if extra_section else "",
+            table,
+            plots,
+        ]
+    )
     (output / "README.md").write_text(page)
     print(f"\nResults: {output / 'README.md'}")
     return output
 
 
 class Timer:
-    def __enter__(self) -> "Timer":
+    def __enter__(self) -> Timer:
         self.start = time.perf_counter()
         return self
 

@@ -32,7 +32,7 @@ def plain_em_routing(
     if dense:
         if child_index is not None:
             raise ValueError("child_index is for convolutional votes (B, Q, M, J, H)")
-        votes, activations = votes.unsqueeze(1), activations.unsqueeze(1)   # Q = 1, children = slots
+        votes, activations = votes.unsqueeze(1), activations.unsqueeze(1)  # Q = 1, children = slots
     elif child_index is None:
         raise ValueError("convolutional votes (B, Q, M, J, H) need child_index (Q, M)")
     if iterations < 1:
@@ -44,7 +44,7 @@ def plain_em_routing(
         beta_u, beta_a = beta_u.to(dtype), beta_a.to(dtype)
         batch, positions, slots, parents, _ = votes.shape
         if child_index is None:
-            slot_activations = activations.unsqueeze(-1)                          # (B, 1, M, 1)
+            slot_activations = activations.unsqueeze(-1)  # (B, 1, M, 1)
             fan_out = votes.new_full((1, 1, slots, 1), float(parents))
         else:
             num_children = num_children or int(child_index.max()) + 1
@@ -53,17 +53,17 @@ def plain_em_routing(
             # Parents receiving each child: (positions whose field holds it) x (parent types).
             counts = torch.bincount(flat_index, minlength=num_children).to(votes.dtype)
             fan_out = (counts[flat_index] * parents).view(1, positions, slots, 1)
-        responsibilities = (1.0 / fan_out).expand(batch, positions, slots, parents)    # R uniform
+        responsibilities = (1.0 / fan_out).expand(batch, positions, slots, parents)  # R uniform
 
         for t, inverse_temperature in enumerate(inverse_temperatures(iterations, final_lambda)):
             # M-step: R'_ij = R_ij a_i; mu_j, sigma_j^2 weighted by R'; cost; a_j.
-            weighted = (responsibilities * slot_activations).unsqueeze(-1)          # (B, Q, M, J, 1)
-            weight_sum = weighted.sum(dim=2)                                        # (B, Q, J, 1)
-            mu = (weighted * votes).sum(dim=2) / (weight_sum + 1e-8)                # (B, Q, J, H)
+            weighted = (responsibilities * slot_activations).unsqueeze(-1)  # (B, Q, M, J, 1)
+            weight_sum = weighted.sum(dim=2)  # (B, Q, J, 1)
+            mu = (weighted * votes).sum(dim=2) / (weight_sum + 1e-8)  # (B, Q, J, H)
             variance = (weighted * (votes - mu.unsqueeze(2)).pow(2)).sum(dim=2) / (weight_sum + 1e-8)
             variance = variance + sigma_eps
             amount = weight_sum
-            if cost_normalization == "data":     # the amount of data relative to the mean parent's
+            if cost_normalization == "data":  # the amount of data relative to the mean parent's
                 amount = weight_sum / (weight_sum.mean(dim=2, keepdim=True) + 1e-8)
             cost = ((beta_u.view(-1, 1) + 0.5 * torch.log(variance)) * amount).sum(dim=-1)  # (B, Q, J)
             if cost_normalization == "standardize":
@@ -73,8 +73,9 @@ def plain_em_routing(
             if t == iterations - 1:
                 break
             # E-step: R_ij proportional to a_j N(V_ij; mu_j, sigma_j^2), in the log domain.
-            log_p = -0.5 * ((votes - mu.unsqueeze(2)).pow(2) / variance.unsqueeze(2)
-                            + torch.log(variance.unsqueeze(2)) + LOG_2PI).sum(dim=-1)      # (B, Q, M, J)
+            log_p = -0.5 * (
+                (votes - mu.unsqueeze(2)).pow(2) / variance.unsqueeze(2) + torch.log(variance.unsqueeze(2)) + LOG_2PI
+            ).sum(dim=-1)  # (B, Q, M, J)
             log_r = F.logsigmoid(logit).unsqueeze(2) + log_p
             responsibilities = _plain_normalise(log_r, child_index, num_children)
 
@@ -90,8 +91,8 @@ def _plain_normalise(log_r: torch.Tensor, child_index: torch.Tensor | None, num_
     if child_index is None:
         return torch.softmax(log_r, dim=-1)
     batch, positions, slots, _ = log_r.shape
-    flat_index = child_index.reshape(-1).expand(batch, -1)                          # (B, Q*M)
-    slot_max = log_r.amax(dim=-1).reshape(batch, -1)                                # (B, Q*M)
+    flat_index = child_index.reshape(-1).expand(batch, -1)  # (B, Q*M)
+    slot_max = log_r.amax(dim=-1).reshape(batch, -1)  # (B, Q*M)
     child_max = slot_max.new_full((batch, num_children), -torch.inf)
     child_max = child_max.scatter_reduce(1, flat_index, slot_max, reduce="amax").detach()
     shifted = log_r - child_max.gather(1, flat_index).view(batch, positions, slots, 1)
@@ -99,5 +100,3 @@ def _plain_normalise(log_r: torch.Tensor, child_index: torch.Tensor | None, num_
     child_sum = slot_sum.new_zeros(batch, num_children).scatter_add(1, flat_index, slot_sum)
     log_norm = torch.log(child_sum.gather(1, flat_index)).view(batch, positions, slots, 1)
     return torch.exp(shifted - log_norm)
-
-

@@ -18,13 +18,13 @@ def test_primary_capsules_group_32_types_of_8_dims():
     layer = PrimaryCapsules(in_channels=1, num_types=32, dim=8, kernel_size=9, stride=2)
     with torch.no_grad():
         layer.conv.weight.zero_()
-        layer.conv.bias.copy_(torch.arange(256.0) + 1)   # channel t * 8 + d carries t * 8 + d + 1
+        layer.conv.bias.copy_(torch.arange(256.0) + 1)  # channel t * 8 + d carries t * 8 + d + 1
     capsules = layer(torch.zeros(2, 1, 20, 20))
     assert capsules.shape == (2, 32 * 6 * 6, 8) and layer.output_size(20, 20) == 1152
     for capsule_type in [0, 5, 31]:
         for position in [0, 17, 35]:
             vector = capsules[0, capsule_type * 36 + position]
-            expected = torch.arange(8.0) + capsule_type * 8 + 1    # the 8 channels of that type
+            expected = torch.arange(8.0) + capsule_type * 8 + 1  # the 8 channels of that type
             assert torch.allclose(vector / vector.norm(), expected / expected.norm(), atol=1e-6)
     assert (capsules.norm(dim=-1) < 1).all()
 
@@ -53,9 +53,10 @@ def test_fused_layer_equals_routing_its_votes(detach_agreement):
     upstream = torch.randn_like(fused)
     grads = torch.autograd.grad(fused, (inputs, layer.weight), upstream)
     reference = torch.autograd.grad(two_steps, (inputs, layer.weight), upstream)
-    assert all(torch.allclose(a, b) for a, b in zip(grads, reference))
+    assert all(torch.allclose(a, b) for a, b in zip(grads, reference, strict=True))
     assert torch.autograd.gradcheck(
-        lambda x, w: fully_connected_routing(x, w, 5, 3, detach_agreement), (inputs, layer.weight))
+        lambda x, w: fully_connected_routing(x, w, 5, 3, detach_agreement), (inputs, layer.weight)
+    )
 
 
 def test_parameter_count_is_the_papers():
@@ -74,7 +75,7 @@ def test_output_shapes(channels, size, classes, primary):
 
 
 def test_bad_inputs_are_explained():
-    with pytest.raises(ValueError, match="built for images of 1x28x28 .* got 1x32x32"):
+    with pytest.raises(ValueError, match=r"built for images of 1x28x28 .* got 1x32x32"):
         CapsNet()(torch.rand(2, 1, 32, 32))
     with pytest.raises(ValueError, match="too small"):
         CapsNet(image_size=16)
@@ -125,8 +126,9 @@ def test_capsule_loss_terms():
     images, targets = torch.rand(3, 1, 28, 28), torch.tensor([0, 1, 2])
     terms = CapsuleLoss(recon_weight=0.0005)(net(images, targets), images, targets)
     assert set(terms) == {"loss", "margin_loss", "recon_loss"}
-    assert terms["loss"].item() == pytest.approx(terms["margin_loss"].item() + 0.0005 * terms["recon_loss"].item(),
-                                                 rel=1e-5)
+    assert terms["loss"].item() == pytest.approx(
+        terms["margin_loss"].item() + 0.0005 * terms["recon_loss"].item(), rel=1e-5
+    )
     no_decoder = CapsNet(reconstruction=False)
     assert set(CapsuleLoss()(no_decoder(images), images, targets)) == {"loss", "margin_loss"}
 
@@ -134,19 +136,27 @@ def test_capsule_loss_terms():
 def test_a_small_capsnet_learns_real_format_digits(mnist_dir, tmp_path):
     """A few hundred steps on the synthetic IDX digits: the loss falls well below its start."""
     torch.manual_seed(0)
-    net = CapsNet(conv_channels=32, primary_types=8)   # the paper's layout, narrower for a CPU test
+    net = CapsNet(conv_channels=32, primary_types=8)  # the paper's layout, narrower for a CPU test
     module = Classifier(net, CapsuleLoss(), functools.partial(torch.optim.Adam, lr=1e-3))
-    datamodule = MNISTDataModule(mnist_dir, batch_size=16, val_size=60, verify_checksums=False, download=False,
-                                 train_shift=2)
+    datamodule = MNISTDataModule(
+        mnist_dir, batch_size=16, val_size=60, verify_checksums=False, download=False, train_shift=2
+    )
     losses = []
 
     class Record(L.Callback):
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
             losses.append(outputs["loss"].item())
 
-    trainer = L.Trainer(max_steps=225, accelerator="cpu", logger=False, enable_progress_bar=False,
-                        enable_model_summary=False, enable_checkpointing=False, callbacks=[Record()],
-                        default_root_dir=tmp_path)
+    trainer = L.Trainer(
+        max_steps=225,
+        accelerator="cpu",
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        callbacks=[Record()],
+        default_root_dir=tmp_path,
+    )
     trainer.fit(module, datamodule=datamodule)
     start, end = sum(losses[:10]) / 10, sum(losses[-10:]) / 10
     assert end < 0.3 * start, (start, end)

@@ -134,5 +134,6 @@ def test_margin_loss_is_zero_for_perfect_capsules():
     lengths = torch.full((3, 10), 0.05)
     lengths[torch.arange(3), torch.tensor([2, 5, 7])] = 0.99
     assert margin_loss(lengths, torch.tensor([2, 5, 7])).item() == 0.0
-    assert math.isclose(margin_loss(lengths, torch.tensor([3, 5, 7])).item(),
-                        (0.85**2 + 0.5 * 0.89**2) / 3, rel_tol=1e-5)
+    assert math.isclose(
+        margin_loss(lengths, torch.tensor([3, 5, 7])).item(), (0.85**2 + 0.5 * 0.89**2) / 3, rel_tol=1e-5
+    )

@@ -15,8 +15,15 @@ from capsexp.models import LeNet5
 
 
 def make_trainer(tmp_path, **kwargs) -> L.Trainer:
-    options = dict(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
-                   enable_model_summary=False, default_root_dir=tmp_path, enable_checkpointing=False)
+    options = dict(
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+        enable_checkpointing=False,
+    )
     return L.Trainer(**{**options, **kwargs})
 
 
@@ -67,8 +74,13 @@ def test_best_validation_accuracy_is_saved_in_the_checkpoint():
 
 
 def test_scheduler_config_is_passed_to_lightning():
-    module = make_module(lr_scheduler={"scheduler": functools.partial(exponential_decay, decay_steps=10),
-                                       "interval": "step", "frequency": 1})
+    module = make_module(
+        lr_scheduler={
+            "scheduler": functools.partial(exponential_decay, decay_steps=10),
+            "interval": "step",
+            "frequency": 1,
+        }
+    )
     config = module.configure_optimizers()
     assert config["lr_scheduler"]["interval"] == "step"
     assert isinstance(config["lr_scheduler"]["scheduler"], torch.optim.lr_scheduler.ExponentialLR)

@@ -12,8 +12,7 @@ from conftest import TINY_RUN, hparams_summary, run_cli, scalars
 def test_train_test_and_resume(mnist_dir, tmp_path):
     first, second = tmp_path / "first", tmp_path / "second"
     # 240 training images / batch 20 = 12 steps per epoch.
-    result = run_cli(*TINY_RUN, f"paths.data_dir={mnist_dir}", "trainer.max_epochs=2",
-                     f"hydra.run.dir={first}")
+    result = run_cli(*TINY_RUN, f"paths.data_dir={mnist_dir}", "trainer.max_epochs=2", f"hydra.run.dir={first}")
     assert result.returncode == 0, result.stderr[-3000:]
 
     assert (first / ".hydra" / "config.yaml").exists() and (first / ".hydra" / "overrides.yaml").exists()
@@ -28,8 +27,9 @@ def test_train_test_and_resume(mnist_dir, tmp_path):
 
     last = first / "checkpoints" / "last.ckpt"
     assert torch.load(last, weights_only=True)["global_step"] == 24
-    result = run_cli(*TINY_RUN, f"paths.data_dir={mnist_dir}", "trainer.max_epochs=3",
-                     f"ckpt_path={last}", f"hydra.run.dir={second}")
+    result = run_cli(
+        *TINY_RUN, f"paths.data_dir={mnist_dir}", "trainer.max_epochs=3", f"ckpt_path={last}", f"hydra.run.dir={second}"
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert torch.load(second / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 36
     train_steps = [s.step for s in scalars(second)["train/loss_step"]]
@@ -45,21 +45,42 @@ def test_debug_fast_runs_one_batch_of_each_loop(mnist_dir, tmp_path):
 @pytest.mark.slow  # one real MNIST epoch (about 30 s): make test-all
 def test_lenet5_reaches_97_5_percent_on_real_mnist_in_one_epoch(real_mnist_dir, tmp_path):
     """The README's first command; about 20 s on 2 CPU cores."""
-    result = run_cli("model=lenet5", "data=mnist", "trainer.max_epochs=1", f"paths.data_dir={real_mnist_dir}",
-                     "trainer.accelerator=cpu", "callbacks.progress_bar=null", f"hydra.run.dir={tmp_path}")
+    result = run_cli(
+        "model=lenet5",
+        "data=mnist",
+        "trainer.max_epochs=1",
+        f"paths.data_dir={real_mnist_dir}",
+        "trainer.accelerator=cpu",
+        "callbacks.progress_bar=null",
+        f"hydra.run.dir={tmp_path}",
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     test_acc = scalars(tmp_path)["test/acc"][-1].value
     assert test_acc >= 0.975, test_acc
 
 
 def test_capsnet_on_rotated_mnist_logs_each_angle_and_the_figures(mnist_dir, tmp_path):
-    result = run_cli(*TINY_RUN, f"paths.data_dir={mnist_dir}", "model=capsnet", "data=rotated_mnist",
-                     "data.test_rotations=[0,45]", "trainer.max_epochs=1", "model.net.conv_channels=32",
-                     "model.net.primary_types=8", f"hydra.run.dir={tmp_path}")
+    result = run_cli(
+        *TINY_RUN,
+        f"paths.data_dir={mnist_dir}",
+        "model=capsnet",
+        "data=rotated_mnist",
+        "data.test_rotations=[0,45]",
+        "trainer.max_epochs=1",
+        "model.net.conv_channels=32",
+        "model.net.primary_types=8",
+        f"hydra.run.dir={tmp_path}",
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     logged = scalars(tmp_path)
-    for tag in ["train/margin_loss_step", "train/recon_loss_step", "test/acc", "test/acc_rot0", "test/acc_rot45",
-                "lr-Adam"]:
+    for tag in [
+        "train/margin_loss_step",
+        "train/recon_loss_step",
+        "test/acc",
+        "test/acc_rot0",
+        "test/acc_rot45",
+        "lr-Adam",
+    ]:
         assert tag in logged, (tag, sorted(logged))
     events = EventAccumulator(str(tmp_path / "tensorboard"), size_guidance={"images": 0})
     events.Reload()

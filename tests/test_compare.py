@@ -15,7 +15,12 @@ from capsexp.compare import compare, main
 RUNS = {  # run folder: (overrides, val/acc curve, test/acc, rotations)
     "0": (["model=lenet5", "seed=1", "data=rotated_mnist"], [0.90, 0.95], 0.96, {0: 0.96, 45: 0.70}),
     "1": (["model=lenet5", "seed=2", "data=rotated_mnist"], [0.91, 0.97], 0.98, {0: 0.98, 45: 0.74}),
-    "2": (["model=capsnet", "seed=1", "hydra.run.dir=somewhere", "data=rotated_mnist"], [0.93, 0.99], 0.99, {0: 0.99, 45: 0.85}),
+    "2": (
+        ["model=capsnet", "seed=1", "hydra.run.dir=somewhere", "data=rotated_mnist"],
+        [0.93, 0.99],
+        0.99,
+        {0: 0.99, 45: 0.85},
+    ),
 }
 
 

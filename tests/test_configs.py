@@ -17,8 +17,19 @@ DATASETS = sorted(p.stem for p in (CONFIG_DIR / "data").glob("*.yaml"))
 
 
 def test_groups_of_the_design_exist():
-    for group in ["data", "model", "optimizer", "lr_scheduler", "trainer", "logger", "callbacks", "paths",
-                  "hydra", "experiment", "debug"]:
+    for group in [
+        "data",
+        "model",
+        "optimizer",
+        "lr_scheduler",
+        "trainer",
+        "logger",
+        "callbacks",
+        "paths",
+        "hydra",
+        "experiment",
+        "debug",
+    ]:
         assert group in GROUPS
     assert {"adam", "sgd"} <= {o for g, o in OPTIONS if g == "optimizer"}
     assert {"default", "cpu", "gpu", "ddp"} <= {o for g, o in OPTIONS if g == "trainer"}

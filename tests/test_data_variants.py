@@ -15,10 +15,13 @@ def test_random_shift_moves_each_image_by_at_most_max_shift_with_zero_padding():
     images[:, :, 4, 4] = 1.0
     shifted = random_shift(images, 2, generator=torch.Generator().manual_seed(0))
     assert shifted.shape == images.shape and torch.equal(shifted.sum(dim=(1, 2, 3)), torch.ones(500))
-    rows, cols = shifted[:, 0].flatten(1).argmax(dim=1).div(9, rounding_mode="floor"), shifted[:, 0].flatten(1).argmax(dim=1) % 9
+    rows, cols = (
+        shifted[:, 0].flatten(1).argmax(dim=1).div(9, rounding_mode="floor"),
+        shifted[:, 0].flatten(1).argmax(dim=1) % 9,
+    )
     dy, dx = rows - 4, cols - 4
     assert dy.abs().max() == 2 and dx.abs().max() == 2
-    assert len(set(zip(dy.tolist(), dx.tolist()))) == 25, "every shift in [-2, 2]^2 must occur"
+    assert len(set(zip(dy.tolist(), dx.tolist(), strict=True))) == 25, "every shift in [-2, 2]^2 must occur"
     # Content pushed past the border is lost, and zeros come in: no wrap-around.
     edge = torch.zeros(1, 1, 5, 5)
     edge[0, 0, 0, :] = 1.0
@@ -32,8 +35,9 @@ def test_shift_applies_to_training_batches_only(mnist_dir):
         training = True
         testing = False
 
-    datamodule = MNISTDataModule(mnist_dir, batch_size=50, val_size=50, verify_checksums=False,
-                                 download=False, train_shift=2)
+    datamodule = MNISTDataModule(
+        mnist_dir, batch_size=50, val_size=50, verify_checksums=False, download=False, train_shift=2
+    )
     datamodule.trainer = FakeTrainer()
     datamodule.prepare_data()
     datamodule.setup("fit")
@@ -59,8 +63,9 @@ def test_rotated_mnist_has_one_test_loader_and_metric_name_per_angle(mnist_dir):
         training = False
         testing = True
 
-    datamodule = MNISTDataModule(mnist_dir, batch_size=25, verify_checksums=False, download=False,
-                                 test_rotations=[0, 22.5, 90])
+    datamodule = MNISTDataModule(
+        mnist_dir, batch_size=25, verify_checksums=False, download=False, test_rotations=[0, 22.5, 90]
+    )
     datamodule.trainer = FakeTrainer()
     datamodule.prepare_data()
     datamodule.setup("test")
@@ -72,8 +77,10 @@ def test_rotated_mnist_has_one_test_loader_and_metric_name_per_angle(mnist_dir):
     assert torch.allclose(turned, torch.rot90(upright, 1, dims=(2, 3)), atol=1e-5)
 
 
-@pytest.mark.parametrize("data,key,value", [("shifted_mnist", "train_shift", 2),
-                                            ("rotated_mnist", "test_rotations", [0, 15, 30, 45, 60, 75, 90])])
+@pytest.mark.parametrize(
+    "data,key,value",
+    [("shifted_mnist", "train_shift", 2), ("rotated_mnist", "test_rotations", [0, 15, 30, 45, 60, 75, 90])],
+)
 def test_variant_configs(data, key, value):
     cfg = compose_config([f"data={data}"])
     assert cfg.data[key] == value and cfg.data._target_ == "capsexp.data.MNISTDataModule"
@@ -96,7 +103,7 @@ def test_brightness_and_contrast_jitter_stay_in_their_ranges():
     textured = torch.rand(400, 2, 8, 8)
     scaled = random_brightness_contrast(textured, 0.0, (0.2, 1.8))
     deviation = lambda x: x - x.mean(dim=(-2, -1), keepdim=True)  # noqa: E731
-    factors = (deviation(scaled).flatten(1).norm(dim=1) / deviation(textured).flatten(1).norm(dim=1))
+    factors = deviation(scaled).flatten(1).norm(dim=1) / deviation(textured).flatten(1).norm(dim=1)
     assert factors.min() >= 0.2 - 1e-5 and factors.max() <= 1.8 + 1e-5
     assert factors.max() - factors.min() > 1.2
 

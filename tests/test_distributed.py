@@ -28,8 +28,14 @@ def test_two_process_run_writes_one_folder_and_exact_metrics(uneven_mnist_dir, t
     clean_environment(monkeypatch)
     log_dir = tmp_path / "logs"
     # val_size=61: the validation shares are uneven too.
-    result = run_cli(*TINY_RUN, "data.val_size=61", *TWO_PROCESSES, f"paths.data_dir={uneven_mnist_dir}",
-                     "trainer.max_epochs=2", env={"CAPSEXP_LOG_DIR": str(log_dir)})
+    result = run_cli(
+        *TINY_RUN,
+        "data.val_size=61",
+        *TWO_PROCESSES,
+        f"paths.data_dir={uneven_mnist_dir}",
+        "trainer.max_epochs=2",
+        env={"CAPSEXP_LOG_DIR": str(log_dir)},
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     (run_dir,) = (log_dir / "train" / "runs").iterdir()  # rank 1 made no folder of its own
     assert list(log_dir.glob("train/*")) == [log_dir / "train" / "runs"]
@@ -44,8 +50,14 @@ def test_two_process_run_writes_one_folder_and_exact_metrics(uneven_mnist_dir, t
     # The best checkpoint tested by one process must give exactly what the 2 processes reported:
     # every test image counted once (no padding), and the accuracy reduced over both processes.
     best = next(p for p in (run_dir / "checkpoints").iterdir() if p.name != "last.ckpt")
-    result = run_cli(*TINY_RUN, "data.val_size=61", "train=false", f"ckpt_path={best}",
-                     f"paths.data_dir={uneven_mnist_dir}", f"hydra.run.dir={tmp_path / 'single'}")
+    result = run_cli(
+        *TINY_RUN,
+        "data.val_size=61",
+        "train=false",
+        f"ckpt_path={best}",
+        f"paths.data_dir={uneven_mnist_dir}",
+        f"hydra.run.dir={tmp_path / 'single'}",
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     single = scalars(tmp_path / "single")
     assert distributed["test/acc"][-1].value == single["test/acc"][-1].value
@@ -57,17 +69,30 @@ def test_two_process_run_writes_one_folder_and_exact_metrics(uneven_mnist_dir, t
 def test_multirun_of_two_process_jobs_runs_each_job_once(mnist_dir, tmp_path, monkeypatch):
     clean_environment(monkeypatch)
     log_dir = tmp_path / "logs"
-    result = run_cli("-m", "model=capsnet,lenet5", "seed=1,2", *TINY_RUN, *TWO_PROCESSES,
-                     f"paths.data_dir={mnist_dir}", "trainer.max_epochs=1", "trainer.limit_train_batches=6",
-                     env={"CAPSEXP_LOG_DIR": str(log_dir)}, timeout=600)
+    result = run_cli(
+        "-m",
+        "model=capsnet,lenet5",
+        "seed=1,2",
+        *TINY_RUN,
+        *TWO_PROCESSES,
+        f"paths.data_dir={mnist_dir}",
+        "trainer.max_epochs=1",
+        "trainer.limit_train_batches=6",
+        env={"CAPSEXP_LOG_DIR": str(log_dir)},
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert list(log_dir.glob("train/*")) == [log_dir / "train" / "multiruns"], "a child wrote a run folder"
     (sweep,) = (log_dir / "train" / "multiruns").iterdir()
     jobs = sorted(p for p in sweep.iterdir() if p.is_dir())
     assert [job.name for job in jobs] == ["0", "1", "2", "3"]
-    expected = [["model=capsnet", "seed=1"], ["model=capsnet", "seed=2"], ["model=lenet5", "seed=1"],
-                ["model=lenet5", "seed=2"]]
-    for job, job_overrides in zip(jobs, expected):
+    expected = [
+        ["model=capsnet", "seed=1"],
+        ["model=capsnet", "seed=2"],
+        ["model=lenet5", "seed=1"],
+        ["model=lenet5", "seed=2"],
+    ]
+    for job, job_overrides in zip(jobs, expected, strict=True):
         assert yaml.safe_load((job / ".hydra" / "overrides.yaml").read_text())[:2] == job_overrides
         assert (job / "checkpoints" / "last.ckpt").exists()
         assert (job / "capsexp_rank1.log").exists()

@@ -21,13 +21,15 @@ from em_reference import plain_em_routing
 
 
 def routed(votes, activations, parents, **kwargs):
-    return em_routing(votes, activations, torch.zeros(parents), torch.zeros(parents), return_responsibilities=True,
-                      **kwargs)
+    return em_routing(
+        votes, activations, torch.zeros(parents), torch.zeros(parents), return_responsibilities=True, **kwargs
+    )
 
 
 def test_inverse_temperature_schedule():
-    assert inverse_temperatures(3, 0.01) == pytest.approx([0.01 * (1 - 0.95), 0.01 * (1 - 0.95**2),
-                                                           0.01 * (1 - 0.95**3)])
+    assert inverse_temperatures(3, 0.01) == pytest.approx(
+        [0.01 * (1 - 0.95), 0.01 * (1 - 0.95**2), 0.01 * (1 - 0.95**3)]
+    )
 
 
 @pytest.mark.parametrize("convolutional", [False, True])
@@ -44,16 +46,17 @@ def test_matches_the_plain_transcription_values_and_gradients(convolutional, cos
     votes.requires_grad_()
     beta_u = torch.randn(4, dtype=torch.float64, requires_grad=True)
     beta_a = torch.randn(4, dtype=torch.float64, requires_grad=True)
-    options = dict(iterations=3, child_index=child_index, cost_normalization=cost_normalization,
-                   return_responsibilities=True)
+    options = dict(
+        iterations=3, child_index=child_index, cost_normalization=cost_normalization, return_responsibilities=True
+    )
     fast = em_routing(votes, activations.double(), beta_u, beta_a, **options)
     plain = plain_em_routing(votes, activations.double(), beta_u, beta_a, **options)
-    for a, b in zip(fast, plain):
+    for a, b in zip(fast, plain, strict=True):
         assert torch.allclose(a, b, rtol=1e-7, atol=1e-9)
     upstream = [torch.randn_like(fast[0]), torch.randn_like(fast[1])]
     grads = torch.autograd.grad(fast[:2], (votes, beta_u, beta_a), upstream)
     reference = torch.autograd.grad(plain[:2], (votes, beta_u, beta_a), upstream)
-    for a, b in zip(grads, reference):
+    for a, b in zip(grads, reference, strict=True):
         assert torch.allclose(a, b, rtol=1e-6, atol=1e-8 * float(b.abs().max()))
 
 
@@ -89,7 +92,7 @@ def test_conv_layer_with_kernel_covering_the_input_is_the_dense_layer():
     poses, activations = torch.randn(2, 2, 16, 4, 4), torch.rand(2, 2, 4, 4)
     conv_poses, conv_activations = layer(poses, activations)
     # Dense: child (k, i) = type i at kernel position k, with its own W[k, i, j].
-    matrices = poses.permute(0, 3, 4, 1, 2).reshape(2, 16, 2, 4, 4)            # (N, k = h * 4 + w, i, 4, 4)
+    matrices = poses.permute(0, 3, 4, 1, 2).reshape(2, 16, 2, 4, 4)  # (N, k = h * 4 + w, i, 4, 4)
     votes = torch.einsum("nkiab,kijbc->nkijac", matrices, layer.weight).reshape(2, 32, 3, 16)
     dense_activations = activations.permute(0, 2, 3, 1).reshape(2, 32)
     mu, dense_out = em_routing(votes, dense_activations, layer.beta_u, layer.beta_a, iterations=3)
@@ -122,8 +125,8 @@ def test_finite_under_bf16_autocast():
 def test_coordinate_addition_adds_scaled_centres_to_the_right_column():
     layer = ClassMatrixCapsules(in_types=2, num_classes=3)
     poses = torch.zeros(1, 2, 16, 3, 4)
-    votes = layer.votes(poses)                                           # M = 0: the votes are the offsets
-    assert votes.shape == (1, 3, 3, 4, 2, 4, 4)                          # (N, J, H, W, I, P, P)
+    votes = layer.votes(poses)  # M = 0: the votes are the offsets
+    assert votes.shape == (1, 3, 3, 4, 2, 4, 4)  # (N, J, H, W, I, P, P)
     assert votes[0, 0, 2, 1, 0, 0, 3].item() == pytest.approx(2.5 / 3)  # row centre of h = 2
     assert votes[0, 0, 2, 1, 0, 1, 3].item() == pytest.approx(1.5 / 4)  # column centre of w = 1
     assert votes[..., 2:, :].abs().sum() == 0 and votes[..., :, :3].abs().sum() == 0
@@ -182,24 +185,43 @@ def test_margin_continues_exactly_after_a_resume(mnist_dir, tmp_path):
         module = Classifier(LeNet5(), SpreadLoss(), functools.partial(torch.optim.SGD, lr=0.01))
         record = Record()
         datamodule = MNISTDataModule(mnist_dir, batch_size=40, val_size=60, verify_checksums=False, download=False)
-        trainer = L.Trainer(max_epochs=epochs, accelerator="cpu", logger=False, enable_progress_bar=False,
-                            enable_model_summary=False, default_root_dir=tmp_path,
-                            callbacks=[LinearMargin(0.2, 0.9, duration=2, unit="epoch"), record])
+        trainer = L.Trainer(
+            max_epochs=epochs,
+            accelerator="cpu",
+            logger=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            default_root_dir=tmp_path,
+            callbacks=[LinearMargin(0.2, 0.9, duration=2, unit="epoch"), record],
+        )
         trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
         return trainer, record.margins
 
     _, uninterrupted = fit(2)
     first, _ = fit(1)
-    _, resumed = fit(2, ckpt_path=first.checkpoint_callback.last_model_path or first.checkpoint_callback.best_model_path)
+    _, resumed = fit(
+        2, ckpt_path=first.checkpoint_callback.last_model_path or first.checkpoint_callback.best_model_path
+    )
     assert resumed and min(resumed) > 1
     assert all(resumed[step] == pytest.approx(uninterrupted[step]) for step in resumed)
 
 
 def test_em_caps_trains_through_the_cli(mnist_dir, tmp_path):
-    result = run_cli(*TINY_RUN, f"paths.data_dir={mnist_dir}", "model=em_caps", "data=mnist",
-                     "model.net.A=8", "model.net.B=4", "model.net.C=4", "model.net.D=4", "trainer.max_epochs=1",
-                     "trainer.limit_train_batches=3", "trainer.limit_val_batches=1", "trainer.limit_test_batches=1",
-                     f"hydra.run.dir={tmp_path}")
+    result = run_cli(
+        *TINY_RUN,
+        f"paths.data_dir={mnist_dir}",
+        "model=em_caps",
+        "data=mnist",
+        "model.net.A=8",
+        "model.net.B=4",
+        "model.net.C=4",
+        "model.net.D=4",
+        "trainer.max_epochs=1",
+        "trainer.limit_train_batches=3",
+        "trainer.limit_val_batches=1",
+        "trainer.limit_test_batches=1",
+        f"hydra.run.dir={tmp_path}",
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -268,7 +290,7 @@ def test_routing_entropy_of_a_real_layer_lies_in_the_unit_interval_and_falls_wit
     for iterations in (1, 2, 3):
         *_, responsibilities = routed(votes, activations, 8, iterations=iterations)
         entropies.append(responsibility_entropy(responsibilities).mean().item())
-    assert entropies[0] == pytest.approx(1.0)               # before any E-step R is uniform
+    assert entropies[0] == pytest.approx(1.0)  # before any E-step R is uniform
     assert 0 <= entropies[2] <= entropies[1] < 1
 
 
@@ -281,10 +303,22 @@ def test_net_options_batchnorm_and_weight_scale():
 
 
 def test_routing_diagnostics_are_logged_for_em_layers_only(mnist_dir, tmp_path):
-    result = run_cli(*TINY_RUN, f"paths.data_dir={mnist_dir}", "model=em_caps_small", "data=mnist",
-                     "model.net.A=8", "model.net.B=4", "model.net.C=4", "model.net.D=4", "trainer.max_epochs=1",
-                     "trainer.limit_train_batches=3", "trainer.limit_val_batches=1", "trainer.limit_test_batches=1",
-                     "callbacks.routing_diagnostics.every_n_steps=2", f"hydra.run.dir={tmp_path}")
+    result = run_cli(
+        *TINY_RUN,
+        f"paths.data_dir={mnist_dir}",
+        "model=em_caps_small",
+        "data=mnist",
+        "model.net.A=8",
+        "model.net.B=4",
+        "model.net.C=4",
+        "model.net.D=4",
+        "trainer.max_epochs=1",
+        "trainer.limit_train_batches=3",
+        "trainer.limit_val_batches=1",
+        "trainer.limit_test_batches=1",
+        "callbacks.routing_diagnostics.every_n_steps=2",
+        f"hydra.run.dir={tmp_path}",
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -293,7 +327,7 @@ def test_routing_diagnostics_are_logged_for_em_layers_only(mnist_dir, tmp_path):
     scalars, histograms = events.Tags()["scalars"], events.Tags()["histograms"]
     for layer in ("conv_caps1", "conv_caps2", "class_caps"):
         entropy = events.Scalars(f"routing/{layer}/entropy")
-        assert [e.step for e in entropy] == [0, 2]           # every 2 steps, from the first
+        assert [e.step for e in entropy] == [0, 2]  # every 2 steps, from the first
         assert all(0 <= e.value <= 1 for e in entropy)
         assert 0 < events.Scalars(f"routing/{layer}/activation_mean")[0].value < 1
         assert events.Scalars(f"grad_norm/{layer}")[0].value > 0
@@ -307,16 +341,15 @@ def test_route_per_window_only_differs_where_windows_overlap():
     shared = ConvMatrixCapsules(3, 4, kernel_size=2, stride=2)
     per_window = ConvMatrixCapsules(3, 4, kernel_size=2, stride=2, route_per_window=True)
     per_window.load_state_dict(shared.state_dict())
-    for a, b in zip(shared(poses, activations), per_window(poses, activations)):   # no overlap: the same
+    for a, b in zip(shared(poses, activations), per_window(poses, activations), strict=True):  # no overlap: the same
         assert torch.allclose(a, b, atol=1e-6)
-    shared.stride = per_window.stride = 1                                          # overlap: not the same
+    shared.stride = per_window.stride = 1  # overlap: not the same
     assert not torch.allclose(shared(poses, activations)[1], per_window(poses, activations)[1], atol=1e-4)
     # Per window, each slot's responsibilities sum to 1 over the parent types of its own position.
     windows = per_window._unfold(poses.reshape(2, 48, 4, 4)).reshape(2, 9, 4, 3, 4, 4)
     votes = torch.einsum("nqkiab,kijbc->nqkijac", windows, per_window.weight).reshape(2, 9, 12, 4, 16)
     slot_activations = activations.reshape(2, -1)[:, per_window.child_index(4, 4, poses.device).reshape(-1)]
-    _, _, responsibilities = routed(votes, slot_activations, 4, iterations=2,
-                                    child_index=torch.arange(108).view(9, 12))
+    _, _, responsibilities = routed(votes, slot_activations, 4, iterations=2, child_index=torch.arange(108).view(9, 12))
     assert torch.allclose(responsibilities.sum(-1), torch.ones(2, 9, 12), atol=1e-5)
 
 
@@ -327,12 +360,21 @@ def test_paper_recipe_is_one_override_away(small):
     suffix = "_small" if small else ""
     default = compose_config([f"model=em_caps{suffix}"])
     paper = compose_config([f"model=em_caps{suffix}_paper"])
-    assert (paper.model.net.A, paper.model.net.B) == (default.model.net.A, default.model.net.B) == \
-        ((64, 8) if small else (32, 32))
-    expected_paper = dict(iterations=3, final_lambda=0.01, sigma_eps=1e-4, cost_normalization="none",
-                          conv1_norm=False, route_per_window=False)
+    assert (
+        (paper.model.net.A, paper.model.net.B)
+        == (default.model.net.A, default.model.net.B)
+        == ((64, 8) if small else (32, 32))
+    )
+    expected_paper = dict(
+        iterations=3,
+        final_lambda=0.01,
+        sigma_eps=1e-4,
+        cost_normalization="none",
+        conv1_norm=False,
+        route_per_window=False,
+    )
     assert {key: paper.model.net[key] for key in expected_paper} == expected_paper
     assert (paper.callbacks.margin.duration, paper.callbacks.margin.unit) == (10, "epoch")
-    assert default.model.net.iterations >= 2           # the default still routes (at least one E-step)
+    assert default.model.net.iterations >= 2  # the default still routes (at least one E-step)
     assert (default.callbacks.margin.duration, default.callbacks.margin.unit) == (1000, "step")
     assert paper.optimizer.lr == default.optimizer.lr == 0.003

@@ -9,7 +9,6 @@ from typing import get_args
 
 import pytest
 import torch
-from conftest import TINY_RUN, compose_config, run_cli
 from lightning.fabric.plugins.precision.precision import (
     _PRECISION_INPUT_INT,
     _PRECISION_INPUT_STR,
@@ -23,6 +22,7 @@ from capsexp.errors import CheckpointError, ConfigError, InputShapeError
 from capsexp.lit import Classifier, CrossEntropy
 from capsexp.models import CapsNet, LeNet5, MatrixCapsNet
 from capsexp.nn import em
+from conftest import TINY_RUN, compose_config, run_cli
 
 
 def _options(group: str) -> list[str]:
@@ -35,11 +35,14 @@ def test_every_shipped_model_and_data_config_passes_the_check(model, data):
     assert config_problems(compose_config([f"model={model}", f"data={data}"])) == []
 
 
-@pytest.mark.parametrize("extra", [[f"experiment={name}"] for name in _options("experiment")]
-                         + [[f"debug={name}"] for name in _options("debug")]
-                         + [[f"margin={name}", "model=em_caps_small"] for name in _options("margin")]
-                         + [[f"lr_scheduler={name}"] for name in _options("lr_scheduler")]
-                         + [["optimizer=sgd"], ["trainer=cpu"], ["logger=csv"], ["trainer.devices=2", "trainer.accelerator=cpu"]])
+@pytest.mark.parametrize(
+    "extra",
+    [[f"experiment={name}"] for name in _options("experiment")]
+    + [[f"debug={name}"] for name in _options("debug")]
+    + [[f"margin={name}", "model=em_caps_small"] for name in _options("margin")]
+    + [[f"lr_scheduler={name}"] for name in _options("lr_scheduler")]
+    + [["optimizer=sgd"], ["trainer=cpu"], ["logger=csv"], ["trainer.devices=2", "trainer.accelerator=cpu"]],
+)
 def test_every_shipped_option_passes_the_check(extra):
     assert config_problems(compose_config(extra)) == []
 
@@ -50,26 +53,29 @@ def test_choices_mirror_their_sources():
     assert set(PRECISIONS) == set(lightning)
 
 
-@pytest.mark.parametrize("overrides,expected", [
-    (["data.batch_size=0"], "data.batch_size=0: must be a positive integer"),
-    (["data.batch_size=abc"], "data.batch_size=abc: must be a positive integer"),
-    (["data.batch_size=2.5"], "data.batch_size=2.5"),
-    (["optimizer.lr=-0.1"], "optimizer.lr=-0.1: must be a number > 0"),
-    (["optimizer.lr=nan"], "optimizer.lr=nan"),
-    (["model=capsnet", "model.net.routing_iterations=0"], "model.net.routing_iterations=0"),
-    (["model=em_caps_small", "model.net.iterations=-1"], "model.net.iterations=-1"),
-    (["model=em_caps_small", "model.net.final_lambda=0"], "model.net.final_lambda=0"),
-    (["model=em_caps_small", "model.net.cost_normalization=zscore"], "none, data, standardize"),
-    (["data=rotated_mnist", "data.test_rotations=[0,abc]"], "data.test_rotations=[0,abc]"),
-    (["data=smallnorb", "data.stereo=top"], "data.stereo=top: must be both, left or split"),
-    (["data=smallnorb", "data.crop_size=64"], "data.crop_size=64: must be at most data.resize=48"),
-    (["trainer.precision=bf17"], "trainer.precision=bf17"),
-    (["trainer.max_epochs=0"], "trainer.max_epochs=0"),
-    (["trainer.val_check_interval=1.5"], "trainer.val_check_interval=1.5"),
-    (["trainer.devices=3", "trainer.accelerator=cpu"], "must divide by the 3 processes"),
-    (["train=false", "test=false"], "nothing to do"),
-    (["seed=abc"], "seed=abc"),
-])
+@pytest.mark.parametrize(
+    "overrides,expected",
+    [
+        (["data.batch_size=0"], "data.batch_size=0: must be a positive integer"),
+        (["data.batch_size=abc"], "data.batch_size=abc: must be a positive integer"),
+        (["data.batch_size=2.5"], "data.batch_size=2.5"),
+        (["optimizer.lr=-0.1"], "optimizer.lr=-0.1: must be a number > 0"),
+        (["optimizer.lr=nan"], "optimizer.lr=nan"),
+        (["model=capsnet", "model.net.routing_iterations=0"], "model.net.routing_iterations=0"),
+        (["model=em_caps_small", "model.net.iterations=-1"], "model.net.iterations=-1"),
+        (["model=em_caps_small", "model.net.final_lambda=0"], "model.net.final_lambda=0"),
+        (["model=em_caps_small", "model.net.cost_normalization=zscore"], "none, data, standardize"),
+        (["data=rotated_mnist", "data.test_rotations=[0,abc]"], "data.test_rotations=[0,abc]"),
+        (["data=smallnorb", "data.stereo=top"], "data.stereo=top: must be both, left or split"),
+        (["data=smallnorb", "data.crop_size=64"], "data.crop_size=64: must be at most data.resize=48"),
+        (["trainer.precision=bf17"], "trainer.precision=bf17"),
+        (["trainer.max_epochs=0"], "trainer.max_epochs=0"),
+        (["trainer.val_check_interval=1.5"], "trainer.val_check_interval=1.5"),
+        (["trainer.devices=3", "trainer.accelerator=cpu"], "must divide by the 3 processes"),
+        (["train=false", "test=false"], "nothing to do"),
+        (["seed=abc"], "seed=abc"),
+    ],
+)
 def test_bad_values_are_named_with_what_is_allowed(overrides, expected):
     problems = config_problems(compose_config(overrides))
     assert len(problems) == 1 and expected in problems[0], problems
@@ -78,8 +84,18 @@ def test_bad_values_are_named_with_what_is_allowed(overrides, expected):
 def test_group_options_are_checked_before_hydra_composes():
     with pytest.raises(ConfigError, match=r"model=lenet: no such option \(did you mean model=lenet5\?\)"):
         check_group_overrides(["model=capsnet,lenet"], CONFIG_DIR)
-    check_group_overrides(["model=capsnet,lenet5", "data.batch_size=3", "hydra/launcher=joblib", "--cfg", "job",
-                           "experiment=null", "+extra=1"], CONFIG_DIR)
+    check_group_overrides(
+        [
+            "model=capsnet,lenet5",
+            "data.batch_size=3",
+            "hydra/launcher=joblib",
+            "--cfg",
+            "job",
+            "experiment=null",
+            "+extra=1",
+        ],
+        CONFIG_DIR,
+    )
 
 
 # ---- the CLI: exit status, no traceback, a few lines naming the culprit ----------------------------
@@ -88,10 +104,17 @@ def _corrupt_checkpoints(folder: Path) -> dict[str, Path]:
     (folder / "empty.ckpt").write_bytes(b"")
     (folder / "noise.ckpt").write_bytes(bytes(range(256)) * 20)
     torch.save({"weights": torch.zeros(3)}, folder / "plain.pt")
-    torch.save({"state_dict": {}, "pytorch-lightning_version": "2.6", "args": argparse.Namespace(a=1)},
-               folder / "pickled.ckpt")
-    return {"missing": folder / "missing.ckpt", "folder": folder, "empty": folder / "empty.ckpt",
-            "noise": folder / "noise.ckpt", "plain": folder / "plain.pt", "pickled": folder / "pickled.ckpt"}
+    torch.save(
+        {"state_dict": {}, "pytorch-lightning_version": "2.6", "args": argparse.Namespace(a=1)}, folder / "pickled.ckpt"
+    )
+    return {
+        "missing": folder / "missing.ckpt",
+        "folder": folder,
+        "empty": folder / "empty.ckpt",
+        "noise": folder / "noise.ckpt",
+        "plain": folder / "plain.pt",
+        "pickled": folder / "pickled.ckpt",
+    }
 
 
 BAD_COMMANDS = {
@@ -124,8 +147,12 @@ BAD_COMMANDS = {
 def test_bad_command_lines_get_a_short_error(name, tmp_path):
     overrides, status, named = BAD_COMMANDS[name]
     files = {key: str(path) for key, path in _corrupt_checkpoints(tmp_path / "files").items()}
-    result = run_cli(*(o.format(**files) for o in overrides), f"hydra.run.dir={tmp_path / 'run'}",
-                     "callbacks.progress_bar=null", "callbacks.model_summary=null")
+    result = run_cli(
+        *(o.format(**files) for o in overrides),
+        f"hydra.run.dir={tmp_path / 'run'}",
+        "callbacks.progress_bar=null",
+        "callbacks.model_summary=null",
+    )
     message = [line for line in result.stderr.splitlines() if line.strip()]
     assert result.returncode == status, result.stderr[-2000:]
     assert "Traceback" not in result.stderr + result.stdout
@@ -142,8 +169,13 @@ def test_a_gpu_asked_for_on_a_machine_without_one_is_a_usage_error(tmp_path):
 
 
 def test_a_run_without_validation_exits_0_warns_and_logs_progress_when_piped(mnist_dir, tmp_path):
-    result = run_cli(*TINY_RUN, f"paths.data_dir={mnist_dir}", "trainer.max_steps=5",
-                     "callbacks.progress_log.interval_s=0.001", f"hydra.run.dir={tmp_path}")
+    result = run_cli(
+        *TINY_RUN,
+        f"paths.data_dir={mnist_dir}",
+        "trainer.max_steps=5",
+        "callbacks.progress_log.interval_s=0.001",
+        f"hydra.run.dir={tmp_path}",
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     output = result.stdout + result.stderr
     assert "optimized_metric=val/acc_best was not logged: the run never validated" in output
@@ -154,9 +186,17 @@ def test_a_run_without_validation_exits_0_warns_and_logs_progress_when_piped(mni
 
 
 def test_an_optuna_job_that_never_validated_fails_and_says_how_to_validate(mnist_dir, tmp_path):
-    result = run_cli(*TINY_RUN, f"paths.data_dir={mnist_dir}", "hparams_search=em_caps_optuna",
-                     "model=em_caps_small", "hydra.sweeper.n_trials=1", "trainer.max_steps=2", "data.batch_size=20",
-                     "trainer.limit_test_batches=1", f"hydra.sweep.dir={tmp_path}")
+    result = run_cli(
+        *TINY_RUN,
+        f"paths.data_dir={mnist_dir}",
+        "hparams_search=em_caps_optuna",
+        "model=em_caps_small",
+        "hydra.sweeper.n_trials=1",
+        "trainer.max_steps=2",
+        "data.batch_size=20",
+        "trainer.limit_test_batches=1",
+        f"hydra.sweep.dir={tmp_path}",
+    )
     assert result.returncode == 1
     assert "Traceback" not in result.stderr
     assert "error: optimized_metric=val/acc_best was not logged: the run never validated" in result.stderr
@@ -164,8 +204,9 @@ def test_an_optuna_job_that_never_validated_fails_and_says_how_to_validate(mnist
 
 
 def test_a_misnamed_metric_is_an_error_for_a_sweeper_only(mnist_dir, tmp_path):
-    result = run_cli(*TINY_RUN, f"paths.data_dir={mnist_dir}", "debug=fast", "optimized_metric=val/nope",
-                     f"hydra.run.dir={tmp_path}")
+    result = run_cli(
+        *TINY_RUN, f"paths.data_dir={mnist_dir}", "debug=fast", "optimized_metric=val/nope", f"hydra.run.dir={tmp_path}"
+    )
     assert result.returncode == 0
     assert "optimized_metric=val/nope is not a metric this run logs" in result.stdout + result.stderr
 
@@ -178,19 +219,25 @@ def test_checkpoint_of_another_model_is_named_as_such(tmp_path):
     path = tmp_path / "lenet.ckpt"
     torch.save({"state_dict": classifier(LeNet5()).state_dict(), "pytorch-lightning_version": "2.6"}, path)
     check_checkpoint(path, classifier(LeNet5()))
-    with pytest.raises(CheckpointError, match=r"another model than this run's LeNet5 .*net.features.0.weight is "
-                                              r"\(6, 1, 5, 5\) in the checkpoint, \(6, 2, 5, 5\) in this model"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"another model than this run's LeNet5 .*net.features.0.weight is "
+        r"\(6, 1, 5, 5\) in the checkpoint, \(6, 2, 5, 5\) in this model",
+    ):
         check_checkpoint(path, classifier(LeNet5(in_channels=2)))
-    for name, file in _corrupt_checkpoints(tmp_path / "bad").items():
+    for file in _corrupt_checkpoints(tmp_path / "bad").values():
         with pytest.raises(CheckpointError, match="ckpt_path="):
             check_checkpoint(file)
 
 
-@pytest.mark.parametrize("net,name,built", [
-    (LeNet5(), "LeNet5", "1x28x28"),
-    (CapsNet(), "CapsNet", "1x28x28"),
-    (MatrixCapsNet(A=8, B=4, C=4, D=4, in_channels=2, image_size=32), "MatrixCapsNet", "2x32x32"),
-])
+@pytest.mark.parametrize(
+    "net,name,built",
+    [
+        (LeNet5(), "LeNet5", "1x28x28"),
+        (CapsNet(), "CapsNet", "1x28x28"),
+        (MatrixCapsNet(A=8, B=4, C=4, D=4, in_channels=2, image_size=32), "MatrixCapsNet", "2x32x32"),
+    ],
+)
 def test_nets_name_both_sizes_for_images_of_another_size(net, name, built):
     with pytest.raises(InputShapeError, match=f"{name} was built for images of {built} .* got 1x40x40"):
         net(torch.rand(2, 1, 40, 40))

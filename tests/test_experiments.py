@@ -8,21 +8,24 @@ import os
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
+from capsexp import PROJECT_ROOT
 from conftest import TINY_RUN
 from test_smallnorb import write_norb
-
-from capsexp import PROJECT_ROOT
 
 TINY_CAPSNET = ["model.net.conv_channels=16", "model.net.primary_types=4"]
 
 
 def run_driver(name: str, *arguments: str, timeout: int = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(PROJECT_ROOT / "experiments" / f"{name}.py"), *arguments],
-                          cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, str(PROJECT_ROOT / "experiments" / f"{name}.py"), *arguments],
+        cwd=PROJECT_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def test_results_pages_are_portable_and_say_things_once():
@@ -37,23 +40,46 @@ def test_results_pages_are_portable_and_say_things_once():
 
 def test_routing_ablation_writes_the_four_configurations_beside_the_paper(mnist_dir, tmp_path):
     output = tmp_path / "results"
-    result = run_driver("routing_ablation", "--quick", "--data-dir", str(mnist_dir), "--log-dir", str(tmp_path),
-                        "--output", str(output), *TINY_RUN, *TINY_CAPSNET, "trainer.limit_train_batches=3")
+    result = run_driver(
+        "routing_ablation",
+        "--quick",
+        "--data-dir",
+        str(mnist_dir),
+        "--log-dir",
+        str(tmp_path),
+        "--output",
+        str(output),
+        *TINY_RUN,
+        *TINY_CAPSNET,
+        "trainer.limit_train_batches=3",
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     with open(output / "comparison.csv") as handle:
         rows = list(csv.DictReader(handle))
     assert len(rows) == 4
     page = (output / "README.md").read_text()
-    for iterations, reconstruction, paper in [(1, "no", "0.34"), (1, "yes", "0.29"), (3, "no", "0.35"),
-                                              (3, "yes", "0.25")]:
+    for iterations, reconstruction, paper in [
+        (1, "no", "0.34"),
+        (1, "yes", "0.29"),
+        (3, "no", "0.35"),
+        (3, "yes", "0.25"),
+    ]:
         assert f"| {iterations} | {reconstruction} | " in page and paper in page
     assert (output / "val_acc.png").exists()
     assert len(list((tmp_path / "routing_ablation" / "multiruns").glob("*/[0-3]/checkpoints/last.ckpt"))) == 4
 
 
 def test_em_smallnorb_says_so_and_runs_nothing_without_the_data(tmp_path):
-    result = run_driver("em_smallnorb", "--quick", "--data-dir", str(tmp_path / "empty"), "--log-dir",
-                        str(tmp_path / "logs"), "--output", str(tmp_path / "results"))
+    result = run_driver(
+        "em_smallnorb",
+        "--quick",
+        "--data-dir",
+        str(tmp_path / "empty"),
+        "--log-dir",
+        str(tmp_path / "logs"),
+        "--output",
+        str(tmp_path / "results"),
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "not run, smallNORB is not usable here" in result.stderr
     assert "smallnorb-5x46789x9x18x6x2x96x96-training-dat.mat" in result.stderr  # names what is missing
@@ -64,14 +90,28 @@ def test_em_smallnorb_says_so_and_runs_nothing_without_the_data(tmp_path):
 def test_em_smallnorb_tests_each_viewpoint_run_on_familiar_and_novel_views(tmp_path):
     data_dir = write_norb(tmp_path / "data")
     output = tmp_path / "results"
-    result = run_driver("em_smallnorb", "--quick", "--data-dir", str(data_dir), "--log-dir", str(tmp_path / "logs"),
-                        "--output", str(output), *TINY_RUN, "data.verify_checksums=false", "data.val_size=12",
-                        "data.batch_size=12", "trainer.limit_train_batches=2", "trainer.limit_val_batches=1",
-                        "trainer.limit_test_batches=2")
+    result = run_driver(
+        "em_smallnorb",
+        "--quick",
+        "--data-dir",
+        str(data_dir),
+        "--log-dir",
+        str(tmp_path / "logs"),
+        "--output",
+        str(output),
+        *TINY_RUN,
+        "data.verify_checksums=false",
+        "data.val_size=12",
+        "data.batch_size=12",
+        "trainer.limit_train_batches=2",
+        "trainer.limit_val_batches=1",
+        "trainer.limit_test_batches=2",
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     page = (output / "README.md").read_text()
-    novel_rows = [line for line in page.splitlines() if line.startswith("| em_caps_small |")
-                  or line.startswith("| lenet5 |")]
+    novel_rows = [
+        line for line in page.splitlines() if line.startswith("| em_caps_small |") or line.startswith("| lenet5 |")
+    ]
     assert len(novel_rows) == 4, page  # 2 models x (azimuth, elevation)
     assert {row.split(" | ")[1] for row in novel_rows} == {"azimuth", "elevation"}
     logs = tmp_path / "logs" / "em_smallnorb" / "multiruns"
@@ -82,17 +122,34 @@ def test_em_smallnorb_tests_each_viewpoint_run_on_familiar_and_novel_views(tmp_p
 
 def test_em_training_writes_curves_and_routing_entropies_per_recipe(mnist_dir, tmp_path):
     output = tmp_path / "results"
-    result = run_driver("em_training", "--quick", "--recipes", "default", "paper", "--data-dir", str(mnist_dir),
-                        "--log-dir", str(tmp_path), "--output", str(output), *TINY_RUN, "model.net.A=8",
-                        "model.net.B=4", "model.net.C=4", "model.net.D=4", "trainer.max_steps=4",
-                        "trainer.val_check_interval=2", "trainer.limit_val_batches=1",
-                        "callbacks.routing_diagnostics.every_n_steps=2")
+    result = run_driver(
+        "em_training",
+        "--quick",
+        "--recipes",
+        "default",
+        "paper",
+        "--data-dir",
+        str(mnist_dir),
+        "--log-dir",
+        str(tmp_path),
+        "--output",
+        str(output),
+        *TINY_RUN,
+        "model.net.A=8",
+        "model.net.B=4",
+        "model.net.C=4",
+        "model.net.D=4",
+        "trainer.max_steps=4",
+        "trainer.val_check_interval=2",
+        "trainer.limit_val_batches=1",
+        "callbacks.routing_diagnostics.every_n_steps=2",
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     page = (output / "README.md").read_text()
     rows = {line.split(" | ")[0].lstrip("| "): line for line in page.splitlines() if line.startswith("| ")}
     assert {"default", "paper"} <= set(rows) and "LeNet5" not in rows
     for name in ("default", "paper"):
-        entropies = rows[name].split(" | ")[-2]        # c1 / c2 / class, first->last, each in [0, 1]
+        entropies = rows[name].split(" | ")[-2]  # c1 / c2 / class, first->last, each in [0, 1]
         values = [float(v) for part in entropies.split(" / ") for v in part.split("->")]
         assert len(values) == 6 and all(0 <= v <= 1 for v in values), rows[name]
     assert (output / "curves.png").exists() and (output / "comparison.csv").exists()
@@ -104,10 +161,24 @@ def test_bench_gpu_runs_its_code_path_on_the_cpu(tmp_path):
     """--smoke: the benchmark's runs, tiny and on the CPU, with smallNORB written synthetically in the
     official format; the page has a row per precision and the epoch timer's figures."""
     output = tmp_path / "bench_gpu.md"
-    result = subprocess.run([sys.executable, str(PROJECT_ROOT / "experiments" / "bench_gpu.py"), "--smoke",
-                             "--output", str(output), "--log-dir", str(tmp_path), "--only", "em_caps, 2x32x32, batch 32"],
-                            cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=600,
-                            env={**os.environ, "CAPSEXP_DATA_DIR": str(tmp_path / "no_data")})
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(PROJECT_ROOT / "experiments" / "bench_gpu.py"),
+            "--smoke",
+            "--output",
+            str(output),
+            "--log-dir",
+            str(tmp_path),
+            "--only",
+            "em_caps, 2x32x32, batch 32",
+        ],
+        cwd=PROJECT_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "CAPSEXP_DATA_DIR": str(tmp_path / "no_data")},
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     rows = [line for line in output.read_text().splitlines() if line.startswith("| em_caps")]
     assert [row.split(" | ")[1] for row in rows] == ["fp32 (TF32)", "bf16-mixed"]

@@ -6,13 +6,13 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import TINY_RUN, run_cli, scalars
 from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from torch.utils.data import DistributedSampler
 
 from capsexp.data import MNISTDataModule
 from capsexp.data.device_loader import DeviceBatchLoader
 from capsexp.models import CapsNet, LeNet5, MatrixCapsNet
+from conftest import TINY_RUN, run_cli, scalars
 
 
 def test_device_loader_yields_the_samplers_order_in_batches():
@@ -25,24 +25,31 @@ def test_device_loader_yields_the_samplers_order_in_batches():
     assert [b[1].tolist() for b in batches] == [[3, 1, 4], [0, 9, 2], [6]]
     assert all(torch.equal(b[0][:, 0, 0, 0], b[1]) for b in batches)  # images travel with their targets
     shuffled = torch.cat([t for _, t in DeviceBatchLoader(images, targets, 4, shuffle=True)])
-    assert sorted(shuffled.tolist()) == list(range(10))             # a permutation: every image once
+    assert sorted(shuffled.tolist()) == list(range(10))  # a permutation: every image once
     ordered = torch.cat([t for _, t in DeviceBatchLoader(images, targets, 4)])
     assert ordered.tolist() == list(range(10))
 
 
 def _fake_trainer(world_size: int, rank: int) -> SimpleNamespace:
-    return SimpleNamespace(world_size=world_size, global_rank=rank, training=False, testing=False,
-                           strategy=SimpleNamespace(root_device=torch.device("cpu")))
+    return SimpleNamespace(
+        world_size=world_size,
+        global_rank=rank,
+        training=False,
+        testing=False,
+        strategy=SimpleNamespace(root_device=torch.device("cpu")),
+    )
 
 
-@pytest.mark.parametrize("on_device,expected", [(True, DeviceBatchLoader), ("auto", torch.utils.data.DataLoader),
-                                                (False, torch.utils.data.DataLoader)])
+@pytest.mark.parametrize(
+    "on_device,expected",
+    [(True, DeviceBatchLoader), ("auto", torch.utils.data.DataLoader), (False, torch.utils.data.DataLoader)],
+)
 def test_on_device_picks_the_loader(mnist_dir, on_device, expected):
     datamodule = MNISTDataModule(mnist_dir, batch_size=20, val_size=60, verify_checksums=False, on_device=on_device)
     datamodule.trainer = _fake_trainer(1, 0)
     datamodule.prepare_data()
     datamodule.setup("fit")
-    assert isinstance(datamodule.train_dataloader(), expected)   # auto: the CPU keeps the DataLoader
+    assert isinstance(datamodule.train_dataloader(), expected)  # auto: the CPU keeps the DataLoader
 
 
 def test_device_batches_are_sharded_like_the_dataloader_path(mnist_dir):
@@ -62,22 +69,37 @@ def test_device_batches_are_sharded_like_the_dataloader_path(mnist_dir):
 
 
 def test_a_run_with_data_on_the_device_learns(mnist_dir, tmp_path):
-    result = run_cli(*TINY_RUN, f"paths.data_dir={mnist_dir}", "data.on_device=true", "trainer.max_epochs=3",
-                     f"hydra.run.dir={tmp_path}")
+    result = run_cli(
+        *TINY_RUN,
+        f"paths.data_dir={mnist_dir}",
+        "data.on_device=true",
+        "trainer.max_epochs=3",
+        f"hydra.run.dir={tmp_path}",
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     logged = scalars(tmp_path)
-    assert logged["val/acc"][-1].value >= 0.75   # chance: 0.1; the DataLoader path reaches 0.85 here too
+    assert logged["val/acc"][-1].value >= 0.75  # chance: 0.1; the DataLoader path reaches 0.85 here too
     assert {"perf/train_epoch_s", "perf/train_images_per_s"} <= set(logged)
 
 
-@pytest.mark.parametrize("model,extra", [
-    ("lenet5", []),
-    ("capsnet", ["model.net.conv_channels=16", "model.net.primary_types=4"]),
-    ("em_caps_small", ["model.net.A=16", "model.net.B=4", "model.net.C=4", "model.net.D=4"]),
-])
+@pytest.mark.parametrize(
+    "model,extra",
+    [
+        ("lenet5", []),
+        ("capsnet", ["model.net.conv_channels=16", "model.net.primary_types=4"]),
+        ("em_caps_small", ["model.net.A=16", "model.net.B=4", "model.net.C=4", "model.net.D=4"]),
+    ],
+)
 def test_every_model_trains_under_bf16_mixed_without_nan(mnist_dir, tmp_path, model, extra):
-    result = run_cli(*TINY_RUN, f"paths.data_dir={mnist_dir}", f"model={model}", *extra,
-                     "trainer.precision=bf16-mixed", "trainer.max_epochs=2", f"hydra.run.dir={tmp_path}")
+    result = run_cli(
+        *TINY_RUN,
+        f"paths.data_dir={mnist_dir}",
+        f"model={model}",
+        *extra,
+        "trainer.precision=bf16-mixed",
+        "trainer.max_epochs=2",
+        f"hydra.run.dir={tmp_path}",
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     losses = [event.value for event in scalars(tmp_path)["train/loss_step"]]
     assert len(losses) == 24 and all(torch.isfinite(torch.tensor(losses)))
@@ -88,8 +110,9 @@ def _nets() -> dict:
     return {
         "LeNet5": lambda: LeNet5(),
         "CapsNet": lambda: CapsNet(conv_channels=16, primary_types=4),
-        "MatrixCapsNet": lambda: MatrixCapsNet(A=8, B=4, C=4, D=4, iterations=2, final_lambda=3.0,
-                                               cost_normalization="standardize", route_per_window=True),
+        "MatrixCapsNet": lambda: MatrixCapsNet(
+            A=8, B=4, C=4, D=4, iterations=2, final_lambda=3.0, cost_normalization="standardize", route_per_window=True
+        ),
     }
 
 
@@ -108,8 +131,9 @@ def test_compiled_nets_give_the_eager_results(name, backend):
         scores = output if isinstance(output, torch.Tensor) else output.scores
         scores.sum().backward()
         # A compiled graph may give a parameter the scores do not depend on a zero gradient, not None.
-        return scores.detach().clone(), {n: torch.zeros_like(p) if p.grad is None else p.grad.clone()
-                                         for n, p in module.named_parameters()}
+        return scores.detach().clone(), {
+            n: torch.zeros_like(p) if p.grad is None else p.grad.clone() for n, p in module.named_parameters()
+        }
 
     eager_scores, eager_grads = outputs_and_gradients(net)
     net.compile(backend=backend)

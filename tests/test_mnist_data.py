@@ -34,7 +34,7 @@ def test_reads_gz_files_into_uint8_batches_then_unit_range_floats(mnist_dir):
     assert images.shape == (32, 1, 28, 28) and images.dtype == torch.uint8
     assert targets.dtype == torch.long and int(targets.max()) <= 9
     images, _ = datamodule.on_after_batch_transfer((images, targets), 0)
-    assert images.dtype == torch.float32 and 0.0 <= images.min() and images.max() <= 1.0
+    assert images.dtype == torch.float32 and images.min() >= 0.0 and images.max() <= 1.0
     # prepare_data unpacked the .gz files next to themselves, as torchvision expects.
     assert all((mnist_dir / RAW / name).exists() for name in MNIST_FILES)
 
@@ -97,7 +97,7 @@ def test_failed_download_is_reported_and_leaves_nothing(tmp_path, monkeypatch):
 def test_truncated_gz_names_the_file_and_leaves_no_partial_copy(mnist_dir):
     gz = mnist_dir / RAW / "train-images-idx3-ubyte.gz"
     gz.write_bytes(gz.read_bytes()[:-500])
-    with pytest.raises(CorruptDatasetError, match="train-images-idx3-ubyte.gz") as error:
+    with pytest.raises(CorruptDatasetError, match=r"train-images-idx3-ubyte.gz") as error:
         make_datamodule(mnist_dir).prepare_data()
     assert "truncated or corrupted" in str(error.value)
     assert not (mnist_dir / RAW / "train-images-idx3-ubyte").exists()
@@ -107,7 +107,7 @@ def test_truncated_gz_names_the_file_and_leaves_no_partial_copy(mnist_dir):
 def test_unpacked_file_with_truncated_payload_names_the_file(mnist_dir):
     gz = mnist_dir / RAW / "t10k-images-idx3-ubyte.gz"
     gz.write_bytes(gzip.compress(gzip.decompress(gz.read_bytes())[:-28]))
-    with pytest.raises(CorruptDatasetError, match="t10k-images-idx3-ubyte.*header .* announces"):
+    with pytest.raises(CorruptDatasetError, match=r"t10k-images-idx3-ubyte.*header .* announces"):
         make_datamodule(mnist_dir).prepare_data()
 
 
@@ -130,7 +130,7 @@ def test_labels_out_of_range_are_rejected(mnist_dir):
 
 
 def test_checksum_mismatch_points_to_the_switch(mnist_dir):
-    with pytest.raises(CorruptDatasetError, match="md5 differs.*verify_checksums=false"):
+    with pytest.raises(CorruptDatasetError, match=r"md5 differs.*verify_checksums=false"):
         make_datamodule(mnist_dir, verify_checksums=True).prepare_data()
     make_datamodule(mnist_dir, verify_checksums=False).prepare_data()
 
@@ -138,14 +138,25 @@ def test_checksum_mismatch_points_to_the_switch(mnist_dir):
 def test_real_mnist_checksums(real_mnist_dir):
     datamodule = prepared(real_mnist_dir, stage="test", verify_checksums=True)
     assert len(datamodule.data_test) == 10_000
-    assert torch.bincount(datamodule.data_test.targets).tolist() == [980, 1135, 1032, 1010, 982, 892, 958,
-                                                                    1028, 974, 1009]
+    assert torch.bincount(datamodule.data_test.targets).tolist() == [
+        980,
+        1135,
+        1032,
+        1010,
+        982,
+        892,
+        958,
+        1028,
+        974,
+        1009,
+    ]
     assert md5sum(real_mnist_dir / RAW / "t10k-images-idx3-ubyte") == "2646ac647ad5339dbf082846283269ea"
 
 
 def test_cli_prints_a_short_message_not_a_traceback(tmp_path):
-    result = run_cli(*TINY_RUN, f"paths.data_dir={tmp_path}", "data.download=false",
-                     f"hydra.run.dir={tmp_path / 'run'}")
+    result = run_cli(
+        *TINY_RUN, f"paths.data_dir={tmp_path}", "data.download=false", f"hydra.run.dir={tmp_path / 'run'}"
+    )
     assert result.returncode == 1
     assert "error: MNIST not found in" in result.stderr
     assert "Traceback" not in result.stderr

@@ -38,7 +38,7 @@ def test_header_bytes_follow_the_official_layout(tmp_path):
 def test_wrong_magic_names_the_file(tmp_path):
     path = tmp_path / "bad.mat"
     path.write_bytes(struct.pack("<5i", 0x12345678, 1, 3, 1, 1) + bytes(12))
-    with pytest.raises(CorruptDatasetError, match="bad.mat: magic 0x12345678: not a NORB matrix file"):
+    with pytest.raises(CorruptDatasetError, match=r"bad.mat: magic 0x12345678: not a NORB matrix file"):
         read_matrix(path)
     path.write_bytes(struct.pack("<5i", 0x1E3D4C51, 1, 3, 1, 1) + bytes(12))
     with pytest.raises(CorruptDatasetError, match="float32 matrix, not used by smallNORB"):
@@ -49,7 +49,11 @@ def test_wrong_magic_names_the_file(tmp_path):
 def test_truncated_or_overlong_data_names_the_file(tmp_path, suffix):
     path = write_matrix(tmp_path / f"dat.mat{suffix}", np.zeros((3, 2, 4, 4), dtype=np.uint8))
     raw = gzip.decompress(path.read_bytes()) if suffix else path.read_bytes()
-    for bad, message in [(raw[:-7], "truncated"), (raw + b"\0", "longer than its header"), (raw[:10], "truncated header")]:
+    for bad, message in [
+        (raw[:-7], "truncated"),
+        (raw + b"\0", "longer than its header"),
+        (raw[:10], "truncated header"),
+    ]:
         path.write_bytes(gzip.compress(bad) if suffix else bad)
         with pytest.raises(CorruptDatasetError, match=f"dat.mat{suffix}.*{message}"):
             read_matrix(path)
@@ -61,7 +65,7 @@ def test_corrupted_gzip_and_wrong_shape(tmp_path):
     with pytest.raises(CorruptDatasetError, match=r"info.mat.gz: shape \(4, 4\), expected \(None, 3\)"):
         read_matrix(path, expected_shape=(None, 3))
     path.write_bytes(path.read_bytes()[:12])
-    with pytest.raises(CorruptDatasetError, match="info.mat.gz"):
+    with pytest.raises(CorruptDatasetError, match=r"info.mat.gz"):
         read_matrix(path)
 
 
@@ -74,6 +78,8 @@ def test_the_official_file_table():
     assert len(SMALLNORB_FILES) == 6
     assert all(len(gz) == 32 and len(raw) == 32 for gz, raw in SMALLNORB_FILES.values())
     # The training and testing category files are identical once unpacked.
-    training, testing = (SMALLNORB_FILES[f"smallnorb-5x{ids}x9x18x6x2x96x96-{split}-cat.mat"][1]
-                         for ids, split in [("46789", "training"), ("01235", "testing")])
+    training, testing = (
+        SMALLNORB_FILES[f"smallnorb-5x{ids}x9x18x6x2x96x96-{split}-cat.mat"][1]
+        for ids, split in [("46789", "training"), ("01235", "testing")]
+    )
     assert training == testing

@@ -23,8 +23,10 @@ COUNT = 108  # 18 azimuths x 6 elevations: every viewpoint appears
 def norb_arrays(seed: int) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
     categories = (np.arange(COUNT) % 5).astype(np.int32)
-    info = np.stack([rng.integers(0, 10, COUNT), np.arange(COUNT) % 9, (np.arange(COUNT) % 18) * 2,
-                     rng.integers(0, 6, COUNT)], axis=1).astype(np.int32)
+    info = np.stack(
+        [rng.integers(0, 10, COUNT), np.arange(COUNT) % 9, (np.arange(COUNT) % 18) * 2, rng.integers(0, 6, COUNT)],
+        axis=1,
+    ).astype(np.int32)
     images = rng.integers(0, 60, size=(COUNT, 2, 96, 96), dtype=np.uint8)
     for k in range(5):  # a learnable bright block per category
         images[categories == k, :, 10 + 15 * k : 25 + 15 * k, 30:60] = 230
@@ -65,7 +67,7 @@ def test_reads_plain_and_gz_files_in_each_stereo_mode(norb_dir, stereo, channels
     datamodule = prepared(norb_dir, stereo=stereo)
     assert len(datamodule.data_train) + len(datamodule.data_val) == factor * COUNT
     assert len(datamodule.data_test) == factor * COUNT
-    images, targets = next(iter(datamodule.train_dataloader()))
+    images, _ = next(iter(datamodule.train_dataloader()))
     assert images.shape == (12, channels, 48, 48) and images.dtype == torch.uint8
     assert datamodule.dims == (channels, 32, 32)
     assert set(datamodule.data_test.extras) == {"instance", "elevation", "azimuth", "lighting"}
@@ -99,8 +101,9 @@ def test_crops_jitter_and_standardisation(norb_dir):
     assert trained[0].shape == (12, 2, 32, 32) and not torch.allclose(trained[0], trained[1])
 
 
-@pytest.mark.parametrize("viewpoint,column,trained", [("azimuth", "azimuth", {30, 32, 34, 0, 2, 4}),
-                                                      ("elevation", "elevation", {0, 1, 2})])
+@pytest.mark.parametrize(
+    "viewpoint,column,trained", [("azimuth", "azimuth", {30, 32, 34, 0, 2, 4}), ("elevation", "elevation", {0, 1, 2})]
+)
 def test_novel_viewpoint_splits(norb_dir, viewpoint, column, trained):
     familiar = prepared(norb_dir, viewpoint=viewpoint, familiar=True, val_size=6)
     novel = prepared(norb_dir, viewpoint=viewpoint, familiar=False, val_size=6)
@@ -125,10 +128,13 @@ def test_cache_is_built_once_and_rebuilt_when_a_source_changes(norb_dir):
     assert int(rebuilt.data_test.images[0].min()) == 255
 
 
-@pytest.mark.parametrize("damage,message", [
-    (lambda raw: b"\x00" * 4 + raw[4:], "not a NORB matrix file"),
-    (lambda raw: raw[:-100], "truncated"),
-])
+@pytest.mark.parametrize(
+    "damage,message",
+    [
+        (lambda raw: b"\x00" * 4 + raw[4:], "not a NORB matrix file"),
+        (lambda raw: raw[:-100], "truncated"),
+    ],
+)
 def test_bad_files_name_the_file(norb_dir, damage, message):
     path = norb_dir / "smallnorb" / f"{PREFIX['test']}-dat.mat"
     path.write_bytes(damage(path.read_bytes()))
@@ -141,12 +147,12 @@ def test_wrong_dims_and_values_name_the_file(norb_dir):
     with pytest.raises(CorruptDatasetError, match=r"testing-info.mat: shape \(108, 3\), expected \(108, 4\)"):
         prepared(norb_dir)
     write_matrix(norb_dir / "smallnorb" / f"{PREFIX['test']}-info.mat", np.full((COUNT, 4), 40, dtype=np.int32))
-    with pytest.raises(CorruptDatasetError, match="testing-info.mat: instance outside 0-9"):
+    with pytest.raises(CorruptDatasetError, match=r"testing-info.mat: instance outside 0-9"):
         prepared(norb_dir)
 
 
 def test_checksums_are_checked_by_default(norb_dir):
-    with pytest.raises(CorruptDatasetError, match="md5 differs.*verify_checksums=false"):
+    with pytest.raises(CorruptDatasetError, match=r"md5 differs.*verify_checksums=false"):
         prepared(norb_dir, verify_checksums=True)
 
 
@@ -156,7 +162,7 @@ def test_missing_files_without_network_name_folder_and_files(tmp_path):
     message = str(error.value)
     assert str(tmp_path / "smallnorb") in message and all(name in message for name in SMALLNORB_FILES)
     assert "CAPSEXP_DATA_DIR" in message
-    with pytest.raises(DatasetNotFoundError, match="Download of http://127.0.0.1:9/.* failed"):
+    with pytest.raises(DatasetNotFoundError, match=r"Download of http://127.0.0.1:9/.* failed"):
         prepared(tmp_path, download=True, base_url="http://127.0.0.1:9/")
     assert not list((tmp_path / "smallnorb").glob("*"))
 
@@ -173,7 +179,7 @@ class Server:
             def log_message(self, *args):
                 pass
 
-            def do_GET(self):  # noqa: N802
+            def do_GET(self):
                 if truncated and self.path.endswith(truncated):
                     # Announce the whole file, send a tenth of it, hang up: an interrupted download.
                     body = (directory / truncated).read_bytes()
@@ -212,22 +218,21 @@ def test_download_from_the_configured_url(served, tmp_path):
         datamodule = prepared(tmp_path / "data", download=True, base_url=server.url)
     assert len(datamodule.data_test) == COUNT
     assert sorted(p.name for p in (tmp_path / "data" / "smallnorb").glob("*.gz")) == sorted(
-        f"{name}.gz" for name in SMALLNORB_FILES)
+        f"{name}.gz" for name in SMALLNORB_FILES
+    )
 
 
 def test_corrupted_download_is_detected_and_not_kept(served, tmp_path):
-    with Server(served) as server:
-        with pytest.raises(CorruptDatasetError, match="downloaded file's md5 differs"):
-            prepared(tmp_path / "data", download=True, base_url=server.url, verify_checksums=True)
+    with Server(served) as server, pytest.raises(CorruptDatasetError, match="downloaded file's md5 differs"):
+        prepared(tmp_path / "data", download=True, base_url=server.url, verify_checksums=True)
     assert not list((tmp_path / "data" / "smallnorb").glob("*.mat*"))
     assert not list((tmp_path / "data" / "smallnorb").glob("*.download"))
 
 
 def test_interrupted_download_is_not_left_behind(served, tmp_path):
     victim = f"{PREFIX['test']}-dat.mat.gz"
-    with Server(served, truncate=victim) as server:
-        with pytest.raises(DatasetNotFoundError, match="failed"):
-            prepared(tmp_path / "data", download=True, base_url=server.url)
+    with Server(served, truncate=victim) as server, pytest.raises(DatasetNotFoundError, match="failed"):
+        prepared(tmp_path / "data", download=True, base_url=server.url)
     folder = tmp_path / "data" / "smallnorb"
     assert not (folder / victim).exists() and not list(folder.glob("*.download"))
     # With the server fixed, the next run fetches what is still missing and works.
@@ -236,14 +241,27 @@ def test_interrupted_download_is_not_left_behind(served, tmp_path):
 
 
 # ---- every model trains on it through the CLI ---------------------------------------------------
-@pytest.mark.parametrize("model,extra", [
-    ("lenet5", []),
-    ("capsnet", ["model.net.conv_channels=16", "model.net.primary_types=4"]),
-    ("em_caps", ["model.net.A=8", "model.net.B=4", "model.net.C=4", "model.net.D=4"]),
-])
+@pytest.mark.parametrize(
+    "model,extra",
+    [
+        ("lenet5", []),
+        ("capsnet", ["model.net.conv_channels=16", "model.net.primary_types=4"]),
+        ("em_caps", ["model.net.A=8", "model.net.B=4", "model.net.C=4", "model.net.D=4"]),
+    ],
+)
 def test_each_model_trains_on_smallnorb_through_the_cli(norb_dir, tmp_path, model, extra):
-    result = run_cli(*TINY_RUN, f"paths.data_dir={norb_dir}", "data=smallnorb", f"model={model}", *extra,
-                     "data.val_size=12", "data.batch_size=12", "trainer.max_epochs=1",
-                     "trainer.limit_train_batches=3", "trainer.limit_test_batches=2", f"hydra.run.dir={tmp_path}")
+    result = run_cli(
+        *TINY_RUN,
+        f"paths.data_dir={norb_dir}",
+        "data=smallnorb",
+        f"model={model}",
+        *extra,
+        "data.val_size=12",
+        "data.batch_size=12",
+        "trainer.max_epochs=1",
+        "trainer.limit_train_batches=3",
+        "trainer.limit_test_batches=2",
+        f"hydra.run.dir={tmp_path}",
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert (tmp_path / "checkpoints" / "last.ckpt").exists()

@@ -10,8 +10,15 @@ from conftest import TINY_RUN, run_cli
 
 @pytest.mark.parametrize("launcher", ["joblib", "submitit_local"])
 def test_launchers_run_each_job_in_its_own_folder(mnist_dir, tmp_path, launcher):
-    result = run_cli("-m", f"hydra/launcher={launcher}", "seed=1,2", *TINY_RUN, f"paths.data_dir={mnist_dir}",
-                     "trainer.max_epochs=1", env={"CAPSEXP_LOG_DIR": str(tmp_path)})
+    result = run_cli(
+        "-m",
+        f"hydra/launcher={launcher}",
+        "seed=1,2",
+        *TINY_RUN,
+        f"paths.data_dir={mnist_dir}",
+        "trainer.max_epochs=1",
+        env={"CAPSEXP_LOG_DIR": str(tmp_path)},
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     (sweep,) = (tmp_path / "train" / "multiruns").iterdir()
     jobs = sorted(p.name for p in sweep.iterdir() if p.is_dir() and p.name.isdigit())
@@ -23,15 +30,25 @@ def test_launchers_run_each_job_in_its_own_folder(mnist_dir, tmp_path, launcher)
 
 
 def test_optuna_sweep_of_two_trials(mnist_dir, tmp_path):
-    result = run_cli("hparams_search=capsnet_optuna", "hydra.sweeper.n_trials=2",
-                     "hydra.sweeper.sampler.n_startup_trials=2", *TINY_RUN, f"paths.data_dir={mnist_dir}",
-                     "trainer.max_epochs=1", "model.net.conv_channels=16", "model.net.primary_types=4",
-                     env={"CAPSEXP_LOG_DIR": str(tmp_path)})
+    result = run_cli(
+        "hparams_search=capsnet_optuna",
+        "hydra.sweeper.n_trials=2",
+        "hydra.sweeper.sampler.n_startup_trials=2",
+        *TINY_RUN,
+        f"paths.data_dir={mnist_dir}",
+        "trainer.max_epochs=1",
+        "model.net.conv_channels=16",
+        "model.net.primary_types=4",
+        env={"CAPSEXP_LOG_DIR": str(tmp_path)},
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     (sweep,) = (tmp_path / "train" / "multiruns").iterdir()
     results = yaml.safe_load((sweep / "optimization_results.yaml").read_text())
     # data.batch_size is searched too, unless fixed on the command line, as TINY_RUN does.
-    assert set(results["best_params"]) == {"optimizer.lr", "lr_scheduler.scheduler.decay_rate",
-                                           "model.net.routing_iterations"}
+    assert set(results["best_params"]) == {
+        "optimizer.lr",
+        "lr_scheduler.scheduler.decay_rate",
+        "model.net.routing_iterations",
+    }
     assert 0.0 <= results["best_value"] <= 1.0
     assert sorted(p.name for p in sweep.iterdir() if p.is_dir() and p.name.isdigit()) == ["0", "1"]

@@ -52,11 +52,14 @@ def optimized_metric(cfg: DictConfig, metrics: dict[str, float]) -> float | None
             max_steps = cfg.trainer.get("max_steps", -1)
             below = f", below trainer.max_steps={max_steps}" if max_steps and max_steps > 0 else ""
             problem = "was not logged: the run never validated"
-            advice = (f"validate before the run ends (trainer.val_check_interval=N, a number of steps{below}; "
-                      f"trainer.limit_val_batches not 0) or optimise a metric it logs (optimized_metric=test/acc)")
+            advice = (
+                f"validate before the run ends (trainer.val_check_interval=N, a number of steps{below}; "
+                f"trainer.limit_val_batches not 0) or optimise a metric it logs (optimized_metric=test/acc)"
+            )
         if _sweeper_needs_metric():
-            raise CapsexpError(f"optimized_metric={metric_name} {problem}, and the sweeper needs its value.\n"
-                               f"To get one, {advice}")
+            raise CapsexpError(
+                f"optimized_metric={metric_name} {problem}, and the sweeper needs its value.\nTo get one, {advice}"
+            )
         log.warning(f"optimized_metric={metric_name} {problem} (only a sweeper needs it); to get it, {advice}")
         return None
     log.info(f"{metric_name} = {metrics[metric_name]:.4f}")

@@ -33,8 +33,10 @@ def check_checkpoint(ckpt_path: str | Path, module: nn.Module | None = None) -> 
         hint = f"; it holds {', '.join(p.name for p in found[:3])}" if found else ""
         raise CheckpointError(f"{where} is a folder: give a .ckpt file{hint}")
     if not path.is_file():
-        raise CheckpointError(f"{where}: no such file. A run's checkpoints are in "
-                              "logs/<task_name>/runs/<time>/checkpoints/ (last.ckpt, and the best by val/acc)")
+        raise CheckpointError(
+            f"{where}: no such file. A run's checkpoints are in "
+            "logs/<task_name>/runs/<time>/checkpoints/ (last.ckpt, and the best by val/acc)"
+        )
     if path.stat().st_size == 0:
         raise CheckpointError(f"{where} is empty (0 bytes): the run that wrote it stopped while saving?")
     if not zipfile.is_zipfile(path):  # torch.save writes a zip archive
@@ -46,13 +48,20 @@ def check_checkpoint(ckpt_path: str | Path, module: nn.Module | None = None) -> 
             raise CheckpointError(
                 f"{where} holds Python objects other than tensors and plain values. capsexp loads "
                 "checkpoints without running code from them and will not load this one; checkpoints "
-                "written by capsexp never need that.") from None
+                "written by capsexp never need that."
+            ) from None
         raise CheckpointError(f"{where} is not a PyTorch checkpoint ({_first_line(error)})") from None
     except Exception as error:  # a damaged archive: one line, not PyTorch's advice
         raise CheckpointError(f"{where} is a damaged PyTorch checkpoint ({_first_line(error)})") from None
-    if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint or "pytorch-lightning_version" not in checkpoint:
-        raise CheckpointError(f"{where} is a PyTorch file but not a Lightning checkpoint (no state_dict or "
-                              "pytorch-lightning_version in it): give a .ckpt written by a capsexp run")
+    if (
+        not isinstance(checkpoint, dict)
+        or "state_dict" not in checkpoint
+        or "pytorch-lightning_version" not in checkpoint
+    ):
+        raise CheckpointError(
+            f"{where} is a PyTorch file but not a Lightning checkpoint (no state_dict or "
+            "pytorch-lightning_version in it): give a .ckpt written by a capsexp run"
+        )
     if module is not None:
         _check_weights_fit(where, checkpoint["state_dict"], module)
 
@@ -74,9 +83,11 @@ def _check_weights_fit(where: str, saved: dict[str, torch.Tensor], module: nn.Mo
         first = f"the checkpoint's {unexpected[0]} is not in this model"
     net = type(getattr(module, "net", module)).__name__
     raise CheckpointError(
-        f"{where} was saved from another model than this run's {net} ({len(missing) + len(unexpected) + len(mismatched)} "
-        f"weights differ; {first}).\nUse the model and data options of the run that wrote it (its "
-        ".hydra/config.yaml, two folders up from checkpoints/).")
+        f"{where} was saved from another model than this run's {net} "
+        f"({len(missing) + len(unexpected) + len(mismatched)} weights differ; {first}).\n"
+        "Use the model and data options of the run that wrote it "
+        "(its .hydra/config.yaml, two folders up from checkpoints/)."
+    )
 
 
 def _shape(shape: tuple[int, ...]) -> str:

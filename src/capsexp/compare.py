@@ -98,12 +98,16 @@ def write_tables(metrics: list[str], rows: list[dict], shared: list[str], output
     header = ["configuration", "runs", *metrics]
     lines = ["| " + " | ".join(header) + " |", "| " + " | ".join(["---", "---:"] + ["---:"] * len(metrics)) + " |"]
     for row in rows:
-        lines.append("| " + " | ".join([row["configuration"], str(row["runs"])] + [cell(row[m]) for m in metrics]) + " |")
+        lines.append(
+            "| " + " | ".join([row["configuration"], str(row["runs"])] + [cell(row[m]) for m in metrics]) + " |"
+        )
     (output / "comparison.md").write_text(
         "# Run comparison\n\nAccuracies in %, mean ± std over the runs of each configuration (they differ only "
         "by seed; no std for a single run). Final values, except val/acc_best.\n\n"
         + (f"Common to every run: `{' '.join(shared)}`\n\n" if shared else "")
-        + "\n".join(lines) + "\n")
+        + "\n".join(lines)
+        + "\n"
+    )
     with open(output / "comparison.csv", "w", newline="") as handle:
         writer = csv.writer(handle)
         writer.writerow(["configuration", "runs"] + [f"{m} {s}" for m in metrics for s in ("mean", "std")])
@@ -123,8 +127,14 @@ def write_plots(runs: list[Run], metrics: list[str], rows: list[dict], output: P
 
     def legend(axes) -> None:  # below the plot, long labels wrapped, so the axes keep their width
         handles, labels = axes.get_legend_handles_labels()
-        axes.legend(handles, [textwrap.fill(label, 60) for label in labels], fontsize="small",
-                    loc="upper center", bbox_to_anchor=(0.5, -0.15))
+        axes.legend(
+            handles,
+            [textwrap.fill(label, 60) for label in labels],
+            fontsize="small",
+            loc="upper center",
+            bbox_to_anchor=(0.5, -0.15),
+        )
+
     figure, axes = plt.subplots(figsize=(8, 5))
     labelled = set()
     for run in runs:
@@ -148,10 +158,18 @@ def write_plots(runs: list[Run], metrics: list[str], rows: list[dict], output: P
         for row in rows:
             means = [100 * row[m][0] if row[m] else math.nan for m in rotations]
             errors = [100 * row[m][1] if row[m] and row[m][1] is not None else 0.0 for m in rotations]
-            axes.errorbar(angles, means, yerr=errors, marker="o", capsize=3, color=colours[row["configuration"]],
-                          label=row["configuration"])
-        axes.set(xlabel="rotation of the test digits (degrees)", ylabel="test accuracy (%)",
-                 title="Accuracy versus rotation")
+            axes.errorbar(
+                angles,
+                means,
+                yerr=errors,
+                marker="o",
+                capsize=3,
+                color=colours[row["configuration"]],
+                label=row["configuration"],
+            )
+        axes.set(
+            xlabel="rotation of the test digits (degrees)", ylabel="test accuracy (%)", title="Accuracy versus rotation"
+        )
         legend(axes)
         figure.savefig(output / "rotation.png", dpi=120, bbox_inches="tight")
         written.append(output / "rotation.png")
@@ -164,7 +182,9 @@ def compare(folder: Path, output: Path | None = None) -> Path:
     output = output or folder
     runs = find_runs(folder)
     if not runs:
-        raise SystemExit(f"error: no runs under {folder} (a run is a folder with .hydra/overrides.yaml and tensorboard/)")
+        raise SystemExit(
+            f"error: no runs under {folder} (a run is a folder with .hydra/overrides.yaml and tensorboard/)"
+        )
     output.mkdir(parents=True, exist_ok=True)
     shared = label_configurations(runs)
     metrics, rows = summarise(runs)
@@ -174,8 +194,9 @@ def compare(folder: Path, output: Path | None = None) -> Path:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m capsexp.compare", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m capsexp.compare", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("folder", type=Path, help="a multirun folder, or logs/ for every run")
     parser.add_argument("--output", type=Path, default=None, help="where to write (default: the folder)")
     args = parser.parse_args(argv)

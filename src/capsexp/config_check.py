@@ -22,8 +22,23 @@ _ABSENT = object()
 
 # Mirrors of choices defined where torch is imported (tests keep them equal).
 COST_NORMALIZATIONS = ("none", "data", "standardize")
-PRECISIONS = ("transformer-engine", "transformer-engine-float16", "16-true", "16-mixed", "bf16-true",
-              "bf16-mixed", "32-true", "64-true", "64", "32", "16", "bf16", 64, 32, 16)
+PRECISIONS = (
+    "transformer-engine",
+    "transformer-engine-float16",
+    "16-true",
+    "16-mixed",
+    "bf16-true",
+    "bf16-mixed",
+    "32-true",
+    "64-true",
+    "64",
+    "32",
+    "16",
+    "bf16",
+    64,
+    32,
+    16,
+)
 ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps", "tpu")
 
 
@@ -85,8 +100,11 @@ def validation_interval(value: Any) -> bool:
 def devices(value: Any) -> bool:
     if isinstance(value, (list, tuple, ListConfig)):
         return len(value) > 0 and all(non_negative_int(index) for index in value)
-    return value == "auto" or (_is_int(value) and (value > 0 or value == -1)) or (
-        isinstance(value, str) and value.replace(",", "").strip().isdigit())
+    return (
+        value == "auto"
+        or (_is_int(value) and (value > 0 or value == -1))
+        or (isinstance(value, str) and value.replace(",", "").strip().isdigit())
+    )
 
 
 def number_list(value: Any) -> bool:
@@ -94,8 +112,12 @@ def number_list(value: Any) -> bool:
 
 
 def number_range(value: Any) -> bool:
-    return (isinstance(value, (list, tuple, ListConfig)) and len(value) == 2
-            and all(positive_number(v) for v in value) and value[0] <= value[1])
+    return (
+        isinstance(value, (list, tuple, ListConfig))
+        and len(value) == 2
+        and all(positive_number(v) for v in value)
+        and value[0] <= value[1]
+    )
 
 
 def non_empty_string(value: Any) -> bool:
@@ -148,8 +170,10 @@ RULES: tuple[Rule, ...] = (
     Rule("model.net.conv1_norm", boolean, "true or false"),
     Rule("model.net.coordinate_addition", boolean, "true or false"),
     Rule("model.net.weight_std", optional(positive_number), "null or a number > 0"),
-    *(Rule(f"model.net.{key}", positive_int, "a positive integer")
-      for key in ("A", "B", "C", "D", "K", "P", "conv_channels", "primary_types", "primary_dim", "pose_dim")),
+    *(
+        Rule(f"model.net.{key}", positive_int, "a positive integer")
+        for key in ("A", "B", "C", "D", "K", "P", "conv_channels", "primary_types", "primary_dim", "pose_dim")
+    ),
     Rule("model.net.reconstruction", boolean, "true or false"),
     Rule("model.compile", boolean, "true or false"),
     Rule("model.net.detach_agreement", boolean, "true or false"),
@@ -175,11 +199,20 @@ RULES: tuple[Rule, ...] = (
     Rule("trainer.max_epochs", optional(steps_limit), "a positive integer, or -1 for no limit"),
     Rule("trainer.min_epochs", optional(non_negative_int), "0 or a positive integer"),
     Rule("trainer.max_steps", steps_limit, "a positive integer, or -1 for no limit"),
-    Rule("trainer.limit_train_batches", batches_limit, "null, a number of batches (integer >= 0) or a fraction in [0, 1]"),
-    Rule("trainer.limit_val_batches", batches_limit, "null, a number of batches (integer >= 0) or a fraction in [0, 1]"),
-    Rule("trainer.limit_test_batches", batches_limit, "null, a number of batches (integer >= 0) or a fraction in [0, 1]"),
-    Rule("trainer.val_check_interval", validation_interval,
-         "a number of training batches (integer > 0) or a fraction of an epoch in (0, 1]"),
+    Rule(
+        "trainer.limit_train_batches", batches_limit, "null, a number of batches (integer >= 0) or a fraction in [0, 1]"
+    ),
+    Rule(
+        "trainer.limit_val_batches", batches_limit, "null, a number of batches (integer >= 0) or a fraction in [0, 1]"
+    ),
+    Rule(
+        "trainer.limit_test_batches", batches_limit, "null, a number of batches (integer >= 0) or a fraction in [0, 1]"
+    ),
+    Rule(
+        "trainer.val_check_interval",
+        validation_interval,
+        "a number of training batches (integer > 0) or a fraction of an epoch in (0, 1]",
+    ),
     Rule("trainer.check_val_every_n_epoch", optional(positive_int), "a positive integer, or null"),
     Rule("trainer.log_every_n_steps", positive_int, "a positive integer"),
     Rule("trainer.accelerator", one_of(*ACCELERATORS), ", ".join(ACCELERATORS)),
@@ -236,8 +269,10 @@ def _combination_problems(cfg: DictConfig) -> list[str]:
         problems.append(f"data.crop_size={crop}: must be at most data.resize={resize}")
     batch, processes = _value(cfg, "data.batch_size"), _process_count(cfg)
     if positive_int(batch) and processes and batch % processes:
-        problems.append(f"data.batch_size={batch}: the global batch must divide by the {processes} processes "
-                        f"(trainer.devices x trainer.num_nodes); e.g. data.batch_size={processes * max(1, batch // processes)}")
+        problems.append(
+            f"data.batch_size={batch}: the global batch must divide by the {processes} processes "
+            f"(trainer.devices x trainer.num_nodes); e.g. data.batch_size={processes * max(1, batch // processes)}"
+        )
     if _value(cfg, "train") is False and _value(cfg, "test") is False:
         problems.append("train=false test=false: nothing to do; set train=true, test=true or both")
     return problems
@@ -278,5 +313,4 @@ def check_group_overrides(arguments: list[str], config_dir: Path) -> None:
             if option not in options:
                 close = difflib.get_close_matches(option, options, n=1)
                 hint = f" (did you mean {key}={close[0]}?)" if close else ""
-                raise ConfigError(f"{key}={option}: no such option{hint}\n"
-                                  f"  {key} is one of: {', '.join(options)}")
+                raise ConfigError(f"{key}={option}: no such option{hint}\n  {key} is one of: {', '.join(options)}")

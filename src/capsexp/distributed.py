@@ -91,7 +91,7 @@ def ddp_job() -> Iterator[DDPJob]:
         yield job
         failed = False
     finally:
-        for module, original_command in zip(launcher_modules, original_commands):
+        for module, original_command in zip(launcher_modules, original_commands, strict=True):
             module._hydra_subprocess_cmd = original_command
         for child in job.child_processes():
             if failed:

@@ -9,8 +9,8 @@ from typing import Any
 import lightning as L
 import torch
 from hydra.errors import InstantiationException
-from lightning.fabric.utilities.exceptions import MisconfigurationException
 from hydra.utils import instantiate as hydra_instantiate
+from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import Logger
 from omegaconf import DictConfig, OmegaConf

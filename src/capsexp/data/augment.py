@@ -11,9 +11,11 @@ from torchvision.transforms.v2 import functional as TF
 def random_crop(images: torch.Tensor, size: int, generator: torch.Generator | None = None) -> torch.Tensor:
     """A random ``size`` x ``size`` crop of each image (B, C, H, W), each at its own position."""
     batch, _, height, width = images.shape
-    offsets = [torch.randint(0, extent - size + 1, (batch,), device=images.device, generator=generator)
-               for extent in (height, width)]
-    rows = offsets[0][:, None] + torch.arange(size, device=images.device)               # (B, size)
+    offsets = [
+        torch.randint(0, extent - size + 1, (batch,), device=images.device, generator=generator)
+        for extent in (height, width)
+    ]
+    rows = offsets[0][:, None] + torch.arange(size, device=images.device)  # (B, size)
     cols = offsets[1][:, None] + torch.arange(size, device=images.device)
     examples = torch.arange(batch, device=images.device)[:, None, None]
     # Advanced indexing on dims 0, 2, 3 puts them first: (B, size, size, C) -> (B, C, size, size).

@@ -112,9 +112,17 @@ class InMemoryDataModule(L.LightningDataModule):
         sampler: Sampler | None = self._evaluation_sampler(dataset)
         if shuffle:  # as Lightning shards a training DataLoader: DistributedSampler, seeded alike
             world_size = self.trainer.world_size
-            sampler = None if world_size == 1 else DistributedSampler(
-                dataset, num_replicas=world_size, rank=self.trainer.global_rank, shuffle=True,
-                seed=int(os.environ.get("PL_GLOBAL_SEED", 0)))
+            sampler = (
+                None
+                if world_size == 1
+                else DistributedSampler(
+                    dataset,
+                    num_replicas=world_size,
+                    rank=self.trainer.global_rank,
+                    shuffle=True,
+                    seed=int(os.environ.get("PL_GLOBAL_SEED", 0)),
+                )
+            )
         images, targets = self._device_copy(dataset, device)
         return DeviceBatchLoader(images, targets, self.batch_size_per_device, sampler=sampler, shuffle=shuffle)
 

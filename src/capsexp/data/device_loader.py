@@ -28,8 +28,14 @@ class DeviceBatchLoader:
             (as ``DataLoader(shuffle=True)`` does).
     """
 
-    def __init__(self, images: torch.Tensor, targets: torch.Tensor, batch_size: int,
-                 sampler: Sampler | None = None, shuffle: bool = False) -> None:
+    def __init__(
+        self,
+        images: torch.Tensor,
+        targets: torch.Tensor,
+        batch_size: int,
+        sampler: Sampler | None = None,
+        shuffle: bool = False,
+    ) -> None:
         if len(images) != len(targets):
             raise ValueError(f"{len(images)} images but {len(targets)} targets")
         self.images, self.targets = images, targets
@@ -55,9 +61,9 @@ class DeviceBatchLoader:
             order = None
         if order is None:  # the stored order: slices, no gather
             for start in range(0, len(self.images), self.batch_size):
-                yield self.images[start:start + self.batch_size], self.targets[start:start + self.batch_size]
+                yield self.images[start : start + self.batch_size], self.targets[start : start + self.batch_size]
             return
         order = order.to(device, non_blocking=True)
         for start in range(0, len(order), self.batch_size):
-            index = order[start:start + self.batch_size]
+            index = order[start : start + self.batch_size]
             yield self.images.index_select(0, index), self.targets.index_select(0, index)

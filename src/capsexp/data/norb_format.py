@@ -26,18 +26,30 @@ OTHER_MAGICS = {0x1E3D4C51: "float32", 0x1E3D4C52: "packed", 0x1E3D4C53: "float6
 # The six official files with the md5 of their .gz and of their content
 # (from ../shared/data/README.md, which took them from two public loaders).
 SMALLNORB_FILES = {
-    "smallnorb-5x46789x9x18x6x2x96x96-training-dat.mat": ("66054832f9accfe74a0f4c36a75bc0a2",
-                                                          "8138a0902307b32dfa0025a36dfa45ec"),
-    "smallnorb-5x46789x9x18x6x2x96x96-training-cat.mat": ("23c8b86101fbf0904a000b43d3ed2fd9",
-                                                          "fd5120d3f770ad57ebe620eb61a0b633"),
-    "smallnorb-5x46789x9x18x6x2x96x96-training-info.mat": ("51dee1210a742582ff607dfd94e332e3",
-                                                           "19faee774120001fc7e17980d6960451"),
-    "smallnorb-5x01235x9x18x6x2x96x96-testing-dat.mat": ("e4ad715691ed5a3a5f138751a4ceb071",
-                                                         "e9920b7f7b2869a8f1a12e945b2c166c"),
-    "smallnorb-5x01235x9x18x6x2x96x96-testing-cat.mat": ("5aa791cd7e6016cf957ce9bdb93b8603",
-                                                         "fd5120d3f770ad57ebe620eb61a0b633"),
-    "smallnorb-5x01235x9x18x6x2x96x96-testing-info.mat": ("a9454f3864d7fd4bb3ea7fc3eb84924e",
-                                                          "7c5b871cc69dcadec1bf6a18141f5edc"),
+    "smallnorb-5x46789x9x18x6x2x96x96-training-dat.mat": (
+        "66054832f9accfe74a0f4c36a75bc0a2",
+        "8138a0902307b32dfa0025a36dfa45ec",
+    ),
+    "smallnorb-5x46789x9x18x6x2x96x96-training-cat.mat": (
+        "23c8b86101fbf0904a000b43d3ed2fd9",
+        "fd5120d3f770ad57ebe620eb61a0b633",
+    ),
+    "smallnorb-5x46789x9x18x6x2x96x96-training-info.mat": (
+        "51dee1210a742582ff607dfd94e332e3",
+        "19faee774120001fc7e17980d6960451",
+    ),
+    "smallnorb-5x01235x9x18x6x2x96x96-testing-dat.mat": (
+        "e4ad715691ed5a3a5f138751a4ceb071",
+        "e9920b7f7b2869a8f1a12e945b2c166c",
+    ),
+    "smallnorb-5x01235x9x18x6x2x96x96-testing-cat.mat": (
+        "5aa791cd7e6016cf957ce9bdb93b8603",
+        "fd5120d3f770ad57ebe620eb61a0b633",
+    ),
+    "smallnorb-5x01235x9x18x6x2x96x96-testing-info.mat": (
+        "a9454f3864d7fd4bb3ea7fc3eb84924e",
+        "7c5b871cc69dcadec1bf6a18141f5edc",
+    ),
 }
 
 
@@ -55,8 +67,11 @@ def read_header(path: str | os.PathLike) -> tuple[np.dtype, tuple[int, ...]]:
                 raise CorruptDatasetError(f"{path}: truncated header ({len(head)} bytes)")
             magic, ndim = struct.unpack("<ii", head)
             if magic not in MAGIC_TO_DTYPE:
-                kind = f"a {OTHER_MAGICS[magic]} matrix, not used by smallNORB" if magic in OTHER_MAGICS else \
-                    "not a NORB matrix file"
+                kind = (
+                    f"a {OTHER_MAGICS[magic]} matrix, not used by smallNORB"
+                    if magic in OTHER_MAGICS
+                    else "not a NORB matrix file"
+                )
                 raise CorruptDatasetError(f"{path}: magic {magic & 0xFFFFFFFF:#010x}: {kind}")
             if not 1 <= ndim <= 16:
                 raise CorruptDatasetError(f"{path}: {ndim} dimensions announced, expected 1 to 16")
@@ -80,7 +95,8 @@ def read_matrix(path: str | os.PathLike, expected_shape: tuple[int | None, ...] 
     path = Path(path)
     dtype, shape = read_header(path)
     if expected_shape is not None and (
-        len(shape) != len(expected_shape) or any(e is not None and e != s for e, s in zip(expected_shape, shape))
+        len(shape) != len(expected_shape)
+        or any(e is not None and e != s for e, s in zip(expected_shape, shape, strict=True))
     ):
         raise CorruptDatasetError(f"{path}: shape {shape}, expected {expected_shape}")
     header_size = 8 + 4 * max(3, len(shape))

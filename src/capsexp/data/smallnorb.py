@@ -120,7 +120,9 @@ class SmallNORBDataModule(InMemoryDataModule):
         if missing:
             self._download(missing)
         sources = {name: self._source_of(name) for name in SMALLNORB_FILES}
-        fingerprint = {name: (path.name, path.stat().st_size, path.stat().st_mtime_ns) for name, path in sources.items()}
+        fingerprint = {
+            name: (path.name, path.stat().st_size, path.stat().st_mtime_ns) for name, path in sources.items()
+        }
         if self.cache_path.exists():
             cached = torch.load(self.cache_path, weights_only=True)
             if cached.get("fingerprint") == repr(fingerprint) and cached.get("version") == CACHE_VERSION:
@@ -131,7 +133,8 @@ class SmallNORBDataModule(InMemoryDataModule):
                 if md5sum(path) != expected:
                     raise CorruptDatasetError(
                         f"{path}: md5 differs from the official smallNORB file. Delete it and download it "
-                        "again; for your own data in the official format, pass data.verify_checksums=false.")
+                        "again; for your own data in the official format, pass data.verify_checksums=false."
+                    )
         cache = {"version": CACHE_VERSION, "fingerprint": repr(fingerprint)}
         for split, prefix in PREFIX.items():
             cache[split] = self._read_split(sources, prefix)
@@ -146,7 +149,7 @@ class SmallNORBDataModule(InMemoryDataModule):
         info = read_matrix(sources[f"{prefix}-info.mat"], expected_shape=(count, 4))
         if categories.size and not 0 <= categories.min() <= categories.max() <= 4:
             raise CorruptDatasetError(f"{sources[f'{prefix}-cat.mat']}: categories outside 0-4")
-        for column, (field, largest) in enumerate(zip(INFO_FIELDS, INFO_MAX)):
+        for column, (field, largest) in enumerate(zip(INFO_FIELDS, INFO_MAX, strict=True)):
             values = info[:, column]
             if values.size and not 0 <= values.min() <= values.max() <= largest:
                 raise CorruptDatasetError(f"{sources[f'{prefix}-info.mat']}: {field} outside 0-{largest}")
@@ -157,15 +160,19 @@ class SmallNORBDataModule(InMemoryDataModule):
         for start in range(0, count, 2048):
             chunk = source[start : start + 2048].float()
             small[start : start + 2048] = F.interpolate(chunk, size=(size, size), mode="area").round_().to(torch.uint8)
-        return {"images": small, "targets": torch.from_numpy(categories.astype("int64")),
-                "info": torch.from_numpy(info.astype("int64"))}
+        return {
+            "images": small,
+            "targets": torch.from_numpy(categories.astype("int64")),
+            "info": torch.from_numpy(info.astype("int64")),
+        }
 
     def _not_found(self, missing: list[str], reason: str) -> DatasetNotFoundError:
         listed = "\n".join(f"  {name}{'' if name in missing else '  (found)'}" for name in SMALLNORB_FILES)
         return DatasetNotFoundError(
             f"smallNORB not found in {self.root}\nExpected the six official files there, plain or .gz:\n{listed}\n"
             f"{reason}\nPut the files there, or point capsexp at a folder holding smallnorb/: set "
-            "CAPSEXP_DATA_DIR=/path/to/data or pass data.data_dir=/path/to/data.")
+            "CAPSEXP_DATA_DIR=/path/to/data or pass data.data_dir=/path/to/data."
+        )
 
     def _download(self, missing: list[str]) -> None:
         if not self.hparams.download:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 from torch.utils.data import Dataset
@@ -16,8 +16,9 @@ class ImageTensorDataset(Dataset):
     reach the device (see the DataModules' ``on_after_batch_transfer``), which moves 4x fewer bytes.
     """
 
-    def __init__(self, images: torch.Tensor, targets: torch.Tensor, extras: dict[str, torch.Tensor] | None = None
-                 ) -> None:
+    def __init__(
+        self, images: torch.Tensor, targets: torch.Tensor, extras: dict[str, torch.Tensor] | None = None
+    ) -> None:
         if images.ndim != 4:
             raise ValueError(f"images must have shape (N, C, H, W), got {tuple(images.shape)}")
         if len(images) != len(targets):
@@ -37,10 +38,11 @@ class ImageTensorDataset(Dataset):
         index = torch.as_tensor(indices, dtype=torch.long)
         return self.images[index], self.targets[index]
 
-    def subset(self, indices: torch.Tensor) -> "ImageTensorDataset":
+    def subset(self, indices: torch.Tensor) -> ImageTensorDataset:
         """A dataset holding only ``indices`` (copies the selected rows once)."""
-        return ImageTensorDataset(self.images[indices], self.targets[indices],
-                                  {name: values[indices] for name, values in self.extras.items()})
+        return ImageTensorDataset(
+            self.images[indices], self.targets[indices], {name: values[indices] for name, values in self.extras.items()}
+        )
 
 
 def collate_batch(batch: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:

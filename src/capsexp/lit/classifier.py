@@ -9,7 +9,8 @@ The ``objective`` turns that output into named loss terms (see :mod:`capsexp.lit
 from __future__ import annotations
 
 import inspect
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import lightning as L
 import torch
@@ -93,8 +94,7 @@ class Classifier(L.LightningModule):
                 # train/<name>_epoch, is over all processes. Names as Lightning would give them.
                 self.log(f"{logged_name}_step", value, on_step=True, on_epoch=False, prog_bar=name == "loss")
                 logged_name += "_epoch"
-            self._log_mean(logged_name, value.detach(), len(targets),
-                           prog_bar=stage == "val" and name == "loss")
+            self._log_mean(logged_name, value.detach(), len(targets), prog_bar=stage == "val" and name == "loss")
         return terms, class_scores(output).argmax(dim=-1)
 
     def _log_mean(self, logged_name: str, value: torch.Tensor, batch_size: int, prog_bar: bool) -> None:
@@ -104,8 +104,15 @@ class Classifier(L.LightningModule):
             self.loss_means[key] = MeanMetric().to(self.device)
         metric = self.loss_means[key]
         metric.update(value, weight=batch_size)
-        self.log(logged_name, metric, on_step=False, on_epoch=True, prog_bar=prog_bar,
-                 add_dataloader_idx=False, metric_attribute=f"loss_means.{key}")
+        self.log(
+            logged_name,
+            metric,
+            on_step=False,
+            on_epoch=True,
+            prog_bar=prog_bar,
+            add_dataloader_idx=False,
+            metric_attribute=f"loss_means.{key}",
+        )
 
     def training_step(self, batch: Batch, batch_idx: int) -> torch.Tensor:
         terms, predictions = self._step(batch, "train")
@@ -144,8 +151,14 @@ class Classifier(L.LightningModule):
                 self.test_set_accs[key] = metric.to(self.device)
             metric = self.test_set_accs[key]
             metric(predictions, batch[1])
-            self.log(f"test/acc{suffix}", metric, on_step=False, on_epoch=True, add_dataloader_idx=False,
-                     metric_attribute=f"test_set_accs.{key}")
+            self.log(
+                f"test/acc{suffix}",
+                metric,
+                on_step=False,
+                on_epoch=True,
+                add_dataloader_idx=False,
+                metric_attribute=f"test_set_accs.{key}",
+            )
 
     def configure_optimizers(self) -> Any:
         optimizer = self.optimizer(params=self.parameters())

@@ -36,8 +36,9 @@ class EpochTimer(Callback):
         self.images, self.validation_s = 0, 0.0
         self.start = time.perf_counter()
 
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
-                           batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         self.images += batch_size_of(batch) * trainer.world_size
 
     def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

@@ -71,10 +71,10 @@ class PosePerturbation(L.Callback):
     def perturbed_reconstructions(self, net: torch.nn.Module, images: torch.Tensor) -> torch.Tensor:
         """(examples, pose_dim, steps, C, H, W): each pose dimension of the predicted capsule, tweaked."""
         output = net(images)
-        poses, predicted = output.poses, output.scores.argmax(dim=-1)              # (N, K, D), (N,)
+        poses, predicted = output.poses, output.scores.argmax(dim=-1)  # (N, K, D), (N,)
         examples, _, pose_dim = poses.shape
         deltas = torch.linspace(-self.max_delta, self.max_delta, self.steps, device=poses.device)
-        tweaked = poses[:, None, None].repeat(1, pose_dim, self.steps, 1, 1)       # (N, D, S, K, D)
+        tweaked = poses[:, None, None].repeat(1, pose_dim, self.steps, 1, 1)  # (N, D, S, K, D)
         example = torch.arange(examples, device=poses.device)[:, None, None]
         dim = torch.arange(pose_dim, device=poses.device)[None, :, None]
         step = torch.arange(self.steps, device=poses.device)[None, None, :]

@@ -38,8 +38,9 @@ class CapsuleLoss:
     ``margin_loss`` and ``recon_loss`` (the unweighted per-image sum of squared errors).
     """
 
-    def __init__(self, m_pos: float = 0.9, m_neg: float = 0.1, lambda_: float = 0.5,
-                 recon_weight: float = 0.0005) -> None:
+    def __init__(
+        self, m_pos: float = 0.9, m_neg: float = 0.1, lambda_: float = 0.5, recon_weight: float = 0.0005
+    ) -> None:
         self.m_pos, self.m_neg, self.lambda_, self.recon_weight = m_pos, m_neg, lambda_, recon_weight
 
     def __call__(self, output: Any, images: torch.Tensor, targets: torch.Tensor) -> dict[str, torch.Tensor]:

@@ -23,7 +23,7 @@ WHEN = ("auto", "always", "never")
 
 
 def _duration(seconds: float) -> str:
-    seconds = int(round(seconds))
+    seconds = round(seconds)
     hours, rest = divmod(seconds, 3600)
     return f"{hours}:{rest // 60:02d}:{rest % 60:02d}" if hours else f"{rest // 60}:{rest % 60:02d}"
 
@@ -70,8 +70,9 @@ class ProgressLog(Callback):
         planned = f"{self.total_steps:,} steps" if self.total_steps else "no step limit"
         log.info(f"training: {planned}, a line every {self.interval_s:g} s")
 
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
-                           batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         if not self.active:
             return
         self.images += batch_size_of(batch) * trainer.world_size
@@ -98,7 +99,9 @@ class ProgressLog(Callback):
             return
         elapsed = time.perf_counter() - self.start
         steps = trainer.global_step - self.start_step
-        log.info(f"training done: {steps:,} steps in {_duration(elapsed)} ({self.images / max(elapsed, 1e-9):,.0f} img/s)")
+        log.info(
+            f"training done: {steps:,} steps in {_duration(elapsed)} ({self.images / max(elapsed, 1e-9):,.0f} img/s)"
+        )
 
     def _log_line(self, trainer: L.Trainer, now: float) -> None:
         step, elapsed = trainer.global_step, now - self.start

@@ -39,7 +39,7 @@ class RoutingDiagnostics(L.Callback):
         if every_n_steps < 1:
             raise ValueError(f"every_n_steps must be >= 1, got {every_n_steps}")
         self.every_n_steps, self.histograms = every_n_steps, histograms
-        self._step: int | None = None           # the step being recorded, or None
+        self._step: int | None = None  # the step being recorded, or None
         self._grad_norms: dict[str, float] = {}
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch, batch_idx: int) -> None:
@@ -57,8 +57,9 @@ class RoutingDiagnostics(L.Callback):
             if grads:
                 self._grad_norms[name] = torch.linalg.vector_norm(torch.stack([g.norm() for g in grads])).item()
 
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch,
-                           batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int
+    ) -> None:
         if self._step is None:
             return
         step, self._step = self._step, None

@@ -19,9 +19,9 @@ from capsexp.nn import PrimaryCapsules, RoutingCapsules
 
 
 class CapsNetOutput(NamedTuple):
-    scores: torch.Tensor                        # (B, classes): lengths of the class capsules
-    poses: torch.Tensor                         # (B, classes, pose_dim): the class capsules
-    reconstructions: torch.Tensor | None        # (B, C, H, W) in [0, 1], or None without a decoder
+    scores: torch.Tensor  # (B, classes): lengths of the class capsules
+    poses: torch.Tensor  # (B, classes, pose_dim): the class capsules
+    reconstructions: torch.Tensor | None  # (B, C, H, W) in [0, 1], or None without a decoder
 
 
 class CapsNet(nn.Module):
@@ -37,10 +37,19 @@ class CapsNet(nn.Module):
         conv_channels, primary_types, primary_dim, pose_dim: layer widths (paper: 256, 32, 8, 16).
     """
 
-    def __init__(self, in_channels: int = 1, image_size: int = 28, num_classes: int = 10,
-                 routing_iterations: int = 3, reconstruction: bool = True, detach_agreement: bool = False,
-                 conv_channels: int = 256, primary_types: int = 32, primary_dim: int = 8,
-                 pose_dim: int = 16) -> None:
+    def __init__(
+        self,
+        in_channels: int = 1,
+        image_size: int = 28,
+        num_classes: int = 10,
+        routing_iterations: int = 3,
+        reconstruction: bool = True,
+        detach_agreement: bool = False,
+        conv_channels: int = 256,
+        primary_types: int = 32,
+        primary_dim: int = 8,
+        pose_dim: int = 16,
+    ) -> None:
         super().__init__()
         self.image_shape = (in_channels, image_size, image_size)
         self.num_classes, self.pose_dim = num_classes, pose_dim
@@ -50,13 +59,21 @@ class CapsNet(nn.Module):
         if feature_size < 9:
             raise ValueError(f"image_size={image_size} is too small for two 9x9 convolutions (needs >= 17)")
         num_primary = self.primary.output_size(feature_size, feature_size)
-        self.digits = RoutingCapsules(num_primary, primary_dim, num_classes, pose_dim, routing_iterations,
-                                      detach_agreement)
-        self.decoder = nn.Sequential(
-            nn.Linear(num_classes * pose_dim, 512), nn.ReLU(inplace=True),
-            nn.Linear(512, 1024), nn.ReLU(inplace=True),
-            nn.Linear(1024, in_channels * image_size * image_size), nn.Sigmoid(),
-        ) if reconstruction else None
+        self.digits = RoutingCapsules(
+            num_primary, primary_dim, num_classes, pose_dim, routing_iterations, detach_agreement
+        )
+        self.decoder = (
+            nn.Sequential(
+                nn.Linear(num_classes * pose_dim, 512),
+                nn.ReLU(inplace=True),
+                nn.Linear(512, 1024),
+                nn.ReLU(inplace=True),
+                nn.Linear(1024, in_channels * image_size * image_size),
+                nn.Sigmoid(),
+            )
+            if reconstruction
+            else None
+        )
 
     def decode(self, poses: torch.Tensor, classes: torch.Tensor) -> torch.Tensor:
         """Reconstruct images from class capsules (B, classes, pose_dim), keeping only ``classes`` (B,)."""
@@ -68,7 +85,7 @@ class CapsNet(nn.Module):
     def forward(self, images: torch.Tensor, targets: torch.Tensor | None = None) -> CapsNetOutput:
         check_images(images, self.image_shape, "CapsNet")
         primary = self.primary(F.relu(self.conv1(images)))
-        poses = self.digits(primary)                                       # (B, classes, pose_dim)
+        poses = self.digits(primary)  # (B, classes, pose_dim)
         # vector_norm's gradient at a zero vector is 0, not NaN.
         lengths = torch.linalg.vector_norm(poses, dim=-1)
         reconstructions = None

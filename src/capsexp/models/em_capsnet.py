@@ -19,8 +19,8 @@ from capsexp.nn.matrix_capsules import ClassMatrixCapsules, ConvMatrixCapsules, 
 
 
 class MatrixCapsNetOutput(NamedTuple):
-    scores: torch.Tensor    # (N, classes): class capsule activations in (0, 1)
-    poses: torch.Tensor     # (N, classes, P*P): class capsule poses
+    scores: torch.Tensor  # (N, classes): class capsule activations in (0, 1)
+    poses: torch.Tensor  # (N, classes, P*P): class capsule poses
 
 
 class MatrixCapsNet(nn.Module):
@@ -41,16 +41,38 @@ class MatrixCapsNet(nn.Module):
             :class:`~capsexp.nn.ConvMatrixCapsules`).
     """
 
-    def __init__(self, in_channels: int = 1, num_classes: int = 10, A: int = 32, B: int = 32, C: int = 32,
-                 D: int = 32, K: int = 3, P: int = 4, iterations: int = 3, image_size: int = 28,
-                 final_lambda: float = 0.01, sigma_eps: float = 1e-4, cost_normalization: str = "none",
-                 coordinate_addition: bool = True, recompute: bool = False, conv1_norm: bool = False,
-                 weight_std: float | None = None, route_per_window: bool = False) -> None:
+    def __init__(
+        self,
+        in_channels: int = 1,
+        num_classes: int = 10,
+        A: int = 32,
+        B: int = 32,
+        C: int = 32,
+        D: int = 32,
+        K: int = 3,
+        P: int = 4,
+        iterations: int = 3,
+        image_size: int = 28,
+        final_lambda: float = 0.01,
+        sigma_eps: float = 1e-4,
+        cost_normalization: str = "none",
+        coordinate_addition: bool = True,
+        recompute: bool = False,
+        conv1_norm: bool = False,
+        weight_std: float | None = None,
+        route_per_window: bool = False,
+    ) -> None:
         super().__init__()
         self.recompute = recompute
         self.image_shape = (in_channels, image_size, image_size)
-        routing = dict(pose_size=P, iterations=iterations, final_lambda=final_lambda, sigma_eps=sigma_eps,
-                       cost_normalization=cost_normalization, weight_std=weight_std)
+        routing = dict(
+            pose_size=P,
+            iterations=iterations,
+            final_lambda=final_lambda,
+            sigma_eps=sigma_eps,
+            cost_normalization=cost_normalization,
+            weight_std=weight_std,
+        )
         self.conv1 = nn.Conv2d(in_channels, A, kernel_size=5, stride=2)
         # BatchNorm between conv1 and its ReLU, as yl-1993/Matrix-Capsules-EM-PyTorch has; not in the paper.
         self.conv1_norm = nn.BatchNorm2d(A) if conv1_norm else nn.Identity()
@@ -68,8 +90,9 @@ class MatrixCapsNet(nn.Module):
         if size < 1:
             raise ValueError(f"image_size={image_size} is too small for this network (K={K})")
         centres = (offset + scale * torch.arange(size) + 0.5) / image_size
-        self.register_buffer("centres", torch.stack(torch.meshgrid(centres, centres, indexing="ij"), dim=-1),
-                             persistent=False)
+        self.register_buffer(
+            "centres", torch.stack(torch.meshgrid(centres, centres, indexing="ij"), dim=-1), persistent=False
+        )
 
     def _run(self, layer: nn.Module, *inputs: torch.Tensor):
         if self.recompute and torch.is_grad_enabled() and self.training:

@@ -17,8 +17,9 @@ class PrimaryCapsules(nn.Module):
     dim), type-major, each vector squashed (Eq. 1).
     """
 
-    def __init__(self, in_channels: int = 256, num_types: int = 32, dim: int = 8, kernel_size: int = 9,
-                 stride: int = 2) -> None:
+    def __init__(
+        self, in_channels: int = 256, num_types: int = 32, dim: int = 8, kernel_size: int = 9, stride: int = 2
+    ) -> None:
         super().__init__()
         self.num_types, self.dim = num_types, dim
         self.conv = nn.Conv2d(in_channels, num_types * dim, kernel_size=kernel_size, stride=stride)
@@ -44,8 +45,16 @@ class RoutingCapsules(nn.Module):
     No bias, as in the paper's parameter count.
     """
 
-    def __init__(self, in_caps: int, in_dim: int, out_caps: int, out_dim: int, iterations: int = 3,
-                 detach_agreement: bool = False, init_std: float = 0.01) -> None:
+    def __init__(
+        self,
+        in_caps: int,
+        in_dim: int,
+        out_caps: int,
+        out_dim: int,
+        iterations: int = 3,
+        detach_agreement: bool = False,
+        init_std: float = 0.01,
+    ) -> None:
         super().__init__()
         self.in_caps, self.in_dim, self.out_caps, self.out_dim = in_caps, in_dim, out_caps, out_dim
         self.iterations, self.detach_agreement = iterations, detach_agreement
@@ -60,17 +69,20 @@ class RoutingCapsules(nn.Module):
         (example, parent) as one contiguous I x D matrix, and returned as a (B, I, J, D) view.
         """
         batch = inputs.shape[0]
-        votes = torch.bmm(inputs.transpose(0, 1), self.weight)                   # (I, B, J*D)
+        votes = torch.bmm(inputs.transpose(0, 1), self.weight)  # (I, B, J*D)
         votes = votes.view(self.in_caps, batch, self.out_caps, self.out_dim)
-        return votes.permute(1, 2, 0, 3).contiguous().transpose(1, 2)              # (B, I, J, D)
+        return votes.permute(1, 2, 0, 3).contiguous().transpose(1, 2)  # (B, I, J, D)
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
         if inputs.shape[1:] != (self.in_caps, self.in_dim):
-            raise ValueError(f"expected input capsules of shape (B, {self.in_caps}, {self.in_dim}), "
-                             f"got {tuple(inputs.shape)}")
+            raise ValueError(
+                f"expected input capsules of shape (B, {self.in_caps}, {self.in_dim}), got {tuple(inputs.shape)}"
+            )
         # Same as dynamic_routing(self.votes(inputs), ...), with the vote matmul fused into the backward.
         return fully_connected_routing(inputs, self.weight, self.out_caps, self.iterations, self.detach_agreement)
 
     def extra_repr(self) -> str:
-        return (f"in_caps={self.in_caps}, in_dim={self.in_dim}, out_caps={self.out_caps}, "
-                f"out_dim={self.out_dim}, iterations={self.iterations}")
+        return (
+            f"in_caps={self.in_caps}, in_dim={self.in_dim}, out_caps={self.out_caps}, "
+            f"out_dim={self.out_dim}, iterations={self.iterations}"
+        )

@@ -76,34 +76,37 @@ def em_routing(
     V and V^2 computed once, every sum over children (M-step) and over pose elements (E-step) is a
     batched matrix-vector product. No (B, Q, M, J, H)-sized tensor is made per iteration, and the
     backward pass (:class:`_EMRouting`) builds the gradient of V from low-rank factors instead of
-    keeping every intermediate: memory and time stay near those of the votes themselves. Safeguards, in float32 at least whatever the input dtype:
-    the variance is clamped at 0 before adding ``sigma_eps`` (the expansion can round below 0); sums of
-    R' get 1e-8 before dividing; the E-step runs in the log domain (log a_j is ``logsigmoid`` of its
-    argument, the normalisation a log-sum-exp per child), so R is never 0/0.
+    keeping every intermediate: memory and time stay near those of the votes themselves. Safeguards,
+    in float32 at least whatever the input dtype: the variance is clamped at 0 before adding
+    ``sigma_eps`` (the expansion can round below 0); sums of R' get 1e-8 before dividing; the E-step
+    runs in the log domain (log a_j is ``logsigmoid`` of its argument, the normalisation a log-sum-exp
+    per child), so R is never 0/0.
     """
     dense = votes.ndim == 4
     if dense:
         if child_index is not None:
             raise ValueError("child_index is for convolutional votes (B, Q, M, J, H)")
-        votes, activations = votes.unsqueeze(1), activations.unsqueeze(1)   # Q = 1, children = slots
+        votes, activations = votes.unsqueeze(1), activations.unsqueeze(1)  # Q = 1, children = slots
     elif child_index is None:
         raise ValueError("convolutional votes (B, Q, M, J, H) need child_index (Q, M)")
     if iterations < 1:
         raise ValueError(f"EM routing needs at least one iteration, got {iterations}")
     if cost_normalization not in COST_NORMALIZATIONS:
-        raise ValueError(f"cost_normalization must be one of {', '.join(COST_NORMALIZATIONS)}, "
-                         f"got {cost_normalization!r}")
+        raise ValueError(
+            f"cost_normalization must be one of {', '.join(COST_NORMALIZATIONS)}, got {cost_normalization!r}"
+        )
 
     with torch.autocast(device_type=votes.device.type, enabled=False):
-        dtype = torch.promote_types(votes.dtype, torch.float32)                     # float32 at least
-        votes = votes.transpose(2, 3).to(dtype)                                     # (B, Q, J, M, H)
+        dtype = torch.promote_types(votes.dtype, torch.float32)  # float32 at least
+        votes = votes.transpose(2, 3).to(dtype)  # (B, Q, J, M, H)
         if not votes.is_contiguous():
             votes = votes.contiguous()
         options = _EMOptions(iterations, final_lambda, child_index, num_children, sigma_eps, cost_normalization)
         mu, parent_activations, responsibilities = _EMRouting.apply(
-            votes, activations.to(dtype), beta_u.to(dtype), beta_a.to(dtype), options)
+            votes, activations.to(dtype), beta_u.to(dtype), beta_a.to(dtype), options
+        )
 
-    responsibilities = responsibilities.transpose(2, 3)                              # (B, Q, M, J)
+    responsibilities = responsibilities.transpose(2, 3)  # (B, Q, M, J)
     if dense:
         mu, parent_activations, responsibilities = mu[:, 0], parent_activations[:, 0], responsibilities[:, 0]
     if return_responsibilities:
@@ -130,7 +133,7 @@ def _em_iterations(votes, squares, activations, beta_u, beta_a, options: _EMOpti
     batch, positions, parents, slots, elements = votes.shape
     child_index, num_children = options.child_index, options.num_children
     if child_index is None:
-        slot_activations = activations.view(batch, 1, 1, slots)                      # (B, 1, 1, M)
+        slot_activations = activations.view(batch, 1, 1, slots)  # (B, 1, 1, M)
         fan_out = float(parents)
     else:
         num_children = num_children or int(child_index.max()) + 1
@@ -139,24 +142,24 @@ def _em_iterations(votes, squares, activations, beta_u, beta_a, options: _EMOpti
         # Parents receiving each child: (positions whose field holds it) x (parent types).
         counts = torch.bincount(flat_index, minlength=num_children).to(votes.dtype)
         fan_out = (counts[flat_index] * parents).view(1, positions, 1, slots)
-    responsibilities = (votes.new_ones(()) / fan_out).expand(batch, positions, parents, slots)   # R uniform
+    responsibilities = (votes.new_ones(()) / fan_out).expand(batch, positions, parents, slots)  # R uniform
 
     for t, inverse_temperature in enumerate(inverse_temperatures(options.iterations, options.final_lambda)):
         # M-step: R'_ij = R_ij a_i; mu_j and sigma_j^2 weighted by R'; cost; a_j.
-        weighted = responsibilities * slot_activations                               # (B, Q, J, M)
-        weight_sum = weighted.sum(dim=-1, keepdim=True)                              # (B, Q, J, 1)
+        weighted = responsibilities * slot_activations  # (B, Q, J, M)
+        weight_sum = weighted.sum(dim=-1, keepdim=True)  # (B, Q, J, 1)
         denominator = weight_sum + 1e-8
-        first = over_children(weighted, votes)                                       # sum_i R' V   (B, Q, J, H)
-        second = over_children(weighted, squares)                                    # sum_i R' V^2
+        first = over_children(weighted, votes)  # sum_i R' V   (B, Q, J, H)
+        second = over_children(weighted, squares)  # sum_i R' V^2
         mu = first / denominator
         # sum_i R' (V - mu)^2 / denominator, expanded (exact also where the 1e-8 shrinks mu).
         variance = ((second - 2 * mu * first + mu.square() * weight_sum) / denominator).clamp_min(0)
         variance = variance + options.sigma_eps
         log_variance = torch.log(variance)
-        amount = weight_sum                                                          # sum_i R'_ij
+        amount = weight_sum  # sum_i R'_ij
         if options.cost_normalization == "data":
             amount = weight_sum / (weight_sum.mean(dim=2, keepdim=True) + 1e-8)
-        cost = ((beta_u.view(-1, 1) + 0.5 * log_variance) * amount).sum(dim=-1)     # (B, Q, J)
+        cost = ((beta_u.view(-1, 1) + 0.5 * log_variance) * amount).sum(dim=-1)  # (B, Q, J)
         if options.cost_normalization == "standardize":
             cost = (cost - cost.mean(dim=-1, keepdim=True)) / (cost.std(dim=-1, keepdim=True) + 1e-8)
         logit = inverse_temperature * (beta_a - cost)
@@ -165,7 +168,7 @@ def _em_iterations(votes, squares, activations, beta_u, beta_a, options: _EMOpti
             break
         # E-step: log N(V_ij; mu_j, sigma_j^2), summed over h with two matrix-vector products.
         precision = 1.0 / variance
-        quadratic = over_elements(squares, precision) - 2 * over_elements(votes, mu * precision)   # (B, Q, J, M)
+        quadratic = over_elements(squares, precision) - 2 * over_elements(votes, mu * precision)  # (B, Q, J, M)
         constant = (mu.square() * precision + log_variance).sum(dim=-1, keepdim=True) + elements * LOG_2PI
         log_r = F.logsigmoid(logit).unsqueeze(-1) - 0.5 * (quadratic + constant)
         responsibilities = _normalise_per_child(log_r, child_index, num_children)
@@ -189,8 +192,9 @@ class _EMRouting(torch.autograd.Function):
     @staticmethod
     def forward(ctx, votes, activations, beta_u, beta_a, options: _EMOptions):
         with torch.no_grad():
-            outputs = _em_iterations(votes, votes.square(), activations, beta_u, beta_a, options,
-                                     _sum_over_children, _dot_pose)
+            outputs = _em_iterations(
+                votes, votes.square(), activations, beta_u, beta_a, options, _sum_over_children, _dot_pose
+            )
         ctx.options = options
         ctx.save_for_backward(votes, activations, beta_u, beta_a)
         ctx.mark_non_differentiable(outputs[2])
@@ -200,8 +204,10 @@ class _EMRouting(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, grad_mu, grad_activations, _grad_responsibilities):
         votes, activations, beta_u, beta_a = ctx.saved_tensors
-        leaves = [tensor.detach().requires_grad_(needed)
-                  for tensor, needed in zip((activations, beta_u, beta_a), ctx.needs_input_grad[1:4])]
+        leaves = [
+            tensor.detach().requires_grad_(needed)
+            for tensor, needed in zip((activations, beta_u, beta_a), ctx.needs_input_grad[1:4], strict=True)
+        ]
         factors = {"votes": ([], []), "squares": ([], [])}
         squares = votes.square()
         # Every read of V must be visited by the backward pass, also those whose small input needs no
@@ -216,11 +222,13 @@ class _EMRouting(torch.autograd.Function):
             return _Contraction.apply(vectors, big, False, factors["votes" if big is votes else "squares"], anchor)
 
         with torch.enable_grad():
-            mu, parent_activations, _ = _em_iterations(votes, squares, *leaves, ctx.options, over_children,
-                                                       over_elements)
+            mu, parent_activations, _ = _em_iterations(
+                votes, squares, *leaves, ctx.options, over_children, over_elements
+            )
             wanted = [leaf for leaf in leaves if leaf.requires_grad]
-            grads = torch.autograd.grad((mu, parent_activations), [anchor, *wanted], (grad_mu, grad_activations),
-                                        allow_unused=True)
+            grads = torch.autograd.grad(
+                (mu, parent_activations), [anchor, *wanted], (grad_mu, grad_activations), allow_unused=True
+            )
         grads = iter(grads[1:])
         leaf_grads = [next(grads) if leaf.requires_grad else None for leaf in leaves]
         del squares
@@ -263,10 +271,10 @@ class _Contraction(torch.autograd.Function):
         left, right = ctx.factors
         ctx.factors = None
         small = small.detach()
-        if ctx.over_children:      # out_h = sum_m small_m big_mh: g(small_m) = sum_h g_h big_mh
+        if ctx.over_children:  # out_h = sum_m small_m big_mh: g(small_m) = sum_h g_h big_mh
             left.append(small), right.append(grad_out)
             return _dot_pose(big, grad_out), None, None, None, None
-        left.append(grad_out), right.append(small)   # out_m = sum_h big_mh small_h
+        left.append(grad_out), right.append(small)  # out_m = sum_h big_mh small_h
         return _sum_over_children(grad_out, big), None, None, None, None
 
 
@@ -283,8 +291,8 @@ def _normalise_per_child(log_r: torch.Tensor, child_index: torch.Tensor | None, 
     if child_index is None:
         return torch.softmax(log_r, dim=2)
     batch, positions, _, slots = log_r.shape
-    flat_index = child_index.reshape(-1).expand(batch, -1)                          # (B, Q*M)
-    slot_max = log_r.amax(dim=2).reshape(batch, -1)                                 # (B, Q*M)
+    flat_index = child_index.reshape(-1).expand(batch, -1)  # (B, Q*M)
+    slot_max = log_r.amax(dim=2).reshape(batch, -1)  # (B, Q*M)
     child_max = slot_max.new_full((batch, num_children), -torch.inf)
     child_max = child_max.scatter_reduce(1, flat_index, slot_max, reduce="amax").detach()
     shifted = log_r - child_max.gather(1, flat_index).view(batch, positions, 1, slots)
@@ -294,8 +302,9 @@ def _normalise_per_child(log_r: torch.Tensor, child_index: torch.Tensor | None, 
     return torch.exp(shifted - log_norm)
 
 
-def responsibility_entropy(responsibilities: torch.Tensor, child_index: torch.Tensor | None = None,
-                           num_children: int | None = None) -> torch.Tensor:
+def responsibility_entropy(
+    responsibilities: torch.Tensor, child_index: torch.Tensor | None = None, num_children: int | None = None
+) -> torch.Tensor:
     """Entropy of each child's responsibilities over all the parents that receive it, divided by its
     maximum log(number of those parents): 1 is uniform (routing undecided), 0 is a hard assignment.
 

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
 # EM routing (matrix capsules) has its own module; it is part of the same functional API.
-from capsexp.nn.em import em_routing, inverse_temperatures, spread_loss  # noqa: E402, F401
+from capsexp.nn.em import em_routing, inverse_temperatures, spread_loss  # noqa: F401
 
 SQUASH_EPS = 1e-8
 
@@ -75,19 +75,19 @@ def _route(votes: torch.Tensor, iterations: int) -> tuple[list[torch.Tensor], li
     batch, num_parents, num_children, _ = votes.shape
     # The routing state (b, c, s, v) is small: keep it at least float32 when the votes are half/bf16.
     state_dtype = torch.promote_types(votes.dtype, torch.float32)
-    logits = votes.new_zeros(batch, num_parents, num_children, dtype=state_dtype)      # b_ij = 0
+    logits = votes.new_zeros(batch, num_parents, num_children, dtype=state_dtype)  # b_ij = 0
     couplings, totals, parents = [], [], []
     for r in range(iterations):
         if r == 0:  # softmax of zero logits: exactly uniform, no need to compute it
             c = logits.new_full(logits.shape, 1.0 / num_parents)
         else:
-            c = torch.softmax(logits, dim=1)                                            # over parents j
+            c = torch.softmax(logits, dim=1)  # over parents j
         s = torch.matmul(c.to(votes.dtype).unsqueeze(2), votes).squeeze(2).to(state_dtype)  # s_j = sum_i c_ij u_hat_j|i
-        v = squash(s)                                                                   # v_j = squash(s_j)
+        v = squash(s)  # v_j = squash(s_j)
         couplings.append(c), totals.append(s), parents.append(v)
         if r < iterations - 1:
             agreement = _dot_each_child(votes, v)
-            logits = logits + agreement.to(state_dtype)                                # b_ij += u_hat_j|i . v_j
+            logits = logits + agreement.to(state_dtype)  # b_ij += u_hat_j|i . v_j
     return couplings, totals, parents
 
 
@@ -159,8 +159,9 @@ class _DynamicRouting(torch.autograd.Function):
         with torch.autocast(device_type=votes.device.type, enabled=False):
             left, right = _routing_gradient_factors(votes, saved, grad_parents, ctx.detach_agreement)
             # (B, J, I, T) @ (B, J, T, D) -> (B, J, I, D): every term written in one pass.
-            grad_votes = torch.matmul(torch.stack(left, dim=-1).to(votes.dtype),
-                                      torch.stack(right, dim=-2).to(votes.dtype))
+            grad_votes = torch.matmul(
+                torch.stack(left, dim=-1).to(votes.dtype), torch.stack(right, dim=-2).to(votes.dtype)
+            )
         return grad_votes, None, None
 
 
@@ -187,11 +188,12 @@ def fully_connected_routing(
 
 class _VotesAndRouting(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, inputs: torch.Tensor, weight: torch.Tensor, num_parents: int, iterations: int,
-                detach_agreement: bool):
+    def forward(
+        ctx, inputs: torch.Tensor, weight: torch.Tensor, num_parents: int, iterations: int, detach_agreement: bool
+    ):
         num_children, batch = weight.shape[0], inputs.shape[0]
         with torch.autocast(device_type=inputs.device.type, enabled=False):
-            votes = torch.bmm(inputs.transpose(0, 1), weight)                             # (I, B, J*D)
+            votes = torch.bmm(inputs.transpose(0, 1), weight)  # (I, B, J*D)
             # Parent-major (B, J, I, D): each routing sum becomes a contiguous matrix-vector product.
             votes = votes.view(num_children, batch, num_parents, -1).permute(1, 2, 0, 3).contiguous()
             couplings, totals, parents = _route(votes, iterations)
@@ -207,14 +209,14 @@ class _VotesAndRouting(torch.autograd.Function):
         with torch.autocast(device_type=inputs.device.type, enabled=False):
             left, right = _routing_gradient_factors(votes, saved, grad_parents, ctx.detach_agreement)
             grad_votes = votes.new_empty(num_children, *votes.shape[:2], votes.shape[3])  # (I, B, J, D)
-            for term, (child_factor, parent_factor) in enumerate(zip(left, right)):  # 2r - 1 terms at most
-                child_factor = child_factor.to(votes.dtype).permute(2, 0, 1).unsqueeze(-1)   # (I, B, J, 1)
-                parent_factor = parent_factor.to(votes.dtype).unsqueeze(0)                   # (1, B, J, D)
+            for term, (child_factor, parent_factor) in enumerate(zip(left, right, strict=True)):  # 2r - 1 terms at most
+                child_factor = child_factor.to(votes.dtype).permute(2, 0, 1).unsqueeze(-1)  # (I, B, J, 1)
+                parent_factor = parent_factor.to(votes.dtype).unsqueeze(0)  # (1, B, J, D)
                 if term == 0:
                     torch.mul(child_factor, parent_factor, out=grad_votes)
                 else:
                     grad_votes.addcmul_(child_factor, parent_factor)
-            grad_votes = grad_votes.view(num_children, batch, -1)                          # (I, B, J*D)
+            grad_votes = grad_votes.view(num_children, batch, -1)  # (I, B, J*D)
             grad_inputs = grad_weight = None
             if ctx.needs_input_grad[0]:
                 grad_inputs = torch.bmm(grad_votes, weight.transpose(1, 2)).transpose(0, 1)

@@ -39,13 +39,22 @@ class _EMLayer(nn.Module):
     which keeps the votes V = M W at the scale of the poses M (each entry sums P products).
     """
 
-    def __init__(self, out_types: int, pose_size: int, iterations: int, final_lambda: float, sigma_eps: float,
-                 cost_normalization: str, weight_std: float | None = None) -> None:
+    def __init__(
+        self,
+        out_types: int,
+        pose_size: int,
+        iterations: int,
+        final_lambda: float,
+        sigma_eps: float,
+        cost_normalization: str,
+        weight_std: float | None = None,
+    ) -> None:
         super().__init__()
         self.pose_size, self.out_types = pose_size, out_types
         self.weight_std = 1.0 / math.sqrt(pose_size) if weight_std is None else weight_std
-        self.routing = dict(iterations=iterations, final_lambda=final_lambda, sigma_eps=sigma_eps,
-                            cost_normalization=cost_normalization)
+        self.routing = dict(
+            iterations=iterations, final_lambda=final_lambda, sigma_eps=sigma_eps, cost_normalization=cost_normalization
+        )
         self.beta_u = nn.Parameter(torch.zeros(out_types))
         self.beta_a = nn.Parameter(torch.zeros(out_types))
         # Set ``record = True`` and the next forward keeps what the routing did (detached) in
@@ -58,12 +67,14 @@ class _EMLayer(nn.Module):
         if not self.record:
             return em_routing(votes, activations, self.beta_u, self.beta_a, **kwargs, **self.routing)
         mu, parent_activations, responsibilities = em_routing(
-            votes, activations, self.beta_u, self.beta_a, return_responsibilities=True, **kwargs, **self.routing)
+            votes, activations, self.beta_u, self.beta_a, return_responsibilities=True, **kwargs, **self.routing
+        )
         with torch.no_grad():
             self.last_routing = {
                 "activations": parent_activations.detach(),
-                "entropy": responsibility_entropy(responsibilities.detach(), kwargs.get("child_index"),
-                                                  kwargs.get("num_children")),
+                "entropy": responsibility_entropy(
+                    responsibilities.detach(), kwargs.get("child_index"), kwargs.get("num_children")
+                ),
             }
         return mu, parent_activations
 
@@ -80,10 +91,20 @@ class ConvMatrixCapsules(_EMLayer):
     routes each window's children on their own instead. No padding, as in the paper.
     """
 
-    def __init__(self, in_types: int, out_types: int, kernel_size: int = 3, stride: int = 1, pose_size: int = 4,
-                 iterations: int = 3, final_lambda: float = 0.01, sigma_eps: float = 1e-4,
-                 cost_normalization: str = "none", weight_std: float | None = None,
-                 route_per_window: bool = False) -> None:
+    def __init__(
+        self,
+        in_types: int,
+        out_types: int,
+        kernel_size: int = 3,
+        stride: int = 1,
+        pose_size: int = 4,
+        iterations: int = 3,
+        final_lambda: float = 0.01,
+        sigma_eps: float = 1e-4,
+        cost_normalization: str = "none",
+        weight_std: float | None = None,
+        route_per_window: bool = False,
+    ) -> None:
         super().__init__(out_types, pose_size, iterations, final_lambda, sigma_eps, cost_normalization, weight_std)
         self.in_types, self.kernel_size, self.stride = in_types, kernel_size, stride
         self.route_per_window = route_per_window
@@ -95,13 +116,13 @@ class ConvMatrixCapsules(_EMLayer):
     def _unfold(self, maps: torch.Tensor) -> torch.Tensor:
         """(N, C, H, W) -> (N, Q, K*K, C): the K x K windows, one per output position q."""
         batch, channels = maps.shape[:2]
-        patches = F.unfold(maps, self.kernel_size, stride=self.stride)             # (N, C*K*K, Q)
+        patches = F.unfold(maps, self.kernel_size, stride=self.stride)  # (N, C*K*K, Q)
         return patches.view(batch, channels, self.kernel_size**2, -1).permute(0, 3, 2, 1)
 
     def child_index(self, height: int, width: int, device: torch.device) -> torch.Tensor:
         """(Q, K*K*I): the child (input type i at position (h, w), numbered i*H*W + h*W + w) in each slot."""
         ids = torch.arange(self.in_types * height * width, device=device, dtype=torch.float64)
-        windows = self._unfold(ids.view(1, self.in_types, height, width))[0]       # (Q, K*K, I)
+        windows = self._unfold(ids.view(1, self.in_types, height, width))[0]  # (Q, K*K, I)
         return windows.reshape(windows.shape[0], -1).long()
 
     def forward(self, poses: torch.Tensor, activations: torch.Tensor) -> CapsuleMap:
@@ -118,8 +139,9 @@ class ConvMatrixCapsules(_EMLayer):
             # position, as in most public ports (Gritzman 2019's pitfall 3; the paper shares them).
             child_activations = child_activations[:, child_index.reshape(-1)]
             child_index = torch.arange(child_index.numel(), device=poses.device).view_as(child_index)
-        mu, parent_activations = self._route(votes, child_activations, child_index=child_index,
-                                             num_children=child_activations.shape[1])
+        mu, parent_activations = self._route(
+            votes, child_activations, child_index=child_index, num_children=child_activations.shape[1]
+        )
         out_height, out_width = self.output_size(height), self.output_size(width)
         mu = mu.view(batch, out_height, out_width, self.out_types, elements).permute(0, 3, 4, 1, 2)
         parent_activations = parent_activations.view(batch, out_height, out_width, self.out_types).permute(0, 3, 1, 2)
@@ -135,9 +157,18 @@ class ClassMatrixCapsules(_EMLayer):
     grid, ((h + 0.5) / H, (w + 0.5) / W). :class:`~capsexp.models.MatrixCapsNet` passes the true ones.
     """
 
-    def __init__(self, in_types: int, num_classes: int, pose_size: int = 4, iterations: int = 3,
-                 final_lambda: float = 0.01, sigma_eps: float = 1e-4, cost_normalization: str = "none",
-                 coordinate_addition: bool = True, weight_std: float | None = None) -> None:
+    def __init__(
+        self,
+        in_types: int,
+        num_classes: int,
+        pose_size: int = 4,
+        iterations: int = 3,
+        final_lambda: float = 0.01,
+        sigma_eps: float = 1e-4,
+        cost_normalization: str = "none",
+        coordinate_addition: bool = True,
+        weight_std: float | None = None,
+    ) -> None:
         super().__init__(num_classes, pose_size, iterations, final_lambda, sigma_eps, cost_normalization, weight_std)
         self.coordinate_addition = coordinate_addition
         self.weight = self.new_weight(in_types, num_classes)
@@ -161,8 +192,9 @@ class ClassMatrixCapsules(_EMLayer):
             votes = votes + offsets[:, :, None]
         return votes
 
-    def forward(self, poses: torch.Tensor, activations: torch.Tensor,
-                centres: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, poses: torch.Tensor, activations: torch.Tensor, centres: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         batch, _, elements = poses.shape[:3]
         # Children numbered (h, w, i); passed as the (N, children, J, P*P) view of parent-major votes.
         votes = self.votes(poses, centres).reshape(batch, self.out_types, -1, elements).transpose(1, 2)
