@@ -33,7 +33,7 @@ test-all:  ## every test, slow ones included (end-to-end runs on real MNIST)
 
 bench:  ## speed + accuracy benchmarks -> experiments/results/bench.md, bench_em.md (about 45 min on 2 cores)
 	$(BIN)/python experiments/bench_capsnet.py --accuracy $(ARGS)
-	$(BIN)/python experiments/bench_em_capsnet.py --accuracy $(ARGS)
+	$(BIN)/python experiments/bench_em_caps.py --accuracy $(ARGS)
 
 bench-gpu:  ## GPU benchmark: images/s, epoch time, peak memory per model, fp32/bf16, eager/compiled -> experiments/results/bench_gpu.md
 	$(BIN)/python experiments/bench_gpu.py $(ARGS)

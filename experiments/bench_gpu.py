@@ -61,7 +61,12 @@ COMMON = [
 SMOKE = ["trainer.accelerator=cpu", "trainer.limit_train_batches=3", "data.val_size=60", "model.compile=false"]
 SMOKE_NETS = {
     "model=capsnet": ["model.net.conv_channels=16", "model.net.primary_types=4"],
-    "model=em_caps": ["model.net.A=8", "model.net.B=4", "model.net.C=4", "model.net.D=4"],
+    "model=em_caps": [
+        "model.net.conv_channels=8",
+        "model.net.primary_types=4",
+        "model.net.conv_caps1_types=4",
+        "model.net.conv_caps2_types=4",
+    ],
 }
 
 

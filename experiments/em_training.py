@@ -45,7 +45,7 @@ RECIPES: dict[str, tuple[list[str], str]] = {
         ["model=em_caps_small_paper", "model.net.cost_normalization=standardize"],
         "the paper's, costs standardised (the old normalize_cost=true)",
     ),
-    "3 iterations": (["model.net.iterations=3"], "one E-step more (the paper's 3 iterations)"),
+    "3 iterations": (["model.net.routing_iterations=3"], "one E-step more (the paper's 3 iterations)"),
     "sigma_eps 1e-4": (["model.net.sigma_eps=1e-4"], "the old variance floor"),
     "final lambda 0.01": (["model.net.final_lambda=0.01"], "the authors' inverse temperature with standardised costs"),
     "final lambda 1": (["model.net.final_lambda=1"], "a third of the default inverse temperature"),
@@ -66,7 +66,7 @@ RECIPES: dict[str, tuple[list[str], str]] = {
     "W std 1": (["model.net.weight_std=1.0"], "larger transformation matrices (votes twice as large)"),
     "margin: paper": (["margin=linear"], "the paper's margin ramp over 10 epochs (still 0.22 at step 600)"),
     "lr 1e-2": (["optimizer.lr=0.01"], "learning rate 1e-2 instead of the authors' 3e-3"),
-    "1 iteration": (["model.net.iterations=1"], "no E-step at all (not routing: a reference point)"),
+    "1 iteration": (["model.net.routing_iterations=1"], "no E-step at all (not routing: a reference point)"),
 }
 # Shared by every run. Validation on 1,024 images every 100 steps draws the curves.
 QUICK = [

@@ -1,5 +1,5 @@
 """The plain, unoptimised transcription of EM routing (Procedure 1), as first written: the reference
-the optimised ``capsexp.nn.em.em_routing`` must match."""
+the optimised ``capsexp.nn.functional.em_routing`` must match."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from capsexp.nn.em import inverse_temperatures
+from capsexp.nn.functional import inverse_temperatures
 
 LOG_2PI = math.log(2 * math.pi)
 
@@ -26,7 +26,7 @@ def plain_em_routing(
     cost_normalization: str = "none",
     return_responsibilities: bool = False,
 ):
-    """The same arguments and results as :func:`capsexp.nn.em.em_routing`, computed the obvious way:
+    """The same arguments and results as :func:`capsexp.nn.functional.em_routing`, computed the obvious way:
     every (V - mu)^2 materialised, plain autograd."""
     dense = votes.ndim == 4
     if dense:

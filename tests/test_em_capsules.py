@@ -14,8 +14,7 @@ from capsexp.lit import Classifier, SpreadLoss
 from capsexp.lit.margin import LinearMargin, SigmoidMargin
 from capsexp.models import LeNet5, MatrixCapsNet
 from capsexp.nn import ClassMatrixCapsules, ConvMatrixCapsules, PrimaryMatrixCapsules
-from capsexp.nn.em import responsibility_entropy
-from capsexp.nn.functional import em_routing, inverse_temperatures, spread_loss
+from capsexp.nn.functional import em_routing, inverse_temperatures, responsibility_entropy, spread_loss
 from conftest import TINY_RUN, run_cli
 from em_reference import plain_em_routing
 
@@ -113,7 +112,15 @@ def test_finite_for_identical_tiny_and_huge_votes(scale):
 
 def test_finite_under_bf16_autocast():
     torch.manual_seed(0)
-    net = MatrixCapsNet(in_channels=1, num_classes=10, A=8, B=4, C=4, D=4, image_size=28)
+    net = MatrixCapsNet(
+        in_channels=1,
+        num_classes=10,
+        conv_channels=8,
+        primary_types=4,
+        conv_caps1_types=4,
+        conv_caps2_types=4,
+        image_size=28,
+    )
     images = torch.rand(2, 1, 28, 28)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         output = net(images)
@@ -147,7 +154,9 @@ def test_model_geometry_and_parameter_count():
     assert output.scores.shape == (2, 5) and output.poses.shape == (2, 5, 16)
     # ConvCaps2 positions 0..3 sit at input pixels 8 + 4 h (centre 8.5 + 4 h of 32).
     assert torch.allclose(net.centres[:, 0, 0], (8.5 + 4 * torch.arange(4)) / 32)
-    assert MatrixCapsNet(image_size=28, A=8, B=4, C=4, D=4)(torch.rand(1, 1, 28, 28)).scores.shape == (1, 10)
+    assert MatrixCapsNet(image_size=28, conv_channels=8, primary_types=4, conv_caps1_types=4, conv_caps2_types=4)(
+        torch.rand(1, 1, 28, 28)
+    ).scores.shape == (1, 10)
 
 
 def test_spread_loss_hand_computed():
@@ -212,10 +221,10 @@ def test_em_caps_trains_through_the_cli(mnist_dir, tmp_path):
         f"paths.data_dir={mnist_dir}",
         "model=em_caps",
         "data=mnist",
-        "model.net.A=8",
-        "model.net.B=4",
-        "model.net.C=4",
-        "model.net.D=4",
+        "model.net.conv_channels=8",
+        "model.net.primary_types=4",
+        "model.net.conv_caps1_types=4",
+        "model.net.conv_caps2_types=4",
         "trainer.max_epochs=1",
         "trainer.limit_train_batches=3",
         "trainer.limit_val_batches=1",
@@ -295,11 +304,23 @@ def test_routing_entropy_of_a_real_layer_lies_in_the_unit_interval_and_falls_wit
 
 
 def test_net_options_batchnorm_and_weight_scale():
-    net = MatrixCapsNet(in_channels=1, A=8, B=4, C=4, D=4, image_size=28, conv1_norm=True, weight_std=2.0)
+    net = MatrixCapsNet(
+        in_channels=1,
+        conv_channels=8,
+        primary_types=4,
+        conv_caps1_types=4,
+        conv_caps2_types=4,
+        image_size=28,
+        conv1_norm=True,
+        weight_std=2.0,
+    )
     assert isinstance(net.conv1_norm, torch.nn.BatchNorm2d)
     assert 1.5 < net.conv_caps1.weight.std().item() < 2.5
     assert net(torch.rand(3, 1, 28, 28)).scores.shape == (3, 10)
-    assert isinstance(MatrixCapsNet(A=8, B=4, C=4, D=4).conv1_norm, torch.nn.Identity)
+    assert isinstance(
+        MatrixCapsNet(conv_channels=8, primary_types=4, conv_caps1_types=4, conv_caps2_types=4).conv1_norm,
+        torch.nn.Identity,
+    )
 
 
 def test_routing_diagnostics_are_logged_for_em_layers_only(mnist_dir, tmp_path):
@@ -308,10 +329,10 @@ def test_routing_diagnostics_are_logged_for_em_layers_only(mnist_dir, tmp_path):
         f"paths.data_dir={mnist_dir}",
         "model=em_caps_small",
         "data=mnist",
-        "model.net.A=8",
-        "model.net.B=4",
-        "model.net.C=4",
-        "model.net.D=4",
+        "model.net.conv_channels=8",
+        "model.net.primary_types=4",
+        "model.net.conv_caps1_types=4",
+        "model.net.conv_caps2_types=4",
         "trainer.max_epochs=1",
         "trainer.limit_train_batches=3",
         "trainer.limit_val_batches=1",
@@ -361,12 +382,12 @@ def test_paper_recipe_is_one_override_away(small):
     default = compose_config([f"model=em_caps{suffix}"])
     paper = compose_config([f"model=em_caps{suffix}_paper"])
     assert (
-        (paper.model.net.A, paper.model.net.B)
-        == (default.model.net.A, default.model.net.B)
+        (paper.model.net.conv_channels, paper.model.net.primary_types)
+        == (default.model.net.conv_channels, default.model.net.primary_types)
         == ((64, 8) if small else (32, 32))
     )
     expected_paper = dict(
-        iterations=3,
+        routing_iterations=3,
         final_lambda=0.01,
         sigma_eps=1e-4,
         cost_normalization="none",
@@ -375,6 +396,6 @@ def test_paper_recipe_is_one_override_away(small):
     )
     assert {key: paper.model.net[key] for key in expected_paper} == expected_paper
     assert (paper.callbacks.margin.duration, paper.callbacks.margin.unit) == (10, "epoch")
-    assert default.model.net.iterations >= 2  # the default still routes (at least one E-step)
+    assert default.model.net.routing_iterations >= 2  # the default still routes (at least one E-step)
     assert (default.callbacks.margin.duration, default.callbacks.margin.unit) == (1000, "step")
     assert paper.optimizer.lr == default.optimizer.lr == 0.003

@@ -21,7 +21,7 @@ from capsexp.config_check import COST_NORMALIZATIONS, PRECISIONS, check_group_ov
 from capsexp.errors import CheckpointError, ConfigError, InputShapeError
 from capsexp.lit import Classifier, CrossEntropy
 from capsexp.models import CapsNet, LeNet5, MatrixCapsNet
-from capsexp.nn import em
+from capsexp.nn import functional
 from conftest import TINY_RUN, compose_config, run_cli
 
 
@@ -48,7 +48,7 @@ def test_every_shipped_option_passes_the_check(extra):
 
 
 def test_choices_mirror_their_sources():
-    assert COST_NORMALIZATIONS == em.COST_NORMALIZATIONS
+    assert COST_NORMALIZATIONS == functional.COST_NORMALIZATIONS
     lightning = get_args(_PRECISION_INPUT_STR) + get_args(_PRECISION_INPUT_INT) + get_args(_PRECISION_INPUT_STR_ALIAS)
     assert set(PRECISIONS) == set(lightning)
 
@@ -62,7 +62,7 @@ def test_choices_mirror_their_sources():
         (["optimizer.lr=-0.1"], "optimizer.lr=-0.1: must be a number > 0"),
         (["optimizer.lr=nan"], "optimizer.lr=nan"),
         (["model=capsnet", "model.net.routing_iterations=0"], "model.net.routing_iterations=0"),
-        (["model=em_caps_small", "model.net.iterations=-1"], "model.net.iterations=-1"),
+        (["model=em_caps_small", "model.net.routing_iterations=-1"], "model.net.routing_iterations=-1"),
         (["model=em_caps_small", "model.net.final_lambda=0"], "model.net.final_lambda=0"),
         (["model=em_caps_small", "model.net.cost_normalization=zscore"], "none, data, standardize"),
         (["data=rotated_mnist", "data.test_rotations=[0,abc]"], "data.test_rotations=[0,abc]"),
@@ -122,7 +122,7 @@ BAD_COMMANDS = {
     "batch 0": (["data.batch_size=0"], 2, "data.batch_size=0"),
     "batch abc": (["data.batch_size=abc"], 2, "data.batch_size=abc"),
     "routing 0": (["model=capsnet", "model.net.routing_iterations=0"], 2, "model.net.routing_iterations=0"),
-    "EM iterations 0": (["model=em_caps_small", "model.net.iterations=0"], 2, "model.net.iterations=0"),
+    "EM iterations 0": (["model=em_caps_small", "model.net.routing_iterations=0"], 2, "model.net.routing_iterations=0"),
     "negative lr": (["optimizer.lr=-0.001"], 2, "optimizer.lr=-0.001"),
     "word in rotations": (["data=rotated_mnist", "data.test_rotations=[0,abc]"], 2, "data.test_rotations"),
     "batch over processes": (["trainer.devices=3", "trainer.accelerator=cpu"], 2, "data.batch_size=32"),
@@ -235,7 +235,13 @@ def test_checkpoint_of_another_model_is_named_as_such(tmp_path):
     [
         (LeNet5(), "LeNet5", "1x28x28"),
         (CapsNet(), "CapsNet", "1x28x28"),
-        (MatrixCapsNet(A=8, B=4, C=4, D=4, in_channels=2, image_size=32), "MatrixCapsNet", "2x32x32"),
+        (
+            MatrixCapsNet(
+                conv_channels=8, primary_types=4, conv_caps1_types=4, conv_caps2_types=4, in_channels=2, image_size=32
+            ),
+            "MatrixCapsNet",
+            "2x32x32",
+        ),
     ],
 )
 def test_nets_name_both_sizes_for_images_of_another_size(net, name, built):

@@ -87,7 +87,15 @@ def test_a_run_with_data_on_the_device_learns(mnist_dir, tmp_path):
     [
         ("lenet5", []),
         ("capsnet", ["model.net.conv_channels=16", "model.net.primary_types=4"]),
-        ("em_caps_small", ["model.net.A=16", "model.net.B=4", "model.net.C=4", "model.net.D=4"]),
+        (
+            "em_caps_small",
+            [
+                "model.net.conv_channels=16",
+                "model.net.primary_types=4",
+                "model.net.conv_caps1_types=4",
+                "model.net.conv_caps2_types=4",
+            ],
+        ),
     ],
 )
 def test_every_model_trains_under_bf16_mixed_without_nan(mnist_dir, tmp_path, model, extra):
@@ -111,7 +119,14 @@ def _nets() -> dict:
         "LeNet5": lambda: LeNet5(),
         "CapsNet": lambda: CapsNet(conv_channels=16, primary_types=4),
         "MatrixCapsNet": lambda: MatrixCapsNet(
-            A=8, B=4, C=4, D=4, iterations=2, final_lambda=3.0, cost_normalization="standardize", route_per_window=True
+            conv_channels=8,
+            primary_types=4,
+            conv_caps1_types=4,
+            conv_caps2_types=4,
+            routing_iterations=2,
+            final_lambda=3.0,
+            cost_normalization="standardize",
+            route_per_window=True,
         ),
     }
 

@@ -246,7 +246,15 @@ def test_interrupted_download_is_not_left_behind(served, tmp_path):
     [
         ("lenet5", []),
         ("capsnet", ["model.net.conv_channels=16", "model.net.primary_types=4"]),
-        ("em_caps", ["model.net.A=8", "model.net.B=4", "model.net.C=4", "model.net.D=4"]),
+        (
+            "em_caps",
+            [
+                "model.net.conv_channels=8",
+                "model.net.primary_types=4",
+                "model.net.conv_caps1_types=4",
+                "model.net.conv_caps2_types=4",
+            ],
+        ),
     ],
 )
 def test_each_model_trains_on_smallnorb_through_the_cli(norb_dir, tmp_path, model, extra):

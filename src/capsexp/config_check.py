@@ -131,6 +131,10 @@ class Rule:
     allowed: str
 
 
+# Layer sizes of the capsule nets (models.CapsNet, models.MatrixCapsNet): positive integers.
+CAPSNET_SIZES = ("conv_channels", "primary_types", "primary_dim", "pose_dim")
+EM_CAPS_SIZES = ("conv_caps1_types", "conv_caps2_types", "kernel_size", "pose_size")
+
 RULES: tuple[Rule, ...] = (
     # Top level
     Rule("seed", optional(_is_int), "an integer, or null for no seeding"),
@@ -161,8 +165,7 @@ RULES: tuple[Rule, ...] = (
     Rule("data.contrast", number_range, "[low, high] with 0 < low <= high, e.g. [0.2,1.8]"),
     Rule("data.base_url", non_empty_string, "a URL"),
     # Models
-    Rule("model.net.routing_iterations", positive_int, "a positive integer (1 = no routing by agreement)"),
-    Rule("model.net.iterations", positive_int, "a positive integer (EM iterations; 1 = no E-step)"),
+    Rule("model.net.routing_iterations", positive_int, "a positive integer (1: no routing by agreement, no E-step)"),
     Rule("model.net.final_lambda", positive_number, "a number > 0 (inverse temperature at the last iteration)"),
     Rule("model.net.sigma_eps", non_negative_number, "a number >= 0 (added to every variance)"),
     Rule("model.net.cost_normalization", one_of(*COST_NORMALIZATIONS), ", ".join(COST_NORMALIZATIONS)),
@@ -170,10 +173,7 @@ RULES: tuple[Rule, ...] = (
     Rule("model.net.conv1_norm", boolean, "true or false"),
     Rule("model.net.coordinate_addition", boolean, "true or false"),
     Rule("model.net.weight_std", optional(positive_number), "null or a number > 0"),
-    *(
-        Rule(f"model.net.{key}", positive_int, "a positive integer")
-        for key in ("A", "B", "C", "D", "K", "P", "conv_channels", "primary_types", "primary_dim", "pose_dim")
-    ),
+    *(Rule(f"model.net.{key}", positive_int, "a positive integer") for key in CAPSNET_SIZES + EM_CAPS_SIZES),
     Rule("model.net.reconstruction", boolean, "true or false"),
     Rule("model.compile", boolean, "true or false"),
     Rule("model.net.detach_agreement", boolean, "true or false"),

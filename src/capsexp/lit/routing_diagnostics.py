@@ -21,7 +21,7 @@ import lightning as L
 import torch
 
 from capsexp.lit.image_logging import tensorboard_writer
-from capsexp.nn.matrix_capsules import ClassMatrixCapsules, ConvMatrixCapsules
+from capsexp.nn import ClassMatrixCapsules, ConvMatrixCapsules
 
 EM_LAYERS = (ConvMatrixCapsules, ClassMatrixCapsules)
 

@@ -1,7 +1,7 @@
 """Pure ``torch.nn`` networks: no Lightning, no Hydra."""
 
 from capsexp.models.capsnet import CapsNet, CapsNetOutput
-from capsexp.models.em_capsnet import MatrixCapsNet, MatrixCapsNetOutput
+from capsexp.models.em_caps import MatrixCapsNet, MatrixCapsNetOutput
 from capsexp.models.lenet5 import LeNet5
 
 __all__ = ["CapsNet", "CapsNetOutput", "LeNet5", "MatrixCapsNet", "MatrixCapsNetOutput"]

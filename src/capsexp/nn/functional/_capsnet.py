@@ -10,9 +10,6 @@ import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
-# EM routing (matrix capsules) has its own module; it is part of the same functional API.
-from capsexp.nn.em import em_routing, inverse_temperatures, spread_loss  # noqa: F401
-
 SQUASH_EPS = 1e-8
 
 

@@ -6,9 +6,9 @@ model=em_caps_paper, on 2x32x32 inputs with
 is the CPU time of the profiled ``em_routing`` calls (forward and the autograd nodes they created)
 over the whole step, from one extra profiled step; the peak RSS is read before it.
 
-    python experiments/bench_em_capsnet.py                     # batch 8 and 32, model=em_caps and em_caps_paper
-    python experiments/bench_em_capsnet.py --batch-sizes 8     # one size
-    python experiments/bench_em_capsnet.py --accuracy          # + a fixed number of MNIST steps via the CLI
+    python experiments/bench_em_caps.py                     # batch 8 and 32, model=em_caps and em_caps_paper
+    python experiments/bench_em_caps.py --batch-sizes 8     # one size
+    python experiments/bench_em_caps.py --accuracy          # + a fixed number of MNIST steps via the CLI
 """
 
 from __future__ import annotations
@@ -68,9 +68,9 @@ def measure(batch_size: int, repeats: int, recipe: str = "default") -> dict[str,
     """Run in a fresh process: step timings, routing share, peak RSS."""
     from torch.profiler import ProfilerActivity, profile
 
-    import capsexp.nn.em as em
+    import capsexp.nn.em_caps as em_caps_layers
     from capsexp.models import MatrixCapsNet
-    from capsexp.nn.em import spread_loss
+    from capsexp.nn.functional import em_routing, spread_loss
 
     torch.manual_seed(0)
     net = MatrixCapsNet(in_channels=2, num_classes=5, image_size=32, **net_options(recipe))
@@ -103,18 +103,16 @@ def measure(batch_size: int, repeats: int, recipe: str = "default") -> dict[str,
 
     # Routing's share: tag em_routing's forward; its backward nodes are the autograd functions
     # created inside that scope, which the profiler links by sequence number.
-    original = em.em_routing
+    original = em_routing
 
     def tagged(*args, **kwargs):
         with torch.profiler.record_function("em_routing"):
             return original(*args, **kwargs)
 
-    for module in [sys.modules["capsexp.nn.matrix_capsules"]]:
-        module.em_routing = tagged
+    em_caps_layers.em_routing = tagged  # the name the layers call
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         step()
-    for module in [sys.modules["capsexp.nn.matrix_capsules"]]:
-        module.em_routing = original
+    em_caps_layers.em_routing = original
     events = prof.events()
     total = sum(e.self_cpu_time_total for e in events)
     forward_ids = {e.sequence_nr for e in events if e.sequence_nr >= 0 and _under(e, "em_routing")}
@@ -210,7 +208,7 @@ def main() -> None:
         [
             "# EM capsules (MatrixCapsNet) benchmark",
             "",
-            f"Written by `experiments/bench_em_capsnet.py` on {datetime.date.today()}: {cpu}, "
+            f"Written by `experiments/bench_em_caps.py` on {datetime.date.today()}: {cpu}, "
             f"{torch.get_num_threads()} threads, torch {torch.__version__}.",
             "A=B=C=D=32, K=3, 4x4 poses, 2x32x32 inputs, 5 classes, Adam; each model config's own routing options "
             "(em_caps: 2 EM iterations, BatchNorm after conv1; em_caps_paper: 3 iterations);",

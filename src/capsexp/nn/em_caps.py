@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from capsexp.nn.em import em_routing, responsibility_entropy
+from capsexp.nn.functional import em_routing, responsibility_entropy
 
 CapsuleMap = tuple[torch.Tensor, torch.Tensor]
 
@@ -87,7 +87,7 @@ class ConvMatrixCapsules(_EMLayer):
 
     One W per (kernel position, input type, output type), shared across positions. A child under
     several overlapping windows is shared among all their parents: its responsibilities sum to 1 over
-    all of them (``child_index`` in :func:`~capsexp.nn.em.em_routing`); ``route_per_window=True``
+    all of them (``child_index`` in :func:`~capsexp.nn.functional.em_routing`); ``route_per_window=True``
     routes each window's children on their own instead. No padding, as in the paper.
     """
 

@@ -15,7 +15,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from capsexp.models.input_check import check_images
-from capsexp.nn.matrix_capsules import ClassMatrixCapsules, ConvMatrixCapsules, PrimaryMatrixCapsules
+from capsexp.nn import ClassMatrixCapsules, ConvMatrixCapsules, PrimaryMatrixCapsules
 
 
 class MatrixCapsNetOutput(NamedTuple):
@@ -28,9 +28,12 @@ class MatrixCapsNet(nn.Module):
 
     Args:
         in_channels, image_size, num_classes: input and output geometry.
-        A, B, C, D: conv1 channels, primary, ConvCaps1 and ConvCaps2 capsule types.
-        K: ConvCaps kernel size. P: pose matrix size. iterations: EM iterations.
-        final_lambda, sigma_eps, cost_normalization: see :func:`capsexp.nn.em.em_routing`.
+        conv_channels: conv1 channels (the paper's A).
+        primary_types: PrimaryCaps capsule types (B).
+        conv_caps1_types, conv_caps2_types: ConvCaps1 and ConvCaps2 capsule types (C, D).
+        kernel_size: ConvCaps kernel size (K). pose_size: pose matrices are pose_size x pose_size (P).
+        routing_iterations: EM iterations in every capsule layer (the paper: 3).
+        final_lambda, sigma_eps, cost_normalization: see :func:`capsexp.nn.functional.em_routing`.
         recompute: in training, keep only each capsule layer's (small) input and recompute its
             routing during the backward pass (activation checkpointing). The vote tensors of all
             layers are then never held at once: about a third less peak memory for a quarter more
@@ -45,13 +48,13 @@ class MatrixCapsNet(nn.Module):
         self,
         in_channels: int = 1,
         num_classes: int = 10,
-        A: int = 32,
-        B: int = 32,
-        C: int = 32,
-        D: int = 32,
-        K: int = 3,
-        P: int = 4,
-        iterations: int = 3,
+        conv_channels: int = 32,
+        primary_types: int = 32,
+        conv_caps1_types: int = 32,
+        conv_caps2_types: int = 32,
+        kernel_size: int = 3,
+        pose_size: int = 4,
+        routing_iterations: int = 3,
         image_size: int = 28,
         final_lambda: float = 0.01,
         sigma_eps: float = 1e-4,
@@ -66,29 +69,32 @@ class MatrixCapsNet(nn.Module):
         self.recompute = recompute
         self.image_shape = (in_channels, image_size, image_size)
         routing = dict(
-            pose_size=P,
-            iterations=iterations,
+            pose_size=pose_size,
+            iterations=routing_iterations,
             final_lambda=final_lambda,
             sigma_eps=sigma_eps,
             cost_normalization=cost_normalization,
             weight_std=weight_std,
         )
-        self.conv1 = nn.Conv2d(in_channels, A, kernel_size=5, stride=2)
+        self.conv1 = nn.Conv2d(in_channels, conv_channels, kernel_size=5, stride=2)
         # BatchNorm between conv1 and its ReLU, as yl-1993/Matrix-Capsules-EM-PyTorch has; not in the paper.
-        self.conv1_norm = nn.BatchNorm2d(A) if conv1_norm else nn.Identity()
-        self.primary = PrimaryMatrixCapsules(A, B, P)
-        self.conv_caps1 = ConvMatrixCapsules(B, C, K, stride=2, route_per_window=route_per_window, **routing)
-        self.conv_caps2 = ConvMatrixCapsules(C, D, K, stride=1, route_per_window=route_per_window, **routing)
-        self.class_caps = ClassMatrixCapsules(D, num_classes, coordinate_addition=coordinate_addition, **routing)
+        self.conv1_norm = nn.BatchNorm2d(conv_channels) if conv1_norm else nn.Identity()
+        self.primary = PrimaryMatrixCapsules(conv_channels, primary_types, pose_size)
+        conv_caps = dict(kernel_size=kernel_size, route_per_window=route_per_window, **routing)
+        self.conv_caps1 = ConvMatrixCapsules(primary_types, conv_caps1_types, stride=2, **conv_caps)
+        self.conv_caps2 = ConvMatrixCapsules(conv_caps1_types, conv_caps2_types, stride=1, **conv_caps)
+        self.class_caps = ClassMatrixCapsules(
+            conv_caps2_types, num_classes, coordinate_addition=coordinate_addition, **routing
+        )
 
         # Receptive-field centres of the ConvCaps2 positions in input pixels, scaled to [0, 1]:
         # compose each layer's map p -> stride * p + (kernel - 1) / 2.
         scale, offset, size = 1.0, 0.0, image_size
-        for kernel, stride in [(5, 2), (K, 2), (K, 1)]:
+        for kernel, stride in [(5, 2), (kernel_size, 2), (kernel_size, 1)]:
             offset, scale = offset + scale * (kernel - 1) / 2, scale * stride
             size = (size - kernel) // stride + 1
         if size < 1:
-            raise ValueError(f"image_size={image_size} is too small for this network (K={K})")
+            raise ValueError(f"image_size={image_size} is too small for this network (kernel_size={kernel_size})")
         centres = (offset + scale * torch.arange(size) + 0.5) / image_size
         self.register_buffer(
             "centres", torch.stack(torch.meshgrid(centres, centres, indexing="ij"), dim=-1), persistent=False
