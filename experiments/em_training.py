@@ -64,8 +64,8 @@ RECIPES: dict[str, tuple[list[str], str]] = {
     ),
     "no BatchNorm": (["model.net.conv1_norm=false"], "conv1 without BatchNorm, as in the paper"),
     "W std 1": (["model.net.weight_std=1.0"], "larger transformation matrices (votes twice as large)"),
-    "margin: paper": (["margin=linear"], "the paper's margin ramp over 10 epochs (still 0.22 at step 600)"),
-    "lr 1e-2": (["optimizer.lr=0.01"], "learning rate 1e-2 instead of the authors' 3e-3"),
+    "margin: paper": (["model/margin=linear"], "the paper's margin ramp over 10 epochs (still 0.22 at step 600)"),
+    "lr 1e-2": (["model.optimizer.lr=0.01"], "learning rate 1e-2 instead of the authors' 3e-3"),
     "1 iteration": (["model.net.routing_iterations=1"], "no E-step at all (not routing: a reference point)"),
 }
 # Shared by every run. Validation on 1,024 images every 100 steps draws the curves.

@@ -87,9 +87,9 @@ def test_variant_configs(data, key, value):
 
 
 def test_capsnet_selects_the_official_lr_schedule_unless_overridden():
-    assert compose_config(["model=capsnet"]).lr_scheduler.scheduler.decay_steps == 2000
-    assert compose_config(["model=capsnet", "lr_scheduler=none"]).lr_scheduler is None
-    assert compose_config(["model=lenet5"]).lr_scheduler is None
+    assert compose_config(["model=capsnet"]).model.lr_scheduler.scheduler.decay_steps == 2000
+    assert not compose_config(["model=capsnet", "model/lr_scheduler=none"]).model.lr_scheduler
+    assert not compose_config(["model=lenet5"]).model.lr_scheduler
 
 
 def test_brightness_and_contrast_jitter_stay_in_their_ranges():

@@ -191,7 +191,12 @@ def test_margin_continues_exactly_after_a_resume(mnist_dir, tmp_path):
 
     def fit(epochs, ckpt_path=None):
         torch.manual_seed(0)
-        module = Classifier(LeNet5(), SpreadLoss(), functools.partial(torch.optim.SGD, lr=0.01))
+        module = Classifier(
+            LeNet5(),
+            SpreadLoss(),
+            functools.partial(torch.optim.SGD, lr=0.01),
+            margin=LinearMargin(0.2, 0.9, duration=2, unit="epoch"),
+        )
         record = Record()
         datamodule = MNISTDataModule(mnist_dir, batch_size=40, val_size=60, verify_checksums=False, download=False)
         trainer = L.Trainer(
@@ -201,7 +206,7 @@ def test_margin_continues_exactly_after_a_resume(mnist_dir, tmp_path):
             enable_progress_bar=False,
             enable_model_summary=False,
             default_root_dir=tmp_path,
-            callbacks=[LinearMargin(0.2, 0.9, duration=2, unit="epoch"), record],
+            callbacks=[record],
         )
         trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
         return trainer, record.margins
@@ -395,7 +400,7 @@ def test_paper_recipe_is_one_override_away(small):
         route_per_window=False,
     )
     assert {key: paper.model.net[key] for key in expected_paper} == expected_paper
-    assert (paper.callbacks.margin.duration, paper.callbacks.margin.unit) == (10, "epoch")
+    assert (paper.model.margin.duration, paper.model.margin.unit) == (10, "epoch")
     assert default.model.net.routing_iterations >= 2  # the default still routes (at least one E-step)
-    assert (default.callbacks.margin.duration, default.callbacks.margin.unit) == (1000, "step")
-    assert paper.optimizer.lr == default.optimizer.lr == 0.003
+    assert (default.model.margin.duration, default.model.margin.unit) == (1000, "step")
+    assert paper.model.optimizer.lr == default.model.optimizer.lr == 0.003

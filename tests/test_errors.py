@@ -39,9 +39,9 @@ def test_every_shipped_model_and_data_config_passes_the_check(model, data):
     "extra",
     [[f"experiment={name}"] for name in _options("experiment")]
     + [[f"debug={name}"] for name in _options("debug")]
-    + [[f"margin={name}", "model=em_caps_small"] for name in _options("margin")]
-    + [[f"lr_scheduler={name}"] for name in _options("lr_scheduler")]
-    + [["optimizer=sgd"], ["trainer=cpu"], ["logger=csv"], ["trainer.devices=2", "trainer.accelerator=cpu"]],
+    + [[f"model/margin={name}", "model=em_caps_small"] for name in _options("model/margin")]
+    + [[f"model/lr_scheduler={name}"] for name in _options("model/lr_scheduler")]
+    + [["model/optimizer=sgd"], ["trainer=cpu"], ["logger=csv"], ["trainer.devices=2", "trainer.accelerator=cpu"]],
 )
 def test_every_shipped_option_passes_the_check(extra):
     assert config_problems(compose_config(extra)) == []
@@ -59,8 +59,8 @@ def test_choices_mirror_their_sources():
         (["data.batch_size=0"], "data.batch_size=0: must be a positive integer"),
         (["data.batch_size=abc"], "data.batch_size=abc: must be a positive integer"),
         (["data.batch_size=2.5"], "data.batch_size=2.5"),
-        (["optimizer.lr=-0.1"], "optimizer.lr=-0.1: must be a number > 0"),
-        (["optimizer.lr=nan"], "optimizer.lr=nan"),
+        (["model.optimizer.lr=-0.1"], "model.optimizer.lr=-0.1: must be a number > 0"),
+        (["model.optimizer.lr=nan"], "model.optimizer.lr=nan"),
         (["model=capsnet", "model.net.routing_iterations=0"], "model.net.routing_iterations=0"),
         (["model=em_caps_small", "model.net.routing_iterations=-1"], "model.net.routing_iterations=-1"),
         (["model=em_caps_small", "model.net.final_lambda=0"], "model.net.final_lambda=0"),
@@ -123,14 +123,17 @@ BAD_COMMANDS = {
     "batch abc": (["data.batch_size=abc"], 2, "data.batch_size=abc"),
     "routing 0": (["model=capsnet", "model.net.routing_iterations=0"], 2, "model.net.routing_iterations=0"),
     "EM iterations 0": (["model=em_caps_small", "model.net.routing_iterations=0"], 2, "model.net.routing_iterations=0"),
-    "negative lr": (["optimizer.lr=-0.001"], 2, "optimizer.lr=-0.001"),
+    "negative lr": (["model.optimizer.lr=-0.001"], 2, "model.optimizer.lr=-0.001"),
+    "renamed key": (["optimizer.lr=0.01"], 2, "model.optimizer.lr=0.01"),
+    "renamed group": (["margin=linear", "model=em_caps_small"], 2, "model/margin=linear"),
+    "margin for a loss without one": (["model=capsnet", "+model/margin=linear"], 2, "model.margin"),
     "word in rotations": (["data=rotated_mnist", "data.test_rotations=[0,abc]"], 2, "data.test_rotations"),
     "batch over processes": (["trainer.devices=3", "trainer.accelerator=cpu"], 2, "data.batch_size=32"),
     "unknown model": (["model=lenet"], 2, "model=lenet"),
     "unknown precision": (["trainer.precision=bf17"], 2, "trainer.precision=bf17"),
     "unknown stereo": (["data=smallnorb", "data.stereo=top"], 2, "data.stereo=top"),
     "unknown key": (["data.batchsize=3"], 1, "data.batchsize"),
-    "image too small for the net": (["model=capsnet", "dataset.image_size=16"], 2, "model.net"),
+    "image too small for the net": (["model=capsnet", "geometry.image_size=16"], 2, "model.net"),
     "unknown strategy": (["trainer.accelerator=cpu", "trainer.strategy=bogus"], 2, "trainer.strategy=bogus"),
     "checkpoint missing": (["train=false", "ckpt_path={missing}"], 1, "{missing}"),
     "checkpoint folder": (["train=false", "ckpt_path={folder}"], 1, "is a folder"),

@@ -46,8 +46,8 @@ def test_optuna_sweep_of_two_trials(mnist_dir, tmp_path):
     results = yaml.safe_load((sweep / "optimization_results.yaml").read_text())
     # data.batch_size is searched too, unless fixed on the command line, as TINY_RUN does.
     assert set(results["best_params"]) == {
-        "optimizer.lr",
-        "lr_scheduler.scheduler.decay_rate",
+        "model.optimizer.lr",
+        "model.lr_scheduler.scheduler.decay_rate",
         "model.net.routing_iterations",
     }
     assert 0.0 <= results["best_value"] <= 1.0

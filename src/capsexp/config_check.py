@@ -183,15 +183,15 @@ RULES: tuple[Rule, ...] = (
     Rule("model.objective.lambda_", non_negative_number, "a number >= 0"),
     Rule("model.objective.recon_weight", non_negative_number, "a number >= 0 (0 disables the reconstruction term)"),
     # Optimisation
-    Rule("optimizer.lr", positive_number, "a number > 0"),
-    Rule("optimizer.weight_decay", non_negative_number, "a number >= 0"),
-    Rule("optimizer.momentum", number_in(0.0, 1.0), "a number in [0, 1]"),
-    Rule("lr_scheduler.scheduler.decay_rate", number_in(0.0, 1.0, low_open=True), "a number in (0, 1]"),
-    Rule("lr_scheduler.scheduler.decay_steps", positive_number, "a number > 0"),
-    Rule("callbacks.margin.start", number_in(0.0, 1.0), "a number in [0, 1]"),
-    Rule("callbacks.margin.end", number_in(0.0, 1.0), "a number in [0, 1]"),
-    Rule("callbacks.margin.duration", positive_number, "a number > 0"),
-    Rule("callbacks.margin.unit", one_of("epoch", "step"), "epoch or step"),
+    Rule("model.optimizer.lr", positive_number, "a number > 0"),
+    Rule("model.optimizer.weight_decay", non_negative_number, "a number >= 0"),
+    Rule("model.optimizer.momentum", number_in(0.0, 1.0), "a number in [0, 1]"),
+    Rule("model.lr_scheduler.scheduler.decay_rate", number_in(0.0, 1.0, low_open=True), "a number in (0, 1]"),
+    Rule("model.lr_scheduler.scheduler.decay_steps", positive_number, "a number > 0"),
+    Rule("model.margin.start", number_in(0.0, 1.0), "a number in [0, 1]"),
+    Rule("model.margin.end", number_in(0.0, 1.0), "a number in [0, 1]"),
+    Rule("model.margin.duration", positive_number, "a number > 0"),
+    Rule("model.margin.unit", one_of("epoch", "step"), "epoch or step"),
     Rule("callbacks.routing_diagnostics.every_n_steps", positive_int, "a positive integer"),
     Rule("callbacks.progress_log.interval_s", positive_number, "a number of seconds > 0"),
     Rule("callbacks.progress_log.when", one_of("auto", "always", "never"), "auto, always or never"),
@@ -297,13 +297,33 @@ def check_config(cfg: DictConfig) -> None:
         raise ConfigError("invalid configuration:\n  " + "\n  ".join(shown))
 
 
+# Groups and keys that moved (issue 13): the old spelling gets the new one in its error.
+RENAMED = {
+    "optimizer": "model/optimizer",
+    "lr_scheduler": "model/lr_scheduler",
+    "margin": "model/margin",
+    "optimizer.": "model.optimizer.",
+    "lr_scheduler.": "model.lr_scheduler.",
+    "callbacks.margin.": "model.margin.",
+    "dataset.": "geometry.",
+    "model.net.iterations": "model.net.routing_iterations",
+}
+
+
 def check_group_overrides(arguments: list[str], config_dir: Path) -> None:
     """Raise :class:`ConfigError` for ``group=option`` on the command line where ``conf/<group>/``
-    has no such option (sweeps ``model=a,b`` included); anything else is left to Hydra."""
+    has no such option (sweeps ``model=a,b`` included), and for a group or key that was renamed;
+    anything else is left to Hydra."""
     for argument in arguments:
         key, sep, value = argument.partition("=")
-        key = key.lstrip("+")
-        if not sep or argument.startswith("-") or not key.isidentifier() or key == "hydra":
+        key = key.lstrip("+~")
+        if not sep or argument.startswith("-") or key.split("/")[0] == "hydra":
+            continue
+        for old, new in RENAMED.items():
+            if key == old or (old.endswith(".") and key.startswith(old)):
+                renamed = new + key[len(old) :] if old.endswith(".") else new
+                raise ConfigError(f"{key}={value}: renamed; use {renamed}={value}")
+        if not all(part.isidentifier() for part in key.split("/")):
             continue
         folder = config_dir / key
         if not folder.is_dir() or not value or "(" in value or value == "null":

@@ -83,9 +83,7 @@ def _run(cfg: DictConfig, job: DDPJob) -> dict[str, float]:
     # Plain lists and dicts, not OmegaConf containers: hyperparameters are saved in checkpoints,
     # which load with torch.load(weights_only=True).
     datamodule: L.LightningDataModule = instantiate(cfg.data, _convert_="all")
-    module: L.LightningModule = instantiate(
-        cfg.model, optimizer=cfg.optimizer, lr_scheduler=cfg.get("lr_scheduler"), _convert_="partial"
-    )
+    module: L.LightningModule = instantiate(cfg.model, _convert_="partial")
     if cfg.get("ckpt_path"):
         check_checkpoint(cfg.ckpt_path, module)
     callbacks: list[Callback] = instantiate_all(cfg.get("callbacks"))

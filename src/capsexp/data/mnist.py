@@ -121,7 +121,7 @@ class MNISTDataModule(InMemoryDataModule):
     def __init__(
         self,
         data_dir: str | os.PathLike = "data",
-        batch_size: int = 128,
+        batch_size: int = 32,
         val_size: int = 5000,
         split_seed: int = 0,
         num_workers: int = 0,

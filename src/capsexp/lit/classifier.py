@@ -9,6 +9,7 @@ The ``objective`` turns that output into named loss terms (see :mod:`capsexp.lit
 from __future__ import annotations
 
 import inspect
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -17,6 +18,7 @@ import torch
 from torchmetrics import MaxMetric, MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
+from capsexp.lit.margin import MarginSchedule
 from capsexp.lit.objectives import class_scores
 
 Batch = tuple[torch.Tensor, torch.Tensor]
@@ -31,6 +33,8 @@ class Classifier(L.LightningModule):
         optimizer: partial optimizer, called with the parameters (Hydra ``_partial_: true``).
         lr_scheduler: ``None``, or Lightning's scheduler config dict whose ``scheduler`` entry is a
             partial called with the optimizer (``interval``, ``frequency``, ... pass through).
+        margin: a :class:`~capsexp.lit.margin.MarginSchedule` that sets ``objective.margin`` before
+            every training step (the spread loss of EM capsules), or ``None``.
         num_classes: number of classes, for the accuracy metrics.
         compile: compile the net with ``torch.compile`` (``nn.Module.compile``: in place, so the
             checkpoint's parameter names stay those of the eager net), once, before training or testing.
@@ -42,16 +46,23 @@ class Classifier(L.LightningModule):
         objective: Callable[..., dict[str, torch.Tensor]],
         optimizer: Callable[..., torch.optim.Optimizer],
         lr_scheduler: dict[str, Any] | None = None,
+        margin: MarginSchedule | None = None,
         num_classes: int = 10,
         compile: bool = False,
     ) -> None:
         super().__init__()
+        if margin is not None and not hasattr(objective, "margin"):
+            raise ValueError(
+                f"model.margin is set, but the objective {type(objective).__name__} has no margin to schedule "
+                "(only the spread loss has one): remove model/margin"
+            )
         # Only plain values go into the checkpoint's hyperparameters: checkpoints load with
         # torch.load(weights_only=True), which refuses pickled callables. The run's whole config
         # is logged by capsexp.train, and the net's weights are in the state dict.
-        self.save_hyperparameters(ignore=["net", "objective", "optimizer", "lr_scheduler"], logger=False)
+        self.save_hyperparameters(ignore=["net", "objective", "optimizer", "lr_scheduler", "margin"], logger=False)
         self.optimizer = optimizer
         self.lr_scheduler = lr_scheduler
+        self.margin_schedule = margin
         self.net = net
         self.objective = objective
         self.net_takes_targets = "targets" in inspect.signature(net.forward).parameters
@@ -113,6 +124,14 @@ class Classifier(L.LightningModule):
             add_dataloader_idx=False,
             metric_attribute=f"loss_means.{key}",
         )
+
+    def on_train_batch_start(self, batch: Batch, batch_idx: int) -> None:
+        if self.margin_schedule is None:
+            return
+        batches = self.trainer.num_training_batches
+        epoch = self.trainer.current_epoch + (batch_idx / batches if batches and math.isfinite(batches) else 0.0)
+        self.objective.margin = self.margin_schedule.margin(self.trainer.global_step, epoch)
+        self.log("train/margin", float(self.objective.margin), on_step=True, on_epoch=False)
 
     def training_step(self, batch: Batch, batch_idx: int) -> torch.Tensor:
         terms, predictions = self._step(batch, "train")

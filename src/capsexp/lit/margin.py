@@ -1,31 +1,21 @@
-"""Margin schedules for the spread loss: callbacks that set ``objective.margin`` before every step.
+"""Margin schedules for the spread loss (``model.margin``): the margin as a function of training progress.
 
-The margin is a function of the trainer's progress (global step, or epoch plus the fraction of it
-done), which Lightning restores from a checkpoint: a resumed run continues with exactly the margin it
-would have had. Logged as ``train/margin``.
+:class:`capsexp.lit.Classifier` sets ``objective.margin`` from its schedule before every training step
+and logs it as ``train/margin``. The progress (global step, or epoch plus the fraction of it done) is
+what Lightning restores from a checkpoint: a resumed run continues with exactly the margin it would
+have had.
 """
 
 from __future__ import annotations
 
 import math
 
-import lightning as L
 
-
-class MarginSchedule(L.Callback):
+class MarginSchedule:
     """Base class: subclasses define ``margin(step, epoch)``; ``epoch`` is fractional."""
 
     def margin(self, step: int, epoch: float) -> float:
         raise NotImplementedError
-
-    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch, batch_idx: int) -> None:
-        objective = getattr(pl_module, "objective", None)
-        if not hasattr(objective, "margin"):
-            return  # not a margin-based objective (e.g. LeNet5's cross-entropy)
-        batches = trainer.num_training_batches
-        epoch = trainer.current_epoch + (batch_idx / batches if batches and math.isfinite(batches) else 0.0)
-        objective.margin = self.margin(trainer.global_step, epoch)
-        pl_module.log("train/margin", float(objective.margin), on_step=True, on_epoch=False)
 
 
 class LinearMargin(MarginSchedule):

@@ -55,7 +55,7 @@ class CapsuleLoss:
 class SpreadLoss:
     """Spread loss of the EM-routing paper (section 3.1) on the class activations.
 
-    ``margin`` starts at 0.2 and is raised during training by a margin schedule callback
+    ``margin`` starts at 0.2 and is raised during training by the Classifier's margin schedule
     (:mod:`capsexp.lit.margin`); logged term: ``spread_loss``.
     """
 

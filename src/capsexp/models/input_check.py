@@ -18,5 +18,5 @@ def check_images(images: torch.Tensor, image_shape: tuple[int, int, int], net: s
         raise InputShapeError(
             f"{net} was built for images of {_text(image_shape)} (channels x height x width) and got {got}. "
             "Build it with the data's in_channels and image_size (the model configs read "
-            "dataset.channels and dataset.image_size), or give it images of that size."
+            "geometry.channels and geometry.image_size), or give it images of that size."
         )
