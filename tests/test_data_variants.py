@@ -7,6 +7,7 @@ import torch
 
 from capsexp.data import MNISTDataModule
 from capsexp.data.augment import random_shift, rotate
+from capsexp.test_sets import PLAIN, metric_suffix, metrics_of_test_sets, rotation_angle, rotation_set_name
 from conftest import compose_config
 
 
@@ -118,3 +119,20 @@ def test_random_crop_and_center_crop():
     assert crops.shape == (300, 1, 32, 32) and rows.max() == 16 and cols.max() == 16 and rows.min() == 0
     assert torch.equal(crops[:, 0, 31, 31].long(), corners + 31 * 48 + 31)  # each crop is contiguous
     assert center_crop(images[:1], 32)[0, 0, 0, 0].item() == 8 * 48 + 8
+
+
+def test_test_set_names_round_trip_through_the_metric_names():
+    """The contract of capsexp.test_sets: what the DataModule declares is what compare reads back."""
+    names = [PLAIN, rotation_set_name(22.5), rotation_set_name(-30)]
+    assert names == ["", "rot22.5", "rot-30"]
+    metrics = metrics_of_test_sets(names)
+    assert metrics == [
+        "test/acc",
+        "test/loss",
+        "test/acc_rot22.5",
+        "test/loss_rot22.5",
+        "test/acc_rot-30",
+        "test/loss_rot-30",
+    ]
+    assert [rotation_angle(m) for m in metrics if rotation_angle(m) is not None] == [22.5, -30.0]
+    assert rotation_angle("test/loss_rot30") is None and metric_suffix(PLAIN) == ""

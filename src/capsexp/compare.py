@@ -22,9 +22,10 @@ from pathlib import Path
 
 import yaml
 
+from capsexp.test_sets import rotation_angle
+
 # Overrides that name where a run went, not what it was.
 IGNORED_OVERRIDE = re.compile(r"^\+?(seed|hydra\.[\w.]+|paths\.[\w.]+|ckpt_path|tags|task_name)=")
-ROTATION = re.compile(r"^test/acc_rot(-?[\d.]+)$")
 
 
 @dataclass
@@ -76,7 +77,7 @@ def summarise(runs: list[Run]) -> tuple[list[str], list[dict]]:
     for run in runs:
         groups[run.configuration].append(run)
     tags = {tag for run in runs for tag in run.scalars}
-    rotations = sorted((tag for tag in tags if ROTATION.match(tag)), key=lambda t: float(ROTATION.match(t)[1]))
+    rotations = sorted((tag for tag in tags if rotation_angle(tag) is not None), key=rotation_angle)
     metrics = [tag for tag in ("val/acc_best", "val/acc", "test/acc") if tag in tags] + rotations
     rows = []
     for configuration, members in sorted(groups.items()):
@@ -151,9 +152,9 @@ def write_plots(runs: list[Run], metrics: list[str], rows: list[dict], output: P
         written.append(output / "val_acc.png")
     plt.close(figure)
 
-    rotations = [m for m in metrics if ROTATION.match(m)]
+    rotations = [m for m in metrics if rotation_angle(m) is not None]
     if rotations:
-        angles = [float(ROTATION.match(m)[1]) for m in rotations]
+        angles = [rotation_angle(m) for m in rotations]
         figure, axes = plt.subplots(figsize=(8, 5))
         for row in rows:
             means = [100 * row[m][0] if row[m] else math.nan for m in rotations]

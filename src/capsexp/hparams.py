@@ -16,6 +16,8 @@ from lightning.pytorch.loggers import Logger, TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_only
 from torch.utils.tensorboard.summary import hparams as hparams_summary
 
+from capsexp.test_sets import PLAIN, metrics_of_test_sets
+
 # Config groups that say where things go, not what was run: left out of the HParams tab.
 NOT_HYPERPARAMETERS = ("paths", "logger", "hydra")
 
@@ -35,16 +37,10 @@ def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, int | floa
     return flat
 
 
-def metric_names(test_set_names: Iterable[str] = ("",)) -> list[str]:
-    """The metrics the HParams tab shows: validation and test accuracy and loss, per test set.
-
-    As :class:`capsexp.lit.classifier.Classifier` logs them: ``test/acc`` is the first test set's accuracy, and
-    named sets (rotations ...) have ``test/acc_<name>`` and ``test/loss_<name>``."""
-    names = ["val/acc_best", "val/acc", "val/loss", "test/acc"]
-    for name in test_set_names:
-        suffix = f"_{name}" if name else ""
-        names += [f"test/acc{suffix}", f"test/loss{suffix}"]
-    return list(dict.fromkeys(names))
+def metric_names(test_set_names: Iterable[str] = (PLAIN,)) -> list[str]:
+    """The metrics the HParams tab shows: validation accuracy and loss, and the test metrics of the
+    DataModule's test sets (:func:`capsexp.test_sets.metrics_of_test_sets`)."""
+    return ["val/acc_best", "val/acc", "val/loss", *metrics_of_test_sets(test_set_names)]
 
 
 @rank_zero_only

@@ -94,8 +94,7 @@ def _run(cfg: DictConfig, job: DDPJob) -> dict[str, float]:
     hparams = OmegaConf.to_container(cfg, resolve=True)
     hparams["model/params"] = sum(p.numel() for p in module.parameters())
     log.info(f"{type(getattr(module, 'net', module)).__name__}: {hparams['model/params']:,} parameters")
-    test_set_names = getattr(datamodule, "test_set_names", None) or [""]
-    log_hyperparameters(trainer.loggers, hparams, metric_names(test_set_names))
+    log_hyperparameters(trainer.loggers, hparams, metric_names(datamodule.test_set_names))
 
     metrics: dict[str, float] = {}
     if cfg.get("train"):

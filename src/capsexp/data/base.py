@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TypeVar
 
@@ -17,6 +17,7 @@ from torch.utils.data import DataLoader, DistributedSampler, Sampler
 from capsexp.data.device_loader import DeviceBatchLoader
 from capsexp.data.tensor_dataset import ImageTensorDataset, collate_batch
 from capsexp.errors import ConfigError, DataFolderError
+from capsexp.test_sets import PLAIN
 
 Method = TypeVar("Method", bound=Callable)
 
@@ -56,9 +57,13 @@ class InMemoryDataModule(L.LightningDataModule):
     batch), ``num_workers``, ``pin_memory`` and ``on_device`` (``"auto"``, ``True`` or ``False``: keep
     the datasets on the accelerator and draw batches there, see :class:`DeviceBatchLoader`; auto:
     wherever the run's device is not the CPU).
+
+    ``test_set_names`` declares the test sets, one per test DataLoader (:mod:`capsexp.test_sets`):
+    one plain test set unless a subclass says otherwise.
     """
 
     data_folder: Path  # where the dataset's files live (named in errors)
+    test_set_names: Sequence[str] = (PLAIN,)  # a property in subclasses where it varies
 
     data_train: ImageTensorDataset | None = None
     data_val: ImageTensorDataset | None = None

@@ -24,6 +24,7 @@ from capsexp.data.augment import random_shift, rotate
 from capsexp.data.base import InMemoryDataModule, data_folder_errors, md5sum
 from capsexp.data.tensor_dataset import ImageTensorDataset
 from capsexp.errors import CorruptDatasetError, DatasetNotFoundError
+from capsexp.test_sets import PLAIN, rotation_set_name
 
 IMAGES_MAGIC = 0x00000803  # IDX: unsigned bytes, 3 dimensions
 LABELS_MAGIC = 0x00000801  # IDX: unsigned bytes, 1 dimension
@@ -145,10 +146,10 @@ class MNISTDataModule(InMemoryDataModule):
 
     @property
     def test_set_names(self) -> list[str]:
-        """Suffixes of the test metrics, one per test DataLoader ("" for the plain test set)."""
+        """One name per test DataLoader (:mod:`capsexp.test_sets`): the plain set, or one per angle."""
         if self.hparams.test_rotations is None:
-            return [""]
-        return [f"rot{angle:g}" for angle in self.hparams.test_rotations]
+            return [PLAIN]
+        return [rotation_set_name(angle) for angle in self.hparams.test_rotations]
 
     @property
     def raw_dir(self) -> Path:

@@ -20,6 +20,7 @@ from torchmetrics.classification import MulticlassAccuracy
 
 from capsexp.lit.margin import MarginSchedule
 from capsexp.lit.objectives import class_scores
+from capsexp.test_sets import PLAIN, metric_suffix
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
@@ -29,7 +30,8 @@ class Classifier(L.LightningModule):
 
     Args:
         net: the network.
-        objective: ``objective(output, images, targets) -> {"loss": ..., other terms}``.
+        objective: ``objective(output, images, targets) -> {"loss": ..., other terms}``, naming every
+            term it may return in ``objective.terms``.
         optimizer: partial optimizer, called with the parameters (Hydra ``_partial_: true``).
         lr_scheduler: ``None``, or Lightning's scheduler config dict whose ``scheduler`` entry is a
             partial called with the optimizer (``interval``, ``frequency``, ... pass through).
@@ -69,18 +71,34 @@ class Classifier(L.LightningModule):
         self.compile_net = compile
         self._compiled = False
 
+        self.num_classes = num_classes
         self.train_acc = MulticlassAccuracy(num_classes, average="micro")
         self.val_acc = MulticlassAccuracy(num_classes, average="micro")
-        self.test_acc = MulticlassAccuracy(num_classes, average="micro")
-        # One accuracy per extra named test set (rotations ...), made when the set is first seen.
-        self.test_set_accs = torch.nn.ModuleDict()
-        # Epoch means of the loss terms, one MeanMetric per logged name, made when first logged.
-        # Its sum and weight are reduced over processes exactly; Lightning's own mean divides an
-        # integer image count by the number of processes, which truncates for uneven shards.
-        self.loss_means = torch.nn.ModuleDict()
         # Persistent, so that a resumed run keeps the best accuracy seen before it stopped.
         self.val_acc_best = MaxMetric()
         self.val_acc_best.persistent(True)
+        # Epoch means of the loss terms (the objective's ``terms``), one MeanMetric per logged name.
+        # Its sum and weight are reduced over processes exactly; Lightning's own mean divides an
+        # integer image count by the number of processes, which truncates for uneven shards.
+        self.loss_means = torch.nn.ModuleDict(
+            {_key(f"{stage}/{term}"): MeanMetric() for stage in ("train", "val") for term in objective.terms}
+        )
+        # Per test set (the DataModule's test_set_names): an accuracy, and the loss means; made in setup.
+        self.test_set_names: list[str] = [PLAIN]
+        self.test_accs = torch.nn.ModuleList()
+
+    def setup(self, stage: str) -> None:
+        """Lightning's hook before the module moves to its device: one accuracy and one set of loss
+        means per test set the DataModule declares (:mod:`capsexp.test_sets`)."""
+        datamodule = self.trainer.datamodule if self._trainer is not None else None
+        names = list(getattr(datamodule, "test_set_names", None) or [PLAIN])
+        if names == self.test_set_names and len(self.test_accs):
+            return
+        self.test_set_names = names
+        self.test_accs = torch.nn.ModuleList(MulticlassAccuracy(self.num_classes, average="micro") for _ in names)
+        for name in names:
+            for term in self.objective.terms:
+                self.loss_means[_key(f"test/{term}{metric_suffix(name)}")] = MeanMetric()
 
     def configure_model(self) -> None:
         """Lightning's hook before fit/validate/test: compile the net once, if asked."""
@@ -110,9 +128,12 @@ class Classifier(L.LightningModule):
 
     def _log_mean(self, logged_name: str, value: torch.Tensor, batch_size: int, prog_bar: bool) -> None:
         """Log the mean of ``value`` over the epoch's images, on every process."""
-        key = logged_name.replace("/", "__").replace(".", "_")  # a module name may not hold "."
+        key = _key(logged_name.removesuffix("_epoch"))
         if key not in self.loss_means:
-            self.loss_means[key] = MeanMetric().to(self.device)
+            raise KeyError(
+                f"{logged_name}: the objective {type(self.objective).__name__} returned a term that is not in "
+                f"its terms {tuple(self.objective.terms)}"
+            )
         metric = self.loss_means[key]
         metric.update(value, weight=batch_size)
         self.log(
@@ -150,34 +171,22 @@ class Classifier(L.LightningModule):
         self.val_acc_best(self.val_acc.compute())
         self.log("val/acc_best", self.val_acc_best.compute(), prog_bar=True, sync_dist=True)
 
-    def _test_set_suffix(self, dataloader_idx: int) -> str:
-        """Metric suffix of a test DataLoader: ``_rot30`` etc. from the DataModule's ``test_set_names``."""
-        names = getattr(self.trainer.datamodule, "test_set_names", None) or [""]
-        name = names[dataloader_idx] if dataloader_idx < len(names) else f"set{dataloader_idx}"
-        return f"_{name}" if name else ""
-
     def test_step(self, batch: Batch, batch_idx: int, dataloader_idx: int = 0) -> None:
-        suffix = self._test_set_suffix(dataloader_idx)
-        _, predictions = self._step(batch, "test", suffix)
-        if dataloader_idx == 0:  # test/acc: the first (for rotations, usually the unrotated) test set
-            self.test_acc(predictions, batch[1])
-            self.log("test/acc", self.test_acc, on_step=False, on_epoch=True, add_dataloader_idx=False)
-        if suffix:
-            key = str(dataloader_idx)
-            if key not in self.test_set_accs:
-                metric = self.test_acc.clone()
-                metric.reset()
-                self.test_set_accs[key] = metric.to(self.device)
-            metric = self.test_set_accs[key]
-            metric(predictions, batch[1])
-            self.log(
-                f"test/acc{suffix}",
-                metric,
-                on_step=False,
-                on_epoch=True,
-                add_dataloader_idx=False,
-                metric_attribute=f"test_set_accs.{key}",
+        if dataloader_idx >= len(self.test_set_names):
+            raise ValueError(
+                f"test DataLoader {dataloader_idx} has no name: the DataModule declares "
+                f"{len(self.test_set_names)} test sets in test_set_names"
             )
+        suffix = metric_suffix(self.test_set_names[dataloader_idx])
+        _, predictions = self._step(batch, "test", suffix)
+        accuracy = self.test_accs[dataloader_idx]
+        accuracy(predictions, batch[1])
+        attribute = f"test_accs.{dataloader_idx}"
+        # test/acc: the first test set (for rotations, usually the unrotated one)
+        names = ["test/acc"] if dataloader_idx == 0 else []
+        names += [f"test/acc{suffix}"] if suffix else []
+        for name in names:
+            self.log(name, accuracy, on_step=False, on_epoch=True, add_dataloader_idx=False, metric_attribute=attribute)
 
     def configure_optimizers(self) -> Any:
         optimizer = self.optimizer(params=self.parameters())
@@ -186,3 +195,8 @@ class Classifier(L.LightningModule):
         scheduler_config = dict(self.lr_scheduler)
         scheduler_config["scheduler"] = scheduler_config["scheduler"](optimizer)
         return {"optimizer": optimizer, "lr_scheduler": scheduler_config}
+
+
+def _key(logged_name: str) -> str:
+    """A metric's name in a ModuleDict, which may not hold "." or "/"."""
+    return logged_name.replace("/", "__").replace(".", "_")

@@ -2,7 +2,8 @@
 
 An objective is called as ``objective(output, images, targets)`` and returns a dict of scalar
 tensors whose ``"loss"`` entry is optimised; every entry is logged as ``<stage>/<name>``. Capsule
-objectives add their parts (``margin_loss``, ``recon_loss``) beside the total.
+objectives add their parts (``margin_loss``, ``recon_loss``) beside the total. ``terms`` names every
+entry an objective may return, so that the Classifier makes their metrics once, up front.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ def class_scores(output: Any) -> torch.Tensor:
 class CrossEntropy:
     """Softmax cross-entropy on the class scores (the LeNet5 baseline's objective)."""
 
+    terms = ("loss",)
+
     def __init__(self, label_smoothing: float = 0.0) -> None:
         self.label_smoothing = label_smoothing
 
@@ -37,6 +40,8 @@ class CapsuleLoss:
     (paper: recon_weight = 0.0005, "so that it does not dominate the margin loss"). Logged terms:
     ``margin_loss`` and ``recon_loss`` (the unweighted per-image sum of squared errors).
     """
+
+    terms = ("loss", "margin_loss", "recon_loss")
 
     def __init__(
         self, m_pos: float = 0.9, m_neg: float = 0.1, lambda_: float = 0.5, recon_weight: float = 0.0005
@@ -58,6 +63,8 @@ class SpreadLoss:
     ``margin`` starts at 0.2 and is raised during training by the Classifier's margin schedule
     (:mod:`capsexp.lit.margin`); logged term: ``spread_loss``.
     """
+
+    terms = ("loss", "spread_loss")
 
     def __init__(self, margin: float = 0.2) -> None:
         self.margin = margin
