@@ -17,7 +17,6 @@ import os
 import platform
 import resource
 import statistics
-import time
 from pathlib import Path
 
 # As a user's script would: torch first, then capsexp as a library. Nothing set in the environment
@@ -29,15 +28,16 @@ from benchlib import cli_test_accuracy, cpu_name
 from capsexp import PROJECT_ROOT
 from capsexp.lit import CapsuleLoss
 from capsexp.models import CapsNet
+from capsexp.timing import Stopwatch
 
 RESULTS = PROJECT_ROOT / "experiments" / "results" / "bench.md"
 ACCURACY_COMMAND = ["model=capsnet", "data=shifted_mnist", "trainer.max_epochs=1", "trainer.accelerator=cpu"]
 
 
 def timed(step) -> float:
-    start = time.perf_counter()
-    step()
-    return time.perf_counter() - start
+    with Stopwatch() as watch:
+        step()
+    return watch.seconds
 
 
 def speed(batch_size: int, repeats: int, warmup: int) -> dict[str, float]:

@@ -21,7 +21,6 @@ import resource
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")  # as importing capsexp does (capsexp/__init__.py)
@@ -30,6 +29,7 @@ import torch
 
 from benchlib import cli_test_accuracy, cpu_name
 from capsexp import PROJECT_ROOT
+from capsexp.timing import Stopwatch
 
 RESULTS = PROJECT_ROOT / "experiments" / "results" / "bench_em.md"
 # A whole epoch of MNIST takes hours on 2 CPU cores: a fixed number of steps, then the full test set.
@@ -89,15 +89,15 @@ def measure(batch_size: int, repeats: int, recipe: str = "default") -> dict[str,
     step()  # warm-up
     steps = []
     for _ in range(repeats):
-        start = time.perf_counter()
-        step()
-        steps.append(time.perf_counter() - start)
+        with Stopwatch() as watch:
+            step()
+        steps.append(watch.seconds)
     infer()
     inference = []
     for _ in range(repeats):
-        start = time.perf_counter()
-        infer()
-        inference.append(time.perf_counter() - start)
+        with Stopwatch() as watch:
+            infer()
+        inference.append(watch.seconds)
 
     peak_rss_gib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # before the profiler's own memory
 

@@ -24,13 +24,14 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
 
 from benchlib import cpu_name
 from capsexp import PROJECT_ROOT
+from capsexp.events import read_scalars
+from capsexp.timing import Stopwatch
 
 MNIST = ["data=mnist", "data.batch_size=128"]
 RUNS = {
@@ -91,14 +92,9 @@ def write_synthetic_smallnorb(root: Path, train: int = 24300, test: int = 24300)
 
 
 def second_epoch(run_dir: Path) -> dict[str, float]:
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    events = EventAccumulator(str(run_dir / "tensorboard"))
-    events.Reload()
-    tags = events.Tags()["scalars"]
     values = {
-        tag.removeprefix("perf/"): [event.value for event in events.Scalars(tag)]
-        for tag in tags
+        tag.removeprefix("perf/"): [value for _, value in series]
+        for tag, series in read_scalars(run_dir).items()
         if tag.startswith("perf/")
     }
     return {name: series[-1] for name, series in values.items()} | {
@@ -117,11 +113,11 @@ def run(name: str, overrides: list[str], args: argparse.Namespace, norb_dir: Pat
     if args.smoke:
         command += SMOKE + [o for key, extra in SMOKE_NETS.items() if key in overrides for o in extra]
     print(f"\n=== {name}: {' '.join(command[3:])}", flush=True)
-    start = time.perf_counter()
-    result = subprocess.run(command, cwd=PROJECT_ROOT, env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    with Stopwatch() as watch:
+        result = subprocess.run(command, cwd=PROJECT_ROOT, env={**os.environ, "PYTHONWARNINGS": "ignore"})
     if result.returncode:
         return {"failed": float(result.returncode)}
-    return second_epoch(run_dir) | {"wall_s": time.perf_counter() - start}
+    return second_epoch(run_dir) | {"wall_s": watch.seconds}
 
 
 def device_name() -> str:

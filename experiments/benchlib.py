@@ -6,10 +6,11 @@ import datetime
 import platform
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from capsexp import PROJECT_ROOT
+from capsexp.events import last_scalar
+from capsexp.timing import Stopwatch
 
 
 def cpu_name() -> str:
@@ -33,16 +34,6 @@ def cli_test_accuracy(overrides: list[str], task: str, data_dir: str | None = No
         "callbacks.progress_bar=null",
         f"hydra.run.dir={run_dir}",
     ] + ([f"paths.data_dir={data_dir}"] if data_dir else [])
-    start = time.perf_counter()
-    subprocess.run(command, cwd=PROJECT_ROOT, check=True)
-    wall = time.perf_counter() - start
-    return {"test_acc": last_scalar(run_dir, "test/acc"), "wall_s": wall}
-
-
-def last_scalar(run_dir: Path, tag: str) -> float:
-    """The last value of ``tag`` in a run's TensorBoard event files."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    events = EventAccumulator(str(run_dir / "tensorboard"))
-    events.Reload()
-    return events.Scalars(tag)[-1].value
+    with Stopwatch() as watch:
+        subprocess.run(command, cwd=PROJECT_ROOT, check=True)
+    return {"test_acc": last_scalar(run_dir, "test/acc"), "wall_s": watch.seconds}

@@ -20,10 +20,11 @@ from pathlib import Path
 
 import yaml
 
-from benchlib import last_scalar
 from capsexp import PROJECT_ROOT
 from capsexp.errors import CapsexpError
-from studylib import Timer, environment, multirun, new_folder, parse_args, run_capsexp, write_results
+from capsexp.events import last_scalar
+from capsexp.timing import Stopwatch
+from studylib import parse_args, run_main
 
 STUDY = "em_smallnorb"
 
@@ -66,9 +67,9 @@ def novel_viewpoint_table(jobs: list[Path], novel_accuracy: dict[Path, float]) -
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(STUDY, __doc__, argv)
-    data_dir = Path(environment(args).get("CAPSEXP_DATA_DIR", PROJECT_ROOT / "data"))
-    problem = smallnorb_problem(data_dir, args.overrides)
+    study, _ = parse_args(STUDY, __doc__, argv)
+    data_dir = Path(study.environment().get("CAPSEXP_DATA_DIR", PROJECT_ROOT / "data"))
+    problem = smallnorb_problem(data_dir, study.overrides)
     if problem:
         print(
             f"em_smallnorb: not run, smallNORB is not usable here.\n\n{problem}\n\n"
@@ -76,20 +77,17 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 0
-    budget = QUICK if args.quick else FULL
-    model = "em_caps_small" if args.quick else "em_caps"
+    budget = QUICK if study.quick else FULL
+    model = "em_caps_small" if study.quick else "em_caps"
     commands = []
-    study_folder = new_folder(STUDY, args)
-    with Timer() as timer:
-        _, command = multirun(
-            STUDY,
+    study_folder = study.new_folder()
+    with Stopwatch() as watch:
+        _, command = study.multirun(
             [f"model={model}", "data=smallnorb", "seed=1,2", *budget],
-            args,
             folder=study_folder / "all_viewpoints",
         )
         commands.append(command)
-        viewpoint_folder, command = multirun(
-            STUDY,
+        viewpoint_folder, command = study.multirun(
             [
                 f"model={model},lenet5",
                 "data=smallnorb",
@@ -98,7 +96,6 @@ def main(argv: list[str] | None = None) -> int:
                 "seed=1",
                 *budget,
             ],
-            args,
             folder=study_folder / "familiar_viewpoints",
         )
         commands.append(command)
@@ -110,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
             # Beside the study's folder, not in it: capsexp.compare of that folder lists training runs.
             novel_dir = study_folder.with_name(f"{study_folder.name}_novel_viewpoints") / job.name
             commands.append(
-                run_capsexp(
+                study.run_capsexp(
                     [
                         *[o for o in job_overrides if not o.startswith(RESET_FOR_NOVEL_TEST)],
                         "data.familiar=false",
@@ -120,7 +117,6 @@ def main(argv: list[str] | None = None) -> int:
                         "callbacks.progress_bar=null",
                         f"hydra.run.dir={novel_dir}",
                     ],
-                    args,
                 )
             )
             novel_accuracy[job] = last_scalar(novel_dir, "test/acc")
@@ -130,12 +126,11 @@ contrast jitter in training, centre crops in testing. Model `{model}`; training 
 `{" ".join(budget)}`. Below the novel-viewpoint table, `capsexp.compare` of every training run: on
 all viewpoints, and on the training viewpoints of each protocol (tested on those).
 """
-    write_results(
-        args,
+    study.write_results(
         "EM capsules on smallNORB",
         commands,
         study_folder,
-        timer.seconds,
+        watch.seconds,
         notes,
         extra_section=lambda output: novel_viewpoint_table(jobs, novel_accuracy),
     )
@@ -143,4 +138,4 @@ all viewpoints, and on the training viewpoints of each protocol (tested on those
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main))

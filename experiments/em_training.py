@@ -17,7 +17,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from studylib import Timer, command_text, display_path, multirun, new_folder, parse_args, write_results
+from capsexp.timing import Stopwatch
+from studylib import display_path, parse_args, run_main
 
 if TYPE_CHECKING:
     from capsexp.compare import Run
@@ -192,24 +193,24 @@ def main(argv: list[str] | None = None) -> int:
             "(<log dir>/em_training/multiruns/<time>)",
         )
 
-    args = parse_args(STUDY, __doc__, argv, add_options)
-    budget = QUICK if args.quick else FULL
-    study_folder = args.rebuild.resolve() if args.rebuild else new_folder(STUDY, args)
+    study, args = parse_args(STUDY, __doc__, argv, add_options)
+    budget = QUICK if study.quick else FULL
+    study_folder = args.rebuild.resolve() if args.rebuild else study.new_folder()
     descriptions = {name: description for name, (_, description) in RECIPES.items()}
     descriptions.update(LeNet5="the CNN baseline (cross-entropy)", CapsNet="dynamic routing (Sabour et al. 2017)")
     runs = {**BASELINES, **{name: ["model=em_caps_small", *overrides] for name, (overrides, _) in RECIPES.items()}}
     runs = {name: overrides for name, overrides in runs.items() if name in args.recipes}
     commands = []
-    with Timer() as timer:
+    with Stopwatch() as watch:
         for name, overrides in runs.items():
             if args.rebuild:
                 if (study_folder / slug(name)).is_dir():
-                    commands.append(command_text([*overrides, *budget], args, study_folder / slug(name), STUDY))
+                    commands.append(study.command_text([*overrides, *budget], study_folder / slug(name)))
                 continue
             print(f"\n=== {name}", flush=True)
-            _, command = multirun(STUDY, [*overrides, *budget], args, folder=study_folder / slug(name))
+            _, command = study.multirun([*overrides, *budget], folder=study_folder / slug(name))
             commands.append(command)
-    wall_s = rebuilt_wall_time(study_folder) if args.rebuild else timer.seconds
+    wall_s = rebuilt_wall_time(study_folder) if args.rebuild else watch.seconds
     table, curves = curve_table(study_folder, list(runs), descriptions)
 
     def extra_section(output: Path) -> str:
@@ -224,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
 
     budget_text = (
         "600 steps of batch 32 (a third of an epoch), seed 1, validation on 1,024 images every 100 steps"
-        if args.quick
+        if study.quick
         else "2 epochs of batch 32, seeds 1, 2, 3"
     )
     notes = f"""
@@ -232,8 +233,7 @@ em_caps_small (A=64, B=8, C=D=16) on MNIST under each recipe, {budget_text}; LeN
 (their own default recipes) trained the same way in the same study. Runs under
 `{display_path(study_folder)}/<recipe>/`. Every recipe but "1 iteration" routes every capsule layer with EM.
 """
-    write_results(
-        args,
+    study.write_results(
         "EM capsule training recipes (em_caps_small, MNIST)",
         commands,
         study_folder,
@@ -245,4 +245,4 @@ em_caps_small (A=64, B=8, C=D=16) on MNIST under each recipe, {budget_text}; LeN
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main))

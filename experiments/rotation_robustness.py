@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import sys
 
-from studylib import Timer, multirun, parse_args, write_results
+from capsexp.timing import Stopwatch
+from studylib import parse_args, run_main
 
 STUDY = "rotation_robustness"
 ANGLES = list(range(0, 91, 15))
@@ -27,18 +28,18 @@ FULL = ["trainer.max_epochs=10"]
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = parse_args(STUDY, __doc__, argv)
+    study, _ = parse_args(STUDY, __doc__, argv)
     sweep = [
         "model=lenet5,capsnet",
         "data=shifted_mnist",
         "seed=1,2,3",
         f"data.test_rotations=[{','.join(map(str, ANGLES))}]",
-        *(QUICK if args.quick else FULL),
+        *(QUICK if study.quick else FULL),
     ]
-    with Timer() as timer:
-        folder, command = multirun(STUDY, sweep, args)
-    write_results(
-        args, "Rotation robustness: LeNet5 versus CapsNet", [command], folder, timer.seconds, notes(args.quick)
+    with Stopwatch() as watch:
+        folder, command = study.multirun(sweep)
+    study.write_results(
+        "Rotation robustness: LeNet5 versus CapsNet", [command], folder, watch.seconds, notes(study.quick)
     )
 
 
@@ -64,4 +65,4 @@ by validation accuracy. Seeds 1, 2, 3; mean ± std over them. `test/acc` is the 
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main))

@@ -14,7 +14,8 @@ import csv
 import sys
 from pathlib import Path
 
-from studylib import Timer, multirun, parse_args, write_results
+from capsexp.timing import Stopwatch
+from studylib import parse_args, run_main
 
 STUDY = "routing_ablation"
 
@@ -52,20 +53,20 @@ def paper_table(comparison_csv: Path) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = parse_args(STUDY, __doc__, argv)
+    study, _ = parse_args(STUDY, __doc__, argv)
     sweep = [
         "model=capsnet",
         "data=shifted_mnist",
         "model.net.routing_iterations=1,3",
         "model.net.reconstruction=true,false",
-        *(QUICK if args.quick else FULL),
+        *(QUICK if study.quick else FULL),
     ]
-    with Timer() as timer:
-        folder, command = multirun(STUDY, sweep, args)
+    with Stopwatch() as watch:
+        folder, command = study.multirun(sweep)
     budget = (
         "300 training steps of 32 digits (under a fifth of an epoch), one seed: differences this "
         "early mostly show how fast each variant starts learning, not the paper's final errors"
-        if args.quick
+        if study.quick
         else "30 epochs, seeds 1, 2, 3"
     )
     notes = f"""
@@ -73,16 +74,15 @@ CapsNet (3 routing iterations and the 0.0005-weighted reconstruction loss are th
 trained on shifted MNIST, {budget}. Tested on the whole MNIST test set with the best checkpoint by
 validation accuracy. The paper trained much longer (its Table 1 errors are after full training).
 """
-    write_results(
-        args,
+    study.write_results(
         "Routing ablation (CapsNet, paper Table 1)",
         [command],
         folder,
-        timer.seconds,
+        watch.seconds,
         notes,
         extra_section=lambda output: "## Against the paper\n\n" + paper_table(output / "comparison.csv"),
     )
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main))

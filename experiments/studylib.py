@@ -8,8 +8,8 @@ import datetime
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from benchlib import cpu_name
@@ -19,13 +19,122 @@ from capsexp.compare import compare
 RESULTS = PROJECT_ROOT / "experiments" / "results"
 
 
+class RunFailed(Exception):
+    """A ``python -m capsexp`` run of a study exited with an error."""
+
+
+@dataclass
+class Study:
+    """One execution of a study: its name and mode, where its runs and results go, and the Hydra
+    overrides the user gave for every run."""
+
+    name: str
+    quick: bool = False
+    overrides: list[str] = field(default_factory=list)
+    data_dir: Path | None = None
+    log_dir: Path | None = None
+    output: Path | None = None
+
+    def __post_init__(self) -> None:
+        self.output = self.output or RESULTS / f"{self.name}_{self.mode}"
+
+    @property
+    def mode(self) -> str:
+        return "quick" if self.quick else "full"
+
+    def environment(self) -> dict[str, str]:
+        """The runs' environment: the data and log folders the study was given."""
+        env = dict(os.environ)
+        if self.data_dir:
+            env["CAPSEXP_DATA_DIR"] = str(Path(self.data_dir).resolve())
+        if self.log_dir:
+            env["CAPSEXP_LOG_DIR"] = str(Path(self.log_dir).resolve())
+        return env
+
+    def log_root(self) -> Path:
+        return Path(self.environment().get("CAPSEXP_LOG_DIR", PROJECT_ROOT / "logs"))
+
+    def new_folder(self) -> Path:
+        """``<log dir>/<study>/multiruns/<time>``: where one execution of the study puts its runs."""
+        return self.log_root() / self.name / "multiruns" / datetime.datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
+
+    def run_capsexp(self, arguments: list[str]) -> str:
+        """``python -m capsexp <arguments>``, its output shown live; :class:`RunFailed` if it fails.
+        Returns the command as text, for the results page."""
+        command = [sys.executable, "-m", "capsexp", *arguments]
+        text = ("python " + " ".join(command[1:])).replace(str(PROJECT_ROOT.resolve()) + "/", "")
+        print(f"$ {text}", flush=True)
+        result = subprocess.run(command, cwd=PROJECT_ROOT, env=self.environment())
+        if result.returncode:
+            raise RunFailed(f"the run failed (exit {result.returncode}): {text}")
+        return text
+
+    def multirun_arguments(self, sweep: list[str], folder: Path) -> list[str]:
+        return [
+            "-m",
+            *sweep,
+            *self.overrides,
+            f"task_name={self.name}",
+            "callbacks.progress_bar=null",
+            f"hydra.sweep.dir={folder}",
+        ]
+
+    def command_text(self, sweep: list[str], folder: Path) -> str:
+        """The command :meth:`multirun` runs, as a results page shows it (paths relative to the repository)."""
+        text = "python -m capsexp " + " ".join(self.multirun_arguments(sweep, folder))
+        return text.replace(str(PROJECT_ROOT.resolve()) + "/", "")
+
+    def multirun(self, sweep: list[str], folder: Path | None = None) -> tuple[Path, str]:
+        """Run a multirun of ``sweep`` (plus the user's overrides) into ``folder`` (default: a new one);
+        return the folder and the command. Progress bars are off: logs go to a terminal or a file alike."""
+        folder = folder or self.new_folder()
+        return folder, self.run_capsexp(self.multirun_arguments(sweep, folder))
+
+    def write_results(
+        self,
+        title: str,
+        commands: list[str],
+        runs_folder: Path,
+        wall_s: float,
+        notes: str,
+        extra_section: Callable[[Path], str] | None = None,
+    ) -> Path:
+        """``capsexp.compare`` of ``runs_folder`` into the study's output folder, with a README.md around
+        its table; ``extra_section(output)`` may add Markdown above the table, from the files written there."""
+        output = self.output
+        compare(runs_folder, output)
+        table = (output / "comparison.md").read_text().replace("# Run comparison", "## Run comparison", 1)
+        plots = "".join(f"\n![{png.stem}]({png.name})\n" for png in sorted(output.glob("*.png")))
+        page = "\n".join(
+            [
+                f"# {title} ({self.mode} mode)",
+                "",
+                f"- Machine: {machine()}; {datetime.date.today().isoformat()}; {wall_s / 60:.1f} min in all.",
+                f"- Runs: `{display_path(runs_folder)}` (rebuild the tables: "
+                "`python -m capsexp.compare <that folder>`).",
+                "- Commands:",
+                *[f"  - `{command}`" for command in commands],
+                "",
+                notes.strip(),
+                "",
+                extra_section(output) if extra_section else "",
+                table,
+                plots,
+            ]
+        )
+        (output / "README.md").write_text(page)
+        print(f"\nResults: {output / 'README.md'}")
+        return output
+
+
 def parse_args(
     study: str,
     description: str,
     argv: list[str] | None = None,
     add_options: Callable[[argparse.ArgumentParser], None] | None = None,
-) -> argparse.Namespace:
-    """The options every study has (``add_options`` adds a study's own), then Hydra overrides."""
+) -> tuple[Study, argparse.Namespace]:
+    """The options every study has (``add_options`` adds a study's own), then Hydra overrides.
+    Returns the :class:`Study` and the parsed options (for the study's own)."""
     parser = argparse.ArgumentParser(
         prog=f"python experiments/{study}.py",
         description=description,
@@ -33,7 +142,9 @@ def parse_args(
         "(e.g. trainer.accelerator=gpu trainer.devices=2).",
     )
     parser.add_argument("--quick", action="store_true", help="the short CPU version (minutes, not hours)")
-    parser.add_argument("--data-dir", default=None, help="datasets folder (default: $CAPSEXP_DATA_DIR or data/)")
+    parser.add_argument(
+        "--data-dir", type=Path, default=None, help="datasets folder (default: $CAPSEXP_DATA_DIR or data/)"
+    )
     parser.add_argument(
         "--log-dir",
         type=Path,
@@ -52,23 +163,15 @@ def parse_args(
     unknown = [o for o in overrides if o.startswith("-")]
     if unknown:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
-    args.overrides = overrides
-    args.mode = "quick" if args.quick else "full"
-    args.output = args.output or RESULTS / f"{study}_{args.mode}"
-    return args
+    return Study(study, args.quick, overrides, args.data_dir, args.log_dir, args.output), args
 
 
-def environment(args: argparse.Namespace) -> dict[str, str]:
-    env = dict(os.environ)
-    if args.data_dir:
-        env["CAPSEXP_DATA_DIR"] = str(Path(args.data_dir).resolve())
-    if args.log_dir:
-        env["CAPSEXP_LOG_DIR"] = str(args.log_dir.resolve())
-    return env
-
-
-def log_root(args: argparse.Namespace) -> Path:
-    return Path(environment(args).get("CAPSEXP_LOG_DIR", PROJECT_ROOT / "logs"))
+def run_main(main: Callable[[], int | None]) -> int | str:
+    """A study's entry point: its exit status, or the message of a failed run (``sys.exit`` prints it)."""
+    try:
+        return main() or 0
+    except RunFailed as error:
+        return str(error)
 
 
 def display_path(path: Path) -> str:
@@ -79,50 +182,6 @@ def display_path(path: Path) -> str:
         return str(path)
 
 
-def run_capsexp(arguments: list[str], args: argparse.Namespace) -> str:
-    """``python -m capsexp <arguments>``, its output shown live; stops the study if a run fails.
-    Returns the command as text, for the results page."""
-    command = [sys.executable, "-m", "capsexp", *arguments]
-    text = "python " + " ".join(command[1:])
-    text = text.replace(str(PROJECT_ROOT.resolve()) + "/", "")
-    print(f"$ {text}", flush=True)
-    result = subprocess.run(command, cwd=PROJECT_ROOT, env=environment(args))
-    if result.returncode:
-        sys.exit(f"the run failed (exit {result.returncode}): {text}")
-    return text
-
-
-def new_folder(study: str, args: argparse.Namespace) -> Path:
-    """``<log dir>/<study>/multiruns/<time>``: where one execution of a study puts its runs."""
-    return log_root(args) / study / "multiruns" / datetime.datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
-
-
-def multirun_arguments(study: str, sweep: list[str], args: argparse.Namespace, folder: Path) -> list[str]:
-    return [
-        "-m",
-        *sweep,
-        *args.overrides,
-        f"task_name={study}",
-        "callbacks.progress_bar=null",
-        f"hydra.sweep.dir={folder}",
-    ]
-
-
-def command_text(sweep: list[str], args: argparse.Namespace, folder: Path, study: str | None = None) -> str:
-    """The command :func:`multirun` runs, as a results page shows it (paths relative to the repository)."""
-    study = study or folder.parent.parent.parent.name
-    text = "python -m capsexp " + " ".join(multirun_arguments(study, sweep, args, folder))
-    return text.replace(str(PROJECT_ROOT.resolve()) + "/", "")
-
-
-def multirun(study: str, sweep: list[str], args: argparse.Namespace, folder: Path | None = None) -> tuple[Path, str]:
-    """Run a multirun of ``sweep`` (plus the user's overrides) into ``folder`` (default: a new one);
-    return the folder and the command. Progress bars are off: logs go to a terminal or a file alike."""
-    folder = folder or new_folder(study, args)
-    command = run_capsexp(multirun_arguments(study, sweep, args, folder), args)
-    return folder, command
-
-
 def machine() -> str:
     import torch
 
@@ -130,48 +189,3 @@ def machine() -> str:
     if torch.cuda.is_available():
         text += f", {torch.cuda.device_count()} x {torch.cuda.get_device_name()}"
     return text
-
-
-def write_results(
-    args: argparse.Namespace,
-    title: str,
-    commands: list[str],
-    runs_folder: Path,
-    wall_s: float,
-    notes: str,
-    extra_section: Callable[[Path], str] | None = None,
-) -> Path:
-    """``capsexp.compare`` of ``runs_folder`` into ``args.output``, with a README.md around its table;
-    ``extra_section(output)`` may add Markdown above the table, from the files written there."""
-    output = args.output
-    compare(runs_folder, output)
-    table = (output / "comparison.md").read_text().replace("# Run comparison", "## Run comparison", 1)
-    plots = "".join(f"\n![{png.stem}]({png.name})\n" for png in sorted(output.glob("*.png")))
-    page = "\n".join(
-        [
-            f"# {title} ({args.mode} mode)",
-            "",
-            f"- Machine: {machine()}; {datetime.date.today().isoformat()}; {wall_s / 60:.1f} min in all.",
-            f"- Runs: `{display_path(runs_folder)}` (rebuild the tables: `python -m capsexp.compare <that folder>`).",
-            "- Commands:",
-            *[f"  - `{command}`" for command in commands],
-            "",
-            notes.strip(),
-            "",
-            extra_section(output) if extra_section else "",
-            table,
-            plots,
-        ]
-    )
-    (output / "README.md").write_text(page)
-    print(f"\nResults: {output / 'README.md'}")
-    return output
-
-
-class Timer:
-    def __enter__(self) -> Timer:
-        self.start = time.perf_counter()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.seconds = time.perf_counter() - self.start

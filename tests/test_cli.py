@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from conftest import TINY_RUN, hparams_summary, run_cli, scalars
+from capsexp.events import load_events
+from tests.helpers import TINY_RUN, hparams_summary, run_cli, scalars
 
 
 def test_train_test_and_resume(mnist_dir, tmp_path):
@@ -22,7 +22,8 @@ def test_train_test_and_resume(mnist_dir, tmp_path):
     for tag in ["train/loss_step", "train/acc", "val/loss", "val/acc", "val/acc_best", "test/acc", "lr-Adam"]:
         assert tag in logged, (tag, sorted(logged))
     assert [s.step for s in logged["val/acc"]] == [11, 23]
-    assert 0.0 <= logged["test/acc"][-1].value <= 1.0
+    # 24 steps of LeNet5 on the synthetic digits reach about 70% (chance: 10%).
+    assert logged["test/acc"][-1].value > 0.4
     assert "val/acc_best = " in result.stderr + result.stdout
 
     last = first / "checkpoints" / "last.ckpt"
@@ -82,8 +83,7 @@ def test_capsnet_on_rotated_mnist_logs_each_angle_and_the_figures(mnist_dir, tmp
         "lr-Adam",
     ]:
         assert tag in logged, (tag, sorted(logged))
-    events = EventAccumulator(str(tmp_path / "tensorboard"), size_guidance={"images": 0})
-    events.Reload()
+    events = load_events(tmp_path, images=0)
     images = events.Tags()["images"]
     assert "val/reconstructions" in images and "test/pose_perturbation_0" in images
     # The perturbation figure: 16 rows (pose dims) x 11 columns (steps) of 28x28 digits, 1 px padding.

@@ -10,7 +10,7 @@ import pytest
 import yaml
 from torch.utils.tensorboard import SummaryWriter
 
-from capsexp.compare import compare, main
+from capsexp.compare import NoRunsError, compare, main
 
 RUNS = {  # run folder: (overrides, val/acc curve, test/acc, rotations)
     "0": (["model=lenet5", "seed=1", "data=rotated_mnist"], [0.90, 0.95], 0.96, {0: 0.96, 45: 0.70}),
@@ -66,5 +66,9 @@ def test_command_line_and_empty_folder(tmp_path, capsys):
     make_runs(tmp_path)
     main([str(tmp_path)])
     assert "comparison.md" in capsys.readouterr().out and (tmp_path / "comparison.csv").exists()
-    with pytest.raises(SystemExit, match="no runs under"):
+    # The library raises the project's error; only main exits, with the message and status 1.
+    with pytest.raises(NoRunsError, match="no runs under"):
+        compare(tmp_path / "empty")
+    with pytest.raises(SystemExit) as exit_info:
         main([str(tmp_path / "empty")])
+    assert exit_info.value.code == 1 and "error: no runs under" in capsys.readouterr().err

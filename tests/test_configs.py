@@ -9,7 +9,7 @@ from omegaconf import OmegaConf
 
 from capsexp import CONFIG_DIR
 from capsexp.lit import Classifier, class_scores
-from conftest import compose_config, run_cli
+from tests.helpers import compose_config, run_cli
 
 # Every config group, nested ones too ("model/optimizer"), and its options.
 GROUPS = sorted(str(p.relative_to(CONFIG_DIR)) for p in CONFIG_DIR.rglob("*") if p.is_dir())

@@ -8,7 +8,7 @@ import torch
 from capsexp.data import MNISTDataModule
 from capsexp.data.augment import random_shift, rotate
 from capsexp.test_sets import PLAIN, metric_suffix, metrics_of_test_sets, rotation_angle, rotation_set_name
-from conftest import compose_config
+from tests.helpers import FakeTrainer, compose_config
 
 
 def test_random_shift_moves_each_image_by_at_most_max_shift_with_zero_padding():
@@ -31,15 +31,10 @@ def test_random_shift_moves_each_image_by_at_most_max_shift_with_zero_padding():
 
 
 def test_shift_applies_to_training_batches_only(mnist_dir):
-    class FakeTrainer:
-        world_size = 1
-        training = True
-        testing = False
-
     datamodule = MNISTDataModule(
         mnist_dir, batch_size=50, val_size=50, verify_checksums=False, download=False, train_shift=2
     )
-    datamodule.trainer = FakeTrainer()
+    datamodule.trainer = trainer = FakeTrainer(training=True)
     datamodule.prepare_data()
     datamodule.setup("fit")
     batch = next(iter(datamodule.val_dataloader()))
@@ -47,7 +42,7 @@ def test_shift_applies_to_training_batches_only(mnist_dir):
     torch.manual_seed(0)
     trained, _ = datamodule.on_after_batch_transfer(batch, 0)
     assert not torch.equal(trained, plain)
-    FakeTrainer.training = False
+    trainer.training = False
     evaluated, _ = datamodule.on_after_batch_transfer(batch, 0)
     assert torch.equal(evaluated, plain)
 
@@ -59,15 +54,10 @@ def test_rotation_by_90_degrees_is_exact():
 
 
 def test_rotated_mnist_has_one_test_loader_and_metric_name_per_angle(mnist_dir):
-    class FakeTrainer:
-        world_size = 1
-        training = False
-        testing = True
-
     datamodule = MNISTDataModule(
         mnist_dir, batch_size=25, verify_checksums=False, download=False, test_rotations=[0, 22.5, 90]
     )
-    datamodule.trainer = FakeTrainer()
+    datamodule.trainer = FakeTrainer(testing=True)
     datamodule.prepare_data()
     datamodule.setup("test")
     loaders = datamodule.test_dataloader()

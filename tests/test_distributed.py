@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from capsexp.distributed import LAUNCH_ENVIRONMENT
-from conftest import TINY_RUN, run_cli, scalars, write_mnist
+from tests.helpers import TINY_RUN, run_cli, scalars, write_mnist
 
 TWO_PROCESSES = ["trainer.accelerator=cpu", "trainer.devices=2"]
 

@@ -10,13 +10,14 @@ import pytest
 import torch
 
 from capsexp.data import MNISTDataModule
+from capsexp.events import load_events
 from capsexp.lit import Classifier, SpreadLoss
 from capsexp.lit.margin import LinearMargin, SigmoidMargin
 from capsexp.models import LeNet5, MatrixCapsNet
 from capsexp.nn import ClassMatrixCapsules, ConvMatrixCapsules, PrimaryMatrixCapsules
 from capsexp.nn.functional import em_routing, inverse_temperatures, responsibility_entropy, spread_loss
-from conftest import TINY_RUN, run_cli
-from em_reference import plain_em_routing
+from tests.em_reference import plain_em_routing
+from tests.helpers import TINY_RUN, run_cli
 
 
 def routed(votes, activations, parents, **kwargs):
@@ -237,10 +238,7 @@ def test_em_caps_trains_through_the_cli(mnist_dir, tmp_path):
         f"hydra.run.dir={tmp_path}",
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    events = EventAccumulator(str(tmp_path / "tensorboard"))
-    events.Reload()
+    events = load_events(tmp_path)
     tags = events.Tags()["scalars"]
     for tag in ["train/spread_loss_step", "train/margin", "val/acc", "test/acc"]:
         assert tag in tags, (tag, tags)
@@ -346,10 +344,7 @@ def test_routing_diagnostics_are_logged_for_em_layers_only(mnist_dir, tmp_path):
         f"hydra.run.dir={tmp_path}",
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    events = EventAccumulator(str(tmp_path / "tensorboard"), size_guidance={"histograms": 0})
-    events.Reload()
+    events = load_events(tmp_path, histograms=0)
     scalars, histograms = events.Tags()["scalars"], events.Tags()["histograms"]
     for layer in ("conv_caps1", "conv_caps2", "class_caps"):
         entropy = events.Scalars(f"routing/{layer}/entropy")
@@ -381,7 +376,7 @@ def test_route_per_window_only_differs_where_windows_overlap():
 
 @pytest.mark.parametrize("small", [False, True])
 def test_paper_recipe_is_one_override_away(small):
-    from conftest import compose_config
+    from tests.helpers import compose_config
 
     suffix = "_small" if small else ""
     default = compose_config([f"model=em_caps{suffix}"])

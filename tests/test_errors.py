@@ -22,7 +22,7 @@ from capsexp.errors import CheckpointError, ConfigError, InputShapeError
 from capsexp.lit import Classifier, CrossEntropy
 from capsexp.models import CapsNet, LeNet5, MatrixCapsNet
 from capsexp.nn import functional
-from conftest import TINY_RUN, compose_config, run_cli
+from tests.helpers import TINY_RUN, compose_config, run_cli
 
 
 def _options(group: str) -> list[str]:

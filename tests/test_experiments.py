@@ -12,8 +12,7 @@ import sys
 import pytest
 
 from capsexp import PROJECT_ROOT
-from conftest import TINY_RUN
-from test_smallnorb import write_norb
+from tests.helpers import TINY_RUN, write_norb
 
 TINY_CAPSNET = ["model.net.conv_channels=16", "model.net.primary_types=4"]
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 import torch
 from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
@@ -12,7 +10,7 @@ from torch.utils.data import DistributedSampler
 from capsexp.data import MNISTDataModule
 from capsexp.data.device_loader import DeviceBatchLoader
 from capsexp.models import CapsNet, LeNet5, MatrixCapsNet
-from conftest import TINY_RUN, run_cli, scalars
+from tests.helpers import TINY_RUN, FakeTrainer, run_cli, scalars
 
 
 def test_device_loader_yields_the_samplers_order_in_batches():
@@ -30,14 +28,8 @@ def test_device_loader_yields_the_samplers_order_in_batches():
     assert ordered.tolist() == list(range(10))
 
 
-def _fake_trainer(world_size: int, rank: int) -> SimpleNamespace:
-    return SimpleNamespace(
-        world_size=world_size,
-        global_rank=rank,
-        training=False,
-        testing=False,
-        strategy=SimpleNamespace(root_device=torch.device("cpu")),
-    )
+def _fake_trainer(world_size: int, rank: int) -> FakeTrainer:
+    return FakeTrainer(world_size=world_size, global_rank=rank)
 
 
 @pytest.mark.parametrize(
@@ -80,6 +72,23 @@ def test_a_run_with_data_on_the_device_learns(mnist_dir, tmp_path):
     logged = scalars(tmp_path)
     assert logged["val/acc"][-1].value >= 0.75  # chance: 0.1; the DataLoader path reaches 0.85 here too
     assert {"perf/train_epoch_s", "perf/train_images_per_s"} <= set(logged)
+
+
+@pytest.mark.gpu
+def test_a_gpu_run_with_its_defaults_learns_in_bf16(mnist_dir, tmp_path):
+    """On a GPU, data.on_device=auto holds the data there; bf16-mixed; peak GPU memory is logged."""
+    result = run_cli(
+        *[o for o in TINY_RUN if not o.startswith("trainer.accelerator=")],
+        f"paths.data_dir={mnist_dir}",
+        "trainer.accelerator=gpu",
+        "trainer.precision=bf16-mixed",
+        "trainer.max_epochs=3",
+        f"hydra.run.dir={tmp_path}",
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    logged = scalars(tmp_path)
+    assert logged["val/acc"][-1].value >= 0.75
+    assert logged["perf/peak_memory_gib"][-1].value > 0
 
 
 @pytest.mark.parametrize(

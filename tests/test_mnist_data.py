@@ -11,7 +11,7 @@ import torch
 from capsexp.data import MNISTDataModule
 from capsexp.data.mnist import md5sum
 from capsexp.errors import CorruptDatasetError, DatasetNotFoundError
-from conftest import MNIST_FILES, TINY_RUN, run_cli, write_mnist
+from tests.helpers import MNIST_FILES, TINY_RUN, FakeTrainer, run_cli, write_mnist
 
 RAW = Path("MNIST") / "raw"
 
@@ -63,16 +63,13 @@ def test_normalize_standardises(mnist_dir):
 
 
 def test_global_batch_is_split_over_processes(mnist_dir):
-    class FakeTrainer:
-        world_size = 4
-
     datamodule = make_datamodule(mnist_dir, batch_size=64)
-    datamodule.trainer = FakeTrainer()
+    datamodule.trainer = FakeTrainer(world_size=4)
     datamodule.prepare_data()
     datamodule.setup("fit")
     assert datamodule.train_dataloader().batch_size == 16
     datamodule = make_datamodule(mnist_dir, batch_size=30)
-    datamodule.trainer = FakeTrainer()
+    datamodule.trainer = FakeTrainer(world_size=4)
     with pytest.raises(ValueError, match="not divisible"):
         datamodule.setup("fit")
 

@@ -15,38 +15,9 @@ from capsexp.data import SmallNORBDataModule
 from capsexp.data.norb_format import SMALLNORB_FILES, write_matrix
 from capsexp.data.smallnorb import PREFIX
 from capsexp.errors import CorruptDatasetError, DatasetNotFoundError
-from conftest import TINY_RUN, run_cli
+from tests.helpers import NORB_COUNT, TINY_RUN, FakeTrainer, norb_arrays, run_cli, write_norb
 
-COUNT = 108  # 18 azimuths x 6 elevations: every viewpoint appears
-
-
-def norb_arrays(seed: int) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    categories = (np.arange(COUNT) % 5).astype(np.int32)
-    info = np.stack(
-        [rng.integers(0, 10, COUNT), np.arange(COUNT) % 9, (np.arange(COUNT) % 18) * 2, rng.integers(0, 6, COUNT)],
-        axis=1,
-    ).astype(np.int32)
-    images = rng.integers(0, 60, size=(COUNT, 2, 96, 96), dtype=np.uint8)
-    for k in range(5):  # a learnable bright block per category
-        images[categories == k, :, 10 + 15 * k : 25 + 15 * k, 30:60] = 230
-    return {"dat": images, "cat": categories, "info": info}
-
-
-def write_norb(root: Path, gz: bool = True) -> Path:
-    """The six files in <root>/smallnorb/, training files gzipped (if ``gz``), testing files plain."""
-    folder = root / "smallnorb"
-    folder.mkdir(parents=True, exist_ok=True)
-    for seed, (split, prefix) in enumerate(PREFIX.items()):
-        for kind, array in norb_arrays(seed).items():
-            suffix = ".gz" if gz and split == "train" else ""
-            write_matrix(folder / f"{prefix}-{kind}.mat{suffix}", array)
-    return root
-
-
-@pytest.fixture
-def norb_dir(tmp_path: Path) -> Path:
-    return write_norb(tmp_path / "data")
+COUNT = NORB_COUNT
 
 
 def prepared(data_dir: Path, **kwargs) -> SmallNORBDataModule:
@@ -55,11 +26,6 @@ def prepared(data_dir: Path, **kwargs) -> SmallNORBDataModule:
     datamodule.prepare_data()
     datamodule.setup("fit")
     return datamodule
-
-
-class FakeTrainer:
-    world_size = 1
-    training = False
 
 
 @pytest.mark.parametrize("stereo,channels,factor", [("both", 2, 1), ("left", 1, 1), ("split", 1, 2)])
@@ -85,7 +51,7 @@ def test_downsampling_is_2x2_averaging(norb_dir):
 
 def test_crops_jitter_and_standardisation(norb_dir):
     datamodule = prepared(norb_dir)
-    datamodule.trainer = FakeTrainer()
+    datamodule.trainer = trainer = FakeTrainer()
     batch = (datamodule.data_test.images[:12], datamodule.data_test.targets[:12])
     evaluated, _ = datamodule.on_after_batch_transfer(batch, 0)
     assert evaluated.shape == (12, 2, 32, 32)
@@ -93,11 +59,8 @@ def test_crops_jitter_and_standardisation(norb_dir):
     flat = evaluated.flatten(1)
     assert torch.allclose(flat.mean(1), torch.zeros(12), atol=1e-5)
     assert torch.allclose(flat.std(1, unbiased=False), torch.ones(12), atol=1e-4)
-    FakeTrainer.training = True
-    try:
-        trained = [datamodule.on_after_batch_transfer(batch, 0)[0] for _ in range(2)]
-    finally:
-        FakeTrainer.training = False
+    trainer.training = True
+    trained = [datamodule.on_after_batch_transfer(batch, 0)[0] for _ in range(2)]
     assert trained[0].shape == (12, 2, 32, 32) and not torch.allclose(trained[0], trained[1])
 
 

@@ -22,17 +22,23 @@ from pathlib import Path
 
 import yaml
 
+from capsexp.errors import CapsexpError
+from capsexp.events import Scalar, read_scalars
 from capsexp.test_sets import rotation_angle
 
 # Overrides that name where a run went, not what it was.
 IGNORED_OVERRIDE = re.compile(r"^\+?(seed|hydra\.[\w.]+|paths\.[\w.]+|ckpt_path|tags|task_name)=")
 
 
+class NoRunsError(CapsexpError):
+    """The folder given to compare holds no run."""
+
+
 @dataclass
 class Run:
     path: Path
     configuration: tuple[str, ...] | str  # the overrides, then (label_configurations) a label
-    scalars: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
+    scalars: dict[str, list[Scalar]] = field(default_factory=dict)
 
     def final(self, tag: str) -> float | None:
         values = self.scalars.get(tag)
@@ -41,8 +47,6 @@ class Run:
 
 def find_runs(folder: Path) -> list[Run]:
     """Every run under ``folder``, with its configuration label and its scalars."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
     runs = []
     for overrides_file in sorted(folder.rglob(".hydra/overrides.yaml")):
         run_dir = overrides_file.parent.parent
@@ -50,10 +54,7 @@ def find_runs(folder: Path) -> list[Run]:
             continue
         overrides = yaml.safe_load(overrides_file.read_text()) or []
         kept = tuple(sorted(o for o in overrides if not IGNORED_OVERRIDE.match(o)))
-        events = EventAccumulator(str(run_dir / "tensorboard"), size_guidance={"scalars": 0})
-        events.Reload()
-        scalars = {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
-        runs.append(Run(run_dir, kept, scalars))
+        runs.append(Run(run_dir, kept, read_scalars(run_dir)))
     return runs
 
 
@@ -183,9 +184,7 @@ def compare(folder: Path, output: Path | None = None) -> Path:
     output = output or folder
     runs = find_runs(folder)
     if not runs:
-        raise SystemExit(
-            f"error: no runs under {folder} (a run is a folder with .hydra/overrides.yaml and tensorboard/)"
-        )
+        raise NoRunsError(f"no runs under {folder} (a run is a folder with .hydra/overrides.yaml and tensorboard/)")
     output.mkdir(parents=True, exist_ok=True)
     shared = label_configurations(runs)
     metrics, rows = summarise(runs)
@@ -201,7 +200,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("folder", type=Path, help="a multirun folder, or logs/ for every run")
     parser.add_argument("--output", type=Path, default=None, help="where to write (default: the folder)")
     args = parser.parse_args(argv)
-    output = compare(args.folder, args.output)
+    try:
+        output = compare(args.folder, args.output)
+    except CapsexpError as error:
+        parser.exit(error.exit_code, f"error: {error}\n")
     print((output / "comparison.md").read_text())
     print(f"Written to {output}: comparison.md, comparison.csv and the PNG plots.")
 

@@ -1,0 +1,172 @@
+"""What the tests share: synthetic datasets written in the real file formats, config composition as
+the CLI does it, CLI runs, TensorBoard read-back, and a stand-in for the Trainer a DataModule reads."""
+
+from __future__ import annotations
+
+import gzip
+import os
+import struct
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from hydra import compose, initialize_config_dir
+from omegaconf import DictConfig, open_dict
+from tensorboard.plugins.hparams import plugin_data_pb2
+
+from capsexp import CONFIG_DIR, PROJECT_ROOT
+from capsexp.data.norb_format import write_matrix
+from capsexp.data.smallnorb import PREFIX
+from capsexp.events import Scalar, load_events, read_scalars
+
+MNIST_FILES = {
+    "train-images-idx3-ubyte": ("images", True),
+    "train-labels-idx1-ubyte": ("labels", True),
+    "t10k-images-idx3-ubyte": ("images", False),
+    "t10k-labels-idx1-ubyte": ("labels", False),
+}
+
+
+def write_idx(path: Path, array: np.ndarray, gz: bool = True) -> Path:
+    """Write a uint8 array in the IDX format (big-endian header, then raw bytes), gzipped or not."""
+    magic = 0x0800 | array.ndim
+    payload = struct.pack(f">{1 + array.ndim}i", magic, *array.shape) + array.astype(np.uint8).tobytes()
+    if gz:
+        path = path.with_name(path.name + ".gz")
+        path.write_bytes(gzip.compress(payload))
+    else:
+        path.write_bytes(payload)
+    return path
+
+
+def synthetic_digits(count: int, seed: int, size: int = 28) -> tuple[np.ndarray, np.ndarray]:
+    """Easy, learnable 'digits': class k lights a 6x6 block at a class-specific place, plus noise."""
+    rng = np.random.default_rng(seed)
+    labels = np.arange(count) % 10
+    rng.shuffle(labels)
+    images = rng.integers(0, 40, size=(count, size, size), dtype=np.uint8)
+    for k in range(10):
+        row, col = 3 + 7 * (k // 4), 3 + 7 * (k % 4)
+        images[labels == k, row : row + 6, col : col + 6] = 220
+    return images, labels.astype(np.uint8)
+
+
+def write_mnist(root: Path, train: int = 300, test: int = 100, gz: bool = True) -> Path:
+    """Write the four MNIST IDX files, with synthetic content, into ``root/MNIST/raw``."""
+    raw = root / "MNIST" / "raw"
+    raw.mkdir(parents=True, exist_ok=True)
+    data = {True: synthetic_digits(train, seed=0), False: synthetic_digits(test, seed=1)}
+    for name, (kind, is_train) in MNIST_FILES.items():
+        images, labels = data[is_train]
+        write_idx(raw / name, images if kind == "images" else labels, gz=gz)
+    return root
+
+
+def real_data_dir() -> Path:
+    """Where the real datasets are: $CAPSEXP_DATA_DIR, else ../shared/data beside the checkout."""
+    return Path(os.environ.get("CAPSEXP_DATA_DIR", PROJECT_ROOT.parent / "shared" / "data")).resolve()
+
+
+def compose_config(overrides: list[str] | None = None, output_dir: Path | None = None) -> DictConfig:
+    """Compose conf/config.yaml as the CLI would, with ``paths.output_dir`` set (no Hydra run)."""
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=overrides or [])
+    with open_dict(cfg):
+        cfg.paths.output_dir = str(output_dir or "/tmp/capsexp-test-output")
+    return cfg
+
+
+def run_cli(*overrides: str, timeout: int = 300, env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run ``python -m capsexp`` in a subprocess from the repository root."""
+    return subprocess.run(
+        [sys.executable, "-m", "capsexp", *overrides],
+        cwd=PROJECT_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "PYTHONWARNINGS": "ignore", **(env or {})},
+    )
+
+
+# Overrides for a tiny, fast CLI run on synthetic data.
+TINY_RUN = [
+    "data.batch_size=20",
+    "data.val_size=60",
+    "data.verify_checksums=false",
+    "trainer.accelerator=cpu",
+    "trainer.log_every_n_steps=1",
+    "trainer.val_check_interval=1.0",
+    "callbacks.progress_bar=null",
+    "callbacks.model_summary=null",
+]
+
+
+def scalars(run_dir: Path) -> dict[str, list[Scalar]]:
+    """Every scalar series in ``run_dir/tensorboard``: tag -> [(step, value), ...]."""
+    return read_scalars(run_dir)
+
+
+def hparams_summary(run_dir: Path) -> dict[str, dict]:
+    """What TensorBoard's HParams tab reads from ``run_dir/tensorboard``: hyperparameters, metric tags."""
+    content = load_events(run_dir).PluginTagToContent("hparams")
+    experiment = plugin_data_pb2.HParamsPluginData.FromString(content["_hparams_/experiment"]).experiment
+    session = plugin_data_pb2.HParamsPluginData.FromString(content["_hparams_/session_start_info"])
+    hparams = {}
+    for name, value in session.session_start_info.hparams.items():
+        kind = value.WhichOneof("kind")
+        hparams[name] = getattr(value, kind)
+    return {"hparams": hparams, "metrics": [info.name.tag for info in experiment.metric_infos]}
+
+
+# ---- smallNORB ---------------------------------------------------------------------------------------
+NORB_COUNT = 108  # 18 azimuths x 6 elevations: every viewpoint appears
+
+
+def norb_arrays(seed: int) -> dict[str, np.ndarray]:
+    """One split's contents: images (2 views of 96x96), categories, info (instance, elevation, azimuth, lighting)."""
+    rng = np.random.default_rng(seed)
+    categories = (np.arange(NORB_COUNT) % 5).astype(np.int32)
+    info = np.stack(
+        [
+            rng.integers(0, 10, NORB_COUNT),
+            np.arange(NORB_COUNT) % 9,
+            (np.arange(NORB_COUNT) % 18) * 2,
+            rng.integers(0, 6, NORB_COUNT),
+        ],
+        axis=1,
+    ).astype(np.int32)
+    images = rng.integers(0, 60, size=(NORB_COUNT, 2, 96, 96), dtype=np.uint8)
+    for k in range(5):  # a learnable bright block per category
+        images[categories == k, :, 10 + 15 * k : 25 + 15 * k, 30:60] = 230
+    return {"dat": images, "cat": categories, "info": info}
+
+
+def write_norb(root: Path, gz: bool = True) -> Path:
+    """The six files in <root>/smallnorb/, training files gzipped (if ``gz``), testing files plain."""
+    folder = root / "smallnorb"
+    folder.mkdir(parents=True, exist_ok=True)
+    for seed, (split, prefix) in enumerate(PREFIX.items()):
+        for kind, array in norb_arrays(seed).items():
+            suffix = ".gz" if gz and split == "train" else ""
+            write_matrix(folder / f"{prefix}-{kind}.mat{suffix}", array)
+    return root
+
+
+# ---- a Trainer, as a DataModule sees it ---------------------------------------------------------------
+@dataclass
+class FakeTrainer:
+    """The attributes of a Lightning Trainer that a DataModule reads, to test one outside a run."""
+
+    world_size: int = 1
+    global_rank: int = 0
+    training: bool = False
+    testing: bool = False
+    strategy: object = field(default_factory=lambda: FakeStrategy())
+
+
+@dataclass
+class FakeStrategy:
+    root_device: torch.device = field(default_factory=lambda: torch.device("cpu"))
