@@ -1,9 +1,11 @@
-"""What the in-memory DataModules share: the global batch split per process, and the DataLoaders."""
+"""What the in-memory DataModules share: their saved arguments, file lookup and not-found message, the
+seeded train/validation split, the global batch split per process, and the DataLoaders."""
 
 from __future__ import annotations
 
 import functools
 import hashlib
+import inspect
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -16,7 +18,7 @@ from torch.utils.data import DataLoader, DistributedSampler, Sampler
 
 from capsexp.data.device_loader import DeviceBatchLoader
 from capsexp.data.tensor_dataset import ImageTensorDataset, collate_batch
-from capsexp.errors import ConfigError, DataFolderError
+from capsexp.errors import ConfigError, DataFolderError, DatasetNotFoundError
 from capsexp.test_sets import PLAIN
 
 Method = TypeVar("Method", bound=Callable)
@@ -62,6 +64,8 @@ class InMemoryDataModule(L.LightningDataModule):
     one plain test set unless a subclass says otherwise.
     """
 
+    dataset_name: str  # as errors name it: "MNIST"
+    files: Sequence[str]  # the official files, each plain or .gz in data_folder
     data_folder: Path  # where the dataset's files live (named in errors)
     test_set_names: Sequence[str] = (PLAIN,)  # a property in subclasses where it varies
 
@@ -74,6 +78,44 @@ class InMemoryDataModule(L.LightningDataModule):
         # (id(dataset), device) -> the dataset's tensors there, for data.on_device
         self._device_copies: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]] = {}
 
+    # ---- construction ---------------------------------------------------------------------------
+    def save_arguments(self) -> None:
+        """Save the calling constructor's arguments as hyperparameters (checkpoints keep them, and they
+        load with ``torch.load(weights_only=True)``: ``data_dir`` becomes a resolved ``str``)."""
+        self.save_hyperparameters(logger=False, frame=inspect.currentframe().f_back)
+        self.hparams.data_dir = str(Path(self.hparams.data_dir).expanduser().resolve())
+        self.data_dir = Path(self.hparams.data_dir)
+        self.batch_size_per_device = self.hparams.batch_size
+
+    # ---- files ------------------------------------------------------------------------------------
+    def source_of(self, name: str) -> Path | None:
+        """The file ``name`` in the data folder, plain or ``.gz`` (plain first); None when missing."""
+        for candidate in (self.data_folder / name, self.data_folder / f"{name}.gz"):
+            if candidate.exists():
+                return candidate
+        return None
+
+    def not_found(self, missing: Sequence[str], reason: str) -> DatasetNotFoundError:
+        """The error for missing files: which are there, which are not, why, and where to point capsexp."""
+        listed = "\n".join(f"  {name}{'' if name in missing else '  (found)'}" for name in self.files)
+        holding = self.data_folder.relative_to(self.data_dir) if self.data_folder.is_relative_to(self.data_dir) else ""
+        return DatasetNotFoundError(
+            f"{self.dataset_name} not found in {self.data_folder}\n"
+            f"Expected the {len(self.files)} official files there, plain or .gz:\n{listed}\n{reason}\n"
+            f"Put the files there, or point capsexp at a folder holding {holding}/: "
+            "set CAPSEXP_DATA_DIR=/path/to/data or pass data.data_dir=/path/to/data."
+        )
+
+    def split_off_validation(self, indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(validation, training)``: ``indices`` in an order drawn with ``split_seed`` (independent of
+        the run's seed), its first ``val_size`` for validation."""
+        val_size = self.hparams.val_size
+        if not 0 < val_size < len(indices):
+            raise ValueError(f"data.val_size={val_size} must lie in (0, {len(indices)})")
+        order = indices[torch.randperm(len(indices), generator=torch.Generator().manual_seed(self.hparams.split_seed))]
+        return order[:val_size], order[val_size:]
+
+    # ---- processes and loaders --------------------------------------------------------------------
     def split_batch_over_processes(self) -> None:
         """``batch_size`` is global: each of the run's processes gets an equal share."""
         world_size = self.trainer.world_size if self.trainer is not None else 1

@@ -23,7 +23,7 @@ from torchvision.datasets.utils import download_and_extract_archive
 from capsexp.data.augment import random_shift, rotate
 from capsexp.data.base import InMemoryDataModule, data_folder_errors, md5sum
 from capsexp.data.tensor_dataset import ImageTensorDataset
-from capsexp.errors import CorruptDatasetError, DatasetNotFoundError
+from capsexp.errors import CorruptDatasetError
 from capsexp.test_sets import PLAIN, rotation_set_name
 
 IMAGES_MAGIC = 0x00000803  # IDX: unsigned bytes, 3 dimensions
@@ -115,6 +115,7 @@ class MNISTDataModule(InMemoryDataModule):
             ``None``: one unrotated test set, logged as ``test/acc``.
     """
 
+    dataset_name = "MNIST"
     num_classes = 10
     dims = (1, 28, 28)
     files = tuple(UNPACKED_MD5)
@@ -137,12 +138,7 @@ class MNISTDataModule(InMemoryDataModule):
         super().__init__()
         if train_shift < 0:
             raise ValueError(f"train_shift must be >= 0, got {train_shift}")
-        # Hyperparameters (read from these locals) go into checkpoints, which load with
-        # torch.load(weights_only=True): a str, not a Path.
-        data_dir = str(Path(data_dir).expanduser().resolve())
-        self.save_hyperparameters(logger=False)
-        self.data_dir = Path(data_dir)
-        self.batch_size_per_device = batch_size
+        self.save_arguments()
 
     @property
     def test_set_names(self) -> list[str]:
@@ -152,59 +148,41 @@ class MNISTDataModule(InMemoryDataModule):
         return [rotation_set_name(angle) for angle in self.hparams.test_rotations]
 
     @property
-    def raw_dir(self) -> Path:
+    def data_folder(self) -> Path:
         return self.data_dir / "MNIST" / "raw"
-
-    data_folder = raw_dir
 
     # ---- files -------------------------------------------------------------------------------
     @data_folder_errors
     def prepare_data(self) -> None:
         """Download missing files (if allowed), unpack ``.gz`` files and validate all four."""
-        missing = [name for name in self.files if not self._source_of(name)]
+        missing = [name for name in self.files if not self.source_of(name)]
         if missing:
             self._download(missing)
         for name in self.files:
             self._check(name)
 
-    def _source_of(self, name: str) -> Path | None:
-        for candidate in (self.raw_dir / name, self.raw_dir / f"{name}.gz"):
-            if candidate.exists():
-                return candidate
-        return None
-
-    def _not_found(self, missing: list[str], reason: str) -> DatasetNotFoundError:
-        expected = "\n".join(f"  {name}{'' if name in missing else '  (found)'}" for name in self.files)
-        return DatasetNotFoundError(
-            f"MNIST not found in {self.raw_dir}\n"
-            f"Expected the four official IDX files there, plain or .gz:\n{expected}\n"
-            f"{reason}\n"
-            "Put the files there, or point capsexp at a folder holding MNIST/raw/: "
-            "set CAPSEXP_DATA_DIR=/path/to/data or pass data.data_dir=/path/to/data."
-        )
-
     def _download(self, missing: list[str]) -> None:
         if not self.hparams.download:
-            raise self._not_found(missing, "Downloading is off (data.download=false).")
-        self.raw_dir.mkdir(parents=True, exist_ok=True)
+            raise self.not_found(missing, "Downloading is off (data.download=false).")
+        self.data_folder.mkdir(parents=True, exist_ok=True)
         for name in missing:
             errors = []
             for mirror in MNIST.mirrors:
                 try:
                     download_and_extract_archive(
-                        f"{mirror}{name}.gz", download_root=str(self.raw_dir), md5=GZ_MD5[f"{name}.gz"]
+                        f"{mirror}{name}.gz", download_root=str(self.data_folder), md5=GZ_MD5[f"{name}.gz"]
                     )
                     break
                 except (URLError, RuntimeError, OSError) as error:
                     errors.append(f"{mirror}: {getattr(error, 'reason', error)}")
                     # torchvision writes in place: never leave a partial download looking complete.
-                    (self.raw_dir / f"{name}.gz").unlink(missing_ok=True)
-                    (self.raw_dir / name).unlink(missing_ok=True)
+                    (self.data_folder / f"{name}.gz").unlink(missing_ok=True)
+                    (self.data_folder / name).unlink(missing_ok=True)
             else:
-                raise self._not_found(missing, "Download failed (offline?):\n  " + "\n  ".join(errors))
+                raise self.not_found(missing, "Download failed (offline?):\n  " + "\n  ".join(errors))
 
     def _check(self, name: str) -> None:
-        path, gz_path = self.raw_dir / name, self.raw_dir / f"{name}.gz"
+        path, gz_path = self.data_folder / name, self.data_folder / f"{name}.gz"
         unpacked_here = not path.exists()
         if unpacked_here:
             _unpack(gz_path, path)
@@ -232,11 +210,8 @@ class MNISTDataModule(InMemoryDataModule):
 
         if stage in ("fit", "validate", None) and self.data_train is None:
             full = self._load(train=True)
-            if not 0 < self.hparams.val_size < len(full):
-                raise ValueError(f"data.val_size={self.hparams.val_size} must lie in (0, {len(full)})")
-            order = torch.randperm(len(full), generator=torch.Generator().manual_seed(self.hparams.split_seed))
-            self.data_val = full.subset(order[: self.hparams.val_size])
-            self.data_train = full.subset(order[self.hparams.val_size :])
+            validation, training = self.split_off_validation(torch.arange(len(full)))
+            self.data_val, self.data_train = full.subset(validation), full.subset(training)
         if stage in ("test", None) and self.data_test is None:
             self.data_test = self._load(train=False)
 

@@ -25,7 +25,7 @@ from capsexp.data.augment import center_crop, random_brightness_contrast, random
 from capsexp.data.base import InMemoryDataModule, data_folder_errors, md5sum
 from capsexp.data.norb_format import SMALLNORB_FILES, read_matrix
 from capsexp.data.tensor_dataset import ImageTensorDataset
-from capsexp.errors import CorruptDatasetError, DatasetNotFoundError
+from capsexp.errors import CorruptDatasetError
 
 PREFIX = {"train": "smallnorb-5x46789x9x18x6x2x96x96-training", "test": "smallnorb-5x01235x9x18x6x2x96x96-testing"}
 INFO_FIELDS = ("instance", "elevation", "azimuth", "lighting")
@@ -62,6 +62,8 @@ class SmallNORBDataModule(InMemoryDataModule):
             those of the TensorFlow CIFAR-10 input pipeline that public smallNORB ports follow.
     """
 
+    dataset_name = "smallNORB"
+    files = tuple(SMALLNORB_FILES)
     num_classes = 5
 
     def __init__(
@@ -91,12 +93,9 @@ class SmallNORBDataModule(InMemoryDataModule):
             raise ValueError(f"viewpoint must be null, 'azimuth' or 'elevation', got {viewpoint!r}")
         if crop_size > resize:
             raise ValueError(f"crop_size={crop_size} is larger than resize={resize}")
-        data_dir = str(Path(data_dir).expanduser().resolve())  # a str in the checkpoint's hyperparameters
         contrast = tuple(contrast)
-        self.save_hyperparameters(logger=False)
-        self.root = Path(data_dir) / "smallnorb"
-        self.data_folder = self.root
-        self.batch_size_per_device = batch_size
+        self.save_arguments()
+        self.data_folder = self.data_dir / "smallnorb"
 
     @property
     def dims(self) -> tuple[int, int, int]:
@@ -104,22 +103,16 @@ class SmallNORBDataModule(InMemoryDataModule):
 
     @property
     def cache_path(self) -> Path:
-        return self.root / f"smallnorb-{self.hparams.resize}x{self.hparams.resize}.pt"
+        return self.data_folder / f"smallnorb-{self.hparams.resize}x{self.hparams.resize}.pt"
 
     # ---- files -------------------------------------------------------------------------------
-    def _source_of(self, name: str) -> Path | None:
-        for candidate in (self.root / name, self.root / f"{name}.gz"):
-            if candidate.exists():
-                return candidate
-        return None
-
     @data_folder_errors
     def prepare_data(self) -> None:
         """Download missing files, check all six, and build the downsampled cache if it is stale."""
-        missing = [name for name in SMALLNORB_FILES if self._source_of(name) is None]
+        missing = [name for name in self.files if self.source_of(name) is None]
         if missing:
             self._download(missing)
-        sources = {name: self._source_of(name) for name in SMALLNORB_FILES}
+        sources = {name: self.source_of(name) for name in self.files}
         fingerprint = {
             name: (path.name, path.stat().st_size, path.stat().st_mtime_ns) for name, path in sources.items()
         }
@@ -166,23 +159,15 @@ class SmallNORBDataModule(InMemoryDataModule):
             "info": torch.from_numpy(info.astype("int64")),
         }
 
-    def _not_found(self, missing: list[str], reason: str) -> DatasetNotFoundError:
-        listed = "\n".join(f"  {name}{'' if name in missing else '  (found)'}" for name in SMALLNORB_FILES)
-        return DatasetNotFoundError(
-            f"smallNORB not found in {self.root}\nExpected the six official files there, plain or .gz:\n{listed}\n"
-            f"{reason}\nPut the files there, or point capsexp at a folder holding smallnorb/: set "
-            "CAPSEXP_DATA_DIR=/path/to/data or pass data.data_dir=/path/to/data."
-        )
-
     def _download(self, missing: list[str]) -> None:
         if not self.hparams.download:
-            raise self._not_found(missing, "Downloading is off (data.download=false).")
-        self.root.mkdir(parents=True, exist_ok=True)
+            raise self.not_found(missing, "Downloading is off (data.download=false).")
+        self.data_folder.mkdir(parents=True, exist_ok=True)
         for name in missing:
             url = f"{self.hparams.base_url.rstrip('/')}/{name}.gz"
-            target = self.root / f"{name}.gz"
+            target = self.data_folder / f"{name}.gz"
             # Into a temporary file first: an interrupted or corrupted download never takes the real name.
-            with tempfile.NamedTemporaryFile(dir=self.root, suffix=".download", delete=False) as handle:
+            with tempfile.NamedTemporaryFile(dir=self.data_folder, suffix=".download", delete=False) as handle:
                 partial = Path(handle.name)
             try:
                 with urllib.request.urlopen(url, timeout=60) as response, open(partial, "wb") as out:
@@ -195,7 +180,7 @@ class SmallNORBDataModule(InMemoryDataModule):
                     raise CorruptDatasetError(f"{url}: the downloaded file's md5 differs from the official one")
                 partial.replace(target)
             except (URLError, OSError, http.client.HTTPException) as error:
-                raise self._not_found(missing, f"Download of {url} failed: {getattr(error, 'reason', error)}") from None
+                raise self.not_found(missing, f"Download of {url} failed: {getattr(error, 'reason', error)}") from None
             finally:
                 partial.unlink(missing_ok=True)
 
@@ -227,11 +212,9 @@ class SmallNORBDataModule(InMemoryDataModule):
         cache = torch.load(self.cache_path, weights_only=True)
         train = cache["train"]
         keep = self._viewpoint_mask(train["info"], training=True).nonzero().squeeze(1)
-        if not 0 <= self.hparams.val_size < len(keep):
-            raise ValueError(f"data.val_size={self.hparams.val_size} must lie in [0, {len(keep)})")
-        order = keep[torch.randperm(len(keep), generator=torch.Generator().manual_seed(self.hparams.split_seed))]
-        self.data_val = self._dataset(train, order[: self.hparams.val_size].sort().values)
-        self.data_train = self._dataset(train, order[self.hparams.val_size :].sort().values)
+        validation, training = self.split_off_validation(keep)
+        self.data_val = self._dataset(train, validation.sort().values)
+        self.data_train = self._dataset(train, training.sort().values)
         test = cache["test"]
         self.data_test = self._dataset(test, self._viewpoint_mask(test["info"], training=False).nonzero().squeeze(1))
 
