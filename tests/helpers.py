@@ -104,6 +104,15 @@ TINY_RUN = [
 ]
 
 
+# A tiny EM-capsule net (A=8, B=C=D=4) for CLI runs of model=em_caps or em_caps_small.
+TINY_EM_CAPS = [
+    "model.net.conv_channels=8",
+    "model.net.primary_types=4",
+    "model.net.conv_caps1_types=4",
+    "model.net.conv_caps2_types=4",
+]
+
+
 def scalars(run_dir: Path) -> dict[str, list[Scalar]]:
     """Every scalar series in ``run_dir/tensorboard``: tag -> [(step, value), ...]."""
     return read_scalars(run_dir)

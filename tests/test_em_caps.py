@@ -17,7 +17,7 @@ from capsexp.models import LeNet5, MatrixCapsNet
 from capsexp.nn import ClassMatrixCapsules, ConvMatrixCapsules, PrimaryMatrixCapsules
 from capsexp.nn.functional import em_routing, inverse_temperatures, responsibility_entropy, spread_loss
 from tests.em_reference import plain_em_routing
-from tests.helpers import TINY_RUN, run_cli
+from tests.helpers import TINY_EM_CAPS, TINY_RUN, run_cli
 
 
 def routed(votes, activations, parents, **kwargs):
@@ -227,10 +227,7 @@ def test_em_caps_trains_through_the_cli(mnist_dir, tmp_path):
         f"paths.data_dir={mnist_dir}",
         "model=em_caps",
         "data=mnist",
-        "model.net.conv_channels=8",
-        "model.net.primary_types=4",
-        "model.net.conv_caps1_types=4",
-        "model.net.conv_caps2_types=4",
+        *TINY_EM_CAPS,
         "trainer.max_epochs=1",
         "trainer.limit_train_batches=3",
         "trainer.limit_val_batches=1",
@@ -332,10 +329,7 @@ def test_routing_diagnostics_are_logged_for_em_layers_only(mnist_dir, tmp_path):
         f"paths.data_dir={mnist_dir}",
         "model=em_caps_small",
         "data=mnist",
-        "model.net.conv_channels=8",
-        "model.net.primary_types=4",
-        "model.net.conv_caps1_types=4",
-        "model.net.conv_caps2_types=4",
+        *TINY_EM_CAPS,
         "trainer.max_epochs=1",
         "trainer.limit_train_batches=3",
         "trainer.limit_val_batches=1",

@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from capsexp import PROJECT_ROOT
-from tests.helpers import TINY_RUN, write_norb
+from tests.helpers import TINY_EM_CAPS, TINY_RUN, write_norb
 
 TINY_CAPSNET = ["model.net.conv_channels=16", "model.net.primary_types=4"]
 
@@ -134,10 +134,7 @@ def test_em_training_writes_curves_and_routing_entropies_per_recipe(mnist_dir, t
         "--output",
         str(output),
         *TINY_RUN,
-        "model.net.conv_channels=8",
-        "model.net.primary_types=4",
-        "model.net.conv_caps1_types=4",
-        "model.net.conv_caps2_types=4",
+        *TINY_EM_CAPS,
         "trainer.max_steps=4",
         "trainer.val_check_interval=2",
         "trainer.limit_val_batches=1",

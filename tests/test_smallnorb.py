@@ -15,7 +15,7 @@ from capsexp.data import SmallNORBDataModule
 from capsexp.data.norb_format import SMALLNORB_FILES, write_matrix
 from capsexp.data.smallnorb import PREFIX
 from capsexp.errors import CorruptDatasetError, DatasetNotFoundError
-from tests.helpers import NORB_COUNT, TINY_RUN, FakeTrainer, norb_arrays, run_cli, write_norb
+from tests.helpers import NORB_COUNT, TINY_EM_CAPS, TINY_RUN, FakeTrainer, norb_arrays, run_cli, write_norb
 
 COUNT = NORB_COUNT
 
@@ -209,15 +209,7 @@ def test_interrupted_download_is_not_left_behind(served, tmp_path):
     [
         ("lenet5", []),
         ("capsnet", ["model.net.conv_channels=16", "model.net.primary_types=4"]),
-        (
-            "em_caps",
-            [
-                "model.net.conv_channels=8",
-                "model.net.primary_types=4",
-                "model.net.conv_caps1_types=4",
-                "model.net.conv_caps2_types=4",
-            ],
-        ),
+        ("em_caps", TINY_EM_CAPS),
     ],
 )
 def test_each_model_trains_on_smallnorb_through_the_cli(norb_dir, tmp_path, model, extra):
