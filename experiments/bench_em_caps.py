@@ -28,7 +28,7 @@ os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")  # as importing capsexp does 
 import torch
 
 from benchlib import cli_test_accuracy, cpu_name
-from capsexp import PROJECT_ROOT
+from capsexp import CONFIG_DIR, PROJECT_ROOT
 from capsexp.timing import Stopwatch
 
 RESULTS = PROJECT_ROOT / "experiments" / "results" / "bench_em.md"
@@ -50,13 +50,13 @@ RECIPES = {"default": "em_caps", "paper": "em_caps_paper"}  # recipe: its model 
 
 
 def net_options(recipe: str) -> dict:
-    """The MatrixCapsNet arguments of a model config (A=B=C=D=32), less the data geometry."""
+    """The MatrixCapsNet arguments of a model config (A=B=C=D=32), composed as the CLI composes it,
+    less the data geometry."""
+    from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    config_dir = PROJECT_ROOT / "conf" / "model"
-    net = OmegaConf.load(config_dir / f"{RECIPES[recipe]}.yaml").model.get("net", {})
-    if recipe == "paper":  # em_caps_paper.yaml holds only what it changes in em_caps.yaml
-        net = OmegaConf.merge(OmegaConf.load(config_dir / "em_caps.yaml").model.net, net)
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        net = compose(config_name="config", overrides=[f"model={RECIPES[recipe]}"]).model.net
     return {
         key: value
         for key, value in OmegaConf.to_container(net).items()
@@ -193,10 +193,8 @@ def main() -> None:
                 text=True,
             )
             name = f"model={RECIPES[recipe]}"
-            if done.returncode != 0:
-                error = done.stderr.strip().splitlines()[-1] if done.stderr else done.returncode
-                rows.append(f"| {name} | {batch_size} | failed: {error} | | | | |")
-                continue
+            if done.returncode != 0:  # no page with holes: say what failed, and stop
+                sys.exit(f"{name}, batch {batch_size}: the measurement failed:\n{done.stderr[-3000:]}")
             result = json.loads(done.stdout.strip().splitlines()[-1])
             rows.append(
                 f"| {name} | {batch_size} | {result['train_images_per_s']:.2f} | {result['train_step_s']:.2f} s | "
@@ -212,7 +210,8 @@ def main() -> None:
             f"{torch.get_num_threads()} threads, torch {torch.__version__}.",
             "A=B=C=D=32, K=3, 4x4 poses, 2x32x32 inputs, 5 classes, Adam; each model config's own routing options "
             "(em_caps: 2 EM iterations, BatchNorm after conv1; em_caps_paper: 3 iterations);",
-            f"medians of {args.repeats} steps; each row in its own process.",
+            f"medians of {args.repeats} steps; each row in its own process. On a shared machine step times vary",
+            "between runs (by up to 40% seen here): compare the rows of one page, not figures across pages.",
             "",
             "| recipe | batch | training images/s | training step | inference images/s "
             "| routing share of the step | peak RSS |",

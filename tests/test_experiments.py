@@ -4,6 +4,7 @@ write their results pages."""
 from __future__ import annotations
 
 import csv
+import json
 import os
 import re
 import subprocess
@@ -179,3 +180,22 @@ def test_bench_gpu_runs_its_code_path_on_the_cpu(tmp_path):
     rows = [line for line in output.read_text().splitlines() if line.startswith("| em_caps")]
     assert [row.split(" | ")[1] for row in rows] == ["fp32 (TF32)", "bf16-mixed"]
     assert all("failed" not in row and float(row.split(" | ")[4].replace(",", "")) > 0 for row in rows)
+
+
+def test_bench_em_caps_measures_each_recipe_as_its_model_config_sets_it():
+    """One worker of experiments/bench_em_caps.py (batch 2, one step): the net built from the
+    composed model config, its step timed, its routing share profiled."""
+    worker = [sys.executable, str(PROJECT_ROOT / "experiments" / "bench_em_caps.py"), "--worker", "2"]
+    result = subprocess.run(
+        [*worker, "--repeats", "1", "--worker-recipe", "paper"], capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    figures = json.loads(result.stdout.strip().splitlines()[-1])
+    assert figures["train_step_s"] > 0 and 0 < figures["routing_share"] < 1
+
+    sys.path.insert(0, str(PROJECT_ROOT / "experiments"))
+    try:
+        from bench_em_caps import net_options
+    finally:
+        sys.path.remove(str(PROJECT_ROOT / "experiments"))
+    assert net_options("default")["routing_iterations"] == 2 and net_options("paper")["routing_iterations"] == 3
