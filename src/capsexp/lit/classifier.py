@@ -77,28 +77,34 @@ class Classifier(L.LightningModule):
         # Persistent, so that a resumed run keeps the best accuracy seen before it stopped.
         self.val_acc_best = MaxMetric()
         self.val_acc_best.persistent(True)
-        # Epoch means of the loss terms (the objective's ``terms``), one MeanMetric per logged name.
-        # Its sum and weight are reduced over processes exactly; Lightning's own mean divides an
-        # integer image count by the number of processes, which truncates for uneven shards.
+        # Epoch means of the loss terms (the objective's ``terms``): per stage, one MeanMetric per
+        # logged name. Its sum and weight are reduced over processes exactly; Lightning's own mean
+        # divides an integer image count by the number of processes, which truncates for uneven shards.
         self.loss_means = torch.nn.ModuleDict(
-            {_key(f"{stage}/{term}"): MeanMetric() for stage in ("train", "val") for term in objective.terms}
+            {
+                f"{stage}_terms": torch.nn.ModuleDict({_key(term): MeanMetric() for term in objective.terms})
+                for stage in ("train", "val", "test")  # not "train" alone: nn.Module.train is a method
+            }
         )
         # Per test set (the DataModule's test_set_names): an accuracy, and the loss means; made in setup.
         self.test_set_names: list[str] = [PLAIN]
-        self.test_accs = torch.nn.ModuleList()
+        # (nested one level, so that the model summary shows one line for them, not one per set)
+        self.test_accuracy = torch.nn.ModuleDict({"per_set": torch.nn.ModuleList()})
 
     def setup(self, stage: str) -> None:
         """Lightning's hook before the module moves to its device: one accuracy and one set of loss
         means per test set the DataModule declares (:mod:`capsexp.test_sets`)."""
         datamodule = self.trainer.datamodule if self._trainer is not None else None
         names = list(getattr(datamodule, "test_set_names", None) or [PLAIN])
-        if names == self.test_set_names and len(self.test_accs):
+        if names == self.test_set_names and len(self.test_accuracy["per_set"]):
             return
         self.test_set_names = names
-        self.test_accs = torch.nn.ModuleList(MulticlassAccuracy(self.num_classes, average="micro") for _ in names)
+        self.test_accuracy["per_set"] = torch.nn.ModuleList(
+            MulticlassAccuracy(self.num_classes, average="micro") for _ in names
+        )
         for name in names:
             for term in self.objective.terms:
-                self.loss_means[_key(f"test/{term}{metric_suffix(name)}")] = MeanMetric()
+                self.loss_means["test_terms"][_key(f"{term}{metric_suffix(name)}")] = MeanMetric()
 
     def configure_model(self) -> None:
         """Lightning's hook before fit/validate/test: compile the net once, if asked."""
@@ -123,18 +129,28 @@ class Classifier(L.LightningModule):
                 # train/<name>_epoch, is over all processes. Names as Lightning would give them.
                 self.log(f"{logged_name}_step", value, on_step=True, on_epoch=False, prog_bar=name == "loss")
                 logged_name += "_epoch"
-            self._log_mean(logged_name, value.detach(), len(targets), prog_bar=stage == "val" and name == "loss")
+            self._log_mean(
+                stage,
+                f"{name}{suffix}",
+                logged_name,
+                value.detach(),
+                len(targets),
+                prog_bar=stage == "val" and name == "loss",
+            )
         return terms, class_scores(output).argmax(dim=-1)
 
-    def _log_mean(self, logged_name: str, value: torch.Tensor, batch_size: int, prog_bar: bool) -> None:
-        """Log the mean of ``value`` over the epoch's images, on every process."""
-        key = _key(logged_name.removesuffix("_epoch"))
-        if key not in self.loss_means:
+    def _log_mean(
+        self, stage: str, term: str, logged_name: str, value: torch.Tensor, batch_size: int, prog_bar: bool
+    ) -> None:
+        """Log the mean of ``value`` (loss term ``term`` of ``stage``) over the epoch's images, on every process."""
+        key = _key(term)
+        means = self.loss_means[f"{stage}_terms"]
+        if key not in means:
             raise KeyError(
                 f"{logged_name}: the objective {type(self.objective).__name__} returned a term that is not in "
                 f"its terms {tuple(self.objective.terms)}"
             )
-        metric = self.loss_means[key]
+        metric = means[key]
         metric.update(value, weight=batch_size)
         self.log(
             logged_name,
@@ -143,7 +159,7 @@ class Classifier(L.LightningModule):
             on_epoch=True,
             prog_bar=prog_bar,
             add_dataloader_idx=False,
-            metric_attribute=f"loss_means.{key}",
+            metric_attribute=f"loss_means.{stage}_terms.{key}",
         )
 
     def on_train_batch_start(self, batch: Batch, batch_idx: int) -> None:
@@ -179,9 +195,9 @@ class Classifier(L.LightningModule):
             )
         suffix = metric_suffix(self.test_set_names[dataloader_idx])
         _, predictions = self._step(batch, "test", suffix)
-        accuracy = self.test_accs[dataloader_idx]
+        accuracy = self.test_accuracy["per_set"][dataloader_idx]
         accuracy(predictions, batch[1])
-        attribute = f"test_accs.{dataloader_idx}"
+        attribute = f"test_accuracy.per_set.{dataloader_idx}"
         # test/acc: the first test set (for rotations, usually the unrotated one)
         names = ["test/acc"] if dataloader_idx == 0 else []
         names += [f"test/acc{suffix}"] if suffix else []
@@ -198,5 +214,5 @@ class Classifier(L.LightningModule):
 
 
 def _key(logged_name: str) -> str:
-    """A metric's name in a ModuleDict, which may not hold "." or "/"."""
+    """A metric's name in a ModuleDict, which may hold neither "." nor "/"."""
     return logged_name.replace("/", "__").replace(".", "_")
