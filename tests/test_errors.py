@@ -127,6 +127,7 @@ BAD_COMMANDS = {
     "renamed key": (["optimizer.lr=0.01"], 2, "model.optimizer.lr=0.01"),
     "renamed group": (["margin=linear", "model=em_caps_small"], 2, "model/margin=linear"),
     "margin for a loss without one": (["model=capsnet", "+model/margin=linear"], 2, "model.margin"),
+    "margin for a model without one": (["model=lenet5", "model/margin=linear"], 2, "model/margin=linear"),
     "word in rotations": (["data=rotated_mnist", "data.test_rotations=[0,abc]"], 2, "data.test_rotations"),
     "batch over processes": (["trainer.devices=3", "trainer.accelerator=cpu"], 2, "data.batch_size=32"),
     "unknown model": (["model=lenet"], 2, "model=lenet"),

@@ -334,3 +334,47 @@ def check_group_overrides(arguments: list[str], config_dir: Path) -> None:
                 close = difflib.get_close_matches(option, options, n=1)
                 hint = f" (did you mean {key}={close[0]}?)" if close else ""
                 raise ConfigError(f"{key}={option}: no such option{hint}\n  {key} is one of: {', '.join(options)}")
+        if key.startswith("model/") and not argument.startswith("+"):
+            _check_model_has_group(key.removeprefix("model/"), value, arguments, config_dir)
+
+
+def _check_model_has_group(group: str, value: str, arguments: list[str], config_dir: Path) -> None:
+    """``model/margin=linear`` with a model whose recipe has no margin (LeNet5's cross-entropy, CapsNet's
+    margin loss): say so, instead of Hydra's "No match in the defaults list"."""
+    if any(a.lstrip("+").startswith(("experiment=", "hparams_search=")) for a in arguments):
+        return  # they choose the model themselves: left to Hydra
+    chosen = [a.split("=", 1)[1] for a in arguments if a.startswith("model=")]
+    models = chosen[-1].split(",") if chosen else [_default_model(config_dir)]
+    for model in models:
+        groups = _model_config_groups(config_dir, model)
+        if group not in groups:
+            raise ConfigError(
+                f"model/{group}={value}: model={model} has no {group} in its recipe "
+                f"(it has: {', '.join(sorted(groups)) or 'none'})"
+                + ("; the margin schedule is for the spread loss of the EM-capsule models" if group == "margin" else "")
+            )
+
+
+def _default_model(config_dir: Path) -> str:
+    for entry in _yaml_defaults(config_dir / "config.yaml"):
+        if isinstance(entry, dict) and "model" in entry:
+            return str(entry["model"])
+    return "lenet5"
+
+
+def _model_config_groups(config_dir: Path, model: str) -> set[str]:
+    """The nested groups (optimizer, lr_scheduler, margin) a model config lists, its bases' included."""
+    path = config_dir / "model" / f"{model}.yaml"
+    groups: set[str] = set()
+    for entry in _yaml_defaults(path) if path.exists() else []:
+        if isinstance(entry, str) and entry != "_self_":
+            groups |= _model_config_groups(config_dir, entry)
+        elif isinstance(entry, dict):
+            groups |= {name.removeprefix("override ").strip() for name in entry}
+    return groups
+
+
+def _yaml_defaults(path: Path) -> list:
+    import yaml
+
+    return (yaml.safe_load(path.read_text()) or {}).get("defaults", [])
