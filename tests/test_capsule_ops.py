@@ -106,6 +106,31 @@ def test_routing_rejects_bad_input():
         dynamic_routing(torch.randn(2, 3, 4, 5), 0)
 
 
+def test_fused_layer_matches_votes_then_routing_with_interleaved_calls():
+    """The fused layer reuses one CPU scratch buffer per thread: calls of layers of different sizes,
+    several forwards before any backward (gradient accumulation), must still give the unfused
+    gradients."""
+    torch.manual_seed(0)
+    small = RoutingCapsules(in_caps=40, in_dim=8, out_caps=10, out_dim=16)
+    large = RoutingCapsules(in_caps=72, in_dim=8, out_caps=10, out_dim=16)
+    inputs = [torch.randn(3, 40, 8, requires_grad=True), torch.randn(5, 72, 8, requires_grad=True)]
+    losses = [small(inputs[0]), large(inputs[1]), small(inputs[0] * 2)]
+    sum(loss.pow(2).sum() for loss in losses).backward()
+    fused = [small.weight.grad, large.weight.grad, inputs[0].grad, inputs[1].grad]
+
+    small.weight.grad = large.weight.grad = inputs[0].grad = inputs[1].grad = None
+    reference = [
+        dynamic_routing(small.votes(inputs[0]), 3),
+        dynamic_routing(large.votes(inputs[1]), 3),
+        dynamic_routing(small.votes(inputs[0] * 2), 3),
+    ]
+    for got, want in zip(losses, reference, strict=True):
+        torch.testing.assert_close(got, want)
+    sum(loss.pow(2).sum() for loss in reference).backward()
+    for got, want in zip(fused, [small.weight.grad, large.weight.grad, inputs[0].grad, inputs[1].grad], strict=True):
+        torch.testing.assert_close(got, want)
+
+
 def test_routing_is_finite_under_bf16_autocast():
     layer = RoutingCapsules(in_caps=72, in_dim=8, out_caps=10, out_dim=16)
     inputs = torch.randn(4, 72, 8, requires_grad=True)
