@@ -114,8 +114,8 @@ def test_fused_layer_matches_votes_then_routing_with_interleaved_calls():
     small = RoutingCapsules(in_caps=40, in_dim=8, out_caps=10, out_dim=16)
     large = RoutingCapsules(in_caps=72, in_dim=8, out_caps=10, out_dim=16)
     inputs = [torch.randn(3, 40, 8, requires_grad=True), torch.randn(5, 72, 8, requires_grad=True)]
-    losses = [small(inputs[0]), large(inputs[1]), small(inputs[0] * 2)]
-    sum(loss.pow(2).sum() for loss in losses).backward()
+    parents = [small(inputs[0]), large(inputs[1]), small(inputs[0] * 2)]
+    sum(p.pow(2).sum() for p in parents).backward()
     fused = [small.weight.grad, large.weight.grad, inputs[0].grad, inputs[1].grad]
 
     small.weight.grad = large.weight.grad = inputs[0].grad = inputs[1].grad = None
@@ -124,9 +124,9 @@ def test_fused_layer_matches_votes_then_routing_with_interleaved_calls():
         dynamic_routing(large.votes(inputs[1]), 3),
         dynamic_routing(small.votes(inputs[0] * 2), 3),
     ]
-    for got, want in zip(losses, reference, strict=True):
+    for got, want in zip(parents, reference, strict=True):
         torch.testing.assert_close(got, want)
-    sum(loss.pow(2).sum() for loss in reference).backward()
+    sum(p.pow(2).sum() for p in reference).backward()
     for got, want in zip(fused, [small.weight.grad, large.weight.grad, inputs[0].grad, inputs[1].grad], strict=True):
         torch.testing.assert_close(got, want)
 
