@@ -9,18 +9,26 @@ over the whole step, from one extra profiled step; the peak RSS is read before i
     python experiments/bench_em_caps.py                     # batch 8 and 32, model=em_caps and em_caps_paper
     python experiments/bench_em_caps.py --batch-sizes 8     # one size
     python experiments/bench_em_caps.py --accuracy          # + a fixed number of MNIST steps via the CLI
+    python experiments/bench_em_caps.py --baseline HEAD     # + the routing of a git revision, side by side
+
+``--baseline REV`` loads ``src/capsexp/nn/functional/_em_caps.py`` as it is at git revision REV (that
+file alone) and, in one process per row, interleaves training steps that route with it and with the
+working tree's, on the same net and batch; its peak RSS comes from a process of its own.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import importlib.util
+import inspect
 import json
 import os
 import resource
 import statistics
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")  # as importing capsexp does (capsexp/__init__.py)
@@ -64,13 +72,35 @@ def net_options(recipe: str) -> dict:
     }
 
 
-def measure(batch_size: int, repeats: int, recipe: str = "default") -> dict[str, float]:
-    """Run in a fresh process: step timings, routing share, peak RSS."""
-    from torch.profiler import ProfilerActivity, profile
+ROUTING_FILE = "src/capsexp/nn/functional/_em_caps.py"
+RSS_PROCESSES = 5  # per routing, with --baseline
 
-    import capsexp.nn.em_caps as em_caps_layers
+
+def routing_at(revision: str):
+    """``em_routing`` as ``ROUTING_FILE`` defines it at a git revision (the file alone, imported
+    under a private name). Keyword arguments it does not know (options added since) are dropped."""
+    source = subprocess.run(
+        ["git", "show", f"{revision}:{ROUTING_FILE}"], cwd=PROJECT_ROOT, capture_output=True, text=True
+    )
+    if source.returncode != 0:
+        sys.exit(f"--baseline {revision}: git cannot show {ROUTING_FILE} there: {source.stderr.strip()}")
+    path = Path(tempfile.mkdtemp()) / "baseline_em_routing.py"
+    path.write_text(source.stdout)
+    spec = importlib.util.spec_from_file_location("baseline_em_routing", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    known = inspect.signature(module.em_routing).parameters
+
+    def em_routing(*args, **kwargs):
+        return module.em_routing(*args, **{key: value for key, value in kwargs.items() if key in known})
+
+    return em_routing
+
+
+def training_step(batch_size: int, recipe: str):
+    """The net of a recipe and one training step of it (forward, spread loss, backward, Adam)."""
     from capsexp.models import MatrixCapsNet
-    from capsexp.nn.functional import em_routing, spread_loss
+    from capsexp.nn.functional import spread_loss
 
     torch.manual_seed(0)
     net = MatrixCapsNet(in_channels=2, num_classes=5, image_size=32, **net_options(recipe))
@@ -81,6 +111,55 @@ def measure(batch_size: int, repeats: int, recipe: str = "default") -> dict[str,
         optimizer.zero_grad(set_to_none=True)
         spread_loss(net(images).scores, targets, 0.2).backward()
         optimizer.step()
+
+    return net, images, step
+
+
+def compare(batch_size: int, repeats: int, recipe: str, revision: str) -> dict[str, float]:
+    """Run in a fresh process: training steps routed by the working tree's em_routing and by
+    revision's, interleaved on one net (the shared machine's noise hits both alike)."""
+    import capsexp.nn.em_caps as em_caps_layers
+
+    routings = {"current": em_caps_layers.em_routing, "baseline": routing_at(revision)}
+    _, _, step = training_step(batch_size, recipe)
+    times: dict[str, list[float]] = {"current": [], "baseline": []}
+    for repeat in range(repeats + 1):  # the first round warms up
+        for name, routing in routings.items():
+            em_caps_layers.em_routing = routing  # the name the layers call
+            with Stopwatch() as watch:
+                step()
+            if repeat:
+                times[name].append(watch.seconds)
+    ratios = [current / baseline for current, baseline in zip(times["current"], times["baseline"], strict=True)]
+    return {
+        "current_step_s": statistics.median(times["current"]),
+        "baseline_step_s": statistics.median(times["baseline"]),
+        "median_ratio": statistics.median(ratios),
+        "ratio_quartiles": statistics.quantiles(ratios, n=4)[::2],
+    }
+
+
+def peak_rss(batch_size: int, repeats: int, recipe: str, revision: str | None) -> float:
+    """Run in a fresh process: the peak RSS (GiB) of training steps routed by revision's em_routing
+    (None: the working tree's)."""
+    import capsexp.nn.em_caps as em_caps_layers
+
+    if revision is not None:
+        em_caps_layers.em_routing = routing_at(revision)
+    _, _, step = training_step(batch_size, recipe)
+    for _ in range(repeats + 1):
+        step()
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+
+
+def measure(batch_size: int, repeats: int, recipe: str = "default") -> dict[str, float]:
+    """Run in a fresh process: step timings, routing share, peak RSS."""
+    from torch.profiler import ProfilerActivity, profile
+
+    import capsexp.nn.em_caps as em_caps_layers
+    from capsexp.nn.functional import em_routing
+
+    net, images, step = training_step(batch_size, recipe)
 
     @torch.no_grad()
     def infer() -> None:
@@ -154,6 +233,58 @@ def accuracy(data_dir: str | None) -> dict[str, float]:
     return cli_test_accuracy(ACCURACY_COMMAND, "bench_em", data_dir)
 
 
+def run_worker(name: str, batch_size: int, *options: str) -> dict:
+    """One measurement in a fresh process (its peak RSS is its own); its JSON result."""
+    command = [sys.executable, __file__, "--worker", str(batch_size), *options]
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode != 0:  # no page with holes: say what failed, and stop
+        sys.exit(f"{name}, batch {batch_size}: the measurement failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def float32_errors(recipe: str, spread: float) -> dict[str, float]:
+    """em_routing in float32 against float64 on the same ill-conditioned votes (offset 20, the given
+    spread; batch 2, 50 children, 8 parents, 16-D poses) under a recipe's routing options: the largest
+    error of the poses, activations and responsibilities, and the relative error of the vote gradient."""
+    from capsexp.nn.functional import em_routing
+
+    net = net_options(recipe)
+    options = dict(
+        iterations=net["routing_iterations"],
+        final_lambda=net["final_lambda"],
+        sigma_eps=net["sigma_eps"],
+        cost_normalization=net["cost_normalization"],
+        return_responsibilities=True,
+    )
+    generator = torch.Generator().manual_seed(0)
+    votes = 20 + spread * torch.randn(2, 50, 8, 16, generator=generator, dtype=torch.float64)
+    activations = torch.rand(2, 50, generator=generator, dtype=torch.float64)
+    beta_u, beta_a = torch.randn(2, 8, generator=generator, dtype=torch.float64)
+    upstream = (
+        torch.randn(2, 8, 16, generator=generator, dtype=torch.float64),
+        torch.randn(2, 8, generator=generator, dtype=torch.float64),
+    )
+    results = {}
+    for dtype in (torch.float64, torch.float32):
+        leaf = votes.to(dtype).requires_grad_()
+        mu, parent_activations, responsibilities = em_routing(
+            leaf, activations.to(dtype), beta_u.to(dtype), beta_a.to(dtype), **options
+        )
+        (grad,) = torch.autograd.grad((mu, parent_activations), leaf, [u.to(dtype) for u in upstream])
+        results[dtype] = [t.detach().double() for t in (mu, parent_activations, responsibilities, grad)]
+    exact, single = results[torch.float64], results[torch.float32]
+    return {
+        "poses": (single[0] - exact[0]).abs().max().item(),
+        "activations": (single[1] - exact[1]).abs().max().item(),
+        "responsibilities": (single[2] - exact[2]).abs().max().item(),
+        "vote_gradient": ((single[3] - exact[3]).norm() / exact[3].norm()).item(),
+    }
+
+
+def median_rss(results: list[dict]) -> float:
+    return statistics.median(result["peak_rss_gib"] for result in results)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[8, 32])
@@ -168,39 +299,55 @@ def main() -> None:
         default=list(RECIPES),
         help="model=em_caps (default) and/or model=em_caps_paper",
     )
+    parser.add_argument(
+        "--baseline",
+        metavar="REV",
+        help=f"also compare with the routing of git revision REV ({ROUTING_FILE} there), interleaved",
+    )
     parser.add_argument("--worker", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--worker-recipe", default="default", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--worker-task", choices=["measure", "compare", "rss"], default="measure", help=argparse.SUPPRESS
+    )
     args = parser.parse_args()
     if args.worker:
-        print(json.dumps(measure(args.worker, args.repeats, args.worker_recipe)))
+        if args.worker_task == "compare":
+            result = compare(args.worker, args.repeats, args.worker_recipe, args.baseline)
+        elif args.worker_task == "rss":
+            result = {"peak_rss_gib": peak_rss(args.worker, args.repeats, args.worker_recipe, args.baseline)}
+        else:
+            result = measure(args.worker, args.repeats, args.worker_recipe)
+        print(json.dumps(result))
         return
+    if args.baseline and args.repeats < 2:
+        parser.error(f"--repeats must be at least 2 with --baseline (the page gives quartiles), got {args.repeats}")
 
-    rows = []
+    rows, baseline_rows = [], []
     for recipe in args.recipes:
         for batch_size in args.batch_sizes:
-            done = subprocess.run(
-                [
-                    sys.executable,
-                    __file__,
-                    "--worker",
-                    str(batch_size),
-                    "--repeats",
-                    str(args.repeats),
-                    "--worker-recipe",
-                    recipe,
-                ],
-                capture_output=True,
-                text=True,
-            )
             name = f"model={RECIPES[recipe]}"
-            if done.returncode != 0:  # no page with holes: say what failed, and stop
-                sys.exit(f"{name}, batch {batch_size}: the measurement failed:\n{done.stderr[-3000:]}")
-            result = json.loads(done.stdout.strip().splitlines()[-1])
+            common = ("--repeats", str(args.repeats), "--worker-recipe", recipe)
+            result = run_worker(name, batch_size, *common)
             rows.append(
                 f"| {name} | {batch_size} | {result['train_images_per_s']:.2f} | {result['train_step_s']:.2f} s | "
                 f"{result['inference_images_per_s']:.2f} | {100 * result['routing_share']:.0f}% | "
                 f"{result['peak_rss_gib']:.2f} GiB |"
             )
+            if args.baseline:
+                side_by_side = run_worker(
+                    name, batch_size, *common, "--worker-task", "compare", "--baseline", args.baseline
+                )
+                # Peak RSS varies by tens of MB between identical processes: medians of alternating ones.
+                rss, baseline_rss = [], []
+                for _ in range(RSS_PROCESSES):
+                    for runs, baseline in ((rss, ()), (baseline_rss, ("--baseline", args.baseline))):
+                        runs.append(run_worker(name, batch_size, *common, "--worker-task", "rss", *baseline))
+                low, high = side_by_side["ratio_quartiles"]
+                baseline_rows.append(
+                    f"| {name} | {batch_size} | {side_by_side['current_step_s']:.3f} s | "
+                    f"{side_by_side['baseline_step_s']:.3f} s | {side_by_side['median_ratio']:.3f} "
+                    f"({low:.3f} to {high:.3f}) | {median_rss(rss):.3f} GiB | {median_rss(baseline_rss):.3f} GiB |"
+                )
     cpu = cpu_name()
     text = "\n".join(
         [
@@ -220,6 +367,47 @@ def main() -> None:
             "",
         ]
     )
+    precision_rows = []
+    for recipe in args.recipes:
+        for spread in (0.01, 0.03):
+            errors = float32_errors(recipe, spread)
+            precision_rows.append(
+                f"| model={RECIPES[recipe]} | {spread} | {errors['poses']:.1e} | {errors['activations']:.1e} | "
+                f"{errors['responsibilities']:.1e} | {errors['vote_gradient']:.1e} |"
+            )
+    text += "\n" + "\n".join(
+        [
+            "## float32 against float64",
+            "",
+            "`em_routing` on the same votes in float32 and in float64, under each recipe's routing options: votes",
+            "20 + spread x N(0, 1) (far from zero compared with their spread; batch 2, 50 children, 8 parents,",
+            "16-D poses). Largest absolute error of the poses, activations and responsibilities; relative error",
+            "(norm) of the gradient of the votes under random upstream gradients.",
+            "",
+            "| recipe | spread | poses | activations | responsibilities | vote gradient |",
+            "| --- | ---: | ---: | ---: | ---: | ---: |",
+            *precision_rows,
+            "",
+        ]
+    )
+    if args.baseline:
+        text += "\n" + "\n".join(
+            [
+                f"## This tree's EM routing against `{args.baseline}`'s",
+                "",
+                f"`python experiments/bench_em_caps.py --baseline {args.baseline}`: {ROUTING_FILE} as at",
+                f"`{args.baseline}` against the working tree's, on the same net and batch; training steps interleaved",
+                f"in one process, medians of {args.repeats} each; the ratio is this tree's step over the baseline's",
+                "(median of the paired ratios, quartiles in brackets: below 1 is faster). Peak RSS: each",
+                f"routing in processes of its own, the median of {RSS_PROCESSES} alternating ones.",
+                "",
+                "| recipe | batch | step, this tree | step, baseline | ratio "
+                "| peak RSS, this tree | peak RSS, baseline |",
+                "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+                *baseline_rows,
+                "",
+            ]
+        )
     if args.accuracy:
         acc = accuracy(args.data_dir)
         text += "\n" + "\n".join(

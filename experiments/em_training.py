@@ -6,7 +6,7 @@ recipes, beside LeNet5 and CapsNet trained the same way (issue 10).
 
 Each recipe is ``model=em_caps_small`` (capsexp's default recipe) with at most a few keys changed
 back towards the paper or elsewhere (``paper`` is ``model=em_caps_small_paper``); every run
-validates every 100 steps. Writes experiments/results/em_training_<mode>/: README.md (recipe table,
+validates every 200 steps. Writes experiments/results/em_training_<mode>/: README.md (recipe table,
 validation accuracy at fixed steps, the routing diagnostics of each run), comparison.csv,
 val_acc.png and curves.png (validation accuracy against steps, one line per recipe).
 """
@@ -33,8 +33,9 @@ BASELINES = {
 RECIPES: dict[str, tuple[list[str], str]] = {
     "default": (
         [],
-        "capsexp's recipe: 2 EM iterations, final lambda 3, standardised costs, sigma_eps 1e-2, "
-        "ConvCaps routed per window, BatchNorm after conv1, margin 0.2 -> 0.9 over 1,000 steps",
+        "capsexp's recipe: 2 EM iterations, final lambda 10 with a learned factor per layer, standardised "
+        "costs, sigma_eps 1e-2, ConvCaps routed per window, BatchNorm after conv1, margin 0.2 -> 0.9 over "
+        "1,000 steps",
     ),
     "paper": (
         ["model=em_caps_small_paper"],
@@ -48,11 +49,21 @@ RECIPES: dict[str, tuple[list[str], str]] = {
     ),
     "3 iterations": (["model.net.routing_iterations=3"], "one E-step more (the paper's 3 iterations)"),
     "sigma_eps 1e-4": (["model.net.sigma_eps=1e-4"], "the old variance floor"),
-    "final lambda 0.01": (["model.net.final_lambda=0.01"], "the authors' inverse temperature with standardised costs"),
-    "final lambda 1": (["model.net.final_lambda=1"], "a third of the default inverse temperature"),
-    "final lambda 10": (["model.net.final_lambda=10"], "a larger inverse temperature: activations spread wider"),
+    "final lambda 0.01": (
+        ["model.net.final_lambda=0.01"],
+        "the authors' inverse temperature with standardised costs (and the learned factor)",
+    ),
+    "final lambda 1": (["model.net.final_lambda=1"], "a tenth of the default inverse temperature"),
+    "final lambda 10, fixed": (
+        ["model.net.learn_inverse_temperature=false"],
+        "the default's inverse temperature without the learned factor",
+    ),
     "cost: plain": (
-        ["model.net.cost_normalization=none", "model.net.final_lambda=0.01"],
+        [
+            "model.net.cost_normalization=none",
+            "model.net.final_lambda=0.01",
+            "model.net.learn_inverse_temperature=false",
+        ],
         "costs as in Procedure 1 (with the authors' lambda, on their scale)",
     ),
     "cost: data": (
@@ -68,21 +79,44 @@ RECIPES: dict[str, tuple[list[str], str]] = {
     "margin: paper": (["model/margin=linear"], "the paper's margin ramp over 10 epochs (still 0.22 at step 600)"),
     "lr 1e-2": (["model.optimizer.lr=0.01"], "learning rate 1e-2 instead of the authors' 3e-3"),
     "1 iteration": (["model.net.routing_iterations=1"], "no E-step at all (not routing: a reference point)"),
+    "final lambda 3, fixed": (
+        ["model.net.final_lambda=3", "model.net.learn_inverse_temperature=false"],
+        "standardised costs at a fixed inverse temperature (lambda_2 = 0.29; the default before the learned factor)",
+    ),
+    "final lambda 30, fixed": (
+        ["model.net.final_lambda=30", "model.net.learn_inverse_temperature=false"],
+        "standardised costs at a fixed inverse temperature that can separate classes (lambda_2 = 2.9)",
+    ),
+    "learned temperature, final lambda 3": (
+        ["model.net.final_lambda=3"],
+        "the learned factor on the inverse temperatures, from lambda_2 = 0.29",
+    ),
+    "cost: layer": (
+        ["model.net.cost_normalization=layer", "model.net.final_lambda=3", "model.net.learn_inverse_temperature=false"],
+        "plain costs, the amount of data divided by the children per parent (IBM's layer factor)",
+    ),
+    "cost: layer, learned temperature": (
+        ["model.net.cost_normalization=layer", "model.net.final_lambda=3"],
+        "as cost: layer, with the learned factor on the inverse temperatures",
+    ),
+    "cost: plain, learned temperature": (
+        ["model.net.cost_normalization=none", "model.net.final_lambda=0.01"],
+        "costs as in Procedure 1 with the authors' lambda, and the learned factor on it",
+    ),
 }
-# Shared by every run. Validation on 1,024 images every 100 steps draws the curves.
+# Shared by every run. Validation on the whole validation set (5,000 digits) every 200 steps.
 QUICK = [
     "seed=1",
     "data=mnist",
     "data.batch_size=32",
     "trainer.max_steps=600",
     "trainer.max_epochs=1",
-    "trainer.val_check_interval=100",
-    "trainer.limit_val_batches=32",
+    "trainer.val_check_interval=200",
     "test=false",
     "trainer.accelerator=cpu",
 ]
 FULL = ["seed=1,2,3", "data=mnist", "data.batch_size=32", "trainer.max_epochs=2", "trainer.val_check_interval=200"]
-CURVE_STEPS = (100, 200, 400, 600)
+CURVE_STEPS = (200, 400, 600)
 
 
 def val_curve(run: Run) -> list[tuple[int, float]]:
@@ -90,16 +124,31 @@ def val_curve(run: Run) -> list[tuple[int, float]]:
     return [(step + 1, value) for step, value in run.scalars.get("val/acc", [])]
 
 
-def routing_summary(run: Run) -> tuple[str, str]:
+def routing_summary(run: Run) -> tuple[str, str, str]:
     """Per EM layer, first -> last recorded value of the normalised entropy of the responsibilities,
-    and of the spread (std) of the parent activations."""
-    entropy, spread = [], []
+    of the spread (std) of the parent activations over all capsules and inputs, and of the spread of
+    each capsule's activation across inputs."""
+    entropy, spread, across_inputs = [], [], []
     for layer in ("conv_caps1", "conv_caps2", "class_caps"):
-        for parts, key in ((entropy, "entropy"), (spread, "activation_std")):
+        for parts, key in (
+            (entropy, "entropy"),
+            (spread, "activation_std"),
+            (across_inputs, "activation_std_across_inputs"),
+        ):
             values = run.scalars.get(f"routing/{layer}/{key}")
             if values:
                 parts.append(f"{values[0][1]:.2f}->{values[-1][1]:.2f}")
-    return " / ".join(entropy), " / ".join(spread)
+    return " / ".join(entropy), " / ".join(spread), " / ".join(across_inputs)
+
+
+def presence_summary(run: Run) -> str:
+    """At the last validation: medians over the validation digits of the target class's score minus
+    the largest other's, of the target's score and of the largest other's."""
+    values = [run.scalars.get(f"val/presence_{key}") for key in ("gap", "target", "largest_other")]
+    if not all(values):
+        return ""
+    gap, target, other = (series[-1][1] for series in values)
+    return f"{gap:.2f} ({target:.2f} - {other:.2f})"
 
 
 def curve_table(folder: Path, names: list[str], descriptions: dict[str, str]) -> tuple[str, dict]:
@@ -108,9 +157,10 @@ def curve_table(folder: Path, names: list[str], descriptions: dict[str, str]) ->
 
     header = " | ".join(f"step {s}" for s in CURVE_STEPS)
     lines = [
-        f"| recipe | {header} | best | routing entropy c1 / c2 / class (first->last) "
-        "| activation std c1 / c2 / class (first->last) | what it tests |",
-        "| --- | " + " | ".join("---:" for _ in CURVE_STEPS) + " | ---: | --- | --- | --- |",
+        f"| recipe | {header} | best | presence gap (target - largest other) | routing entropy c1 / c2 / class "
+        "(first->last) | activation std c1 / c2 / class (first->last) | activation std across inputs c1 / c2 / "
+        "class (first->last) | what it tests |",
+        "| --- | " + " | ".join("---:" for _ in CURVE_STEPS) + " | ---: | ---: | --- | --- | --- | --- |",
     ]
     curves = {}
     for name in names:
@@ -125,8 +175,11 @@ def curve_table(folder: Path, names: list[str], descriptions: dict[str, str]) ->
         at = dict(curve)
         cells = " | ".join(f"{100 * at[s]:.1f}" if s in at else "" for s in CURVE_STEPS)
         best = f"{100 * max(v for _, v in curve):.1f}" if curve else ""
-        entropy, spread = routing_summary(found[0])
-        lines.append(f"| {name} | {cells} | {best} | {entropy} | {spread} | {descriptions.get(name, '')} |")
+        entropy, spread, across_inputs = routing_summary(found[0])
+        lines.append(
+            f"| {name} | {cells} | {best} | {presence_summary(found[0])} | {entropy} | {spread} | {across_inputs} "
+            f"| {descriptions.get(name, '')} |"
+        )
     return "\n".join(lines) + "\n", curves
 
 
@@ -218,13 +271,18 @@ def main(argv: list[str] | None = None) -> int:
         return (
             "## Validation accuracy (%) by recipe\n\n"
             + table
-            + "\nRouting entropy: mean normalised entropy of each child's responsibilities over its parents "
-            "(1 uniform, 0 hard assignments), at the first and last recorded step (TensorBoard: "
-            "`routing/<layer>/entropy`).\n\n![curves](curves.png)\n\n"
+            + "\nPresence gap: at the last validation, the median over the validation digits of the target "
+            "class's score minus the largest other class's (in brackets the medians of the two; the spread "
+            "loss asks for a gap up to its margin, 0.9; TensorBoard: `val/presence_gap`). Routing entropy: "
+            "mean normalised entropy of each child's responsibilities over its parents (1 uniform, 0 hard "
+            "assignments). Activation std: over all capsules and inputs of a training batch; across "
+            "inputs: of each capsule (a parent type at one position) over the batch's inputs, averaged "
+            "over capsules (0: activations that do not depend on the input). First and last recorded "
+            "step (TensorBoard: `routing/<layer>/...`).\n\n![curves](curves.png)\n\n"
         )
 
     budget_text = (
-        "600 steps of batch 32 (a third of an epoch), seed 1, validation on 1,024 images every 100 steps"
+        "600 steps of batch 32 (a third of an epoch), seed 1, validation on all 5,000 validation digits every 200 steps"
         if study.quick
         else "2 epochs of batch 32, seeds 1, 2, 3"
     )
@@ -232,6 +290,13 @@ def main(argv: list[str] | None = None) -> int:
 em_caps_small (A=64, B=8, C=D=16) on MNIST under each recipe, {budget_text}; LeNet5 and CapsNet
 (their own default recipes) trained the same way in the same study. Runs under
 `{display_path(study_folder)}/<recipe>/`. Every recipe but "1 iteration" routes every capsule layer with EM.
+"""
+    if args.rebuild:
+        notes += """
+Rebuilt from runs made earlier (`--rebuild`): the commands above are those this driver gives each
+recipe today. Where the default recipe has changed since a run was made, the overrides it was launched
+with (the run comparison below, and its `.hydra/overrides.yaml`) differ from them but set the same
+options.
 """
     study.write_results(
         "EM capsule training recipes (em_caps_small, MNIST)",

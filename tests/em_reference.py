@@ -25,6 +25,7 @@ def plain_em_routing(
     sigma_eps: float = 1e-4,
     cost_normalization: str = "none",
     return_responsibilities: bool = False,
+    inverse_temperature_scale: torch.Tensor | None = None,
 ):
     """The same arguments and results as :func:`capsexp.nn.functional.em_routing`, computed the obvious way:
     every (V - mu)^2 materialised, plain autograd."""
@@ -59,16 +60,20 @@ def plain_em_routing(
             # M-step: R'_ij = R_ij a_i; mu_j, sigma_j^2 weighted by R'; cost; a_j.
             weighted = (responsibilities * slot_activations).unsqueeze(-1)  # (B, Q, M, J, 1)
             weight_sum = weighted.sum(dim=2)  # (B, Q, J, 1)
-            mu = (weighted * votes).sum(dim=2) / (weight_sum + 1e-8)  # (B, Q, J, H)
-            variance = (weighted * (votes - mu.unsqueeze(2)).pow(2)).sum(dim=2) / (weight_sum + 1e-8)
+            mu = (weighted * votes).sum(dim=2) / weight_sum.clamp_min(1e-8)  # (B, Q, J, H)
+            variance = (weighted * (votes - mu.unsqueeze(2)).pow(2)).sum(dim=2) / weight_sum.clamp_min(1e-8)
             variance = variance + sigma_eps
             amount = weight_sum
             if cost_normalization == "data":  # the amount of data relative to the mean parent's
                 amount = weight_sum / (weight_sum.mean(dim=2, keepdim=True) + 1e-8)
+            elif cost_normalization == "layer":  # divided by the children per parent of a receptive field
+                amount = weight_sum * parents / slots
             cost = ((beta_u.view(-1, 1) + 0.5 * torch.log(variance)) * amount).sum(dim=-1)  # (B, Q, J)
             if cost_normalization == "standardize":
                 cost = (cost - cost.mean(dim=-1, keepdim=True)) / (cost.std(dim=-1, keepdim=True) + 1e-8)
             logit = inverse_temperature * (beta_a - cost)
+            if inverse_temperature_scale is not None:
+                logit = logit * inverse_temperature_scale
             parent_activations = torch.sigmoid(logit)
             if t == iterations - 1:
                 break

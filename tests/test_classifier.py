@@ -102,3 +102,45 @@ def test_exponential_decay_rejects_nonsense():
     optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
     with pytest.raises(ValueError, match="decay_steps"):
         exponential_decay(optimizer, decay_steps=0)
+
+
+class FixedScores(torch.nn.Module):
+    """Scores that do not depend on the image: class k scores SCORES[k]."""
+
+    SCORES = torch.tensor([0.9, 0.6, 0.3, 0.2, 0.1, 0.05, 0.0, 0.0, 0.7, 0.4])
+
+    def __init__(self):
+        super().__init__()
+        self.unused = torch.nn.Parameter(torch.zeros(1))
+
+    def forward(self, images):
+        return self.SCORES.expand(len(images), -1).clone()
+
+
+def test_presence_medians_over_the_validation_set_for_capsule_objectives_only(mnist_dir, tmp_path):
+    """val/presence_gap: median over validation images of (target score - largest other score)."""
+    from capsexp.lit import SpreadLoss
+
+    datamodule = MNISTDataModule(mnist_dir, batch_size=16, val_size=50, verify_checksums=False, download=False)
+    module = Classifier(FixedScores(), SpreadLoss(), functools.partial(torch.optim.SGD, lr=0.1))
+    trainer = make_trainer(tmp_path, num_sanity_val_steps=2)
+    trainer.validate(module, datamodule=datamodule, verbose=False)
+    labels = torch.cat([targets for _, targets in datamodule.val_dataloader()])
+    scores = FixedScores.SCORES
+    target = scores[labels]
+    largest_other = torch.stack([torch.cat([scores[:k], scores[k + 1 :]]).max() for k in labels.tolist()])
+    metrics = trainer.callback_metrics
+    assert metrics["val/presence_gap"].item() == pytest.approx((target - largest_other).median().item())
+    assert metrics["val/presence_target"].item() == pytest.approx(target.median().item())
+    assert metrics["val/presence_largest_other"].item() == pytest.approx(largest_other.median().item())
+    # The next epoch starts afresh: a second validation gives the same medians, not those of twice the data.
+    trainer.validate(module, datamodule=datamodule, verbose=False)
+    assert module.val_presence.update_count == 0
+    assert trainer.callback_metrics["val/presence_gap"].item() == pytest.approx(
+        (target - largest_other).median().item()
+    )
+    # Logits (cross-entropy) are not presence scores: nothing logged.
+    lenet = make_module()
+    trainer = make_trainer(tmp_path)
+    trainer.validate(lenet, datamodule=datamodule, verbose=False)
+    assert not any(name.startswith("val/presence") for name in trainer.callback_metrics)

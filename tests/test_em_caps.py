@@ -15,7 +15,13 @@ from capsexp.lit import Classifier, SpreadLoss
 from capsexp.lit.margin import LinearMargin, SigmoidMargin
 from capsexp.models import LeNet5, MatrixCapsNet
 from capsexp.nn import ClassMatrixCapsules, ConvMatrixCapsules, PrimaryMatrixCapsules
-from capsexp.nn.functional import em_routing, inverse_temperatures, responsibility_entropy, spread_loss
+from capsexp.nn.functional import (
+    COST_NORMALIZATIONS,
+    em_routing,
+    inverse_temperatures,
+    responsibility_entropy,
+    spread_loss,
+)
 from tests.em_reference import plain_em_routing
 from tests.helpers import TINY_EM_CAPS, TINY_RUN, run_cli
 
@@ -33,7 +39,7 @@ def test_inverse_temperature_schedule():
 
 
 @pytest.mark.parametrize("convolutional", [False, True])
-@pytest.mark.parametrize("cost_normalization", ["none", "data", "standardize"])
+@pytest.mark.parametrize("cost_normalization", COST_NORMALIZATIONS)
 def test_matches_the_plain_transcription_values_and_gradients(convolutional, cost_normalization):
     """The optimised em_routing (expanded Gaussian, matrix-vector products) against the plain one."""
     torch.manual_seed(1)
@@ -46,18 +52,132 @@ def test_matches_the_plain_transcription_values_and_gradients(convolutional, cos
     votes.requires_grad_()
     beta_u = torch.randn(4, dtype=torch.float64, requires_grad=True)
     beta_a = torch.randn(4, dtype=torch.float64, requires_grad=True)
+    scale = torch.tensor(1.5, dtype=torch.float64, requires_grad=True)  # a learned inverse temperature
     options = dict(
-        iterations=3, child_index=child_index, cost_normalization=cost_normalization, return_responsibilities=True
+        iterations=3,
+        final_lambda=1.0,
+        child_index=child_index,
+        cost_normalization=cost_normalization,
+        return_responsibilities=True,
+        inverse_temperature_scale=scale,
     )
     fast = em_routing(votes, activations.double(), beta_u, beta_a, **options)
     plain = plain_em_routing(votes, activations.double(), beta_u, beta_a, **options)
     for a, b in zip(fast, plain, strict=True):
         assert torch.allclose(a, b, rtol=1e-7, atol=1e-9)
     upstream = [torch.randn_like(fast[0]), torch.randn_like(fast[1])]
-    grads = torch.autograd.grad(fast[:2], (votes, beta_u, beta_a), upstream)
-    reference = torch.autograd.grad(plain[:2], (votes, beta_u, beta_a), upstream)
+    grads = torch.autograd.grad(fast[:2], (votes, beta_u, beta_a, scale), upstream)
+    reference = torch.autograd.grad(plain[:2], (votes, beta_u, beta_a, scale), upstream)
     for a, b in zip(grads, reference, strict=True):
         assert torch.allclose(a, b, rtol=1e-6, atol=1e-8 * float(b.abs().max()))
+
+
+def recipe_routing_options(model: str) -> dict:
+    """em_routing's options as a model config sets them (read from the config, not restated)."""
+    from tests.helpers import compose_config
+
+    net = compose_config([f"model={model}"]).model.net
+    return dict(
+        iterations=net.routing_iterations,
+        final_lambda=net.final_lambda,
+        sigma_eps=net.sigma_eps,
+        cost_normalization=net.cost_normalization,
+    )
+
+
+@pytest.mark.parametrize("model", ["em_caps", "em_caps_paper"])
+@pytest.mark.parametrize("spread", [0.01, 0.03])
+@pytest.mark.parametrize("convolutional", [False, True])
+def test_float32_matches_float64_for_votes_far_from_zero(model, spread, convolutional):
+    """Votes offset 20 with a small spread: an expanded Gaussian cancels in float32 (activations off by
+    0.1, vote gradients by 100% before centring); float32 must stay within 1e-3 of float64."""
+    generator = torch.Generator().manual_seed(0)
+    if convolutional:
+        child_index = ConvMatrixCapsules(6, 8, kernel_size=2, stride=1).child_index(3, 3, torch.device("cpu"))
+        shape, children = (2, *child_index.shape, 8, 16), 54
+    else:
+        child_index, shape, children = None, (2, 50, 8, 16), 50
+    votes = 20 + spread * torch.randn(shape, generator=generator, dtype=torch.float64)
+    activations = torch.rand(2, children, generator=generator, dtype=torch.float64)
+    beta_u, beta_a = torch.randn(2, 8, generator=generator, dtype=torch.float64)
+    options = dict(recipe_routing_options(model), child_index=child_index)
+    upstream = None
+    results = {}
+    for dtype in (torch.float64, torch.float32):
+        leaf = votes.to(dtype).requires_grad_()
+        mu, parent_activations = em_routing(leaf, activations.to(dtype), beta_u.to(dtype), beta_a.to(dtype), **options)
+        if upstream is None:
+            upstream = (torch.randn_like(mu), torch.randn_like(parent_activations))
+        (grad,) = torch.autograd.grad((mu, parent_activations), leaf, [u.to(dtype) for u in upstream])
+        results[dtype] = [t.detach().double() for t in (mu, parent_activations, grad)]
+    (mu64, a64, grad64), (mu32, a32, grad32) = results[torch.float64], results[torch.float32]
+    assert (mu32 - mu64).abs().max() < 1e-3
+    assert (a32 - a64).abs().max() < 1e-3
+    assert (grad32 - grad64).norm() / grad64.norm() < 1e-3
+    # float64 itself agrees with the plain transcription (every (V - mu)^2 materialised).
+    plain_mu, plain_a = plain_em_routing(votes, activations, beta_u, beta_a, **options)
+    assert torch.allclose(mu64, plain_mu, atol=1e-9) and torch.allclose(a64, plain_a, atol=1e-9)
+
+
+def test_translating_the_votes_of_a_parent_moves_its_pose_only():
+    """Routing is translation-equivariant: shifting every vote for parent j by d shifts mu_j by d and
+    leaves activations and responsibilities as they were (in float32, at a shift of 1000)."""
+    torch.manual_seed(0)
+    votes, activations = torch.randn(2, 30, 5, 16), torch.rand(2, 30)
+    shift = 1000 * torch.randn(5, 16)
+    mu, parent_activations, responsibilities = routed(votes, activations, 5, iterations=3, sigma_eps=1e-3)
+    mu_shifted, activations_shifted, responsibilities_shifted = routed(
+        votes + shift, activations, 5, iterations=3, sigma_eps=1e-3
+    )
+    assert torch.allclose(mu_shifted - shift, mu, atol=1e-3)
+    assert torch.allclose(activations_shifted, parent_activations, atol=1e-5)
+    assert torch.allclose(responsibilities_shifted, responsibilities, atol=1e-3)  # inputs at 1000 hold 6e-5
+
+
+def test_inverse_temperature_scale_multiplies_every_lambda():
+    """A scale s on the inverse temperatures is the schedule of final_lambda * s."""
+    torch.manual_seed(0)
+    votes, activations, beta = torch.randn(2, 20, 5, 16), torch.rand(2, 20), torch.randn(5)
+    scaled = em_routing(votes, activations, beta, beta, final_lambda=2.0, inverse_temperature_scale=torch.tensor(3.0))
+    plain = em_routing(votes, activations, beta, beta, final_lambda=6.0)
+    for a, b in zip(scaled, plain, strict=True):
+        assert torch.allclose(a, b, atol=1e-5)
+
+
+def test_learned_inverse_temperature_gets_a_gradient_in_every_layer():
+    net = MatrixCapsNet(
+        conv_channels=8, primary_types=4, conv_caps1_types=4, conv_caps2_types=4, learn_inverse_temperature=True
+    )
+    layers = (net.conv_caps1, net.conv_caps2, net.class_caps)
+    assert all(layer.log_inverse_temperature.item() == 0 for layer in layers)  # starts at the schedule
+    spread_loss(net(torch.rand(4, 1, 28, 28)).scores, torch.tensor([0, 1, 2, 3]), 0.5).backward()
+    assert all(layer.log_inverse_temperature.grad.abs() > 0 for layer in layers)
+    assert (
+        MatrixCapsNet(
+            conv_channels=8, primary_types=4, conv_caps1_types=4, conv_caps2_types=4
+        ).class_caps.log_inverse_temperature
+        is None
+    )
+
+
+def test_recomputed_routing_gives_the_same_scores_and_gradients():
+    """recompute=True (activation checkpointing) reruns each capsule layer, votes centred in place
+    included, in the backward pass: the same results as keeping everything."""
+
+    def scores_and_gradients(recompute: bool):
+        torch.manual_seed(0)
+        net = MatrixCapsNet(
+            conv_channels=8, primary_types=4, conv_caps1_types=4, conv_caps2_types=4, recompute=recompute
+        )
+        scores = net(torch.rand(3, 1, 28, 28)).scores
+        spread_loss(scores, torch.tensor([0, 1, 2]), 0.5).backward()
+        return scores.detach(), {name: p.grad for name, p in net.named_parameters()}
+
+    plain_scores, plain_grads = scores_and_gradients(False)
+    scores, grads = scores_and_gradients(True)
+    torch.testing.assert_close(scores, plain_scores)
+    for name, grad in grads.items():
+        torch.testing.assert_close(grad, plain_grads[name], msg=name)
 
 
 def test_dense_responsibilities_sum_to_one_and_activations_in_unit_interval():
@@ -100,9 +220,10 @@ def test_conv_layer_with_kernel_covering_the_input_is_the_dense_layer():
     assert torch.allclose(conv_activations.view(2, 3), dense_out, atol=1e-6)
 
 
-@pytest.mark.parametrize("scale", [0.0, 1e-6, 1e4])
-def test_finite_for_identical_tiny_and_huge_votes(scale):
-    votes = (torch.randn(2, 1, 1, 1) + torch.zeros(2, 30, 4, 16)) if scale == 0 else torch.randn(2, 30, 4, 16) * scale
+@pytest.mark.parametrize(("identical", "scale"), [(True, 1.0), (True, 100.0), (False, 1e-6), (False, 1e4)])
+def test_finite_for_identical_tiny_and_huge_votes(identical, scale):
+    shape = (2, 1, 1, 1) if identical else (2, 30, 4, 16)  # identical: every child votes the same
+    votes = (torch.randn(shape) * scale).expand(2, 30, 4, 16).clone()
     votes.requires_grad_()
     beta_u, beta_a = torch.zeros(4, requires_grad=True), torch.zeros(4, requires_grad=True)
     mu, activations = em_routing(votes, torch.rand(2, 30), beta_u, beta_a, iterations=3)
@@ -275,8 +396,10 @@ def test_em_routing_rejects_bad_input():
         em_routing(torch.randn(2, 5, 3, 16), torch.rand(2, 5), beta, beta, child_index=torch.zeros(1, 5).long())
     with pytest.raises(ValueError, match="at least one iteration"):
         em_routing(torch.randn(2, 5, 3, 16), torch.rand(2, 5), beta, beta, iterations=0)
-    with pytest.raises(ValueError, match="cost_normalization must be one of none, data, standardize, got 'z'"):
+    with pytest.raises(ValueError, match="cost_normalization must be one of none, data, standardize, layer, got 'z'"):
         em_routing(torch.randn(2, 5, 3, 16), torch.rand(2, 5), beta, beta, cost_normalization="z")
+    with pytest.raises(ValueError, match="sigma_eps must be > 0"):
+        em_routing(torch.randn(2, 5, 3, 16), torch.rand(2, 5), beta, beta, sigma_eps=0.0)
 
 
 def test_responsibility_entropy_is_one_when_uniform_and_zero_when_hard():
@@ -335,6 +458,7 @@ def test_routing_diagnostics_are_logged_for_em_layers_only(mnist_dir, tmp_path):
         "trainer.limit_val_batches=1",
         "trainer.limit_test_batches=1",
         "callbacks.routing_diagnostics.every_n_steps=2",
+        "model.net.learn_inverse_temperature=true",
         f"hydra.run.dir={tmp_path}",
     )
     assert result.returncode == 0, result.stderr[-3000:]
@@ -345,9 +469,17 @@ def test_routing_diagnostics_are_logged_for_em_layers_only(mnist_dir, tmp_path):
         assert [e.step for e in entropy] == [0, 2]  # every 2 steps, from the first
         assert all(0 <= e.value <= 1 for e in entropy)
         assert 0 < events.Scalars(f"routing/{layer}/activation_mean")[0].value < 1
+        assert 0 < events.Scalars(f"routing/{layer}/activation_std_across_inputs")[0].value < 0.5
+        # Logged after the step's update: one Adam step (lr 3e-3) from 1.
+        scale = events.Scalars(f"routing/{layer}/inverse_temperature_scale")
+        assert [e.step for e in scale] == [0, 2] and scale[0].value == pytest.approx(1.0, abs=0.01)
         assert events.Scalars(f"grad_norm/{layer}")[0].value > 0
         assert f"routing/{layer}/activations" in histograms
     assert "train/margin" in scalars
+    # The presence medians on validation data (their values: tests/test_classifier.py).
+    assert -1 < events.Scalars("val/presence_gap")[-1].value < 1
+    assert 0 < events.Scalars("val/presence_target")[-1].value < 1
+    assert 0 < events.Scalars("val/presence_largest_other")[-1].value < 1
 
 
 def test_route_per_window_only_differs_where_windows_overlap():
@@ -387,6 +519,7 @@ def test_paper_recipe_is_one_override_away(small):
         cost_normalization="none",
         conv1_norm=False,
         route_per_window=False,
+        learn_inverse_temperature=False,
     )
     assert {key: paper.model.net[key] for key in expected_paper} == expected_paper
     assert (paper.model.margin.duration, paper.model.margin.unit) == (10, "epoch")

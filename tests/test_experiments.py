@@ -145,13 +145,41 @@ def test_em_training_writes_curves_and_routing_entropies_per_recipe(mnist_dir, t
     page = (output / "README.md").read_text()
     rows = {line.split(" | ")[0].lstrip("| "): line for line in page.splitlines() if line.startswith("| ")}
     assert {"default", "paper"} <= set(rows) and "LeNet5" not in rows
+    header = [cell.strip() for cell in page.split("| recipe |", 1)[1].splitlines()[0].split("|")]
+    column = {name.split(" (")[0]: index + 1 for index, name in enumerate(header)}
     for name in ("default", "paper"):
-        entropies = rows[name].split(" | ")[-2]  # c1 / c2 / class, first->last, each in [0, 1]
-        values = [float(v) for part in entropies.split(" / ") for v in part.split("->")]
-        assert len(values) == 6 and all(0 <= v <= 1 for v in values), rows[name]
+        cells = [cell.strip() for cell in rows[name].strip("| ").split(" | ")]
+        for title in ("routing entropy c1 / c2 / class", "activation std across inputs c1 / c2 / class"):
+            values = [float(v) for part in cells[column[title]].split(" / ") for v in part.split("->")]
+            assert len(values) == 6 and all(0 <= v <= 1 for v in values), (title, rows[name])
+        gap, target, other = re.fullmatch(r"(-?[\d.]+) \(([\d.]+) - ([\d.]+)\)", cells[column["presence gap"]]).groups()
+        assert -1 <= float(gap) <= 1 and 0 <= float(target) <= 1 and 0 <= float(other) <= 1
     assert (output / "curves.png").exists() and (output / "comparison.csv").exists()
     folders = sorted(p.name for p in (tmp_path / "em_training" / "multiruns").glob("*/*"))
     assert folders == ["default", "paper"]
+
+
+def test_em_routing_ablation_runs_each_row_with_every_seed_and_resumes(mnist_dir, tmp_path):
+    output, folder = tmp_path / "results", tmp_path / "study"
+    common = ["--quick", "--data-dir", str(mnist_dir), "--log-dir", str(tmp_path), "--output", str(output)]
+    tiny = [*TINY_RUN, *TINY_EM_CAPS, "trainer.limit_train_batches=2", "trainer.limit_val_batches=1"]
+    rows = ["1 iteration", "2 iterations"]
+    result = run_driver("em_routing_ablation", *common, "--rows", *rows, "--folder", str(folder), *tiny)
+    assert result.returncode == 0, result.stderr[-3000:]
+    for row in ("1_iteration", "2_iterations"):
+        assert len(list((folder / row).glob("[0-2]/.hydra/overrides.yaml"))) == 3  # seeds 1, 2, 3
+    page = (output / "README.md").read_text()
+    lines = {line.split(" | ")[0].lstrip("| "): line for line in page.splitlines() if line.startswith("| ")}
+    assert "| 3 | " in lines["1 iteration"] and "±" in lines["1 iteration"] and "paper recipe" not in lines
+    p_value = lines["1 iteration"].split(" | ")[4]  # Welch's test against 2 iterations
+    assert p_value == "n/a (no spread)" or 0 <= float(p_value.split()[0]) <= 1, lines["1 iteration"]
+    assert (output / "curves.png").exists()
+    # Again into the same folder: the complete rows are not run again; the page is written anew.
+    (output / "README.md").unlink()
+    result = run_driver("em_routing_ablation", *common, "--rows", *rows, "--folder", str(folder), *tiny)
+    assert result.returncode == 0 and "=== " not in result.stdout, result.stdout[-2000:]
+    assert (output / "README.md").exists()
+    assert len(list(folder.glob("*/[0-9]/.hydra"))) == 6
 
 
 def test_bench_gpu_runs_its_code_path_on_the_cpu(tmp_path):
@@ -195,7 +223,28 @@ def test_bench_em_caps_measures_each_recipe_as_its_model_config_sets_it():
 
     sys.path.insert(0, str(PROJECT_ROOT / "experiments"))
     try:
-        from bench_em_caps import net_options
+        from bench_em_caps import float32_errors, net_options
     finally:
         sys.path.remove(str(PROJECT_ROOT / "experiments"))
     assert net_options("default")["routing_iterations"] == 2 and net_options("paper")["routing_iterations"] == 3
+    errors = float32_errors("paper", 0.01)  # the page's float32 table
+    assert set(errors) == {"poses", "activations", "responsibilities", "vote_gradient"}
+    assert 0 < max(errors.values()) < 1e-3
+
+
+def test_bench_em_caps_compares_with_the_routing_of_a_git_revision():
+    """--baseline REV: steps routed by the working tree's em_routing and by REV's, interleaved."""
+    worker = [sys.executable, str(PROJECT_ROOT / "experiments" / "bench_em_caps.py"), "--worker", "2"]
+    result = subprocess.run(
+        [*worker, "--repeats", "2", "--worker-task", "compare", "--baseline", "HEAD"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    figures = json.loads(result.stdout.strip().splitlines()[-1])
+    assert figures["current_step_s"] > 0 and figures["baseline_step_s"] > 0 and figures["median_ratio"] > 0
+    result = subprocess.run(
+        [*worker, "--worker-task", "compare", "--baseline", "no-such-rev"], capture_output=True, text=True
+    )
+    assert result.returncode != 0 and "git cannot show" in result.stderr

@@ -136,6 +136,7 @@ def _nets() -> dict:
             final_lambda=3.0,
             cost_normalization="standardize",
             route_per_window=True,
+            learn_inverse_temperature=True,
         ),
     }
 

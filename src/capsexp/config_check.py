@@ -21,7 +21,7 @@ from capsexp.errors import ConfigError
 _ABSENT = object()
 
 # Mirrors of choices defined where torch is imported (tests keep them equal).
-COST_NORMALIZATIONS = ("none", "data", "standardize")
+COST_NORMALIZATIONS = ("none", "data", "standardize", "layer")
 PRECISIONS = (
     "transformer-engine",
     "transformer-engine-float16",
@@ -167,9 +167,10 @@ RULES: tuple[Rule, ...] = (
     # Models
     Rule("model.net.routing_iterations", positive_int, "a positive integer (1: no routing by agreement, no E-step)"),
     Rule("model.net.final_lambda", positive_number, "a number > 0 (inverse temperature at the last iteration)"),
-    Rule("model.net.sigma_eps", non_negative_number, "a number >= 0 (added to every variance)"),
+    Rule("model.net.sigma_eps", positive_number, "a number > 0 (added to every variance)"),
     Rule("model.net.cost_normalization", one_of(*COST_NORMALIZATIONS), ", ".join(COST_NORMALIZATIONS)),
     Rule("model.net.route_per_window", boolean, "true or false"),
+    Rule("model.net.learn_inverse_temperature", boolean, "true or false"),
     Rule("model.net.conv1_norm", boolean, "true or false"),
     Rule("model.net.coordinate_addition", boolean, "true or false"),
     Rule("model.net.weight_std", optional(positive_number), "null or a number > 0"),
@@ -193,6 +194,7 @@ RULES: tuple[Rule, ...] = (
     Rule("model.margin.duration", positive_number, "a number > 0"),
     Rule("model.margin.unit", one_of("epoch", "step"), "epoch or step"),
     Rule("callbacks.routing_diagnostics.every_n_steps", positive_int, "a positive integer"),
+    Rule("callbacks.routing_diagnostics.histograms", boolean, "true or false"),
     Rule("callbacks.progress_log.interval_s", positive_number, "a number of seconds > 0"),
     Rule("callbacks.progress_log.when", one_of("auto", "always", "never"), "auto, always or never"),
     # Trainer

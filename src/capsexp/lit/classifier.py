@@ -15,7 +15,7 @@ from typing import Any
 
 import lightning as L
 import torch
-from torchmetrics import MaxMetric, MeanMetric
+from torchmetrics import CatMetric, MaxMetric, MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
 from capsexp.lit.margin import MarginSchedule
@@ -86,6 +86,9 @@ class Classifier(L.LightningModule):
                 for stage in ("train", "val", "test")  # not "train" alone: nn.Module.train is a method
             }
         )
+        # Presence scores (capsule lengths or activations, see objectives): each validation image's
+        # target score and largest other score, gathered over processes for the epoch's medians.
+        self.val_presence = CatMetric() if getattr(objective, "presence_scores", False) else None
         # Per test set (the DataModule's test_set_names): an accuracy, and the loss means; made in setup.
         self.test_set_names: list[str] = [PLAIN]
         # (nested one level, so that the model summary shows one line for them, not one per set)
@@ -121,6 +124,8 @@ class Classifier(L.LightningModule):
         images, targets = batch
         # Only training feeds the labels forward: evaluation must not see them.
         output = self(images, targets if stage == "train" else None)
+        if stage == "val" and self.val_presence is not None:
+            self.val_presence.update(target_and_largest_other(class_scores(output).detach(), targets))
         terms = self.objective(output, images, targets)
         for name, value in terms.items():
             logged_name = f"{stage}/{name}{suffix}"
@@ -182,10 +187,27 @@ class Classifier(L.LightningModule):
         self.log("val/acc", self.val_acc, on_step=False, on_epoch=True, prog_bar=True)
 
     def on_validation_epoch_end(self) -> None:
+        presence = self._presence_medians()
         if self.trainer.sanity_checking:  # the sanity check must not count towards the best
             return
         self.val_acc_best(self.val_acc.compute())
         self.log("val/acc_best", self.val_acc_best.compute(), prog_bar=True, sync_dist=True)
+        for name, value in presence.items():
+            self.log(f"val/presence_{name}", value)  # the same on every process: CatMetric gathers
+
+    def _presence_medians(self) -> dict[str, torch.Tensor]:
+        """Does a class score signal presence? The spread and margin losses ask for the target class
+        near 1 and every other near 0: medians over the epoch's validation images (all processes) of
+        the target's score, the largest other score and the gap between them."""
+        if self.val_presence is None or not self.val_presence.update_count:
+            return {}
+        pairs = self.val_presence.compute().float()  # (images, 2)
+        self.val_presence.reset()
+        return {
+            "gap": (pairs[:, 0] - pairs[:, 1]).median(),
+            "target": pairs[:, 0].median(),
+            "largest_other": pairs[:, 1].median(),
+        }
 
     def test_step(self, batch: Batch, batch_idx: int, dataloader_idx: int = 0) -> None:
         if dataloader_idx >= len(self.test_set_names):
@@ -211,6 +233,13 @@ class Classifier(L.LightningModule):
         scheduler_config = dict(self.lr_scheduler)
         scheduler_config["scheduler"] = scheduler_config["scheduler"](optimizer)
         return {"optimizer": optimizer, "lr_scheduler": scheduler_config}
+
+
+def target_and_largest_other(scores: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """(N, 2): each example's score of its target class and the largest score of the other classes."""
+    target = scores.gather(1, targets.unsqueeze(1))
+    others = scores.masked_fill(torch.nn.functional.one_hot(targets, scores.shape[1]).bool(), -torch.inf)
+    return torch.cat([target, others.amax(dim=1, keepdim=True)], dim=1)
 
 
 def _key(logged_name: str) -> str:

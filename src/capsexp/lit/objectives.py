@@ -4,6 +4,9 @@ An objective is called as ``objective(output, images, targets)`` and returns a d
 tensors whose ``"loss"`` entry is optimised; every entry is logged as ``<stage>/<name>``. Capsule
 objectives add their parts (``margin_loss``, ``recon_loss``) beside the total. ``terms`` names every
 entry an objective may return, so that the Classifier makes their metrics once, up front.
+``presence_scores`` says whether the class scores it works on are presence probabilities in [0, 1]
+(capsule lengths, capsule activations) rather than logits: the Classifier then logs how far the
+present class stands above the others.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ class CrossEntropy:
     """Softmax cross-entropy on the class scores (the LeNet5 baseline's objective)."""
 
     terms = ("loss",)
+    presence_scores = False
 
     def __init__(self, label_smoothing: float = 0.0) -> None:
         self.label_smoothing = label_smoothing
@@ -42,6 +46,7 @@ class CapsuleLoss:
     """
 
     terms = ("loss", "margin_loss", "recon_loss")
+    presence_scores = True  # the lengths of the class capsules
 
     def __init__(
         self, m_pos: float = 0.9, m_neg: float = 0.1, lambda_: float = 0.5, recon_weight: float = 0.0005
@@ -65,6 +70,7 @@ class SpreadLoss:
     """
 
     terms = ("loss", "spread_loss")
+    presence_scores = True  # the activations of the class capsules
 
     def __init__(self, margin: float = 0.2) -> None:
         self.margin = margin

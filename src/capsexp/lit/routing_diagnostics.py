@@ -7,8 +7,13 @@ Every ``every_n_steps`` training steps, for each EM capsule layer of the net (``
   receive it, divided by its maximum (1: uniform, routing undecided; 0: hard assignments). A value
   near 0 after the first E-step is the collapse that stalls training (see README, "Training EM
   capsules");
-- ``routing/<layer>/activation_mean`` and ``activation_std``: parent activations (all near 0.5 means
-  the sigmoid argument is too small to tell parents apart);
+- ``routing/<layer>/activation_mean`` and ``activation_std``: parent activations over all capsules
+  and inputs (all near 0.5 means the sigmoid argument is too small to tell parents apart);
+- ``routing/<layer>/activation_std_across_inputs``: the std of each capsule's (parent type at one
+  position) activation over the batch's inputs, averaged over capsules: near 0 means an activation
+  that does not depend on the input, whatever its spread over capsules;
+- ``routing/<layer>/inverse_temperature_scale``: the learned factor on the layer's inverse
+  temperatures, where it learns one (``learn_inverse_temperature``);
 - ``grad_norm/<layer>``: norm of the gradient of the layer's parameters (which layer's vanish);
 - histograms ``routing/<layer>/activations`` and ``routing/<layer>/entropy``.
 
@@ -69,12 +74,18 @@ class RoutingDiagnostics(L.Callback):
             routing, layer.last_routing = layer.last_routing, None
             if name in self._grad_norms:
                 writer.add_scalar(f"grad_norm/{name}", self._grad_norms[name], step)
+            if layer.log_inverse_temperature is not None:
+                scale = layer.log_inverse_temperature.detach().exp().item()
+                writer.add_scalar(f"routing/{name}/inverse_temperature_scale", scale, step)
             if routing is None:
                 continue
             activations, entropy = routing["activations"].float().cpu(), routing["entropy"].float().cpu()
             writer.add_scalar(f"routing/{name}/entropy", entropy.mean().item(), step)
             writer.add_scalar(f"routing/{name}/activation_mean", activations.mean().item(), step)
             writer.add_scalar(f"routing/{name}/activation_std", activations.std().item(), step)
+            if activations.shape[0] > 1:
+                across_inputs = activations.std(dim=0).mean().item()
+                writer.add_scalar(f"routing/{name}/activation_std_across_inputs", across_inputs, step)
             if self.histograms:
                 writer.add_histogram(f"routing/{name}/activations", activations, step)
                 writer.add_histogram(f"routing/{name}/entropy", entropy, step)

@@ -42,6 +42,8 @@ class MatrixCapsNet(nn.Module):
         weight_std: initial std of the transformation matrices (None: 1/sqrt(P)).
         route_per_window: ConvCaps route each window's children on their own (see
             :class:`~capsexp.nn.ConvMatrixCapsules`).
+        learn_inverse_temperature: every capsule layer learns a factor on its inverse temperatures
+            (see :class:`~capsexp.nn.ConvMatrixCapsules`).
     """
 
     def __init__(
@@ -64,6 +66,7 @@ class MatrixCapsNet(nn.Module):
         conv1_norm: bool = False,
         weight_std: float | None = None,
         route_per_window: bool = False,
+        learn_inverse_temperature: bool = False,
     ) -> None:
         super().__init__()
         self.recompute = recompute
@@ -75,6 +78,7 @@ class MatrixCapsNet(nn.Module):
             sigma_eps=sigma_eps,
             cost_normalization=cost_normalization,
             weight_std=weight_std,
+            learn_inverse_temperature=learn_inverse_temperature,
         )
         self.conv1 = nn.Conv2d(in_channels, conv_channels, kernel_size=5, stride=2)
         # BatchNorm between conv1 and its ReLU, as yl-1993/Matrix-Capsules-EM-PyTorch has; not in the paper.

@@ -37,6 +37,9 @@ class _EMLayer(nn.Module):
 
     ``weight_std``: the transformation matrices W start as N(0, weight_std^2); None gives 1/sqrt(P),
     which keeps the votes V = M W at the scale of the poses M (each entry sums P products).
+    ``learn_inverse_temperature``: a learned scalar s = exp(log_inverse_temperature), starting at 1,
+    multiplies the layer's inverse temperatures lambda_t, so that each layer sets how sharply its
+    activations separate (not in the paper).
     """
 
     def __init__(
@@ -48,6 +51,7 @@ class _EMLayer(nn.Module):
         sigma_eps: float,
         cost_normalization: str,
         weight_std: float | None = None,
+        learn_inverse_temperature: bool = False,
     ) -> None:
         super().__init__()
         self.pose_size, self.out_types = pose_size, out_types
@@ -57,6 +61,7 @@ class _EMLayer(nn.Module):
         )
         self.beta_u = nn.Parameter(torch.zeros(out_types))
         self.beta_a = nn.Parameter(torch.zeros(out_types))
+        self.log_inverse_temperature = nn.Parameter(torch.zeros(())) if learn_inverse_temperature else None
         # Set ``record = True`` and the next forward keeps what the routing did (detached) in
         # ``last_routing``: parent activations and the normalised entropy of the responsibilities
         # (capsexp.lit.routing_diagnostics logs them).
@@ -64,6 +69,9 @@ class _EMLayer(nn.Module):
         self.last_routing: dict[str, torch.Tensor] | None = None
 
     def _route(self, votes: torch.Tensor, activations: torch.Tensor, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+        kwargs["inplace"] = True  # the votes are this layer's temporary: centred in place, no copy
+        if self.log_inverse_temperature is not None:
+            kwargs["inverse_temperature_scale"] = self.log_inverse_temperature.exp()
         if not self.record:
             return em_routing(votes, activations, self.beta_u, self.beta_a, **kwargs, **self.routing)
         mu, parent_activations, responsibilities = em_routing(
@@ -104,8 +112,18 @@ class ConvMatrixCapsules(_EMLayer):
         cost_normalization: str = "none",
         weight_std: float | None = None,
         route_per_window: bool = False,
+        learn_inverse_temperature: bool = False,
     ) -> None:
-        super().__init__(out_types, pose_size, iterations, final_lambda, sigma_eps, cost_normalization, weight_std)
+        super().__init__(
+            out_types,
+            pose_size,
+            iterations,
+            final_lambda,
+            sigma_eps,
+            cost_normalization,
+            weight_std,
+            learn_inverse_temperature,
+        )
         self.in_types, self.kernel_size, self.stride = in_types, kernel_size, stride
         self.route_per_window = route_per_window
         self.weight = self.new_weight(kernel_size * kernel_size, in_types, out_types)
@@ -168,8 +186,18 @@ class ClassMatrixCapsules(_EMLayer):
         cost_normalization: str = "none",
         coordinate_addition: bool = True,
         weight_std: float | None = None,
+        learn_inverse_temperature: bool = False,
     ) -> None:
-        super().__init__(num_classes, pose_size, iterations, final_lambda, sigma_eps, cost_normalization, weight_std)
+        super().__init__(
+            num_classes,
+            pose_size,
+            iterations,
+            final_lambda,
+            sigma_eps,
+            cost_normalization,
+            weight_std,
+            learn_inverse_temperature,
+        )
         self.coordinate_addition = coordinate_addition
         self.weight = self.new_weight(in_types, num_classes)
 

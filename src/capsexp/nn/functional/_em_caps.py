@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
 LOG_2PI = math.log(2 * math.pi)
-COST_NORMALIZATIONS = ("none", "data", "standardize")
+COST_NORMALIZATIONS = ("none", "data", "standardize", "layer")
 
 
 def inverse_temperatures(iterations: int, final_lambda: float = 0.01) -> list[float]:
@@ -39,6 +39,8 @@ def em_routing(
     sigma_eps: float = 1e-4,
     cost_normalization: str = "none",
     return_responsibilities: bool = False,
+    inplace: bool = False,
+    inverse_temperature_scale: torch.Tensor | None = None,
 ):
     """Procedure 1 of the paper: parent poses and activations from votes and child activations.
 
@@ -58,29 +60,44 @@ def em_routing(
         final_lambda: inverse temperature at the last iteration; see :func:`inverse_temperatures`.
         child_index: (Q, M) long, the child in each receptive-field slot (convolutional layers).
         num_children: number of distinct children (default: ``child_index.max() + 1``).
-        sigma_eps: added to every variance sigma_h^2: keeps log sigma and 1/sigma^2 finite when all
-            votes agree exactly (sigma -> 0). The debatable safeguard: 1e-4 by default.
+        sigma_eps: added to every variance sigma_h^2, > 0: keeps log sigma and 1/sigma^2 finite when
+            all votes agree exactly (sigma -> 0). Not in the paper; 1e-4 by default.
         cost_normalization: how the cost enters the sigmoid. ``"none"``: as in the paper. ``"data"``:
             the amount of data sum_i R'_ij in the cost is divided by its mean over the parent types of
             the position, so that the cost no longer grows with the number of children a layer has
             (Gritzman 2019, pitfall 2, "normalising the amount of data assigned to parent capsules",
             in a scale-free form). ``"standardize"``: the costs are standardised over the parent types
             of each position (as some public ports do, e.g. www0wwwjs1/Matrix-Capsules-EM-Tensorflow).
+            ``"layer"``: the amount of data is divided by the number of children per parent in a
+            receptive field, M / J, a constant of the layer, so that one lambda and one scale of
+            beta_u, beta_a fit every layer while a parent that receives more data still costs more
+            (IBM/matrix-capsules-with-em-routing's layer normalisation factor, less its constant 100).
         return_responsibilities: also return R, shape of ``votes`` without H.
+        inverse_temperature_scale: a scalar tensor s multiplying every lambda_t (default 1): a
+            learned inverse temperature (log-parametrised by the layers), not in the paper.
+        inplace: centre ``votes`` in place (see Computation below): the caller's tensor then holds
+            V - c afterwards, and no vote-sized copy is made. For callers whose votes are a temporary
+            nothing else reads, as the matrix-capsule layers'. Gradients are unchanged.
 
     Returns:
         poses mu (B, J, H) or (B, Q, J, H); activations a_j (B, J) or (B, Q, J) [; R].
 
-    Computation: the Gaussian is expanded, sum R'(V - mu)^2 = sum R'V^2 - 2 mu sum R'V + mu^2 sum R' and
-    (V - mu)^2 / sigma^2 = V^2 . (1 / sigma^2) - 2 V . (mu / sigma^2) + mu^2 / sigma^2, so that with
-    V and V^2 computed once, every sum over children (M-step) and over pose elements (E-step) is a
-    batched matrix-vector product. No (B, Q, M, J, H)-sized tensor is made per iteration, and the
-    backward pass (:class:`_EMRouting`) builds the gradient of V from low-rank factors instead of
-    keeping every intermediate: memory and time stay near those of the votes themselves. Safeguards,
-    in float32 at least whatever the input dtype: the variance is clamped at 0 before adding
-    ``sigma_eps`` (the expansion can round below 0); sums of R' get 1e-8 before dividing; the E-step
-    runs in the log domain (log a_j is ``logsigmoid`` of its argument, the normalisation a log-sum-exp
-    per child), so R is never 0/0.
+    Computation: the votes are first centred, V' = V - c with c the mean vote of each parent over its
+    children (detached: routing is translation-equivariant, mu(V) = c + mu(V - c) with everything else
+    unchanged, so c carries no gradient of its own). The Gaussian is then expanded on V', sum R'(V' -
+    mu')^2 = sum R'V'^2 - 2 mu' sum R'V' + mu'^2 sum R' and (V' - mu')^2 / sigma^2 = V'^2 . (1 / sigma^2)
+    - 2 V' . (mu' / sigma^2) + mu'^2 / sigma^2, so that with V' and V'^2 computed once, every sum over
+    children (M-step) and over pose elements (E-step) is a batched matrix-vector product. Centring is
+    what keeps float32 exact: expanded around 0, votes far from zero compared with their spread cancel
+    catastrophically (offset 20, spread 0.01: activations off by 0.1, vote gradients by 100%); around
+    c, each term is of the order of the spread. No (B, Q, M, J, H)-sized tensor is made per iteration,
+    and the backward pass (:class:`_EMRouting`) builds the gradient of V from low-rank factors instead
+    of keeping every intermediate: memory and time stay near those of the votes themselves.
+    Safeguards, in float32 at least whatever the input dtype: the variance is clamped at 0 before
+    adding ``sigma_eps`` (the expansion can round below 0); sums of R' are floored at 1e-8 before
+    dividing (which keeps mu translation-equivariant; a parent that receives no data sits near c); the
+    E-step runs in the log domain (log a_j is ``logsigmoid`` of its argument, the normalisation a
+    log-sum-exp per child), so R is never 0/0.
     """
     dense = votes.ndim == 4
     if dense:
@@ -91,6 +108,9 @@ def em_routing(
         raise ValueError("convolutional votes (B, Q, M, J, H) need child_index (Q, M)")
     if iterations < 1:
         raise ValueError(f"EM routing needs at least one iteration, got {iterations}")
+    if not sigma_eps > 0:
+        # With no floor, votes that agree exactly give sigma = 0: log sigma = -inf and NaN gradients.
+        raise ValueError(f"sigma_eps must be > 0 (it is added to every variance), got {sigma_eps}")
     if cost_normalization not in COST_NORMALIZATIONS:
         raise ValueError(
             f"cost_normalization must be one of {', '.join(COST_NORMALIZATIONS)}, got {cost_normalization!r}"
@@ -98,13 +118,22 @@ def em_routing(
 
     with torch.autocast(device_type=votes.device.type, enabled=False):
         dtype = torch.promote_types(votes.dtype, torch.float32)  # float32 at least
-        votes = votes.transpose(2, 3).to(dtype)  # (B, Q, J, M, H)
-        if not votes.is_contiguous():
-            votes = votes.contiguous()
+        parent_major = votes.transpose(2, 3)  # (B, Q, J, M, H)
+        copied = parent_major.dtype != dtype or not parent_major.is_contiguous()
+        parent_major = parent_major.to(dtype).contiguous()
+        centre = parent_major.detach().mean(dim=-2, keepdim=True)  # c (B, Q, J, 1, H)
+        if inplace or copied:
+            # Unrecorded by autograd: the gradient of V - c is that of V (c carries none, see above).
+            with torch.no_grad():
+                centred = parent_major.sub_(centre)
+        else:
+            centred = parent_major - centre
         options = _EMOptions(iterations, final_lambda, child_index, num_children, sigma_eps, cost_normalization)
+        scale = votes.new_ones(()) if inverse_temperature_scale is None else inverse_temperature_scale
         mu, parent_activations, responsibilities = _EMRouting.apply(
-            votes, activations.to(dtype), beta_u.to(dtype), beta_a.to(dtype), options
+            centred, activations.to(dtype), beta_u.to(dtype), beta_a.to(dtype), scale.to(dtype), options
         )
+        mu = mu + centre.squeeze(-2)
 
     responsibilities = responsibilities.transpose(2, 3)  # (B, Q, M, J)
     if dense:
@@ -123,8 +152,10 @@ class _EMOptions(NamedTuple):
     cost_normalization: str
 
 
-def _em_iterations(votes, squares, activations, beta_u, beta_a, options: _EMOptions, over_children, over_elements):
-    """Procedure 1 on parent-major votes V (B, Q, J, M, H) and V^2.
+def _em_iterations(
+    votes, squares, activations, beta_u, beta_a, temperature_scale, options: _EMOptions, over_children, over_elements
+):
+    """Procedure 1 on parent-major votes V (B, Q, J, M, H) and V^2 (centred ones: see em_routing).
 
     ``over_children(x, big)``: sum_m x[..., m] big[..., m, :]; ``over_elements(big, y)``:
     sum_h big[..., h] y[..., h]: the only operations that read the vote-sized tensors.
@@ -148,21 +179,23 @@ def _em_iterations(votes, squares, activations, beta_u, beta_a, options: _EMOpti
         # M-step: R'_ij = R_ij a_i; mu_j and sigma_j^2 weighted by R'; cost; a_j.
         weighted = responsibilities * slot_activations  # (B, Q, J, M)
         weight_sum = weighted.sum(dim=-1, keepdim=True)  # (B, Q, J, 1)
-        denominator = weight_sum + 1e-8
+        denominator = weight_sum.clamp_min(1e-8)
         first = over_children(weighted, votes)  # sum_i R' V   (B, Q, J, H)
         second = over_children(weighted, squares)  # sum_i R' V^2
         mu = first / denominator
-        # sum_i R' (V - mu)^2 / denominator, expanded (exact also where the 1e-8 shrinks mu).
+        # sum_i R' (V - mu)^2 / denominator, expanded (exact also where the floor shrinks mu).
         variance = ((second - 2 * mu * first + mu.square() * weight_sum) / denominator).clamp_min(0)
         variance = variance + options.sigma_eps
         log_variance = torch.log(variance)
         amount = weight_sum  # sum_i R'_ij
         if options.cost_normalization == "data":
             amount = weight_sum / (weight_sum.mean(dim=2, keepdim=True) + 1e-8)
+        elif options.cost_normalization == "layer":
+            amount = weight_sum * (parents / slots)
         cost = ((beta_u.view(-1, 1) + 0.5 * log_variance) * amount).sum(dim=-1)  # (B, Q, J)
         if options.cost_normalization == "standardize":
             cost = (cost - cost.mean(dim=-1, keepdim=True)) / (cost.std(dim=-1, keepdim=True) + 1e-8)
-        logit = inverse_temperature * (beta_a - cost)
+        logit = inverse_temperature * temperature_scale * (beta_a - cost)
         parent_activations = torch.sigmoid(logit)
         if t == options.iterations - 1:
             break
@@ -180,7 +213,7 @@ def _sum_over_children(weights: torch.Tensor, big: torch.Tensor) -> torch.Tensor
 
 
 class _EMRouting(torch.autograd.Function):
-    """EM routing whose backward pass never holds more than a few vote-sized tensors.
+    """EM routing on centred votes whose backward pass never holds more than a few vote-sized tensors.
 
     Forward: Procedure 1 without a graph; only V is saved. Backward: the iterations run again on a
     graph of the small tensors, in which each read of V or V^2 is a :class:`_Contraction` that
@@ -190,23 +223,31 @@ class _EMRouting(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, votes, activations, beta_u, beta_a, options: _EMOptions):
+    def forward(ctx, votes, activations, beta_u, beta_a, temperature_scale, options: _EMOptions):
         with torch.no_grad():
             outputs = _em_iterations(
-                votes, votes.square(), activations, beta_u, beta_a, options, _sum_over_children, _dot_pose
+                votes,
+                votes.square(),
+                activations,
+                beta_u,
+                beta_a,
+                temperature_scale,
+                options,
+                _sum_over_children,
+                _dot_pose,
             )
         ctx.options = options
-        ctx.save_for_backward(votes, activations, beta_u, beta_a)
+        ctx.save_for_backward(votes, activations, beta_u, beta_a, temperature_scale)
         ctx.mark_non_differentiable(outputs[2])
         return outputs
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_mu, grad_activations, _grad_responsibilities):
-        votes, activations, beta_u, beta_a = ctx.saved_tensors
+        votes, *small = ctx.saved_tensors  # activations, beta_u, beta_a, temperature_scale
         leaves = [
             tensor.detach().requires_grad_(needed)
-            for tensor, needed in zip((activations, beta_u, beta_a), ctx.needs_input_grad[1:4], strict=True)
+            for tensor, needed in zip(small, ctx.needs_input_grad[1:5], strict=True)
         ]
         factors = {"votes": ([], []), "squares": ([], [])}
         squares = votes.square()
