@@ -38,14 +38,16 @@ bench:  ## speed + accuracy benchmarks -> experiments/results/bench.md, bench_em
 bench-gpu:  ## GPU benchmark: images/s, epoch time, peak memory per model, fp32/bf16, eager/compiled -> experiments/results/bench_gpu.md
 	$(BIN)/python experiments/bench_gpu.py $(ARGS)
 
-studies:  ## the studies' quick CPU modes -> experiments/results/*_quick/ (about 85 min on 2 cores)
+studies:  ## the studies' quick CPU modes -> experiments/results/*_quick/ (hours on 2 cores)
 	$(BIN)/python experiments/em_training.py --quick $(ARGS)
+	$(BIN)/python experiments/em_routing_ablation.py --quick $(ARGS)
 	$(BIN)/python experiments/rotation_robustness.py --quick $(ARGS)
 	$(BIN)/python experiments/routing_ablation.py --quick $(ARGS)
 	$(BIN)/python experiments/em_smallnorb.py --quick $(ARGS)
 
 studies-full:  ## the studies in full (GPU hours; ARGS="trainer.devices=2" etc.) -> experiments/results/*_full/
 	$(BIN)/python experiments/em_training.py $(ARGS)
+	$(BIN)/python experiments/em_routing_ablation.py $(ARGS)
 	$(BIN)/python experiments/rotation_robustness.py $(ARGS)
 	$(BIN)/python experiments/routing_ablation.py $(ARGS)
 	$(BIN)/python experiments/em_smallnorb.py $(ARGS)

@@ -1,7 +1,7 @@
 """Why EM capsules trained slowly, and which recipe fixes it: em_caps_small on MNIST under competing
-recipes, beside LeNet5 and CapsNet trained the same way (issue 10).
+recipes, beside LeNet5 and CapsNet trained the same way.
 
-    python experiments/em_training.py --quick     # CPU: 600 steps of batch 32 per run, seed 1 (about 65 min)
+    python experiments/em_training.py --quick     # CPU: 600 steps of batch 32 per run, seed 1 (about 4.5 min a run)
     python experiments/em_training.py             # GPU: 2 epochs per run, seeds 1, 2, 3
 
 Each recipe is ``model=em_caps_small`` (capsexp's default recipe) with at most a few keys changed
