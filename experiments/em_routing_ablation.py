@@ -205,6 +205,12 @@ the direction routing should take, not numbers to match.
 """
     # Rebuilt, the runs' own durations (the same figure a fresh execution reports, less start-ups).
     wall_s = sum(run_seconds(run) for found in runs.values() for run in found) if args.rebuild else watch.seconds
+    if args.rebuild:
+        notes += f"""
+Rebuilt (`--rebuild`) from the runs in `{display_path(study_folder)}`, of which only the event files
+and `.hydra/overrides.yaml` need be kept; the commands are those that run each row into that folder
+(`--folder` does so for rows not complete there). Rows with fewer than {len(SEEDS)} runs are incomplete.
+"""
     study.write_results(
         "EM routing ablation (em_caps_small, MNIST)", commands, study_folder, wall_s, notes, extra_section
     )
