@@ -1,4 +1,4 @@
-"""A user's mistake gets a short message that names the culprit, never a traceback (issue 11)."""
+"""A user's mistake gets a short message that names the culprit, never a traceback."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The GPU path, checked as far as the CPU allows: data drawn on the device, compiled nets, bf16 (issue 12)."""
+"""The GPU path, checked as far as the CPU allows: data drawn on the device, compiled nets, bf16."""
 
 from __future__ import annotations
 

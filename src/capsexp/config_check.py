@@ -299,7 +299,7 @@ def check_config(cfg: DictConfig) -> None:
         raise ConfigError("invalid configuration:\n  " + "\n  ".join(shown))
 
 
-# Groups and keys that moved (issue 13): the old spelling gets the new one in its error.
+# Groups and keys that moved: the old spelling gets the new one in its error.
 RENAMED = {
     "optimizer": "model/optimizer",
     "lr_scheduler": "model/lr_scheduler",
