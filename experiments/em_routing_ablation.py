@@ -6,8 +6,8 @@ recipe, and under the paper's recipe, 3 seeds each (Hinton et al. 2018 compare i
 
 Every run validates on the whole validation set (5,000 digits) four times an epoch. One iteration
 has no E-step: it is not routing by agreement, the reference point that says what routing adds.
-``--rows`` runs some rows only and ``--folder`` puts the runs into an existing study folder: rows
-whose seeds are all there already are not run again, so a study can be completed over several
+``--rows`` runs some rows only and ``--folder`` puts the runs into an existing study folder: only
+the seeds without a finished run there are run, so a study can be completed over several
 sessions, then written up with ``--rebuild FOLDER``. Writes experiments/results/em_routing_ablation_<mode>/:
 README.md (mean +- std per row, Welch's t-tests against the default), comparison.csv, curves.png.
 """
@@ -18,6 +18,8 @@ import math
 import statistics
 import sys
 from pathlib import Path
+
+import yaml
 
 from capsexp.timing import Stopwatch
 from em_training import routing_summary, slug, val_curve
@@ -53,6 +55,16 @@ def row_runs(folder: Path) -> list:
     from capsexp.compare import find_runs
 
     return find_runs(folder) if folder.is_dir() else []
+
+
+def missing_seeds(folder: Path) -> list[int]:
+    """The seeds of SEEDS without a finished run (one with a final val/acc) under ``folder``."""
+    done = set()
+    for run in row_runs(folder):
+        overrides = yaml.safe_load((run.path / ".hydra" / "overrides.yaml").read_text()) or []
+        if run.final("val/acc") is not None:
+            done.update(int(o.split("=", 1)[1]) for o in overrides if o.startswith("seed="))
+    return [seed for seed in SEEDS if seed not in done]
 
 
 def run_seconds(run) -> float:
@@ -121,6 +133,36 @@ def results_table(study_folder: Path) -> tuple[str, dict[str, list]]:
     return "\n".join(lines) + "\n", runs
 
 
+def gap_table(runs: dict[str, list]) -> str:
+    """Per row and validation: the median presence gap (mean over seeds) beside the margin the spread
+    loss asked for then (train/margin at the nearest logged step at or before the validation)."""
+    lines = []
+    for name, found in runs.items():
+        gaps: dict[int, list[float]] = {}
+        margins: dict[int, float] = {}
+        for run in found:
+            margin_curve = run.scalars.get("train/margin", [])
+            for step, gap in run.scalars.get("val/presence_gap", []):
+                gaps.setdefault(step + 1, []).append(gap)
+                earlier = [value for logged, value in margin_curve if logged <= step]
+                if earlier:
+                    margins[step + 1] = earlier[-1]
+        steps = [step for step in sorted(gaps) if len(gaps[step]) == len(found)]
+        if not steps:
+            continue
+        if not lines:
+            lines = [
+                "| row | " + " | ".join(f"step {step}" for step in steps) + " |",
+                "| --- |" + " ---: |" * len(steps),
+            ]
+        cells = [
+            f"{statistics.fmean(gaps[step]):.2f}" + (f" ({margins[step]:.2f})" if step in margins else "")
+            for step in steps
+        ]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n" if lines else ""
+
+
 def last_values(first_to_last: str) -> str:
     """'0.59->0.56 / 0.76->0.57' -> '0.56 / 0.57'."""
     return " / ".join(part.split("->")[-1] for part in first_to_last.split(" / ")) if first_to_last else ""
@@ -175,12 +217,16 @@ def main(argv: list[str] | None = None) -> int:
         for name, overrides in ROWS.items():
             folder = study_folder / slug(name)
             sweep = [*overrides, sweep_seeds, *budget]
-            if args.rebuild or name not in args.rows or len(row_runs(folder)) >= len(SEEDS):
-                if folder.is_dir():
-                    commands.append(study.command_text(sweep, folder))
-                continue
-            print(f"\n=== {name}", flush=True)
-            commands.append(study.multirun(sweep, folder=folder)[1])
+            missing = [] if args.rebuild or name not in args.rows else missing_seeds(folder)
+            if missing:
+                print(f"\n=== {name}", flush=True)
+            # One seed at a time, each in the job folder a sweep over all seeds gives it, so the page's
+            # single command and a row completed over several sessions fill the same folders.
+            for seed in missing:
+                seed_sweep = [*overrides, f"seed={seed}", *budget, f"hydra.sweep.subdir={SEEDS.index(seed)}"]
+                study.multirun(seed_sweep, folder=folder)
+            if folder.is_dir():
+                commands.append(study.command_text(sweep, folder))
     table, runs = results_table(study_folder)
 
     def extra_section(output: Path) -> str:
@@ -193,6 +239,11 @@ def main(argv: list[str] | None = None) -> int:
             f"{SIGNIFICANCE}. Presence gap: the median over the validation digits of the target class's "
             "activation minus the largest other's, at the last validation. Routing entropy: 1 uniform "
             "responsibilities, 0 hard assignments.\n\n![curves](curves.png)\n\n"
+            + "## Presence gap as the margin rises\n\n"
+            + gap_table(runs)
+            + "\nAt each validation: the median presence gap over the validation digits (mean over seeds) and, in "
+            "brackets, the spread loss's margin at that step (`train/margin`). The loss asks for a gap of at least "
+            "the margin; a gap above it costs nothing.\n\n"
         )
 
     budget_text = "one MNIST epoch of batch 32 (1,719 steps)" if study.quick else "10 MNIST epochs of batch 32"

@@ -86,6 +86,32 @@ def test_scheduler_config_is_passed_to_lightning():
     assert isinstance(config["lr_scheduler"]["scheduler"], torch.optim.lr_scheduler.ExponentialLR)
 
 
+def test_lr_multipliers_give_named_parameters_their_own_learning_rate_under_the_scheduler():
+    module = make_module(
+        lr_multipliers={"bias": 10.0},
+        lr_scheduler={"scheduler": functools.partial(exponential_decay, decay_steps=1, decay_rate=0.5)},
+    )
+    config = module.configure_optimizers()
+    optimizer = config["optimizer"]
+    biases = {id(p) for name, p in module.named_parameters() if name.endswith(".bias")}
+    rates = {}
+    for group in optimizer.param_groups:
+        kinds = {id(p) in biases for p in group["params"]}
+        assert len(kinds) == 1  # a group holds biases only or weights only
+        rates[kinds.pop()] = group["lr"]
+        assert group["name"] == f"x{group['lr_multiplier']:g}"  # the rate's name in TensorBoard
+    assert rates == {True: pytest.approx(3e-2), False: pytest.approx(3e-3)}
+    assert sum(len(g["params"]) for g in optimizer.param_groups) == len(list(module.parameters()))
+    optimizer.step()
+    config["lr_scheduler"]["scheduler"].step()  # the decay scales both groups from their own rate
+    assert sorted(g["lr"] for g in optimizer.param_groups) == pytest.approx([1.5e-3, 1.5e-2])
+
+
+def test_lr_multipliers_naming_no_parameter_are_refused():
+    with pytest.raises(ValueError, match=r"model\.lr_multipliers names beta_a.*parameters are called: bias, weight"):
+        make_module(lr_multipliers={"beta_a": 10.0})
+
+
 @pytest.mark.parametrize("staircase", [False, True])
 def test_exponential_decay_matches_the_tensorflow_formula(staircase):
     parameter = torch.nn.Parameter(torch.zeros(1))

@@ -7,6 +7,7 @@ import csv
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -169,7 +170,12 @@ def test_em_routing_ablation_runs_each_row_with_every_seed_and_resumes(mnist_dir
     for row in ("1_iteration", "2_iterations"):
         assert len(list((folder / row).glob("[0-2]/.hydra/overrides.yaml"))) == 3  # seeds 1, 2, 3
     page = (output / "README.md").read_text()
-    lines = {line.split(" | ")[0].lstrip("| "): line for line in page.splitlines() if line.startswith("| ")}
+    table, gaps = page.split("## Presence gap as the margin rises")
+    lines = {line.split(" | ")[0].lstrip("| "): line for line in table.splitlines() if line.startswith("| ")}
+    gap_section = gaps.split("\n## ")[0]
+    gap_rows = {line.split(" | ")[0].lstrip("| "): line for line in gap_section.splitlines() if line.startswith("| ")}
+    assert set(gap_rows) == {"row", "---", "1 iteration", "2 iterations"}  # each row's gap at each validation
+    assert re.fullmatch(r"\| 1 iteration \| -?\d\.\d\d( \(\d\.\d\d\))? \|", gap_rows["1 iteration"])
     assert "| 3 | " in lines["1 iteration"] and "±" in lines["1 iteration"] and "paper recipe" not in lines
     p_value = lines["1 iteration"].split(" | ")[4]  # Welch's test against 2 iterations
     assert p_value == "n/a (no spread)" or 0 <= float(p_value.split()[0]) <= 1, lines["1 iteration"]
@@ -179,6 +185,12 @@ def test_em_routing_ablation_runs_each_row_with_every_seed_and_resumes(mnist_dir
     result = run_driver("em_routing_ablation", *common, "--rows", *rows, "--folder", str(folder), *tiny)
     assert result.returncode == 0 and "=== " not in result.stdout, result.stdout[-2000:]
     assert (output / "README.md").exists()
+    assert len(list(folder.glob("*/[0-9]/.hydra"))) == 6
+    # A seed lost from a row: only that seed runs again, into the job folder it had.
+    shutil.rmtree(folder / "1_iteration" / "1")
+    result = run_driver("em_routing_ablation", *common, "--rows", *rows, "--folder", str(folder), *tiny)
+    assert result.returncode == 0 and result.stdout.count("$ python") == 1, result.stdout[-2000:]
+    assert "seed=2" in (folder / "1_iteration" / "1" / ".hydra" / "overrides.yaml").read_text()
     assert len(list(folder.glob("*/[0-9]/.hydra"))) == 6
 
 

@@ -21,7 +21,7 @@ def report(error: CapsexpError) -> None:
     HYDRA_FULL_ERROR=1 shows the traceback instead, as for Hydra's own errors."""
     if os.environ.get("HYDRA_FULL_ERROR") == "1":
         raise error
-    print(f"\nerror: {error}", file=sys.stderr)
+    print(f"\n{error.prefix}{error}", file=sys.stderr)
     sys.exit(error.exit_code)
 
 

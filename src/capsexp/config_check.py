@@ -120,6 +120,10 @@ def number_range(value: Any) -> bool:
     )
 
 
+def factor_map(value: Any) -> bool:
+    return value is None or (isinstance(value, dict) and all(positive_number(v) for v in value.values()))
+
+
 def non_empty_string(value: Any) -> bool:
     return isinstance(value, str) and value.strip() != ""
 
@@ -185,6 +189,7 @@ RULES: tuple[Rule, ...] = (
     Rule("model.objective.recon_weight", non_negative_number, "a number >= 0 (0 disables the reconstruction term)"),
     # Optimisation
     Rule("model.optimizer.lr", positive_number, "a number > 0"),
+    Rule("model.lr_multipliers", factor_map, "null or {parameter name: a number > 0}"),
     Rule("model.optimizer.weight_decay", non_negative_number, "a number >= 0"),
     Rule("model.optimizer.momentum", number_in(0.0, 1.0), "a number in [0, 1]"),
     Rule("model.lr_scheduler.scheduler.decay_rate", number_in(0.0, 1.0, low_open=True), "a number in (0, 1]"),

@@ -1,7 +1,8 @@
 """User-facing errors: the CLI prints their message alone, without a traceback.
 
 Exit status of ``python -m capsexp``: 0 for a run that finished, 2 for a usage error (a value or
-group on the command line that is not allowed: :class:`ConfigError`), 1 for any other failure.
+group on the command line that is not allowed: :class:`ConfigError`), 130 / 143 for training
+stopped by SIGINT / SIGTERM with its state saved (:class:`Interrupted`), 1 for any other failure.
 """
 
 
@@ -9,6 +10,7 @@ class CapsexpError(Exception):
     """An error whose message tells the user what to do; no traceback is needed."""
 
     exit_code = 1
+    prefix = "error: "  # before the message on the command line
 
 
 class ConfigError(CapsexpError, ValueError):
@@ -35,3 +37,14 @@ class CheckpointError(CapsexpError):
 
 class InputShapeError(CapsexpError, ValueError):
     """Images of another shape than the net was built for."""
+
+
+class Interrupted(CapsexpError):
+    """Training stopped by a signal after saving its state; the message says where and how to resume.
+    Exit status 128 + the signal's number, the shell's convention (130 for SIGINT, 143 for SIGTERM)."""
+
+    prefix = ""
+
+    def __init__(self, message: str, signum: int) -> None:
+        super().__init__(message)
+        self.exit_code = 128 + int(signum)

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import shlex
 import warnings
+from pathlib import Path
 from typing import Any
 
 import lightning as L
 import torch
+from hydra.core.hydra_config import HydraConfig
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate as hydra_instantiate
 from lightning.fabric.utilities.exceptions import MisconfigurationException
@@ -17,7 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from capsexp.checkpoints import check_checkpoint
 from capsexp.distributed import DDPJob, ddp_job
-from capsexp.errors import ConfigError
+from capsexp.errors import ConfigError, Interrupted
 from capsexp.hparams import log_hyperparameters, metric_names
 
 log = logging.getLogger(__name__)
@@ -100,6 +104,7 @@ def _run(cfg: DictConfig, job: DDPJob) -> dict[str, float]:
     if cfg.get("train"):
         log.info("Training")
         trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
+        _raise_if_stopped_by_signal(trainer)
         metrics.update({name: float(value) for name, value in trainer.callback_metrics.items()})
 
     if cfg.get("test"):
@@ -116,3 +121,23 @@ def _run(cfg: DictConfig, job: DDPJob) -> dict[str, float]:
         metrics.update({name: float(value) for name, value in trainer.callback_metrics.items()})
 
     return metrics
+
+
+def _raise_if_stopped_by_signal(trainer: L.Trainer) -> None:
+    """:class:`Interrupted`, with the saved state's path and the command that resumes it, when a
+    signal ended training (:class:`~capsexp.lit.model_checkpoint.BestAndLastCheckpoint`)."""
+    stopped = next((cb for cb in trainer.checkpoint_callbacks if getattr(cb, "stopped_by", None)), None)
+    if stopped is None:
+        return
+    path = Path(stopped.last_model_path)
+    with contextlib.suppress(ValueError):  # shown relative to the working directory when inside it
+        path = path.resolve().relative_to(Path.cwd().resolve())
+    overrides = []
+    if HydraConfig.initialized():
+        overrides = [o for o in HydraConfig.get().overrides.task if not o.lstrip("+~").startswith("ckpt_path=")]
+    command = shlex.join(["python", "-m", "capsexp", *overrides, f"ckpt_path={path}"])
+    raise Interrupted(
+        f"{stopped.stopped_by.name}: training stopped at step {trainer.global_step}, its state saved in {path}; "
+        f"resume with: {command}",
+        stopped.stopped_by,
+    )

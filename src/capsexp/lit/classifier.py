@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import inspect
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import lightning as L
@@ -40,6 +40,9 @@ class Classifier(L.LightningModule):
         num_classes: number of classes, for the accuracy metrics.
         compile: compile the net with ``torch.compile`` (``nn.Module.compile``: in place, so the
             checkpoint's parameter names stay those of the eager net), once, before training or testing.
+        lr_multipliers: ``{parameter name: factor}``: parameters whose name ends in ``.<name>`` (e.g.
+            ``beta_a``) learn at the optimizer's learning rate times the factor, in their own
+            parameter group; every name must match a parameter of the net.
     """
 
     def __init__(
@@ -51,6 +54,7 @@ class Classifier(L.LightningModule):
         margin: MarginSchedule | None = None,
         num_classes: int = 10,
         compile: bool = False,
+        lr_multipliers: Mapping[str, float] | None = None,
     ) -> None:
         super().__init__()
         if margin is not None and not hasattr(objective, "margin"):
@@ -61,13 +65,23 @@ class Classifier(L.LightningModule):
         # Only plain values go into the checkpoint's hyperparameters: checkpoints load with
         # torch.load(weights_only=True), which refuses pickled callables. The run's whole config
         # is logged by capsexp.train, and the net's weights are in the state dict.
-        self.save_hyperparameters(ignore=["net", "objective", "optimizer", "lr_scheduler", "margin"], logger=False)
+        self.save_hyperparameters(
+            ignore=["net", "objective", "optimizer", "lr_scheduler", "margin", "lr_multipliers"], logger=False
+        )
         self.optimizer = optimizer
         self.lr_scheduler = lr_scheduler
         self.margin_schedule = margin
         self.net = net
         self.objective = objective
         self.net_takes_targets = "targets" in inspect.signature(net.forward).parameters
+        self.lr_multipliers = {str(name): float(factor) for name, factor in (lr_multipliers or {}).items()}
+        parameter_names = {name.rsplit(".", 1)[-1] for name, _ in net.named_parameters()}
+        unknown = sorted(set(self.lr_multipliers) - parameter_names)
+        if unknown:
+            raise ValueError(
+                f"model.lr_multipliers names {', '.join(unknown)}, which no parameter of "
+                f"{type(net).__name__} is called; its parameters are called: {', '.join(sorted(parameter_names))}"
+            )
         self.compile_net = compile
         self._compiled = False
 
@@ -226,8 +240,24 @@ class Classifier(L.LightningModule):
         for name in names:
             self.log(name, accuracy, on_step=False, on_epoch=True, add_dataloader_idx=False, metric_attribute=attribute)
 
+    def parameter_groups(self) -> list[dict[str, Any]]:
+        """The optimizer's parameter groups, one per learning-rate factor. With more than one, each is
+        named by its factor, which names its rate in TensorBoard (``lr-Adam/x10``, ``lr-Adam/x1``)."""
+        groups: dict[float, list[torch.nn.Parameter]] = {}
+        for name, parameter in self.named_parameters():
+            factor = self.lr_multipliers.get(name.rsplit(".", 1)[-1], 1.0)
+            groups.setdefault(factor, []).append(parameter)
+        named = len(groups) > 1
+        return [
+            {"params": params, "lr_multiplier": factor, **({"name": f"x{factor:g}"} if named else {})}
+            for factor, params in groups.items()
+        ]
+
     def configure_optimizers(self) -> Any:
-        optimizer = self.optimizer(params=self.parameters())
+        optimizer = self.optimizer(params=self.parameter_groups())
+        # Set after construction so the optimizer's own lr (and its validation) stays the one base.
+        for group in optimizer.param_groups:
+            group["lr"] = group["lr"] * group["lr_multiplier"]
         if not self.lr_scheduler:
             return optimizer
         scheduler_config = dict(self.lr_scheduler)

@@ -1,0 +1,149 @@
+"""BestAndLastCheckpoint: last.ckpt is always the latest state, the best stays separate, writes are atomic."""
+
+from __future__ import annotations
+
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import lightning as L
+import pytest
+import torch
+from lightning.pytorch.demos.boring_classes import BoringModel
+
+from capsexp.lit.model_checkpoint import PARTIAL_SUFFIX, BestAndLastCheckpoint
+from tests.helpers import PROJECT_ROOT, TINY_RUN
+
+
+class WorseningModel(BoringModel):
+    """Logs a val/acc that is best at the first validation and falls after it."""
+
+    def validation_step(self, batch, batch_idx):
+        self.log("val/acc", 1.0 / (1 + self.global_step))
+        return super().validation_step(batch, batch_idx)
+
+
+def fit(tmp_path, max_steps: int, val_check_interval: int | float, **trainer_options) -> BestAndLastCheckpoint:
+    callback = BestAndLastCheckpoint(
+        dirpath=tmp_path / "checkpoints",
+        filename="{step}",
+        monitor="val/acc",
+        mode="max",
+        save_top_k=1,
+        save_last=True,
+        enable_version_counter=False,
+    )
+    trainer = L.Trainer(
+        max_steps=max_steps,
+        val_check_interval=val_check_interval,
+        limit_val_batches=1,
+        callbacks=[callback],
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+        **trainer_options,
+    )
+    trainer.fit(WorseningModel())
+    return callback
+
+
+def saved_step(path) -> int:
+    return torch.load(path, map_location="cpu", weights_only=True)["global_step"]
+
+
+def test_last_checkpoint_holds_the_final_step_when_the_metric_never_improves(tmp_path):
+    # Validations at steps 4, 8, 12 (the first is the best); the run ends at 14, not a validation step.
+    callback = fit(tmp_path, max_steps=14, val_check_interval=4)
+    checkpoints = tmp_path / "checkpoints"
+    assert saved_step(checkpoints / "last.ckpt") == 14
+    assert callback.best_model_path.endswith("step=4.ckpt") and saved_step(callback.best_model_path) == 4
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["last.ckpt", "step=4.ckpt"]
+
+
+def test_with_one_validation_an_epoch_the_best_and_the_last_are_both_kept(tmp_path):
+    # ModelCheckpoint then saves at the end of each training epoch (steps 4, 8, 12), not at validation end.
+    callback = fit(tmp_path, max_steps=-1, val_check_interval=1.0, max_epochs=3, limit_train_batches=4)
+    assert saved_step(tmp_path / "checkpoints" / "last.ckpt") == 12
+    assert callback.best_model_path.endswith("step=4.ckpt") and saved_step(callback.best_model_path) == 4
+
+
+def test_last_checkpoint_follows_every_validation(tmp_path, monkeypatch):
+    steps = []
+    original = BestAndLastCheckpoint._save_last_checkpoint
+
+    def record(self, trainer, candidates):
+        original(self, trainer, candidates)
+        steps.append(saved_step(self.last_model_path))
+
+    monkeypatch.setattr(BestAndLastCheckpoint, "_save_last_checkpoint", record)
+    fit(tmp_path, max_steps=12, val_check_interval=4)
+    assert steps == [4, 8, 12]  # each written once, the final step's at its validation
+
+
+def test_a_process_killed_while_writing_leaves_the_previous_last_checkpoint_whole(tmp_path):
+    # Validations at steps 3 and 6; the second write of last.ckpt is cut short by SIGKILL.
+    script = textwrap.dedent(
+        f"""
+        import os, signal
+        from pathlib import Path
+        from lightning.pytorch.plugins.io import TorchCheckpointIO
+        from tests.test_model_checkpoint import fit
+
+        last_writes = []
+        original = TorchCheckpointIO.save_checkpoint
+
+        def save_then_die(self, checkpoint, path, storage_options=None):
+            if str(path).endswith("last.ckpt{PARTIAL_SUFFIX}"):
+                last_writes.append(path)
+                if len(last_writes) == 2:
+                    with open(path, "wb") as file:  # part of a file, then the kill
+                        file.write(b"PK" + bytes(1000))
+                    os.kill(os.getpid(), signal.SIGKILL)
+            return original(self, checkpoint, path, storage_options)
+
+        TorchCheckpointIO.save_checkpoint = save_then_die
+        fit(Path({str(tmp_path)!r}), max_steps=6, val_check_interval=3)
+        """
+    )
+    result = subprocess.run([sys.executable, "-c", script], cwd=PROJECT_ROOT, capture_output=True, text=True)
+    assert result.returncode == -signal.SIGKILL, result.stderr[-2000:]
+    checkpoints = tmp_path / "checkpoints"
+    assert saved_step(checkpoints / "last.ckpt") == 3  # the previous state, whole
+    assert (checkpoints / ("last.ckpt" + PARTIAL_SUFFIX)).exists()  # the interrupted write, beside it
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_stops_training_after_the_step_with_its_state_saved_and_the_resume_command(
+    signum, mnist_dir, tmp_path
+):
+    run_dir = tmp_path / "run"
+    command = [sys.executable, "-m", "capsexp", *TINY_RUN, f"paths.data_dir={mnist_dir}", "model=lenet5"]
+    command += ["trainer.max_epochs=10000", "callbacks.progress_log.interval_s=0.2", f"hydra.run.dir={run_dir}"]
+    process = subprocess.Popen(
+        command, cwd=PROJECT_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    try:
+        for line in process.stdout:  # the first progress line: training has begun
+            if "| step " in line:
+                break
+        process.send_signal(signum)
+        _, stderr = process.communicate(timeout=120)
+    finally:
+        process.kill()
+    assert process.returncode == 128 + signum, stderr[-3000:]
+    message = stderr.strip().splitlines()[-1]
+    match = re.fullmatch(
+        rf"{signum.name}: training stopped at step (\d+), its state saved in (\S+); "
+        r"resume with: (python -m capsexp .*)",
+        message,
+    )
+    assert match, message
+    step, path, resume = int(match[1]), match[2], shlex.split(match[3])
+    assert Path(path) == run_dir / "checkpoints" / "last.ckpt" and saved_step(path) == step > 0
+    overrides = [part for part in command[3:] if not part.startswith("hydra.")]
+    assert resume == ["python", "-m", "capsexp", *overrides, f"ckpt_path={path}"]
