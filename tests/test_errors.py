@@ -109,7 +109,11 @@ def _corrupt_checkpoints(folder: Path) -> dict[str, Path]:
     torch.save(
         {"state_dict": {}, "pytorch-lightning_version": "2.6", "args": argparse.Namespace(a=1)}, folder / "pickled.ckpt"
     )
+    stateless_run = folder / "run"  # a run folder whose run never saved a checkpoint
+    (stateless_run / ".hydra").mkdir(parents=True, exist_ok=True)
+    (stateless_run / ".hydra" / "overrides.yaml").write_text("- model=lenet5\n")
     return {
+        "stateless_run": stateless_run,
         "missing": folder / "missing.ckpt",
         "folder": folder,
         "empty": folder / "empty.ckpt",
@@ -140,6 +144,8 @@ BAD_COMMANDS = {
     "unknown strategy": (["trainer.accelerator=cpu", "trainer.strategy=bogus"], 2, "trainer.strategy=bogus"),
     "checkpoint missing": (["train=false", "ckpt_path={missing}"], 1, "{missing}"),
     "checkpoint folder": (["train=false", "ckpt_path={folder}"], 1, "is a folder"),
+    "run folder without state": (["ckpt_path={stateless_run}"], 1, "checkpoints/last.ckpt is missing"),
+    "run folder in a sweep": (["-m", "ckpt_path={stateless_run}"], 1, "drop -m"),
     "checkpoint empty": (["train=false", "ckpt_path={empty}"], 1, "{empty}"),
     "checkpoint noise": (["train=false", "ckpt_path={noise}"], 1, "{noise}"),
     "checkpoint not Lightning": (["train=false", "ckpt_path={plain}"], 1, "not a Lightning checkpoint"),

@@ -13,6 +13,7 @@ from pathlib import Path
 import lightning as L
 import pytest
 import torch
+import yaml
 from lightning.pytorch.demos.boring_classes import BoringModel
 
 from capsexp.lit.model_checkpoint import PARTIAL_SUFFIX, BestAndLastCheckpoint
@@ -145,5 +146,12 @@ def test_a_signal_stops_training_after_the_step_with_its_state_saved_and_the_res
     assert match, message
     step, path, resume = int(match[1]), match[2], shlex.split(match[3])
     assert Path(path) == run_dir / "checkpoints" / "last.ckpt" and saved_step(path) == step > 0
-    overrides = [part for part in command[3:] if not part.startswith("hydra.")]
-    assert resume == ["python", "-m", "capsexp", *overrides, f"ckpt_path={path}"]
+    assert resume == ["python", "-m", "capsexp", f"ckpt_path={run_dir}"]
+    # The command, pasted with a longer run: the same run goes on from that step, in its folder.
+    result = subprocess.run(
+        [sys.executable, *resume[1:], f"trainer.max_steps={step + 3}"], cwd=PROJECT_ROOT, capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert saved_step(path) == step + 3
+    overrides = yaml.safe_load((run_dir / ".hydra" / "overrides.yaml").read_text())
+    assert overrides == [*command[3:-1], f"trainer.max_steps={step + 3}", f"ckpt_path={path}"]

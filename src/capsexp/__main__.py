@@ -12,6 +12,7 @@ from omegaconf import DictConfig
 from capsexp import CONFIG_DIR
 from capsexp.config_check import check_config, check_group_overrides
 from capsexp.errors import CapsexpError
+from capsexp.resume import expand_run_folder
 
 log = logging.getLogger("capsexp")
 
@@ -79,9 +80,11 @@ def _sweeper_needs_metric() -> bool:
 
 
 def cli() -> None:
-    """The entry point: group options checked before Hydra composes (its message lists the search
-    path; ours names the option and the choices), then :func:`main`."""
+    """The entry point: a run folder given as ``ckpt_path`` expanded (:mod:`capsexp.resume`) and
+    group options checked before Hydra composes (its message lists the search path; ours names the
+    option and the choices), then :func:`main`."""
     try:
+        sys.argv[1:] = expand_run_folder(sys.argv[1:])
         check_group_overrides(sys.argv[1:], CONFIG_DIR)
     except CapsexpError as error:
         report(error)

@@ -23,6 +23,7 @@ from capsexp.checkpoints import check_checkpoint
 from capsexp.distributed import DDPJob, ddp_job
 from capsexp.errors import ConfigError, Interrupted
 from capsexp.hparams import log_hyperparameters, metric_names
+from capsexp.resume import LAST_CHECKPOINT
 
 log = logging.getLogger(__name__)
 
@@ -129,15 +130,23 @@ def _raise_if_stopped_by_signal(trainer: L.Trainer) -> None:
     stopped = next((cb for cb in trainer.checkpoint_callbacks if getattr(cb, "stopped_by", None)), None)
     if stopped is None:
         return
-    path = Path(stopped.last_model_path)
-    with contextlib.suppress(ValueError):  # shown relative to the working directory when inside it
-        path = path.resolve().relative_to(Path.cwd().resolve())
-    overrides = []
-    if HydraConfig.initialized():
-        overrides = [o for o in HydraConfig.get().overrides.task if not o.lstrip("+~").startswith("ckpt_path=")]
-    command = shlex.join(["python", "-m", "capsexp", *overrides, f"ckpt_path={path}"])
+    last = Path(stopped.last_model_path).resolve()
+    run_folder = Path(HydraConfig.get().runtime.output_dir).resolve() if HydraConfig.initialized() else None
+    if run_folder is not None and last == run_folder / LAST_CHECKPOINT:
+        resume = ["python", "-m", "capsexp", f"ckpt_path={_shown_path(run_folder)}"]  # capsexp.resume
+    else:  # a checkpoint outside the run folder: the run's overrides, then the file
+        overrides = HydraConfig.get().overrides.task if run_folder is not None else []
+        resume = ["python", "-m", "capsexp", *(o for o in overrides if not o.lstrip("+").startswith("ckpt_path="))]
+        resume.append(f"ckpt_path={_shown_path(last)}")
     raise Interrupted(
-        f"{stopped.stopped_by.name}: training stopped at step {trainer.global_step}, its state saved in {path}; "
-        f"resume with: {command}",
+        f"{stopped.stopped_by.name}: training stopped at step {trainer.global_step}, its state saved in "
+        f"{_shown_path(last)}; resume with: {shlex.join(resume)}",
         stopped.stopped_by,
     )
+
+
+def _shown_path(path: Path) -> Path:
+    """``path`` relative to the working directory when inside it."""
+    with contextlib.suppress(ValueError):
+        return path.relative_to(Path.cwd().resolve())
+    return path

@@ -1,0 +1,61 @@
+"""``ckpt_path=<run folder>``: resume a run from its latest state, with its config, into its folder.
+
+Before Hydra composes, a run folder given as ``ckpt_path`` (``logs/<task>/runs/<time>``, or a job
+folder of a multirun) becomes the run's own overrides (its ``.hydra/overrides.yaml``), then the ones
+given now (the later value of a key wins, so ``trainer.max_epochs=20`` extends a run),
+``ckpt_path=<folder>/checkpoints/last.ckpt`` and ``hydra.run.dir=<folder>``: training continues with
+the same config, and its checkpoints, log and TensorBoard curves go on in the same place.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from capsexp.errors import CheckpointError
+
+LAST_CHECKPOINT = Path("checkpoints") / "last.ckpt"
+MULTIRUN_FLAGS = ("-m", "--multirun")
+
+
+def _is_ckpt_path(argument: str) -> bool:
+    return argument.lstrip("+").startswith("ckpt_path=")
+
+
+def expand_run_folder(arguments: list[str]) -> list[str]:
+    """``arguments`` with a run folder given as ``ckpt_path`` expanded as the module says; any
+    other ``arguments`` unchanged. :class:`CheckpointError` for a folder that is not a run's, or a
+    run that saved no state."""
+    given = [argument for argument in arguments if _is_ckpt_path(argument)]
+    if not given:
+        return arguments
+    value = given[-1].split("=", 1)[1]
+    folder = Path(value)
+    if not folder.is_dir():
+        return arguments
+    where = f"ckpt_path={value}"
+    overrides_file = folder / ".hydra" / "overrides.yaml"
+    if not overrides_file.is_file():
+        found = sorted(folder.glob("*.ckpt"))
+        hint = f"; or give one of its checkpoints: {', '.join(str(p) for p in found[:3])}" if found else ""
+        raise CheckpointError(
+            f"{where} is a folder but not a run's (no .hydra/overrides.yaml in it): give a run folder, "
+            f"logs/<task_name>/runs/<time>, or a .ckpt file{hint}"
+        )
+    if any(argument in MULTIRUN_FLAGS for argument in arguments):
+        raise CheckpointError(f"{where} resumes one run: drop -m (a sweep cannot continue in one run's folder)")
+    last = folder / LAST_CHECKPOINT
+    if not last.is_file():
+        raise CheckpointError(f"{where}: the run saved no state to resume ({LAST_CHECKPOINT} is missing)")
+    saved = [str(override) for override in yaml.safe_load(overrides_file.read_text()) or []]
+    now = [argument for argument in arguments if not _is_ckpt_path(argument)]
+    # The saved overrides go before the first one given now (after Hydra's flags), so the new win.
+    first = next((i for i, argument in enumerate(now) if "=" in argument and not argument.startswith("-")), len(now))
+    return [
+        *now[:first],
+        *(override for override in saved if not _is_ckpt_path(override)),
+        *now[first:],
+        f"ckpt_path={last}",
+        f"hydra.run.dir={folder}",
+    ]
