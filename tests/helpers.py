@@ -171,6 +171,7 @@ class FakeTrainer:
 
     world_size: int = 1
     global_rank: int = 0
+    global_step: int = 0
     training: bool = False
     testing: bool = False
     strategy: object = field(default_factory=lambda: FakeStrategy())

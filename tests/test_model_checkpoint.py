@@ -16,6 +16,7 @@ import torch
 import yaml
 from lightning.pytorch.demos.boring_classes import BoringModel
 
+from capsexp.data.resumable import EpochSampler, ResumableDataLoader
 from capsexp.lit.model_checkpoint import PARTIAL_SUFFIX, BestAndLastCheckpoint
 from tests.helpers import PROJECT_ROOT, TINY_RUN
 
@@ -155,3 +156,45 @@ def test_a_signal_stops_training_after_the_step_with_its_state_saved_and_the_res
     assert saved_step(path) == step + 3
     overrides = yaml.safe_load((run_dir / ".hydra" / "overrides.yaml").read_text())
     assert overrides == [*command[3:-1], f"trainer.max_steps={step + 3}", f"ckpt_path={path}"]
+
+
+def test_resuming_a_checkpoint_without_the_data_position_warns_that_the_epoch_restarts(tmp_path, caplog):
+    fit(tmp_path, max_steps=3, val_check_interval=3)  # BoringModel's plain DataLoader: no position saved
+    last = tmp_path / "checkpoints" / "last.ckpt"
+    assert "combined_loader" not in torch.load(last, weights_only=True)["loops"]["fit_loop"]["state_dict"]
+    callback = BestAndLastCheckpoint(dirpath=tmp_path / "resumed")
+    trainer = L.Trainer(max_steps=5, logger=False, enable_progress_bar=False, callbacks=[callback])
+    with caplog.at_level("WARNING", logger="capsexp.lit.model_checkpoint"):
+        trainer.fit(WorseningModel(), ckpt_path=last)
+    assert "holds no position of the training data" in caplog.text
+
+
+class DropoutModel(BoringModel):
+    """Trains through dropout on a fixed dataset: its weights depend on the global generator's draws."""
+
+    def training_step(self, batch, batch_idx):
+        return self(torch.nn.functional.dropout(batch, 0.5, training=True)).sum()
+
+    def train_dataloader(self):
+        data = torch.linspace(-1, 1, 20 * 32).view(20, 32)  # 5 batches an epoch: resumed mid-epoch at step 4
+        return ResumableDataLoader(data, EpochSampler(data), batch_size=4)
+
+
+def test_a_resumed_run_draws_from_the_global_generator_what_the_uninterrupted_one_drew(tmp_path):
+    def train(folder: str, stop_at: int | None = None, ckpt_path=None) -> torch.nn.Module:
+        L.seed_everything(0)
+        model = DropoutModel()
+        callback = BestAndLastCheckpoint(dirpath=tmp_path / folder)
+        if stop_at is not None:  # as SIGTERM arriving during that step
+            model.on_train_batch_start = lambda batch, index: (
+                callback._on_signal(signal.SIGTERM, None) if model.global_step == stop_at else None
+            )
+        options = dict(logger=False, enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0)
+        L.Trainer(max_steps=8, callbacks=[callback], **options).fit(model, ckpt_path=ckpt_path)
+        return model
+
+    whole = train("whole")
+    train("stopped", stop_at=3)
+    assert torch.load(tmp_path / "stopped" / "last.ckpt", weights_only=True)["global_step"] == 4  # mid-epoch
+    resumed = train("resumed", ckpt_path=tmp_path / "stopped" / "last.ckpt")
+    assert all(torch.equal(a, b) for a, b in zip(whole.parameters(), resumed.parameters(), strict=True))

@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
 from capsexp.resume import expand_run_folder
+from tests.helpers import PROJECT_ROOT, TINY_EM_CAPS, TINY_RUN, run_cli, scalars
 
 
 def test_a_run_folder_expands_to_its_overrides_then_the_new_ones_its_state_and_its_folder(tmp_path):
@@ -28,3 +37,64 @@ def test_anything_but_a_folder_is_left_to_the_checkpoint_checks(tmp_path):
     arguments = ["model=lenet5", f"ckpt_path={tmp_path / 'x.ckpt'}"]
     assert expand_run_folder(arguments) == arguments
     assert expand_run_folder(["model=lenet5"]) == ["model=lenet5"]
+
+
+def _state(path: Path) -> dict[str, torch.Tensor]:
+    return torch.load(path, map_location="cpu", weights_only=True)["state_dict"]
+
+
+def interrupt_resume_and_compare(common: list[str], folder: Path, signum: signal.Signals, max_step: int) -> int:
+    """Train ``common`` whole, and again stopped by ``signum`` once training is under way, resumed
+    from its folder; assert the two end with the same weights and validation accuracies. Returns
+    the step the signal stopped the second run at."""
+    whole = folder / "whole"
+    result = run_cli(*common, f"hydra.run.dir={whole}")
+    assert result.returncode == 0, result.stderr[-2000:]
+    stopped = folder / "stopped"
+    command = [sys.executable, "-m", "capsexp", *common, "callbacks.progress_log.interval_s=0.1"]
+    command.append(f"hydra.run.dir={stopped}")
+    process = subprocess.Popen(command, cwd=PROJECT_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for line in process.stdout:
+        if "| step " in line:
+            break
+    process.send_signal(signum)
+    _, stderr = process.communicate(timeout=300)
+    assert process.returncode == 128 + signum, stderr[-2000:]
+    stopped_at = torch.load(stopped / "checkpoints" / "last.ckpt", weights_only=True)["global_step"]
+    assert 0 < stopped_at < max_step
+    resumed = run_cli(f"ckpt_path={stopped}")
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert "not resumable" not in resumed.stdout + resumed.stderr
+    final, expected = _state(stopped / "checkpoints" / "last.ckpt"), _state(whole / "checkpoints" / "last.ckpt")
+    assert final.keys() == expected.keys()
+    assert all(torch.allclose(final[name], expected[name], atol=1e-5, rtol=0) for name in expected), stopped_at
+    accuracies = [[s.value for s in scalars(run)["val/acc"]] for run in (whole, stopped)]
+    assert accuracies[1][-3:] == accuracies[0][-3:]  # the resumed run logs what the whole one logged
+    return stopped_at
+
+
+def test_a_run_interrupted_mid_epoch_and_resumed_ends_with_the_uninterrupted_runs_weights(mnist_dir, tmp_path):
+    """LeNet5 on shifted MNIST (random shifts, shuffled batches), 12 steps an epoch, stopped by
+    SIGTERM at whatever step the signal finds it."""
+    common = [*TINY_RUN, f"paths.data_dir={mnist_dir}", "model=lenet5", "data=shifted_mnist", "trainer.max_epochs=25"]
+    interrupt_resume_and_compare(common, tmp_path, signal.SIGTERM, max_step=300)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "model,devices,signum",
+    [
+        ("lenet5", 2, signal.SIGTERM),
+        ("lenet5", 2, signal.SIGINT),
+        ("capsnet", 1, signal.SIGINT),
+        ("em_caps_small", 1, signal.SIGINT),
+        ("em_caps_small", 1, signal.SIGTERM),
+    ],
+    ids=lambda value: value.name if isinstance(value, signal.Signals) else str(value),
+)
+def test_every_model_resumes_exactly(model, devices, signum, mnist_dir, tmp_path):
+    common = [*TINY_RUN, f"paths.data_dir={mnist_dir}", f"model={model}", "data=shifted_mnist"]
+    common += [f"trainer.devices={devices}", "trainer.max_epochs=4" if model != "lenet5" else "trainer.max_epochs=25"]
+    if model.startswith("em_caps"):
+        common += TINY_EM_CAPS
+    interrupt_resume_and_compare(common, tmp_path, signum, max_step=48 if model != "lenet5" else 300)

@@ -60,8 +60,12 @@ def test_crops_jitter_and_standardisation(norb_dir):
     assert torch.allclose(flat.mean(1), torch.zeros(12), atol=1e-5)
     assert torch.allclose(flat.std(1, unbiased=False), torch.ones(12), atol=1e-4)
     trainer.training = True
-    trained = [datamodule.on_after_batch_transfer(batch, 0)[0] for _ in range(2)]
-    assert trained[0].shape == (12, 2, 32, 32) and not torch.allclose(trained[0], trained[1])
+    trained = []
+    for step in (0, 0, 1):
+        trainer.global_step = step
+        trained.append(datamodule.on_after_batch_transfer(batch, 0)[0])
+    assert trained[0].shape == (12, 2, 32, 32) and not torch.allclose(trained[0], trained[2])
+    assert torch.equal(trained[0], trained[1])  # drawn from the step: a resumed run jitters alike
 
 
 @pytest.mark.parametrize(

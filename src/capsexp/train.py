@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import shlex
+import sys
 import warnings
 from pathlib import Path
 from typing import Any
@@ -130,6 +131,8 @@ def _raise_if_stopped_by_signal(trainer: L.Trainer) -> None:
     stopped = next((cb for cb in trainer.checkpoint_callbacks if getattr(cb, "stopped_by", None)), None)
     if stopped is None:
         return
+    if trainer.global_rank != 0:  # one line, from the first process
+        sys.exit(128 + stopped.stopped_by)
     last = Path(stopped.last_model_path).resolve()
     run_folder = Path(HydraConfig.get().runtime.output_dir).resolve() if HydraConfig.initialized() else None
     if run_folder is not None and last == run_folder / LAST_CHECKPOINT:

@@ -38,14 +38,16 @@ def random_shift(images: torch.Tensor, max_shift: int, generator: torch.Generato
     return random_crop(F.pad(images, (max_shift,) * 4), images.shape[-1], generator)
 
 
-def random_brightness_contrast(images: torch.Tensor, max_delta: float, contrast: tuple[float, float]) -> torch.Tensor:
+def random_brightness_contrast(
+    images: torch.Tensor, max_delta: float, contrast: tuple[float, float], generator: torch.Generator | None = None
+) -> torch.Tensor:
     """Per image: add a brightness offset in [-max_delta, max_delta], then scale each channel's
     deviation from its mean by a factor in ``contrast`` (as ``tf.image.random_brightness`` and
     ``random_contrast``)."""
     batch = images.shape[0]
     shape = (batch,) + (1,) * (images.ndim - 1)
-    delta = (torch.rand(shape, device=images.device) * 2 - 1) * max_delta
-    factor = torch.empty(shape, device=images.device).uniform_(*contrast)
+    delta = (torch.rand(shape, device=images.device, generator=generator) * 2 - 1) * max_delta
+    factor = torch.empty(shape, device=images.device).uniform_(*contrast, generator=generator)
     images = images + delta
     mean = images.mean(dim=(-2, -1), keepdim=True)
     return (images - mean) * factor + mean

@@ -6,7 +6,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import inspect
-import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TypeVar
@@ -14,9 +13,10 @@ from typing import TypeVar
 import lightning as L
 import torch
 from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
-from torch.utils.data import DataLoader, DistributedSampler, Sampler
+from torch.utils.data import DataLoader, Sampler
 
 from capsexp.data.device_loader import DeviceBatchLoader
+from capsexp.data.resumable import EpochSampler, ResumableDataLoader, ResumableDeviceBatchLoader, step_generator
 from capsexp.data.tensor_dataset import ImageTensorDataset, collate_batch
 from capsexp.errors import ConfigError, DataFolderError, DatasetNotFoundError
 from capsexp.test_sets import PLAIN
@@ -155,39 +155,38 @@ class InMemoryDataModule(L.LightningDataModule):
             self._device_copies[key] = (dataset.images.to(device), dataset.targets.to(device))
         return self._device_copies[key]
 
-    def _device_loader(self, dataset: ImageTensorDataset, shuffle: bool, device: torch.device) -> DeviceBatchLoader:
-        sampler: Sampler | None = self._evaluation_sampler(dataset)
-        if shuffle:  # as Lightning shards a training DataLoader: DistributedSampler, seeded alike
-            world_size = self.trainer.world_size
-            sampler = (
-                None
-                if world_size == 1
-                else DistributedSampler(
-                    dataset,
-                    num_replicas=world_size,
-                    rank=self.trainer.global_rank,
-                    shuffle=True,
-                    seed=int(os.environ.get("PL_GLOBAL_SEED", 0)),
-                )
-            )
-        images, targets = self._device_copy(dataset, device)
-        return DeviceBatchLoader(images, targets, self.batch_size_per_device, sampler=sampler, shuffle=shuffle)
+    def _training_sampler(self, dataset: ImageTensorDataset) -> EpochSampler:
+        """The training order, this process's share under DDP (as Lightning would shard it)."""
+        trainer = self.trainer
+        if trainer is None:  # outside a Trainer: one process
+            return EpochSampler(dataset)
+        return EpochSampler(dataset, num_replicas=trainer.world_size, rank=trainer.global_rank)
 
     def _loader(self, dataset: ImageTensorDataset, shuffle: bool) -> DataLoader | DeviceBatchLoader:
+        """Training (``shuffle``): a resumable loader over :class:`EpochSampler`; else the stored
+        order (each process its share under DDP). On the device or through a DataLoader."""
         device = self.data_device()
+        sampler = self._training_sampler(dataset) if shuffle else self._evaluation_sampler(dataset)
         if device is not None:
-            return self._device_loader(dataset, shuffle, device)
-        return DataLoader(
-            dataset,
+            images, targets = self._device_copy(dataset, device)
+            if shuffle:
+                return ResumableDeviceBatchLoader(images, targets, self.batch_size_per_device, sampler)
+            return DeviceBatchLoader(images, targets, self.batch_size_per_device, sampler=sampler)
+        options = dict(
             batch_size=self.batch_size_per_device,
-            shuffle=shuffle,
-            # Training shards come from Lightning's DistributedSampler (shuffled per epoch).
-            sampler=None if shuffle else self._evaluation_sampler(dataset),
             collate_fn=collate_batch,
             num_workers=self.hparams.num_workers,
             pin_memory=self.hparams.pin_memory,
             persistent_workers=self.hparams.num_workers > 0,
         )
+        if shuffle:
+            return ResumableDataLoader(dataset, sampler, **options)
+        return DataLoader(dataset, sampler=sampler, **options)
+
+    def augmentation_generator(self, device: torch.device) -> torch.Generator:
+        """The generator random training augmentations draw from: seeded by the run's seed, the step
+        and the process, so a resumed run augments as the uninterrupted one (:func:`step_generator`)."""
+        return step_generator(device, self.trainer.global_step, self.trainer.global_rank)
 
     def train_dataloader(self) -> DataLoader | DeviceBatchLoader:
         return self._loader(self.data_train, shuffle=True)

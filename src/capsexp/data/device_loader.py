@@ -22,10 +22,7 @@ class DeviceBatchLoader:
     Args:
         images, targets: the whole set, already on the device.
         batch_size: batch size of this process.
-        sampler: where the order comes from (e.g. ``DistributedSampler``); ``None``: a random
-            permutation (``shuffle``) or the stored order.
-        shuffle: without a sampler, draw a new permutation from torch's global generator each epoch
-            (as ``DataLoader(shuffle=True)`` does).
+        sampler: where the order comes from (e.g. ``DistributedSampler``); ``None``: the stored order.
     """
 
     def __init__(
@@ -34,7 +31,6 @@ class DeviceBatchLoader:
         targets: torch.Tensor,
         batch_size: int,
         sampler: Sampler | None = None,
-        shuffle: bool = False,
     ) -> None:
         if len(images) != len(targets):
             raise ValueError(f"{len(images)} images but {len(targets)} targets")
@@ -43,7 +39,6 @@ class DeviceBatchLoader:
         # Lightning calls sampler.set_epoch(epoch) through these attributes, as for a DataLoader.
         self.sampler = sampler
         self.batch_sampler = None
-        self.shuffle = shuffle
 
     def _count(self) -> int:
         return len(self.sampler) if self.sampler is not None else len(self.images)
@@ -53,12 +48,7 @@ class DeviceBatchLoader:
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         device = self.images.device
-        if self.sampler is not None:
-            order = torch.as_tensor(list(self.sampler), dtype=torch.long)
-        elif self.shuffle:
-            order = torch.randperm(len(self.images))
-        else:
-            order = None
+        order = torch.as_tensor(list(self.sampler), dtype=torch.long) if self.sampler is not None else None
         if order is None:  # the stored order: slices, no gather
             for start in range(0, len(self.images), self.batch_size):
                 yield self.images[start : start + self.batch_size], self.targets[start : start + self.batch_size]

@@ -228,7 +228,7 @@ class MNISTDataModule(InMemoryDataModule):
         images = images.float().div_(255)
         trainer = self.trainer
         if self.hparams.train_shift and trainer is not None and trainer.training:
-            images = random_shift(images, self.hparams.train_shift)
+            images = random_shift(images, self.hparams.train_shift, self.augmentation_generator(images.device))
         if self.hparams.test_rotations is not None and trainer is not None and trainer.testing:
             angle = self.hparams.test_rotations[dataloader_idx]
             if angle:

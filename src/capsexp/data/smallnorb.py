@@ -224,8 +224,9 @@ class SmallNORBDataModule(InMemoryDataModule):
         images, targets = batch
         images = images.float().div_(255)
         if self.trainer is not None and self.trainer.training:
-            images = random_crop(images, self.hparams.crop_size)
-            images = random_brightness_contrast(images, self.hparams.brightness, self.hparams.contrast)
+            generator = self.augmentation_generator(images.device)
+            images = random_crop(images, self.hparams.crop_size, generator)
+            images = random_brightness_contrast(images, self.hparams.brightness, self.hparams.contrast, generator)
         else:
             images = center_crop(images, self.hparams.crop_size)
         return standardize(images), targets

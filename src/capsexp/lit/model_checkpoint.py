@@ -19,6 +19,7 @@ import threading
 from typing import Any
 
 import lightning as L
+import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.trainer.states import TrainerFn
 from typing_extensions import override
@@ -84,11 +85,51 @@ class BestAndLastCheckpoint(ModelCheckpoint):
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+        if trainer.world_size > 1 and self.stop_on_signals:
+            self._agree_on_signal(trainer)
         if self.stopped_by is not None and not trainer.should_stop:
             self.save_latest(trainer, even_without_last=True)
             trainer.should_stop = True
             # Else Lightning trains on to trainer.min_epochs / min_steps before it stops.
             trainer.fit_loop.min_epochs = trainer.fit_loop.epoch_loop.min_steps = 0
+
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        # The global generators too: a model that draws from them while training (dropout) goes on
+        # drawing in a resumed run what the uninterrupted one drew. Data order and augmentation
+        # have their own seeds (capsexp.data.resumable).
+        rng = {"torch": torch.get_rng_state()}
+        if torch.cuda.is_available():
+            rng["cuda"] = torch.cuda.get_rng_state_all()
+        return {**super().state_dict(), "rng_states": rng}
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        state_dict = dict(state_dict)
+        rng = state_dict.pop("rng_states", None)
+        super().load_state_dict(state_dict)
+        if rng is not None:
+            torch.set_rng_state(rng["torch"])
+            if "cuda" in rng and torch.cuda.is_available() and len(rng["cuda"]) == torch.cuda.device_count():
+                torch.cuda.set_rng_state_all(rng["cuda"])
+
+    def _agree_on_signal(self, trainer: L.Trainer) -> None:
+        """Under DDP a signal may reach one process only (the scheduler's SIGTERM, Ctrl-C in the
+        launching terminal): every process learns of it here, so all save and stop at the same step."""
+        received = torch.tensor([int(self.stopped_by or 0)], device=trainer.strategy.root_device)
+        torch.distributed.all_reduce(received, op=torch.distributed.ReduceOp.MAX)
+        if received.item() and self.stopped_by is None:
+            self.stopped_by = signal.Signals(int(received.item()))
+
+    @override
+    def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
+        fit_loop = checkpoint.get("loops", {}).get("fit_loop", {})
+        if trainer.state.fn == TrainerFn.FITTING and "combined_loader" not in fit_loop.get("state_dict", {}):
+            log.warning(
+                "the checkpoint holds no position of the training data (it was written by an older capsexp): "
+                "if it was saved in the middle of an epoch, the rest of that epoch draws its batches anew; "
+                "later epochs have the order an uninterrupted run has"
+            )
 
     @override
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
