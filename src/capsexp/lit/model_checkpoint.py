@@ -7,7 +7,9 @@ rewritten after every validation and at the end of fit, whatever the metric did,
 written beside its destination and renamed into place, so a process killed while writing leaves
 the previous file whole. SIGINT (Ctrl-C) and SIGTERM (what a cluster scheduler sends before it
 pre-empts a job or at its time limit) end training after the current step, with ``last.ckpt``
-holding that step; a second Ctrl-C stops at once.
+holding that step; a second Ctrl-C stops at once. Checkpoints also hold the global random state,
+so a resumed run draws what the uninterrupted one would have (the data order and augmentation are
+seeded on their own: :mod:`capsexp.data.resumable`).
 """
 
 from __future__ import annotations
