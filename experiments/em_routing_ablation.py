@@ -67,13 +67,15 @@ def missing_seeds(folder: Path) -> list[int]:
     return [seed for seed in SEEDS if seed not in done]
 
 
-def run_seconds(run) -> float:
-    """A run's duration, first to last scalar event (survives copying the event files)."""
+def run_seconds(run) -> float | None:
+    """A run's duration, first to last scalar event (survives copying the event files); None when
+    its events carry no times of their own (all within a second: a file rewritten after the run)."""
     from capsexp.events import load_events
 
     events = load_events(run.path)
     times = [event.wall_time for tag in events.Tags()["scalars"] for event in events.Scalars(tag)]
-    return max(times) - min(times) if times else 0.0
+    span = max(times) - min(times) if times else 0.0
+    return span if span >= 1.0 else None
 
 
 def mean_std(values: list[float], scale: float = 1.0, digits: int = 2) -> str:
@@ -220,11 +222,12 @@ def main(argv: list[str] | None = None) -> int:
             missing = [] if args.rebuild or name not in args.rows else missing_seeds(folder)
             if missing:
                 print(f"\n=== {name}", flush=True)
-            # One seed at a time, each in the job folder a sweep over all seeds gives it, so the page's
-            # single command and a row completed over several sessions fill the same folders.
-            for seed in missing:
-                seed_sweep = [*overrides, f"seed={seed}", *budget, f"hydra.sweep.subdir={SEEDS.index(seed)}"]
-                study.multirun(seed_sweep, folder=folder)
+            if list(missing) == list(SEEDS):
+                study.multirun(sweep, folder=folder)
+            else:  # a row begun earlier: each missing seed in the job folder the whole sweep gives it
+                for seed in missing:
+                    seed_sweep = [*overrides, f"seed={seed}", *budget, f"hydra.sweep.subdir={SEEDS.index(seed)}"]
+                    study.multirun(seed_sweep, folder=folder)
             if folder.is_dir():
                 commands.append(study.command_text(sweep, folder))
     table, runs = results_table(study_folder)
@@ -255,13 +258,20 @@ recipe with `model.net.routing_iterations` set; paper recipe: `model=em_caps_sma
 the direction routing should take, not numbers to match.
 """
     # Rebuilt, the runs' own durations (the same figure a fresh execution reports, less start-ups).
-    wall_s = sum(run_seconds(run) for found in runs.values() for run in found) if args.rebuild else watch.seconds
+    durations = [run_seconds(run) for found in runs.values() for run in found]
+    wall_s = sum(d for d in durations if d is not None) if args.rebuild else watch.seconds
     if args.rebuild:
         notes += f"""
 Rebuilt (`--rebuild`) from the runs in `{display_path(study_folder)}`, of which only the event files
 and `.hydra/overrides.yaml` need be kept; the commands are those that run each row into that folder
 (`--folder` does so for rows not complete there). Rows with fewer than {len(SEEDS)} runs are incomplete.
 """
+        unknown = sum(d is None for d in durations)
+        if unknown:
+            notes += (
+                f"The time above sums the durations of {len(durations) - unknown} runs; {unknown} runs' event files "
+                "were rewritten without their times, so their durations are not known.\n"
+            )
     study.write_results(
         "EM routing ablation (em_caps_small, MNIST)", commands, study_folder, wall_s, notes, extra_section
     )
