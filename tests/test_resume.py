@@ -1,4 +1,4 @@
-"""ckpt_path=<run folder>: the run's own overrides, then the new ones, its last.ckpt and its folder."""
+"""Resuming: ckpt_path=<run folder> or last (the run's own overrides, then the new ones, its folder), and exactly."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from capsexp.data import MNISTDataModule
+from capsexp.errors import CheckpointError
 from capsexp.lit import Classifier, CrossEntropy
 from capsexp.lit.model_checkpoint import BestAndLastCheckpoint
 from capsexp.models import LeNet5
@@ -129,3 +130,20 @@ def test_every_model_resumes_exactly(model, devices, signum, mnist_dir, tmp_path
     if model.startswith("em_caps"):
         common += TINY_EM_CAPS
     interrupt_resume_and_compare(common, tmp_path, signum, max_step=48 if model != "lenet5" else 300)
+
+
+def test_ckpt_path_last_resumes_the_newest_run_of_the_task_that_saved_a_state(tmp_path, monkeypatch):
+    monkeypatch.setenv("CAPSEXP_LOG_DIR", str(tmp_path))
+    runs = tmp_path / "mytask" / "runs"
+    for name, saved in [("2026-01-01_10-00-00", True), ("2026-01-02_10-00-00", True), ("2026-01-03_10-00-00", False)]:
+        (runs / name / ".hydra").mkdir(parents=True)
+        (runs / name / ".hydra" / "overrides.yaml").write_text(f"- task_name=mytask\n- seed={name[8:10]}\n")
+        if saved:
+            (runs / name / "checkpoints").mkdir()
+            (runs / name / "checkpoints" / "last.ckpt").write_bytes(b"state")
+    newest = runs / "2026-01-02_10-00-00"
+    expanded = expand_run_folder(["task_name=mytask", "ckpt_path=last"])
+    assert expanded[-2:] == [f"ckpt_path={newest / 'checkpoints' / 'last.ckpt'}", f"hydra.run.dir={newest}"]
+    assert "seed=02" in expanded
+    with pytest.raises(CheckpointError, match=r"ckpt_path=last: no run under .*othertask/runs holds"):
+        expand_run_folder(["task_name=othertask", "ckpt_path=last"])

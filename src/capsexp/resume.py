@@ -5,6 +5,7 @@ folder of a multirun) becomes the run's own overrides (its ``.hydra/overrides.ya
 given now (the later value of a key wins, so ``trainer.max_epochs=20`` extends a run),
 ``ckpt_path=<folder>/checkpoints/last.ckpt`` and ``hydra.run.dir=<folder>``: training continues with
 the same config, and its checkpoints, log and TensorBoard curves go on in the same place.
+``ckpt_path=last`` does the same for the newest run of the task that saved a state.
 """
 
 from __future__ import annotations
@@ -23,6 +24,25 @@ def _is_ckpt_path(argument: str) -> bool:
     return argument.lstrip("+").startswith("ckpt_path=")
 
 
+def latest_run(arguments: list[str]) -> Path:
+    """The newest run folder of this command's task (``logs/<task_name>/runs/<time>``, as the
+    command's overrides set the log folder and task) that holds a ``last.ckpt``."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from capsexp import CONFIG_DIR
+
+    overrides = [a for a in arguments if "=" in a and not a.startswith("-") and not _is_ckpt_path(a)]
+    overrides = [a for a in overrides if not a.lstrip("+~").startswith("hydra.")]
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=overrides)
+    runs = Path(OmegaConf.select(cfg, "paths.log_dir")) / str(cfg.task_name) / "runs"
+    found = sorted(path.parent.parent for path in runs.glob(f"*/{LAST_CHECKPOINT}"))
+    if not found:
+        raise CheckpointError(f"ckpt_path=last: no run under {runs} holds {LAST_CHECKPOINT}")
+    return found[-1]  # folders are named by their start time
+
+
 def expand_run_folder(arguments: list[str]) -> list[str]:
     """``arguments`` with a run folder given as ``ckpt_path`` expanded as the module says; any
     other ``arguments`` unchanged. :class:`CheckpointError` for a folder that is not a run's, or a
@@ -31,10 +51,10 @@ def expand_run_folder(arguments: list[str]) -> list[str]:
     if not given:
         return arguments
     value = given[-1].split("=", 1)[1]
-    folder = Path(value)
+    where = f"ckpt_path={value}"
+    folder = latest_run(arguments) if value == "last" else Path(value)
     if not folder.is_dir():
         return arguments
-    where = f"ckpt_path={value}"
     overrides_file = folder / ".hydra" / "overrides.yaml"
     if not overrides_file.is_file():
         found = sorted(folder.glob("*.ckpt"))
