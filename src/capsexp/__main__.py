@@ -80,12 +80,12 @@ def _sweeper_needs_metric() -> bool:
 
 
 def cli() -> None:
-    """The entry point: a run folder given as ``ckpt_path`` expanded (:mod:`capsexp.resume`) and
-    group options checked before Hydra composes (its message lists the search path; ours names the
-    option and the choices), then :func:`main`."""
+    """The entry point: group options checked before Hydra composes (its message lists the search
+    path; ours names the option and the choices) and a run folder given as ``ckpt_path`` expanded
+    (:mod:`capsexp.resume`), then :func:`main`."""
     try:
-        sys.argv[1:] = expand_run_folder(sys.argv[1:])
         check_group_overrides(sys.argv[1:], CONFIG_DIR)
+        sys.argv[1:] = expand_run_folder(sys.argv[1:])
     except CapsexpError as error:
         report(error)
     main()

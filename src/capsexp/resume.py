@@ -34,9 +34,13 @@ def latest_run(arguments: list[str]) -> Path:
 
     overrides = [a for a in arguments if "=" in a and not a.startswith("-") and not _is_ckpt_path(a)]
     overrides = [a for a in overrides if not a.lstrip("+~").startswith("hydra.")]
-    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=overrides)
-    runs = Path(OmegaConf.select(cfg, "paths.log_dir")) / str(cfg.task_name) / "runs"
+    try:
+        with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+            cfg = compose(config_name="config", overrides=overrides)
+        runs = Path(OmegaConf.select(cfg, "paths.log_dir")) / str(cfg.task_name) / "runs"
+    except Exception as error:  # an override Hydra refuses: its reason, not a traceback
+        reason = str(error).splitlines()[0]
+        raise CheckpointError(f"ckpt_path=last: the log folder cannot be found ({reason})") from None
     found = sorted(path.parent.parent for path in runs.glob(f"*/{LAST_CHECKPOINT}"))
     if not found:
         raise CheckpointError(f"ckpt_path=last: no run under {runs} holds {LAST_CHECKPOINT}")
