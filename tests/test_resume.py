@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from capsexp.data import MNISTDataModule
+from capsexp.data.resumable import EpochSampler, ResumableDataLoader
 from capsexp.errors import CheckpointError
 from capsexp.lit import Classifier, CrossEntropy
 from capsexp.lit.model_checkpoint import BestAndLastCheckpoint
@@ -147,3 +148,19 @@ def test_ckpt_path_last_resumes_the_newest_run_of_the_task_that_saved_a_state(tm
     assert "seed=02" in expanded
     with pytest.raises(CheckpointError, match=r"ckpt_path=last: no run under .*othertask/runs holds"):
         expand_run_folder(["task_name=othertask", "ckpt_path=last"])
+
+
+def test_a_loader_resumes_at_the_image_it_stood_at_whatever_the_new_batch_size():
+    data = torch.arange(20.0)
+    original = ResumableDataLoader(data, EpochSampler(data), batch_size=4)
+    original.sampler.set_epoch(3)
+    batches = iter(original)
+    seen = [next(batches), next(batches)]
+    state = original.state_dict()
+    assert state == {"epoch": 3, "images": 8}
+    rest = torch.cat(list(batches))
+    resumed = ResumableDataLoader(data, EpochSampler(data), batch_size=2)
+    resumed.load_state_dict(state)
+    assert torch.equal(torch.cat(list(resumed)), rest)  # the same images, in the same order
+    assert sorted(torch.cat([*seen, rest]).tolist()) == data.tolist()  # each image once per epoch
+    assert len(torch.cat(list(resumed))) == 20  # the next pass is a whole epoch again

@@ -1,7 +1,7 @@
 """Training data that resumes exactly: the same batches, in the same order, after a restart.
 
 Each epoch's order is a function of the run's seed and the epoch alone (:class:`EpochSampler`), so
-nothing random has to be saved; the loaders count the batches they handed out this epoch and report
+nothing random has to be saved; the loaders count the images they handed out this epoch and report
 it in their ``state_dict``, which Lightning stores in the checkpoint and gives back on resume
 (its ``_Stateful`` protocol). The restored epoch then starts where the saved one stood. Random
 augmentation draws from :func:`step_generator`, seeded by the run's seed, the step and the process.
@@ -46,7 +46,7 @@ class EpochSampler(DistributedSampler):
 
 
 class BatchCounter:
-    """What the resumable loaders share: the count of batches handed out in the current pass, as
+    """What the resumable loaders share: the images handed out in the current pass, as
     ``state_dict``, and a sampler told where to start again by ``load_state_dict``."""
 
     sampler: EpochSampler
@@ -59,11 +59,12 @@ class BatchCounter:
             yield batch
 
     def state_dict(self) -> dict[str, int]:
-        return {"epoch": self.sampler.epoch, "batches": getattr(self, "_batches_this_epoch", 0)}
+        # Counted in images, not batches: a run resumed with another batch size goes on from the same image.
+        return {"epoch": self.sampler.epoch, "images": getattr(self, "_batches_this_epoch", 0) * self.batch_size}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         self.sampler.set_epoch(state["epoch"])
-        self.sampler.start_at(state["epoch"], state["batches"] * self.batch_size)
+        self.sampler.start_at(state["epoch"], state["images"])
 
 
 class ResumableDataLoader(BatchCounter, DataLoader):
