@@ -145,7 +145,6 @@ BAD_COMMANDS = {
     "checkpoint missing": (["train=false", "ckpt_path={missing}"], 1, "{missing}"),
     "checkpoint folder": (["train=false", "ckpt_path={folder}"], 1, "is a folder"),
     "run folder without state": (["ckpt_path={stateless_run}"], 1, "checkpoints/last.ckpt is missing"),
-    "run folder in a sweep": (["-m", "ckpt_path={stateless_run}"], 1, "drop -m"),
     "checkpoint empty": (["train=false", "ckpt_path={empty}"], 1, "{empty}"),
     "checkpoint noise": (["train=false", "ckpt_path={noise}"], 1, "{noise}"),
     "checkpoint not Lightning": (["train=false", "ckpt_path={plain}"], 1, "not a Lightning checkpoint"),

@@ -41,6 +41,13 @@ def test_a_run_folder_expands_to_its_overrides_then_the_new_ones_its_state_and_i
     ]
 
 
+def test_a_run_folder_cannot_continue_a_sweep(tmp_path):
+    (tmp_path / ".hydra").mkdir()
+    (tmp_path / ".hydra" / "overrides.yaml").write_text("- seed=1\n")
+    with pytest.raises(CheckpointError, match="resumes one run: drop -m"):
+        expand_run_folder(["-m", f"ckpt_path={tmp_path}"])
+
+
 def test_anything_but_a_folder_is_left_to_the_checkpoint_checks(tmp_path):
     arguments = ["model=lenet5", f"ckpt_path={tmp_path / 'x.ckpt'}"]
     assert expand_run_folder(arguments) == arguments
