@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import shlex
 import signal
 import subprocess
 import sys
@@ -11,6 +12,7 @@ from pathlib import Path
 import lightning as L
 import pytest
 import torch
+import yaml
 
 from capsexp.data import MNISTDataModule
 from capsexp.data.resumable import EpochSampler, ResumableDataLoader
@@ -77,8 +79,12 @@ def interrupt_resume_and_compare(common: list[str], folder: Path, signum: signal
     assert process.returncode == 128 + signum, stderr[-2000:]
     stopped_at = torch.load(stopped / "checkpoints" / "last.ckpt", weights_only=True)["global_step"]
     assert 0 < stopped_at < max_step
-    resumed = run_cli(f"ckpt_path={stopped}")
+    resume = shlex.split(stderr.strip().splitlines()[-1].split("resume with: ")[1])
+    assert resume == ["python", "-m", "capsexp", f"ckpt_path={stopped}"]  # the line the run printed
+    resumed = run_cli(*resume[3:])
     assert resumed.returncode == 0, resumed.stderr[-2000:]
+    overrides = yaml.safe_load((stopped / ".hydra" / "overrides.yaml").read_text())
+    assert overrides == [*command[3:-1], f"ckpt_path={stopped / 'checkpoints' / 'last.ckpt'}"]  # in its folder
     assert "not resumable" not in resumed.stdout + resumed.stderr
     final, expected = _state(stopped / "checkpoints" / "last.ckpt"), _state(whole / "checkpoints" / "last.ckpt")
     assert final.keys() == expected.keys()
