@@ -13,6 +13,7 @@ from capsexp import CONFIG_DIR
 from capsexp.config_check import check_config, check_group_overrides
 from capsexp.errors import CapsexpError
 from capsexp.resume import expand_run_folder
+from capsexp.slurm import resume_if_restarted
 
 log = logging.getLogger("capsexp")
 
@@ -82,10 +83,10 @@ def _sweeper_needs_metric() -> bool:
 def cli() -> None:
     """The entry point: group options checked before Hydra composes (its message lists the search
     path; ours names the option and the choices) and a run folder given as ``ckpt_path`` expanded
-    (:mod:`capsexp.resume`), then :func:`main`."""
+    (:mod:`capsexp.resume`; a restarted SLURM job's own folder: :mod:`capsexp.slurm`), then :func:`main`."""
     try:
         check_group_overrides(sys.argv[1:], CONFIG_DIR)
-        sys.argv[1:] = expand_run_folder(sys.argv[1:])
+        sys.argv[1:] = expand_run_folder(resume_if_restarted(sys.argv[1:]))
     except CapsexpError as error:
         report(error)
     main()

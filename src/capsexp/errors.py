@@ -2,7 +2,8 @@
 
 Exit status of ``python -m capsexp``: 0 for a run that finished, 2 for a usage error (a value or
 group on the command line that is not allowed: :class:`ConfigError`), 130 / 143 for training
-stopped by SIGINT / SIGTERM with its state saved (:class:`Interrupted`), 1 for any other failure.
+stopped by SIGINT / SIGTERM with its state saved (:class:`Interrupted`; 138 for SLURM's requeue signal,
+SIGUSR1), 1 for any other failure.
 """
 
 

@@ -24,9 +24,9 @@ def _is_ckpt_path(argument: str) -> bool:
     return argument.lstrip("+").startswith("ckpt_path=")
 
 
-def latest_run(arguments: list[str]) -> Path:
-    """The newest run folder of this command's task (``logs/<task_name>/runs/<time>``, as the
-    command's overrides set the log folder and task) that holds a ``last.ckpt``."""
+def task_folder(arguments: list[str], where: str) -> Path:
+    """``<log_dir>/<task_name>``, as this command's overrides set the log folder and task;
+    :class:`CheckpointError` naming ``where`` when Hydra refuses an override."""
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
@@ -37,10 +37,16 @@ def latest_run(arguments: list[str]) -> Path:
     try:
         with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
             cfg = compose(config_name="config", overrides=overrides)
-        runs = Path(OmegaConf.select(cfg, "paths.log_dir")) / str(cfg.task_name) / "runs"
+        return Path(OmegaConf.select(cfg, "paths.log_dir")) / str(cfg.task_name)
     except Exception as error:  # an override Hydra refuses: its reason, not a traceback
         reason = str(error).splitlines()[0]
-        raise CheckpointError(f"ckpt_path=last: the log folder cannot be found ({reason})") from None
+        raise CheckpointError(f"{where}: the log folder cannot be found ({reason})") from None
+
+
+def latest_run(arguments: list[str]) -> Path:
+    """The newest run folder of this command's task (``logs/<task_name>/runs/<time>``) that holds
+    a ``last.ckpt``."""
+    runs = task_folder(arguments, "ckpt_path=last") / "runs"
     found = sorted(path.parent.parent for path in runs.glob(f"*/{LAST_CHECKPOINT}"))
     if not found:
         raise CheckpointError(f"ckpt_path=last: no run under {runs} holds {LAST_CHECKPOINT}")

@@ -20,10 +20,12 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import Logger
 from omegaconf import DictConfig, OmegaConf
 
+from capsexp import slurm
 from capsexp.checkpoints import check_checkpoint
 from capsexp.distributed import DDPJob, ddp_job
 from capsexp.errors import ConfigError, Interrupted
 from capsexp.hparams import log_hyperparameters, metric_names
+from capsexp.lit.model_checkpoint import requeue_signal
 from capsexp.resume import LAST_CHECKPOINT
 
 log = logging.getLogger(__name__)
@@ -104,6 +106,11 @@ def _run(cfg: DictConfig, job: DDPJob) -> dict[str, float]:
 
     metrics: dict[str, float] = {}
     if cfg.get("train"):
+        run_folder = _run_folder()
+        if trainer.global_rank == 0 and run_folder is not None and _single_run():
+            record = slurm.record_run_folder(cfg.paths.log_dir, cfg.task_name, run_folder)
+            if record is not None:
+                log.info(f"SLURM job {slurm.job_id()}: its restarts resume this run (recorded in {record})")
         log.info("Training")
         trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
         _raise_if_stopped_by_signal(trainer)
@@ -127,25 +134,47 @@ def _run(cfg: DictConfig, job: DDPJob) -> dict[str, float]:
 
 def _raise_if_stopped_by_signal(trainer: L.Trainer) -> None:
     """:class:`Interrupted`, with the saved state's path and the command that resumes it, when a
-    signal ended training (:class:`~capsexp.lit.model_checkpoint.BestAndLastCheckpoint`)."""
+    signal ended training (:class:`~capsexp.lit.model_checkpoint.BestAndLastCheckpoint`). On SLURM's
+    requeue signal the job is requeued first (:mod:`capsexp.slurm`)."""
     stopped = next((cb for cb in trainer.checkpoint_callbacks if getattr(cb, "stopped_by", None)), None)
     if stopped is None:
         return
     if trainer.global_rank != 0:  # one line, from the first process
         sys.exit(128 + stopped.stopped_by)
     last = Path(stopped.last_model_path).resolve()
-    run_folder = Path(HydraConfig.get().runtime.output_dir).resolve() if HydraConfig.initialized() else None
+    run_folder = _run_folder()
     if run_folder is not None and last == run_folder / LAST_CHECKPOINT:
         resume = ["python", "-m", "capsexp", f"ckpt_path={_shown_path(run_folder)}"]  # capsexp.resume
     else:  # a checkpoint outside the run folder: the run's overrides, then the file
         overrides = HydraConfig.get().overrides.task if run_folder is not None else []
         resume = ["python", "-m", "capsexp", *(o for o in overrides if not o.lstrip("+").startswith("ckpt_path="))]
         resume.append(f"ckpt_path={_shown_path(last)}")
+    next_step = f"resume with: {shlex.join(resume)}"
+    job = slurm.job_id()
+    if stopped.stopped_by == requeue_signal(trainer) and job is not None:
+        if run_folder is None or not _single_run():
+            next_step = f"SLURM job {job} not requeued (only a single run resumes in its folder); {next_step}"
+        elif (status := slurm.requeue(job)) == 0:
+            next_step = f"SLURM job {job} requeued: it resumes in {_shown_path(run_folder)}"
+        else:
+            next_step = f"requeuing SLURM job {job} failed (scontrol requeue: exit status {status}); {next_step}"
     raise Interrupted(
         f"{stopped.stopped_by.name}: training stopped at step {trainer.global_step}, its state saved in "
-        f"{_shown_path(last)}; resume with: {shlex.join(resume)}",
+        f"{_shown_path(last)}; {next_step}",
         stopped.stopped_by,
     )
+
+
+def _run_folder() -> Path | None:
+    """This job's Hydra output folder (None outside Hydra)."""
+    return Path(HydraConfig.get().runtime.output_dir).resolve() if HydraConfig.initialized() else None
+
+
+def _single_run() -> bool:
+    """True for ``python -m capsexp`` without ``-m`` (and outside Hydra)."""
+    from hydra.types import RunMode
+
+    return not HydraConfig.initialized() or HydraConfig.get().mode == RunMode.RUN
 
 
 def _shown_path(path: Path) -> Path:

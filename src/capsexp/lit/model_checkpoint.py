@@ -7,7 +7,8 @@ rewritten after every validation and at the end of fit, whatever the metric did,
 written beside its destination and renamed into place, so a process killed while writing leaves
 the previous file whole. SIGINT (Ctrl-C) and SIGTERM (what a cluster scheduler sends before it
 pre-empts a job or at its time limit) end training after the current step, with ``last.ckpt``
-holding that step; a second Ctrl-C stops at once. Checkpoints also hold the global random state,
+holding that step; a second Ctrl-C stops at once. On SLURM, so does Lightning's requeue signal
+(the job then requeues itself: :mod:`capsexp.slurm`). Checkpoints also hold the global random state,
 so a resumed run draws what the uninterrupted one would have (the data order and augmentation are
 seeded on their own: :mod:`capsexp.data.resumable`).
 """
@@ -22,6 +23,7 @@ from typing import Any
 
 import lightning as L
 import torch
+from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.trainer.states import TrainerFn
 from typing_extensions import override
@@ -34,14 +36,24 @@ PARTIAL_SUFFIX = ".partial"
 STOPPING_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
+def requeue_signal(trainer: L.Trainer) -> signal.Signals | None:
+    """The signal on which Lightning requeues a SLURM job (``SLURMEnvironment(auto_requeue=True)``,
+    which Lightning uses when it detects SLURM); None when it does not requeue."""
+    environment = trainer._accelerator_connector.cluster_environment
+    if isinstance(environment, SLURMEnvironment) and environment.auto_requeue and environment.requeue_signal:
+        return signal.Signals(environment.requeue_signal)
+    return None
+
+
 class BestAndLastCheckpoint(ModelCheckpoint):
     """:class:`~lightning.pytorch.callbacks.ModelCheckpoint` whose ``last.ckpt`` (``save_last=True``)
     holds the state after the latest validation, and after the final step once fit ends; the best
     checkpoints by ``monitor`` are kept as ModelCheckpoint keeps them. All writes are atomic.
 
     Args:
-        stop_on_signals: during training, SIGINT and SIGTERM end training after the current step
-            with ``last.ckpt`` written; :attr:`stopped_by` then names the signal.
+        stop_on_signals: during training, SIGINT and SIGTERM (and on SLURM the requeue signal) end
+            training after the current step with ``last.ckpt`` written; :attr:`stopped_by` then
+            names the signal.
         *args, **kwargs: those of ModelCheckpoint.
     """
 
@@ -69,8 +81,10 @@ class BestAndLastCheckpoint(ModelCheckpoint):
     @override
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # Here, after Lightning installed its own handlers, which it restores when the trainer ends.
+        # Lightning's requeue handler saves in the middle of a step, outside the run folder.
         if self.stop_on_signals and threading.current_thread() is threading.main_thread():
-            for signum in STOPPING_SIGNALS:
+            requeue = requeue_signal(trainer)
+            for signum in (*STOPPING_SIGNALS, *([requeue] if requeue else [])):
                 signal.signal(signum, self._on_signal)
 
     def _on_signal(self, signum: int, frame: Any) -> None:
