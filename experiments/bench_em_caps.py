@@ -14,6 +14,7 @@ over the whole step, from one extra profiled step; the peak RSS is read before i
 ``--baseline REV`` loads ``src/capsexp/nn/functional/_em_caps.py`` as it is at git revision REV (that
 file alone) and, in one process per row, interleaves training steps that route with it and with the
 working tree's, on the same net and batch; its peak RSS comes from a process of its own.
+``--baseline-name`` says on the page what REV is (the page names no revision: it outlives them).
 """
 
 from __future__ import annotations
@@ -304,6 +305,11 @@ def main() -> None:
         metavar="REV",
         help=f"also compare with the routing of git revision REV ({ROUTING_FILE} there), interleaved",
     )
+    parser.add_argument(
+        "--baseline-name",
+        metavar="TEXT",
+        help="what the baseline revision is, for the page (e.g. 'the routing before <change>'; default: REV)",
+    )
     parser.add_argument("--worker", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--worker-recipe", default="default", help=argparse.SUPPRESS)
     parser.add_argument(
@@ -391,12 +397,15 @@ def main() -> None:
         ]
     )
     if args.baseline:
+        baseline_name = args.baseline_name or f"`{args.baseline}`"
+        command = ["python", "experiments/bench_em_caps.py", "--batch-sizes", *map(str, args.batch_sizes)]
+        command += ["--repeats", str(args.repeats), "--recipes", *args.recipes, "--baseline", "REV"]
         text += "\n" + "\n".join(
             [
-                f"## This tree's EM routing against `{args.baseline}`'s",
+                f"## This tree's EM routing against {baseline_name}",
                 "",
-                f"`python experiments/bench_em_caps.py --baseline {args.baseline}`: {ROUTING_FILE} as at",
-                f"`{args.baseline}` against the working tree's, on the same net and batch; training steps interleaved",
+                f"`{' '.join(command)}`, REV being {baseline_name}: {ROUTING_FILE} as at REV",
+                "against the working tree's, on the same net and batch; training steps interleaved",
                 f"in one process, medians of {args.repeats} each; the ratio is this tree's step over the baseline's",
                 "(median of the paired ratios, quartiles in brackets: below 1 is faster). Peak RSS: each",
                 f"routing in processes of its own, the median of {RSS_PROCESSES} alternating ones.",

@@ -8,9 +8,13 @@ import math
 import torch
 import torch.nn.functional as F
 
-from capsexp.nn.functional import inverse_temperatures
-
 LOG_2PI = math.log(2 * math.pi)
+
+
+def inverse_temperatures(iterations: int, final_lambda: float) -> list[float]:
+    """The inverse temperature at iteration t = 0..iterations-1, lambda_t = final_lambda (1 - 0.95^(t+1)),
+    written out here so that the reference shares no code with what it checks."""
+    return [final_lambda * (1 - 0.95 ** (t + 1)) for t in range(iterations)]
 
 
 def plain_em_routing(

@@ -38,6 +38,12 @@ def test_squash_along_another_dim():
 
 
 # ---- dynamic routing (Procedure 1) --------------------------------------------------------------
+def paper_squash(s: torch.Tensor) -> torch.Tensor:
+    """Eq. 1 as written, v = |s|^2 / (1 + |s|^2) s / |s| (no safeguard at 0: the votes here are not 0)."""
+    squared_norm = torch.dot(s, s)
+    return squared_norm / (1 + squared_norm) * s / torch.sqrt(squared_norm)
+
+
 def procedure_1(votes: torch.Tensor, iterations: int, detach_agreement: bool = False):
     """Plain transcription of Procedure 1 with explicit loops over examples, children and parents."""
     batch, children, parents, _ = votes.shape
@@ -47,7 +53,7 @@ def procedure_1(votes: torch.Tensor, iterations: int, detach_agreement: bool = F
         for r in range(iterations):
             c = [torch.softmax(torch.stack(b[i]), dim=0) for i in range(children)]
             s = [sum(c[i][j] * votes[n, i, j] for i in range(children)) for j in range(parents)]
-            v = [squash(s[j]) for j in range(parents)]
+            v = [paper_squash(s[j]) for j in range(parents)]
             if r < iterations - 1:
                 for i in range(children):
                     for j in range(parents):

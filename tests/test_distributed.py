@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import lightning as L
 import pytest
 import yaml
+from hydra.utils import instantiate
+from omegaconf import OmegaConf
 
 from capsexp.distributed import LAUNCH_ENVIRONMENT
 from tests.helpers import TINY_RUN, run_cli, scalars, write_mnist
@@ -24,6 +27,7 @@ def clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.delenv(name, raising=False)
 
 
+@pytest.mark.filterwarnings("ignore:Be aware that when using `ckpt_path`")
 def test_two_process_run_writes_one_folder_and_exact_metrics(uneven_mnist_dir, tmp_path, monkeypatch):
     clean_environment(monkeypatch)
     log_dir = tmp_path / "logs"
@@ -64,6 +68,20 @@ def test_two_process_run_writes_one_folder_and_exact_metrics(uneven_mnist_dir, t
     assert distributed["test/loss"][-1].value == pytest.approx(single["test/loss"][-1].value, rel=1e-5)
     # 101 images: an accuracy of k/101, which padding to 102 would not give.
     assert round(single["test/acc"][-1].value * 101, 3) == round(single["test/acc"][-1].value * 101)
+
+    # Validation too (it picks the best checkpoint and is what sweepers optimise): the last state,
+    # validated by one process, gives what the 2 processes logged at the final validation.
+    assert validate_on_one_process(run_dir, run_dir / "checkpoints" / "last.ckpt") == distributed["val/acc"][-1].value
+
+
+def validate_on_one_process(run_dir: Path, checkpoint: Path) -> float:
+    """val/acc of ``checkpoint`` on the run's validation set, in this process, on one device."""
+    cfg = OmegaConf.load(run_dir / ".hydra" / "config.yaml")
+    datamodule = instantiate(cfg.data, _convert_="all")
+    module = instantiate(cfg.model, _convert_="partial")
+    trainer = L.Trainer(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False)
+    (metrics,) = trainer.validate(module, datamodule=datamodule, ckpt_path=checkpoint, verbose=False)
+    return metrics["val/acc"]
 
 
 def test_multirun_of_two_process_jobs_runs_each_job_once(mnist_dir, tmp_path, monkeypatch):

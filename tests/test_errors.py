@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import zipfile
 from pathlib import Path
 from typing import get_args
 
@@ -109,6 +110,12 @@ def _corrupt_checkpoints(folder: Path) -> dict[str, Path]:
     torch.save(
         {"state_dict": {}, "pytorch-lightning_version": "2.6", "args": argparse.Namespace(a=1)}, folder / "pickled.ckpt"
     )
+    # A zip archive that lost a tensor's storage (a copy cut short, a bad disk): the zip itself reads.
+    torch.save({"state_dict": {"w": torch.zeros(4)}, "pytorch-lightning_version": "2.6"}, folder / "whole.ckpt")
+    with zipfile.ZipFile(folder / "whole.ckpt") as whole, zipfile.ZipFile(folder / "damaged.ckpt", "w") as damaged:
+        for member in whole.infolist():
+            if not member.filename.endswith("/data/0"):
+                damaged.writestr(member, whole.read(member))
     stateless_run = folder / "run"  # a run folder whose run never saved a checkpoint
     (stateless_run / ".hydra").mkdir(parents=True, exist_ok=True)
     (stateless_run / ".hydra" / "overrides.yaml").write_text("- model=lenet5\n")
@@ -120,6 +127,7 @@ def _corrupt_checkpoints(folder: Path) -> dict[str, Path]:
         "noise": folder / "noise.ckpt",
         "plain": folder / "plain.pt",
         "pickled": folder / "pickled.ckpt",
+        "damaged": folder / "damaged.ckpt",
     }
 
 
@@ -239,6 +247,8 @@ def test_checkpoint_of_another_model_is_named_as_such(tmp_path):
     for file in _corrupt_checkpoints(tmp_path / "bad").values():
         with pytest.raises(CheckpointError, match="ckpt_path="):
             check_checkpoint(file)
+    with pytest.raises(CheckpointError, match=r"damaged.ckpt is a damaged PyTorch checkpoint \(.+\)$"):
+        check_checkpoint(tmp_path / "bad" / "damaged.ckpt")
 
 
 @pytest.mark.parametrize(

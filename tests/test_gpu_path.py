@@ -54,8 +54,10 @@ def test_device_batches_are_sharded_like_the_dataloader_path(mnist_dir):
         train, val = datamodule.train_dataloader(), datamodule.val_dataloader()
         assert isinstance(train.sampler, DistributedSampler) and train.batch_size == 10
         assert isinstance(val.sampler, UnrepeatedDistributedSampler)
-        shards.append(torch.cat([targets for _, targets in val]))
-    assert len(shards[0]) + len(shards[1]) == 61
+        shards.append(list(val.sampler))
+        assert sum(len(targets) for _, targets in val) == len(shards[-1])
+    assert not set(shards[0]) & set(shards[1])  # disjoint
+    assert sorted(shards[0] + shards[1]) == list(range(61))  # every image once
 
 
 def test_a_run_with_data_on_the_device_learns(mnist_dir, tmp_path):

@@ -99,30 +99,55 @@ def test_a_run_stopped_mid_epoch_and_resumed_ends_with_the_uninterrupted_runs_we
     stopped as a signal stops it during step 17, resumed from last.ckpt, against a run never stopped.
     The same through the command line with real signals: test_every_model_resumes_exactly (slow)."""
 
-    def train(folder: str, stop_at: int | None = None, ckpt_path: Path | None = None) -> torch.nn.Module:
+    losses: dict[str, dict[int, float]] = {}
+
+    class RecordLosses(L.Callback):
+        def __init__(self, folder: str) -> None:
+            self.losses = losses.setdefault(folder, {})
+
+        def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+            self.losses[trainer.global_step] = float(outputs["loss"])
+
+    def train(folder: str, stop_at: int | None = None, ckpt_path: Path | None = None) -> L.Trainer:
         L.seed_everything(3)
         datamodule = MNISTDataModule(
             mnist_dir, batch_size=20, val_size=60, verify_checksums=False, download=False, train_shift=2
         )
-        module = Classifier(LeNet5(), CrossEntropy(), functools.partial(torch.optim.Adam, lr=3e-3))
+        module = Classifier(
+            LeNet5(),
+            CrossEntropy(),
+            functools.partial(torch.optim.Adam, lr=3e-3),
+            {"scheduler": functools.partial(torch.optim.lr_scheduler.ExponentialLR, gamma=0.9)},
+        )
         checkpoints = BestAndLastCheckpoint(dirpath=tmp_path / folder, monitor="val/acc", mode="max", save_last=True)
         if stop_at is not None:
             module.on_train_batch_start = lambda batch, index: (
                 checkpoints._on_signal(signal.SIGTERM, None) if module.global_step == stop_at else None
             )
         trainer = L.Trainer(
-            max_epochs=3, val_check_interval=5, callbacks=[checkpoints], logger=False, enable_progress_bar=False,
-            enable_model_summary=False, accelerator="cpu", default_root_dir=tmp_path,
+            max_epochs=3, val_check_interval=5, callbacks=[checkpoints, RecordLosses(folder)], logger=False,
+            enable_progress_bar=False, enable_model_summary=False, accelerator="cpu", default_root_dir=tmp_path,
         )  # fmt: skip
         trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
-        return module
+        return trainer
 
     whole = train("whole")
     train("stopped", stop_at=16)
     assert torch.load(tmp_path / "stopped" / "last.ckpt", weights_only=True)["global_step"] == 17
     resumed = train("resumed", ckpt_path=tmp_path / "stopped" / "last.ckpt")
-    for (name, expected), actual in zip(whole.state_dict().items(), resumed.state_dict().values(), strict=True):
+    expected_weights, weights = whole.lightning_module.state_dict(), resumed.lightning_module.state_dict()
+    for (name, expected), actual in zip(expected_weights.items(), weights.values(), strict=True):
         assert torch.allclose(actual, expected, atol=1e-5, rtol=0), name
+    # What the weights alone might not show: the optimizer's moments and step counts, the decayed
+    # learning rate, and the loss of every step after the resume.
+    expected_optimizer, optimizer = whole.optimizers[0].state_dict(), resumed.optimizers[0].state_dict()
+    assert optimizer["param_groups"] == expected_optimizer["param_groups"]  # lr included
+    for index, expected in expected_optimizer["state"].items():
+        assert float(optimizer["state"][index]["step"]) == float(expected["step"]) == 36
+        for moment in ("exp_avg", "exp_avg_sq"):
+            assert torch.allclose(optimizer["state"][index][moment], expected[moment], atol=1e-6, rtol=1e-4)
+    assert sorted(losses["resumed"]) == list(range(18, 37))
+    assert losses["resumed"] == pytest.approx({step: losses["whole"][step] for step in losses["resumed"]}, abs=1e-5)
 
 
 @pytest.mark.slow

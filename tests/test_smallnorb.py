@@ -15,7 +15,7 @@ from capsexp.data import SmallNORBDataModule
 from capsexp.data.norb_format import SMALLNORB_FILES, write_matrix
 from capsexp.data.smallnorb import PREFIX
 from capsexp.errors import CorruptDatasetError, DatasetNotFoundError
-from tests.helpers import NORB_COUNT, TINY_EM_CAPS, TINY_RUN, FakeTrainer, norb_arrays, run_cli, write_norb
+from tests.helpers import NORB_COUNT, TINY_EM_CAPS, TINY_RUN, FakeTrainer, norb_arrays, run_cli, scalars, write_norb
 
 COUNT = NORB_COUNT
 
@@ -225,10 +225,12 @@ def test_each_model_trains_on_smallnorb_through_the_cli(norb_dir, tmp_path, mode
         *extra,
         "data.val_size=12",
         "data.batch_size=12",
-        "trainer.max_epochs=1",
+        "trainer.max_epochs=3",
         "trainer.limit_train_batches=3",
         "trainer.limit_test_batches=2",
         f"hydra.run.dir={tmp_path}",
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert (tmp_path / "checkpoints" / "last.ckpt").exists()
+    losses = [event.value for event in scalars(tmp_path)["train/loss_step"]]
+    assert len(losses) == 9 and sum(losses[-3:]) < sum(losses[:3]), losses  # it learns

@@ -1,0 +1,153 @@
+"""The papers' invariants over wide input ranges (hypothesis): squash, dynamic routing, EM routing.
+
+Every expected value is computed here from the papers' formulas, not by the package's own functions.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from capsexp.nn import RoutingCapsules
+from capsexp.nn.functional import dynamic_routing, em_routing, squash
+
+# Enough cases to cover the ranges, few enough for `make test`; no deadline (first calls warm up torch).
+CASES = settings(max_examples=30, deadline=None)
+scales = st.sampled_from([1.0, 10.0, 100.0, 1e3, 1e4])
+
+
+def random_tensor(seed: int, *shape: int, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=dtype)
+
+
+# ---- squash (Sabour et al. 2017, Eq. 1) -----------------------------------------------------------
+@CASES
+@given(seed=st.integers(0, 2**16), dim=st.integers(1, 16), length=st.floats(1e-2, 1e3))
+def test_squash_follows_the_length_law_and_keeps_the_direction(seed, dim, length):
+    direction = torch.nn.functional.normalize(random_tensor(seed, 3, dim), dim=-1)
+    v = squash(direction * length)
+    expected_length = length**2 / (1 + length**2)  # |v| = |s|^2 / (1 + |s|^2)
+    assert torch.allclose(v.norm(dim=-1), torch.full((3,), expected_length, dtype=v.dtype), rtol=1e-6)
+    assert torch.allclose((v * direction).sum(-1), v.norm(dim=-1), rtol=1e-9)  # along s
+    assert (v.norm(dim=-1) < 1).all()
+
+
+# ---- dynamic routing (Sabour et al. 2017, Procedure 1) --------------------------------------------
+@CASES
+@given(
+    seed=st.integers(0, 2**16),
+    children=st.integers(1, 12),
+    parents=st.integers(1, 6),
+    iterations=st.integers(1, 4),
+    scale=scales,
+    identical=st.booleans(),
+)
+def test_routing_couplings_sum_to_one_and_outputs_are_finite_capsules(
+    seed, children, parents, iterations, scale, identical
+):
+    votes = random_tensor(seed, 2, 1 if identical else children, parents, 4, dtype=torch.float32) * scale
+    votes = votes.expand(2, children, parents, 4).clone().requires_grad_()
+    outputs, couplings = dynamic_routing(votes, iterations, return_couplings=True)
+    assert torch.allclose(couplings.sum(dim=-1), torch.ones(2, children), atol=1e-5)
+    assert ((couplings >= 0) & (couplings <= 1)).all()
+    assert torch.isfinite(outputs).all() and (outputs.norm(dim=-1) <= 1 + 1e-6).all()
+    outputs.sum().backward()
+    assert torch.isfinite(votes.grad).all()
+
+
+@CASES
+@given(seed=st.integers(0, 2**16), scale=st.sampled_from([0.1, 1.0, 10.0]))
+def test_routing_under_bf16_autocast_stays_close_to_float32(seed, scale):
+    torch.manual_seed(seed)
+    layer = RoutingCapsules(in_caps=32, in_dim=8, out_caps=10, out_dim=16)
+    inputs = random_tensor(seed, 4, 32, 8, dtype=torch.float32) * scale
+    exact = layer(inputs)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        approximate = layer(inputs).float()
+    # bf16 keeps 8 bits of mantissa: lengths (what the classifier reads) within a few per cent.
+    assert (approximate.norm(dim=-1) - exact.norm(dim=-1)).abs().max() < 0.02
+    assert torch.nn.functional.cosine_similarity(approximate, exact, dim=-1).min() > 0.95
+
+
+# ---- EM routing (Hinton et al. 2018, Procedure 1) -------------------------------------------------
+@CASES
+@given(
+    seed=st.integers(0, 2**16),
+    children=st.integers(2, 24),
+    parents=st.integers(1, 6),
+    iterations=st.integers(1, 4),
+    scale=st.sampled_from([1e-4, 1.0, 100.0, 1e4]),
+    identical=st.booleans(),
+    final_lambda=st.sampled_from([0.01, 1.0, 10.0]),
+)
+def test_em_responsibilities_sum_to_one_activations_in_unit_interval_everything_finite(
+    seed, children, parents, iterations, scale, identical, final_lambda
+):
+    votes = random_tensor(seed, 2, 1 if identical else children, parents, 16, dtype=torch.float32) * scale
+    votes = votes.expand(2, children, parents, 16).clone().requires_grad_()
+    activations = torch.rand(2, children, generator=torch.Generator().manual_seed(seed))
+    beta_u = torch.zeros(parents, requires_grad=True)
+    beta_a = torch.zeros(parents, requires_grad=True)
+    mu, parent_activations, responsibilities = em_routing(
+        votes, activations, beta_u, beta_a, iterations, final_lambda, return_responsibilities=True
+    )
+    # Each child's vote is shared out over the parents: R sums to 1 over them.
+    assert torch.allclose(responsibilities.sum(dim=-1), torch.ones(2, children), atol=1e-5)
+    assert ((parent_activations >= 0) & (parent_activations <= 1)).all()
+    # mu is an R a-weighted mean of the votes: inside their range (each pose element).
+    low, high = votes.detach().amin(dim=1), votes.detach().amax(dim=1)
+    margin = 1e-5 * (1 + votes.detach().abs().amax())
+    assert ((mu >= low - margin) & (mu <= high + margin)).all()
+    (mu.sum() + parent_activations.sum()).backward()
+    for tensor in (mu, parent_activations, votes.grad, beta_u.grad, beta_a.grad):
+        assert torch.isfinite(tensor).all()
+
+
+@CASES
+@given(
+    seed=st.integers(0, 2**16),
+    offset=st.sampled_from([0.0, 5.0, 20.0, -50.0]),
+    spread=st.sampled_from([0.01, 0.03, 1.0]),
+    cost_normalization=st.sampled_from(["none", "standardize"]),
+    final_lambda=st.sampled_from([0.01, 10.0]),
+)
+def test_em_float32_matches_float64(seed, offset, spread, cost_normalization, final_lambda):
+    votes = offset + spread * random_tensor(seed, 2, 20, 4, 16)
+    activations = torch.rand(2, 20, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    beta_u, beta_a = random_tensor(seed + 1, 2, 4)
+    options = dict(iterations=3, final_lambda=final_lambda, cost_normalization=cost_normalization)
+    upstream = (random_tensor(seed + 2, 2, 4, 16), random_tensor(seed + 3, 2, 4))
+    results = {}
+    for dtype in (torch.float64, torch.float32):
+        leaf = votes.to(dtype).requires_grad_()
+        mu, a = em_routing(leaf, activations.to(dtype), beta_u.to(dtype), beta_a.to(dtype), **options)
+        (grad,) = torch.autograd.grad((mu, a), leaf, [u.to(dtype) for u in upstream])
+        results[dtype] = [t.detach().double() for t in (mu, a, grad)]
+    (mu64, a64, grad64), (mu32, a32, grad32) = results[torch.float64], results[torch.float32]
+    assert (mu32 - mu64).abs().max() < 1e-3 * max(1.0, abs(offset) / 20)
+    assert (a32 - a64).abs().max() < 1e-3
+    assert (grad32 - grad64).norm() <= 1e-3 * grad64.norm() + 1e-6
+
+
+def test_em_inverse_temperature_follows_the_schedule_transcribed_here():
+    """One parent, one child, sigma_eps alone as the variance: a = sigmoid(lambda_T (beta_a - cost)) with
+    the authors' lambda_t = final_lambda (1 - 0.95^(t+1)), cost = (beta_u + log sqrt(sigma_eps)) H."""
+    sigma_eps, beta_u, beta_a, final_lambda, iterations = 1e-2, 0.3, 0.5, 2.0, 3
+    votes = torch.zeros(1, 1, 1, 16, dtype=torch.float64)
+    _, activation = em_routing(
+        votes,
+        torch.ones(1, 1, dtype=torch.float64),
+        torch.tensor([beta_u], dtype=torch.float64),
+        torch.tensor([beta_a], dtype=torch.float64),
+        iterations,
+        final_lambda,
+        sigma_eps=sigma_eps,
+    )
+    final_inverse_temperature = final_lambda * (1 - 0.95**iterations)
+    cost = (beta_u + 0.5 * math.log(sigma_eps)) * 16
+    expected = 1 / (1 + math.exp(-final_inverse_temperature * (beta_a - cost)))
+    assert activation.item() == pytest.approx(expected, rel=1e-9)
