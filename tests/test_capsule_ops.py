@@ -76,7 +76,8 @@ def test_routing_matches_procedure_1_values_and_gradients(iterations, detach_agr
     upstream = torch.randn_like(v)
     (grad,) = torch.autograd.grad(v, votes, upstream)
     (grad_ref,) = torch.autograd.grad(v_ref, votes, upstream)
-    assert torch.allclose(grad, grad_ref, atol=1e-12)
+    # Within the effect of squash's 1e-8 under the square root, which Eq. 1 as written lacks.
+    assert torch.allclose(grad, grad_ref, rtol=1e-5, atol=1e-7)
 
 
 def test_routing_backward_passes_gradcheck():
