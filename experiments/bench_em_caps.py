@@ -75,6 +75,7 @@ def net_options(recipe: str) -> dict:
 
 ROUTING_FILE = "src/capsexp/nn/functional/_em_caps.py"
 RSS_PROCESSES = 5  # per routing, with --baseline
+RSS_STEPS = 6  # training steps per peak-RSS process: past the second, the peak grows by under 1%
 
 
 def routing_at(revision: str):
@@ -125,8 +126,9 @@ def compare(batch_size: int, repeats: int, recipe: str, revision: str) -> dict[s
     _, _, step = training_step(batch_size, recipe)
     times: dict[str, list[float]] = {"current": [], "baseline": []}
     for repeat in range(repeats + 1):  # the first round warms up
-        for name, routing in routings.items():
-            em_caps_layers.em_routing = routing  # the name the layers call
+        # Alternating which goes first: the second of a pair runs on memory the first just freed.
+        for name in ("current", "baseline") if repeat % 2 else ("baseline", "current"):
+            em_caps_layers.em_routing = routings[name]  # the name the layers call
             with Stopwatch() as watch:
                 step()
             if repeat:
@@ -140,7 +142,7 @@ def compare(batch_size: int, repeats: int, recipe: str, revision: str) -> dict[s
     }
 
 
-def peak_rss(batch_size: int, repeats: int, recipe: str, revision: str | None) -> float:
+def peak_rss(batch_size: int, recipe: str, revision: str | None) -> float:
     """Run in a fresh process: the peak RSS (GiB) of training steps routed by revision's em_routing
     (None: the working tree's)."""
     import capsexp.nn.em_caps as em_caps_layers
@@ -148,7 +150,7 @@ def peak_rss(batch_size: int, repeats: int, recipe: str, revision: str | None) -
     if revision is not None:
         em_caps_layers.em_routing = routing_at(revision)
     _, _, step = training_step(batch_size, recipe)
-    for _ in range(repeats + 1):
+    for _ in range(RSS_STEPS):
         step()
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
 
@@ -320,7 +322,7 @@ def main() -> None:
         if args.worker_task == "compare":
             result = compare(args.worker, args.repeats, args.worker_recipe, args.baseline)
         elif args.worker_task == "rss":
-            result = {"peak_rss_gib": peak_rss(args.worker, args.repeats, args.worker_recipe, args.baseline)}
+            result = {"peak_rss_gib": peak_rss(args.worker, args.worker_recipe, args.baseline)}
         else:
             result = measure(args.worker, args.repeats, args.worker_recipe)
         print(json.dumps(result))
@@ -400,15 +402,19 @@ def main() -> None:
         baseline_name = args.baseline_name or f"`{args.baseline}`"
         command = ["python", "experiments/bench_em_caps.py", "--batch-sizes", *map(str, args.batch_sizes)]
         command += ["--repeats", str(args.repeats), "--recipes", *args.recipes, "--baseline", "REV"]
+        if args.output.resolve() != RESULTS.resolve():
+            command += ["--output", str(args.output.resolve().relative_to(PROJECT_ROOT))]
         text += "\n" + "\n".join(
             [
                 f"## This tree's EM routing against {baseline_name}",
                 "",
                 f"`{' '.join(command)}`, REV being {baseline_name}: {ROUTING_FILE} as at REV",
-                "against the working tree's, on the same net and batch; training steps interleaved",
-                f"in one process, medians of {args.repeats} each; the ratio is this tree's step over the baseline's",
+                "against the working tree's, on the same net and batch; training steps interleaved in one",
+                f"process (which goes first alternating), medians of {args.repeats} each; the ratio is this tree's",
+                "step over the baseline's",
                 "(median of the paired ratios, quartiles in brackets: below 1 is faster). Peak RSS: each",
-                f"routing in processes of its own, the median of {RSS_PROCESSES} alternating ones.",
+                f"routing in processes of its own ({RSS_STEPS} training steps each), the median of {RSS_PROCESSES}",
+                "alternating ones.",
                 "",
                 "| recipe | batch | step, this tree | step, baseline | ratio "
                 "| peak RSS, this tree | peak RSS, baseline |",

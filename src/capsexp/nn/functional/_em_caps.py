@@ -121,19 +121,13 @@ def em_routing(
         parent_major = votes.transpose(2, 3)  # (B, Q, J, M, H)
         copied = parent_major.dtype != dtype or not parent_major.is_contiguous()
         parent_major = parent_major.to(dtype).contiguous()
-        centre = parent_major.detach().mean(dim=-2, keepdim=True)  # c (B, Q, J, 1, H)
-        if inplace or copied:
-            # Unrecorded by autograd: the gradient of V - c is that of V (c carries none, see above).
-            with torch.no_grad():
-                centred = parent_major.sub_(centre)
-        else:
-            centred = parent_major - centre
-        options = _EMOptions(iterations, final_lambda, child_index, num_children, sigma_eps, cost_normalization)
+        options = _EMOptions(
+            iterations, final_lambda, child_index, num_children, sigma_eps, cost_normalization, inplace or copied
+        )
         scale = votes.new_ones(()) if inverse_temperature_scale is None else inverse_temperature_scale
         mu, parent_activations, responsibilities = _EMRouting.apply(
-            centred, activations.to(dtype), beta_u.to(dtype), beta_a.to(dtype), scale.to(dtype), options
+            parent_major, activations.to(dtype), beta_u.to(dtype), beta_a.to(dtype), scale.to(dtype), options
         )
-        mu = mu + centre.squeeze(-2)
 
     responsibilities = responsibilities.transpose(2, 3)  # (B, Q, M, J)
     if dense:
@@ -150,6 +144,7 @@ class _EMOptions(NamedTuple):
     num_children: int | None
     sigma_eps: float
     cost_normalization: str
+    centre_in_place: bool
 
 
 def _em_iterations(
@@ -224,22 +219,27 @@ class _EMRouting(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, votes, activations, beta_u, beta_a, temperature_scale, options: _EMOptions):
-        with torch.no_grad():
-            outputs = _em_iterations(
-                votes,
-                votes.square(),
-                activations,
-                beta_u,
-                beta_a,
-                temperature_scale,
-                options,
-                _sum_over_children,
-                _dot_pose,
-            )
+        centre = votes.mean(dim=-2, keepdim=True)  # c (B, Q, J, 1, H)
+        # V' = V - c. In place (the input modified without mark_dirty: its gradient is that of V' (c
+        # carries none, see em_routing), and the callers that allow it read the votes nowhere else):
+        # here, after autograd has taken the votes' grad_fn, an in-place change of a view costs no
+        # vote-sized as_strided scatter in the backward pass.
+        centred = votes.sub_(centre) if options.centre_in_place else votes - centre
+        mu, parent_activations, responsibilities = _em_iterations(
+            centred,
+            centred.square(),
+            activations,
+            beta_u,
+            beta_a,
+            temperature_scale,
+            options,
+            _sum_over_children,
+            _dot_pose,
+        )
         ctx.options = options
-        ctx.save_for_backward(votes, activations, beta_u, beta_a, temperature_scale)
-        ctx.mark_non_differentiable(outputs[2])
-        return outputs
+        ctx.save_for_backward(centred, activations, beta_u, beta_a, temperature_scale)
+        ctx.mark_non_differentiable(responsibilities)
+        return mu + centre.squeeze(-2), parent_activations, responsibilities
 
     @staticmethod
     @once_differentiable
