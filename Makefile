@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 
 .DEFAULT_GOAL := help
-.PHONY: help install train lint format test test-all bench bench-gpu studies studies-full tensorboard clean
+.PHONY: help install train lint format test test-all mutate bench bench-gpu studies studies-full tensorboard clean
 
 help:  ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  make %-12s %s\n", $$1, $$2}'
@@ -31,6 +31,9 @@ test:  ## the fast test suite (no slow tests), one worker per core
 test-all:  ## every test, slow ones included (end-to-end runs on real MNIST)
 	$(BIN)/python -m pytest -n auto $(ARGS)
 
+mutate:  ## mutation testing (mutmut) of the capsule ops, metrics, loaders, checkpoint loading -> experiments/results/mutation.md
+	$(BIN)/python experiments/mutation.py $(ARGS)
+
 bench:  ## speed + accuracy benchmarks -> experiments/results/bench.md, bench_em.md (about 45 min on 2 cores)
 	$(BIN)/python experiments/bench_capsnet.py --accuracy $(ARGS)
 	$(BIN)/python experiments/bench_em_caps.py --accuracy $(ARGS)
@@ -56,5 +59,5 @@ tensorboard:  ## serve logs/ on http://localhost:6006
 	$(BIN)/tensorboard --logdir logs --port 6006
 
 clean:  ## remove caches (keeps .venv, data/ and logs/)
-	rm -rf .pytest_cache build src/*.egg-info
+	rm -rf .pytest_cache .hypothesis mutants build src/*.egg-info
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +

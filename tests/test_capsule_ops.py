@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from capsexp.nn import RoutingCapsules
-from capsexp.nn.functional import dynamic_routing, margin_loss, squash
+from capsexp.nn.functional import dynamic_routing, fully_connected_routing, margin_loss, squash
+from capsexp.nn.functional._capsnet import _scratch
 
 
 # ---- squash (Eq. 1) ---------------------------------------------------------------------------
@@ -80,6 +81,63 @@ def test_routing_matches_procedure_1_values_and_gradients(iterations, detach_agr
     assert torch.allclose(grad, grad_ref, rtol=1e-5, atol=1e-7)
 
 
+def test_one_iteration_is_the_squashed_mean_vote_exactly_in_float64():
+    """c = softmax(0) = 1/J: with ten parents (1/10 is not exact in float32) a float64 run that
+    passed through float32 would be off by 1e-8."""
+    votes = torch.randn(2, 6, 10, 3, dtype=torch.float64)
+    torch.testing.assert_close(dynamic_routing(votes, 1), squash(votes.sum(dim=1) / 10), rtol=1e-14, atol=0)
+
+
+def test_defaults_are_the_papers_three_iterations_with_learning_couplings():
+    torch.manual_seed(0)
+    votes = torch.randn(2, 6, 4, 3, dtype=torch.float64, requires_grad=True)
+    upstream = torch.randn(2, 4, 3, dtype=torch.float64)
+    (default,) = torch.autograd.grad(dynamic_routing(votes), votes, upstream)
+    (paper,) = torch.autograd.grad(dynamic_routing(votes, 3, detach_agreement=False), votes, upstream)
+    assert torch.equal(default, paper)
+    inputs = torch.randn(2, 6, 5, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(6, 5, 4 * 3, dtype=torch.float64)
+    (default,) = torch.autograd.grad(fully_connected_routing(inputs, weight, 4), inputs, upstream)
+    (paper,) = torch.autograd.grad(fully_connected_routing(inputs, weight, 4, 3, False), inputs, upstream)
+    assert torch.equal(default, paper)
+
+
+@pytest.mark.parametrize("iterations", [1, 3])
+@pytest.mark.parametrize("detach_agreement", [False, True])
+def test_fused_routing_equals_votes_then_routing(iterations, detach_agreement):
+    torch.manual_seed(iterations)
+    inputs = torch.randn(3, 7, 5, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(7, 5, 4 * 3, dtype=torch.float64, requires_grad=True)
+    fused = fully_connected_routing(inputs, weight, 4, iterations, detach_agreement)
+    votes = torch.einsum("bip,ipq->biq", inputs, weight).view(3, 7, 4, 3)  # u_hat_j|i = W_ij u_i
+    unfused = dynamic_routing(votes, iterations, detach_agreement=detach_agreement)
+    torch.testing.assert_close(fused, unfused, rtol=1e-12, atol=1e-14)
+    upstream = torch.randn_like(fused)
+    got = torch.autograd.grad(fused, (inputs, weight), upstream)
+    want = torch.autograd.grad(unfused, (inputs, weight), upstream)
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-12)
+
+
+def test_fused_routing_promotes_mixed_dtypes_and_rejects_zero_iterations():
+    inputs, weight = torch.randn(2, 6, 5), torch.randn(6, 5, 12, dtype=torch.float64)
+    assert fully_connected_routing(inputs, weight, 4).dtype == torch.float64
+    with pytest.raises(ValueError, match="at least one iteration, got 0"):
+        fully_connected_routing(inputs, weight, 4, iterations=0)
+
+
+def test_cpu_scratch_buffer_is_reused_not_reallocated():
+    """The fused layer's temporaries reuse one buffer per thread and dtype on the CPU (a fresh one
+    each step costs its page faults)."""
+    like = torch.zeros(1)
+    first = _scratch((4, 5), like).data_ptr()
+    assert _scratch((4, 5), like).data_ptr() == first  # same size
+    assert _scratch((3, 2), like).data_ptr() == first  # smaller
+    assert _scratch((2, 3), like.double()).data_ptr() != first  # another dtype, another buffer
+    assert _scratch((4, 5), like).data_ptr() == first  # ...which leaves the first in place
+    assert _scratch((40, 50), like).shape == (40, 50)  # grown on demand
+
+
 def test_routing_backward_passes_gradcheck():
     votes = torch.randn(2, 5, 3, 4, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(lambda x: dynamic_routing(x, 3), (votes,))
@@ -143,12 +201,30 @@ def test_routing_is_finite_under_bf16_autocast():
     inputs = torch.randn(4, 72, 8, requires_grad=True)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         parents = layer(inputs)
+    assert parents.dtype == torch.bfloat16  # as autocast runs the vote matmul
     parents.float().norm(dim=-1).sum().backward()
     assert torch.isfinite(parents.float()).all()
     assert torch.isfinite(layer.weight.grad).all() and torch.isfinite(inputs.grad).all()
-    # bf16 votes given directly keep their dtype; the routing state stays float32.
-    v = dynamic_routing(torch.randn(2, 20, 10, 16, dtype=torch.bfloat16), 3)
-    assert v.dtype == torch.bfloat16 and torch.isfinite(v.float()).all()
+
+
+def test_bf16_votes_keep_their_dtype_and_route_with_a_float32_state():
+    """The routing state (b, c, s, v) is small: it stays float32 for bf16 votes, so that the
+    couplings sum to 1 to float32 precision and the routed capsules are as close to exact routing
+    as the votes' own rounding allows (a bf16 state roughly triples the error)."""
+    torch.manual_seed(0)
+    votes = (0.3 * torch.randn(4, 64, 10, 16)).bfloat16().requires_grad_()
+    parents, couplings = dynamic_routing(votes, 3, return_couplings=True)
+    assert parents.dtype == torch.bfloat16
+    torch.testing.assert_close(couplings.sum(dim=-1), torch.ones(4, 64), rtol=0, atol=1e-6)
+    _, uniform = dynamic_routing(votes, 1, return_couplings=True)  # 1/10, not bf16's 0.1001
+    torch.testing.assert_close(uniform.sum(dim=-1), torch.ones(4, 64), rtol=0, atol=1e-6)
+    exact_votes = votes.detach().double().requires_grad_()
+    exact = dynamic_routing(exact_votes, 3)
+    assert (parents.double() - exact).norm(dim=-1).max() < 0.007 * exact.norm(dim=-1).max()  # 0.004 here
+    upstream = torch.randn(4, 10, 16).bfloat16()
+    (grad,) = torch.autograd.grad(parents, votes, upstream)
+    (exact_grad,) = torch.autograd.grad(exact, exact_votes, upstream.double())
+    assert (grad.double() - exact_grad).norm() < 0.005 * exact_grad.norm()  # 0.003 here
 
 
 # ---- margin loss (Eq. 4) ------------------------------------------------------------------------
