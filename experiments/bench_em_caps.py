@@ -245,11 +245,17 @@ def run_worker(name: str, batch_size: int, *options: str) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def float32_errors(recipe: str, spread: float) -> dict[str, float]:
+INACTIVE_SHARE, INACTIVE_ACTIVATION, INACTIVE_OFFSET = 0.8, 5e-4, 20.0  # the "inactive far" votes
+
+
+def float32_errors(recipe: str, spread: float, inactive_far: bool = False, em_routing=None) -> dict[str, float]:
     """em_routing in float32 against float64 on the same ill-conditioned votes (offset 20, the given
     spread; batch 2, 50 children, 8 parents, 16-D poses) under a recipe's routing options: the largest
-    error of the poses, activations and responsibilities, and the relative error of the vote gradient."""
-    from capsexp.nn.functional import em_routing
+    error of the poses, activations and responsibilities, and the relative error of the vote gradient.
+    ``inactive_far``: most children nearly inactive, voting ``INACTIVE_OFFSET`` away from the active
+    ones. ``em_routing``: another routing to measure (default: the working tree's)."""
+    if em_routing is None:
+        from capsexp.nn.functional import em_routing
 
     net = net_options(recipe)
     options = dict(
@@ -262,6 +268,10 @@ def float32_errors(recipe: str, spread: float) -> dict[str, float]:
     generator = torch.Generator().manual_seed(0)
     votes = 20 + spread * torch.randn(2, 50, 8, 16, generator=generator, dtype=torch.float64)
     activations = torch.rand(2, 50, generator=generator, dtype=torch.float64)
+    if inactive_far:
+        inactive = torch.arange(50) >= int((1 - INACTIVE_SHARE) * 50)
+        activations[:, inactive] = INACTIVE_ACTIVATION
+        votes[:, inactive] -= INACTIVE_OFFSET
     beta_u, beta_a = torch.randn(2, 8, generator=generator, dtype=torch.float64)
     upstream = (
         torch.randn(2, 8, 16, generator=generator, dtype=torch.float64),
@@ -377,12 +387,18 @@ def main() -> None:
     )
     precision_rows = []
     for recipe in args.recipes:
-        for spread in (0.01, 0.03):
-            errors = float32_errors(recipe, spread)
-            precision_rows.append(
-                f"| model={RECIPES[recipe]} | {spread} | {errors['poses']:.1e} | {errors['activations']:.1e} | "
-                f"{errors['responsibilities']:.1e} | {errors['vote_gradient']:.1e} |"
-            )
+        routings = {"this tree": None}
+        if args.baseline:
+            routings["baseline"] = routing_at(args.baseline)
+        for inactive_far in (False, True):
+            for spread in (0.01, 0.03):
+                for routing_name, routing in routings.items():
+                    errors = float32_errors(recipe, spread, inactive_far, routing)
+                    precision_rows.append(
+                        f"| model={RECIPES[recipe]} | {'inactive far' if inactive_far else 'all'} | {spread} | "
+                        f"{routing_name} | {errors['poses']:.1e} | {errors['activations']:.1e} | "
+                        f"{errors['responsibilities']:.1e} | {errors['vote_gradient']:.1e} |"
+                    )
     text += "\n" + "\n".join(
         [
             "## float32 against float64",
@@ -390,10 +406,14 @@ def main() -> None:
             "`em_routing` on the same votes in float32 and in float64, under each recipe's routing options: votes",
             "20 + spread x N(0, 1) (far from zero compared with their spread; batch 2, 50 children, 8 parents,",
             "16-D poses). Largest absolute error of the poses, activations and responsibilities; relative error",
-            "(norm) of the gradient of the votes under random upstream gradients.",
+            "(norm) of the gradient of the votes under random upstream gradients. Children: all with",
+            f"activations drawn from U(0, 1), or, inactive far, {INACTIVE_SHARE:.0%} of them with activation "
+            f"{INACTIVE_ACTIVATION:g} voting",
+            f"{INACTIVE_OFFSET:g} lower than the active ones."
+            + (" Baseline: the routing of the comparison below." if args.baseline else ""),
             "",
-            "| recipe | spread | poses | activations | responsibilities | vote gradient |",
-            "| --- | ---: | ---: | ---: | ---: | ---: |",
+            "| recipe | children | spread | routing | poses | activations | responsibilities | vote gradient |",
+            "| --- | --- | ---: | --- | ---: | ---: | ---: | ---: |",
             *precision_rows,
             "",
         ]

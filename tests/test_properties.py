@@ -9,7 +9,7 @@ import math
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from capsexp.nn import RoutingCapsules
@@ -84,6 +84,8 @@ def test_routing_under_bf16_autocast_stays_close_to_float32(seed, scale):
     identical=st.booleans(),
     final_lambda=st.sampled_from([0.01, 1.0, 10.0]),
 )
+# Always tried: the expanded variance rounds below 0 here, NaN without the clamp at 0.
+@example(seed=0, children=2, parents=6, iterations=4, scale=100.0, identical=False, final_lambda=0.01)
 def test_em_responsibilities_sum_to_one_activations_in_unit_interval_everything_finite(
     seed, children, parents, iterations, scale, identical, final_lambda
 ):

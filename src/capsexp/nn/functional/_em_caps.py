@@ -82,17 +82,19 @@ def em_routing(
     Returns:
         poses mu (B, J, H) or (B, Q, J, H); activations a_j (B, J) or (B, Q, J) [; R].
 
-    Computation: the votes are first centred, V' = V - c with c the mean vote of each parent over its
-    children (detached: routing is translation-equivariant, mu(V) = c + mu(V - c) with everything else
-    unchanged, so c carries no gradient of its own). The Gaussian is then expanded on V', sum R'(V' -
-    mu')^2 = sum R'V'^2 - 2 mu' sum R'V' + mu'^2 sum R' and (V' - mu')^2 / sigma^2 = V'^2 . (1 / sigma^2)
-    - 2 V' . (mu' / sigma^2) + mu'^2 / sigma^2, so that with V' and V'^2 computed once, every sum over
-    children (M-step) and over pose elements (E-step) is a batched matrix-vector product. Centring is
-    what keeps float32 exact: expanded around 0, votes far from zero compared with their spread cancel
-    catastrophically (offset 20, spread 0.01: activations off by 0.1, vote gradients by 100%); around
-    c, each term is of the order of the spread. No (B, Q, M, J, H)-sized tensor is made per iteration,
-    and the backward pass (:class:`_EMRouting`) builds the gradient of V from low-rank factors instead
-    of keeping every intermediate: memory and time stay near those of the votes themselves.
+    Computation: the votes are first centred, V' = V - c with c each parent's mean vote weighted by
+    R a_i at the start (the first M-step's mu; detached: routing is translation-equivariant, mu(V) =
+    c + mu(V - c) with everything else unchanged, so c carries no gradient of its own). The Gaussian
+    is then expanded on V', sum R'(V' - mu')^2 = sum R'V'^2 - 2 mu' sum R'V' + mu'^2 sum R' and
+    (V' - mu')^2 / sigma^2 = V'^2 . (1 / sigma^2) - 2 V' . (mu' / sigma^2) + mu'^2 / sigma^2, so that
+    with V' and V'^2 computed once, every sum over children (M-step) and over pose elements (E-step)
+    is a batched matrix-vector product. Centring is what keeps float32 exact: expanded around 0,
+    votes far from zero compared with their spread cancel catastrophically (offset 20, spread 0.01:
+    activations off by 0.1, vote gradients by 100%); around c, each term is of the order of the
+    spread of the votes that carry weight (weighted, c stays near the parents' means also where
+    inactive children vote far from the active ones). No (B, Q, M, J, H)-sized tensor is made per
+    iteration, and the backward pass (:class:`_EMRouting`) builds the gradient of V from low-rank
+    factors instead of keeping every intermediate: memory and time stay near those of the votes.
     Safeguards, in float32 at least whatever the input dtype: the variance is clamped at 0 before
     adding ``sigma_eps`` (the expansion can round below 0); sums of R' are floored at 1e-8 before
     dividing (which keeps mu translation-equivariant; a parent that receives no data sits near c); the
@@ -156,19 +158,11 @@ def _em_iterations(
     sum_h big[..., h] y[..., h]: the only operations that read the vote-sized tensors.
     Returns mu (B, Q, J, H), a (B, Q, J), R (B, Q, J, M).
     """
-    batch, positions, parents, slots, elements = votes.shape
+    _, _, parents, slots, elements = votes.shape
     child_index, num_children = options.child_index, options.num_children
-    if child_index is None:
-        slot_activations = activations.view(batch, 1, 1, slots)  # (B, 1, 1, M)
-        fan_out = float(parents)
-    else:
+    if child_index is not None:
         num_children = num_children or int(child_index.max()) + 1
-        flat_index = child_index.reshape(-1)
-        slot_activations = activations[:, flat_index].view(batch, positions, 1, slots)
-        # Parents receiving each child: (positions whose field holds it) x (parent types).
-        counts = torch.bincount(flat_index, minlength=num_children).to(votes.dtype)
-        fan_out = (counts[flat_index] * parents).view(1, positions, 1, slots)
-    responsibilities = (votes.new_ones(()) / fan_out).expand(batch, positions, parents, slots)  # R uniform
+    slot_activations, responsibilities = _uniform_assignment(votes, activations, options)
 
     for t, inverse_temperature in enumerate(inverse_temperatures(options.iterations, options.final_lambda)):
         # M-step: R'_ij = R_ij a_i; mu_j and sigma_j^2 weighted by R'; cost; a_j.
@@ -203,6 +197,23 @@ def _em_iterations(
     return mu, parent_activations, responsibilities
 
 
+def _uniform_assignment(votes: torch.Tensor, activations: torch.Tensor, options: _EMOptions):
+    """a_i in each receptive-field slot, (B, Q or 1, 1, M), and the uniform R (B, Q, J, M) routing
+    starts from: 1 / the number of parents receiving the child."""
+    batch, positions, parents, slots, _ = votes.shape
+    if options.child_index is None:
+        slot_activations = activations.view(batch, 1, 1, slots)  # (B, 1, 1, M)
+        fan_out = float(parents)
+    else:
+        flat_index = options.child_index.reshape(-1)
+        num_children = options.num_children or int(flat_index.max()) + 1
+        slot_activations = activations[:, flat_index].view(batch, positions, 1, slots)
+        # Parents receiving each child: (positions whose field holds it) x (parent types).
+        counts = torch.bincount(flat_index, minlength=num_children).to(votes.dtype)
+        fan_out = (counts[flat_index] * parents).view(1, positions, 1, slots)
+    return slot_activations, (votes.new_ones(()) / fan_out).expand(batch, positions, parents, slots)
+
+
 def _sum_over_children(weights: torch.Tensor, big: torch.Tensor) -> torch.Tensor:
     return torch.matmul(weights.unsqueeze(-2), big).squeeze(-2)
 
@@ -219,7 +230,12 @@ class _EMRouting(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, votes, activations, beta_u, beta_a, temperature_scale, options: _EMOptions):
-        centre = votes.mean(dim=-2, keepdim=True)  # c (B, Q, J, 1, H)
+        # c (B, Q, J, 1, H): the first M-step's mu, the mean vote weighted by R a_i. Weighted, it
+        # stays near every later mu where inactive children vote far from the active ones.
+        slot_activations, uniform = _uniform_assignment(votes, activations, options)
+        weighted = uniform * slot_activations
+        weight_sum = weighted.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(votes.dtype).tiny)
+        centre = (_sum_over_children(weighted, votes) / weight_sum).unsqueeze(-2)
         # V' = V - c. In place (the input modified without mark_dirty: its gradient is that of V' (c
         # carries none, see em_routing), and the callers that allow it read the votes nowhere else):
         # here, after autograd has taken the votes' grad_fn, an in-place change of a view costs no
