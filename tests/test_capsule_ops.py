@@ -85,7 +85,7 @@ def test_one_iteration_is_the_squashed_mean_vote_exactly_in_float64():
     """c = softmax(0) = 1/J: with ten parents (1/10 is not exact in float32) a float64 run that
     passed through float32 would be off by 1e-8."""
     votes = torch.randn(2, 6, 10, 3, dtype=torch.float64)
-    torch.testing.assert_close(dynamic_routing(votes, 1), squash(votes.sum(dim=1) / 10), rtol=1e-14, atol=0)
+    torch.testing.assert_close(dynamic_routing(votes, 1), squash(votes.sum(dim=1) / 10), rtol=1e-12, atol=1e-15)
 
 
 def test_defaults_are_the_papers_three_iterations_with_learning_couplings():
