@@ -100,7 +100,8 @@ def page(statuses: dict[str, str], equivalents: dict[str, dict[str, str]], wall:
         scores[area] = killed / judged if judged else float("nan")
         rows.append(
             f"| {area} | {judged + count['equivalent'] + count[NOT_RUN]} | {killed} | {count['equivalent']} | "
-            f"{count['survived']} | {count['no tests']} | {count[NOT_RUN]} | {100 * scores[area]:.1f}% |"
+            f"{count['survived']} | {count['no tests']} | {count[NOT_RUN]} | "
+            + (f"{100 * scores[area]:.1f}% |" if judged else "not run |")
         )
     unexplained = [s for s in survivors if not s[2]]
     command = "python experiments/mutation.py"
@@ -144,8 +145,12 @@ def main() -> None:
     wall = None
     if not args.report:
         run = [*MUTMUT, "run", "--max-children", str(args.max_children), *args.only]
+        # One thread per mutant: mutmut forks its workers from a process that has imported (and may
+        # have run) torch, and a child forked after OpenMP started hangs in its first parallel region
+        # (every such mutant then ends as a false timeout).
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
         with Stopwatch() as watch:
-            subprocess.run(run, cwd=PROJECT_ROOT, check=True)
+            subprocess.run(run, cwd=PROJECT_ROOT, check=True, env=env)
         wall = watch.seconds
     RESULTS.write_text(page(results(), load_equivalents(), wall))
     print(f"wrote {RESULTS.relative_to(PROJECT_ROOT)}")

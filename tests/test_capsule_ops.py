@@ -136,6 +136,9 @@ def test_cpu_scratch_buffer_is_reused_not_reallocated():
     assert _scratch((2, 3), like.double()).data_ptr() != first  # another dtype, another buffer
     assert _scratch((4, 5), like).data_ptr() == first  # ...which leaves the first in place
     assert _scratch((40, 50), like).shape == (40, 50)  # grown on demand
+    # Off the CPU (the meta device standing in for CUDA): a plain new tensor on that device.
+    elsewhere = _scratch((4, 5), torch.zeros(1, device="meta"))
+    assert elsewhere.device.type == "meta" and elsewhere.shape == (4, 5)
 
 
 def test_routing_backward_passes_gradcheck():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import math
+import re
 
 import lightning as L
 import pytest
@@ -199,6 +200,16 @@ def test_dense_responsibilities_sum_to_one_and_activations_in_unit_interval():
     assert mu.shape == (3, 5, 16) and activations.shape == (3, 5)
     assert torch.allclose(responsibilities.sum(dim=-1), torch.ones(3, 20), atol=1e-5)
     assert ((activations > 0) & (activations < 1)).all()
+
+
+def test_num_children_defaults_to_the_largest_child_index_plus_one():
+    child_index = ConvMatrixCapsules(2, 3, kernel_size=2, stride=1).child_index(3, 3, torch.device("cpu"))
+    torch.manual_seed(0)
+    votes, activations = torch.randn(2, *child_index.shape, 3, 16), torch.rand(2, 18)
+    given = em_routing(votes, activations, torch.zeros(3), torch.zeros(3), child_index=child_index, num_children=18)
+    default = em_routing(votes, activations, torch.zeros(3), torch.zeros(3), child_index=child_index)
+    for a, b in zip(given, default, strict=True):
+        assert torch.equal(a, b)
 
 
 def test_conv_layer_shares_each_child_among_all_overlapping_parents():
@@ -403,16 +414,46 @@ def test_training_steps_do_not_leak_memory():
 
 def test_em_routing_rejects_bad_input():
     beta = torch.zeros(3)
-    with pytest.raises(ValueError, match="need child_index"):
-        em_routing(torch.randn(2, 4, 5, 3, 16), torch.rand(2, 20), beta, beta)
-    with pytest.raises(ValueError, match="child_index is for convolutional"):
-        em_routing(torch.randn(2, 5, 3, 16), torch.rand(2, 5), beta, beta, child_index=torch.zeros(1, 5).long())
-    with pytest.raises(ValueError, match="at least one iteration"):
-        em_routing(torch.randn(2, 5, 3, 16), torch.rand(2, 5), beta, beta, iterations=0)
-    with pytest.raises(ValueError, match="cost_normalization must be one of none, data, standardize, layer, got 'z'"):
-        em_routing(torch.randn(2, 5, 3, 16), torch.rand(2, 5), beta, beta, cost_normalization="z")
-    with pytest.raises(ValueError, match="sigma_eps must be > 0"):
-        em_routing(torch.randn(2, 5, 3, 16), torch.rand(2, 5), beta, beta, sigma_eps=0.0)
+
+    def refused(message: str, *args, **kwargs) -> None:
+        with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):  # the whole message, as the user reads it
+            em_routing(*args, **kwargs)
+
+    refused(
+        "convolutional votes (B, Q, M, J, H) need child_index (Q, M)",
+        torch.randn(2, 4, 5, 3, 16),
+        torch.rand(2, 20),
+        beta,
+        beta,
+    )
+    dense = (torch.randn(2, 5, 3, 16), torch.rand(2, 5), beta, beta)
+    refused("child_index is for convolutional votes (B, Q, M, J, H)", *dense, child_index=torch.zeros(1, 5).long())
+    refused("EM routing needs at least one iteration, got 0", *dense, iterations=0)
+    refused("cost_normalization must be one of none, data, standardize, layer, got 'z'", *dense, cost_normalization="z")
+    refused("sigma_eps must be > 0 (it is added to every variance), got 0.0", *dense, sigma_eps=0.0)
+
+
+def test_em_routing_defaults_are_the_papers():
+    """Procedure 1 as published: 3 iterations, final lambda 0.01, plain costs (the model configs set
+    capsexp's own recipe explicitly)."""
+    torch.manual_seed(0)
+    votes, activations, beta = torch.randn(2, 6, 3, 16), torch.rand(2, 6), torch.zeros(3)
+    paper = em_routing(votes, activations, beta, beta, 3, 0.01, cost_normalization="none")
+    for a, b in zip(em_routing(votes, activations, beta, beta), paper, strict=True):
+        assert torch.equal(a, b)
+    assert inverse_temperatures(3) == inverse_temperatures(3, 0.01)
+
+
+def test_inplace_centres_the_callers_votes_instead_of_copying_them():
+    torch.manual_seed(0)
+    parent_major = torch.randn(2, 3, 6, 16) + 5  # (B, J, I, H) in memory, as the layers make them
+    activations, beta = torch.rand(2, 6), torch.zeros(3)
+    copied = em_routing(parent_major.transpose(1, 2), activations, beta, beta)
+    assert parent_major.mean() > 4  # untouched
+    centred = em_routing(parent_major.transpose(1, 2), activations, beta, beta, inplace=True)
+    assert parent_major.abs().mean() < 2  # now holds V - c
+    for a, b in zip(copied, centred, strict=True):
+        torch.testing.assert_close(a, b)
 
 
 def test_responsibility_entropy_is_one_when_uniform_and_zero_when_hard():
@@ -420,12 +461,16 @@ def test_responsibility_entropy_is_one_when_uniform_and_zero_when_hard():
     assert torch.allclose(responsibility_entropy(uniform), torch.ones(2, 6))
     hard = torch.nn.functional.one_hot(torch.randint(0, 4, (2, 6)), 4).float()
     assert torch.allclose(responsibility_entropy(hard), torch.zeros(2, 6))
-    # Convolutional: a child under several windows is uniform over all (window, parent) pairs.
-    layer = ConvMatrixCapsules(in_types=2, out_types=3, kernel_size=2, stride=1)
+    # Convolutional: a child under several windows is uniform over all (window, parent) pairs. Two
+    # parent types: a corner child has only two parents (log 2 < 1).
+    layer = ConvMatrixCapsules(in_types=2, out_types=2, kernel_size=2, stride=1)
     child_index = layer.child_index(3, 3, torch.device("cpu"))
-    counts = torch.bincount(child_index.reshape(-1), minlength=18).float()
-    spread = (1.0 / (counts[child_index] * 3)).unsqueeze(0).unsqueeze(-1).expand(2, *child_index.shape, 3)
-    assert torch.allclose(responsibility_entropy(spread, child_index, 18), torch.ones(2, 18), atol=1e-6)
+    counts = torch.bincount(child_index.reshape(-1), minlength=18).double()
+    spread = (1.0 / (counts[child_index] * 2)).unsqueeze(0).unsqueeze(-1).expand(2, *child_index.shape, 2)
+    ones = torch.ones(2, 18, dtype=torch.float64)
+    torch.testing.assert_close(responsibility_entropy(spread, child_index, 18), ones, rtol=1e-12, atol=1e-12)
+    # num_children defaults to the largest index + 1.
+    torch.testing.assert_close(responsibility_entropy(spread, child_index), ones, rtol=1e-12, atol=1e-12)
 
 
 def test_routing_entropy_of_a_real_layer_lies_in_the_unit_interval_and_falls_with_iterations():

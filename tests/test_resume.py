@@ -15,7 +15,7 @@ import torch
 import yaml
 
 from capsexp.data import MNISTDataModule
-from capsexp.data.resumable import EpochSampler, ResumableDataLoader
+from capsexp.data.resumable import EpochSampler, ResumableDataLoader, step_generator
 from capsexp.errors import CheckpointError
 from capsexp.lit import Classifier, CrossEntropy
 from capsexp.lit.model_checkpoint import BestAndLastCheckpoint
@@ -202,3 +202,35 @@ def test_a_loader_resumes_at_the_image_it_stood_at_whatever_the_new_batch_size()
     assert torch.equal(torch.cat(list(resumed)), rest)  # the same images, in the same order
     assert sorted(torch.cat([*seen, rest]).tolist()) == data.tolist()  # each image once per epoch
     assert len(torch.cat(list(resumed))) == 20  # the next pass is a whole epoch again
+
+
+def test_the_training_order_is_shuffled_by_the_runs_seed_and_the_epoch(monkeypatch):
+    data = list(range(64))
+
+    def order(seed: int, epoch: int, rank: int = 0, replicas: int = 1) -> list[int]:
+        monkeypatch.setenv("PL_GLOBAL_SEED", str(seed))
+        sampler = EpochSampler(data, num_replicas=replicas, rank=rank)
+        sampler.set_epoch(epoch)
+        return list(sampler)
+
+    assert sorted(order(1, 0)) == data and order(1, 0) != data  # a permutation, not the identity
+    assert order(1, 0) == order(1, 0)  # a function of the seed and the epoch alone
+    assert order(1, 1) != order(1, 0) and order(2, 0) != order(1, 0)
+    shares = [order(1, 0, rank, 2) for rank in (0, 1)]
+    assert sorted(shares[0] + shares[1]) == data  # DDP: disjoint shares that cover the epoch
+    fresh = ResumableDataLoader(torch.utils.data.TensorDataset(torch.arange(64)), EpochSampler(data), batch_size=4)
+    assert fresh.state_dict() == {"epoch": 0, "images": 0}  # before its first batch
+
+
+def test_augmentation_draws_depend_on_the_runs_seed_the_step_and_the_process(monkeypatch):
+    def draw(seed: int, step: int, rank: int = 0) -> torch.Tensor:
+        monkeypatch.setenv("PL_GLOBAL_SEED", str(seed))
+        return torch.rand(8, generator=step_generator(torch.device("cpu"), step, rank))
+
+    assert torch.equal(draw(1, 5), draw(1, 5))  # a resumed run draws what the uninterrupted one drew
+    default_rank = step_generator(torch.device("cpu"), 5).initial_seed()
+    assert default_rank == step_generator(torch.device("cpu"), 5, 0).initial_seed()  # rank 0 by default
+    others = [draw(2, 5), draw(1, 6), draw(1, 5, 1)]
+    assert all(not torch.equal(draw(1, 5), other) for other in others)
+    seeds = {step_generator(torch.device("cpu"), step).initial_seed() for step in range(1000)}
+    assert len(seeds) == 1000 and max(seeds) < 2**63  # distinct, and within manual_seed's range
