@@ -230,8 +230,8 @@ class _EMRouting(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, votes, activations, beta_u, beta_a, temperature_scale, options: _EMOptions):
-        # c (B, Q, J, 1, H): the first M-step's mu, the mean vote weighted by R a_i. Weighted, it
-        # stays near every later mu where inactive children vote far from the active ones.
+        # c (B, Q, J, 1, H): the first M-step's mu, the mean vote weighted by R a_i. Weighted, it sits
+        # among the votes that carry data, also where inactive children vote far from the active ones.
         slot_activations, uniform = _uniform_assignment(votes, activations, options)
         weighted = uniform * slot_activations
         weight_sum = weighted.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(votes.dtype).tiny)
