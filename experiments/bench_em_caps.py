@@ -386,10 +386,10 @@ def main() -> None:
         ]
     )
     precision_rows = []
+    routings = {"this tree": None}
+    if args.baseline:
+        routings["baseline"] = routing_at(args.baseline)
     for recipe in args.recipes:
-        routings = {"this tree": None}
-        if args.baseline:
-            routings["baseline"] = routing_at(args.baseline)
         for inactive_far in (False, True):
             for spread in (0.01, 0.03):
                 for routing_name, routing in routings.items():
