@@ -78,7 +78,7 @@ def page(statuses: dict[str, str], equivalents: dict[str, dict[str, str]], wall:
     stale = []
     for mutant, status in sorted(statuses.items()):
         area = area_of(mutant)
-        if status == "survived":
+        if status in ("survived", "no tests"):
             line = " / ".join(mutated_lines(mutant))
             known = equivalents.get(mutant)
             if known and known.get("line", "").strip() == line:
@@ -114,7 +114,8 @@ def page(statuses: dict[str, str], equivalents: dict[str, dict[str, str]], wall:
         "Each mutant is one small edit of the code (an operator, a constant, an argument); the tests that",
         "reach the edited function run against it. Score: killed (a test failed, or the run timed out)",
         "over the mutants judged, leaving out the equivalent ones (listed with their reason in",
-        "`experiments/mutation_equivalents.yaml`: edits that cannot change a result) and those not run",
+        "`experiments/mutation_equivalents.yaml`: edits that cannot change a result; those marked",
+        '"GPU only" change a result only on a GPU, which the machine above lacks) and those not run',
         "yet. A mutant no test reaches counts as survived.",
         "",
         "| code | mutants | killed | equivalent | survived | no test reaches it | not run yet | score |",

@@ -17,7 +17,7 @@ from lightning.fabric.plugins.precision.precision import (
 )
 
 from capsexp import CONFIG_DIR
-from capsexp.checkpoints import check_checkpoint
+from capsexp.checkpoints import _LINE_LIMIT, check_checkpoint
 from capsexp.config_check import COST_NORMALIZATIONS, PRECISIONS, check_group_overrides, config_problems
 from capsexp.errors import CheckpointError, ConfigError, InputShapeError
 from capsexp.lit import Classifier, CrossEntropy
@@ -247,8 +247,126 @@ def test_checkpoint_of_another_model_is_named_as_such(tmp_path):
     for file in _corrupt_checkpoints(tmp_path / "bad").values():
         with pytest.raises(CheckpointError, match="ckpt_path="):
             check_checkpoint(file)
-    with pytest.raises(CheckpointError, match=r"damaged.ckpt is a damaged PyTorch checkpoint \(.+\)$"):
-        check_checkpoint(tmp_path / "bad" / "damaged.ckpt")
+    damaged = tmp_path / "bad" / "damaged.ckpt"
+    with pytest.raises(RuntimeError) as torch_error:  # what torch.load says: quoted by its first line
+        torch.load(damaged, map_location="cpu", weights_only=True)
+    with pytest.raises(CheckpointError) as error:
+        check_checkpoint(damaged)
+    first_line = str(torch_error.value).strip().splitlines()[0][:_LINE_LIMIT]
+    assert str(error.value) == f"ckpt_path={damaged} is a damaged PyTorch checkpoint ({first_line})"
+
+
+def _rewrite_pickle(source: Path, target: Path, edit) -> Path:
+    """A copy of a torch.save archive whose pickled part is ``edit(bytes)``."""
+    with zipfile.ZipFile(source) as whole, zipfile.ZipFile(target, "w") as copy:
+        for member in whole.infolist():
+            data = whole.read(member)
+            copy.writestr(member, edit(data) if member.filename.endswith("/data.pkl") else data)
+    return target
+
+
+LIGHTNING_FILE = {"state_dict": {"w": torch.arange(3.0)}, "pytorch-lightning_version": "2.6"}
+NOT_LIGHTNING = (
+    "is a PyTorch file but not a Lightning checkpoint (no state_dict or pytorch-lightning_version in it): "
+    "give a .ckpt written by a capsexp run"
+)
+
+
+def test_each_bad_checkpoint_gets_its_own_whole_message(tmp_path):
+    files = _corrupt_checkpoints(tmp_path)
+    torch.save({"state_dict": {}}, tmp_path / "no_version.ckpt")
+    torch.save({"pytorch-lightning_version": "2.6"}, tmp_path / "no_state.ckpt")
+    torch.save([1, 2], tmp_path / "list.ckpt")
+    torch.save(LIGHTNING_FILE, tmp_path / "good.ckpt")
+    # A pickle that does not read (a garbage opcode after the protocol header).
+    _rewrite_pickle(tmp_path / "good.ckpt", tmp_path / "garbled.ckpt", lambda data: data[:2] + b"g")
+    expected = {
+        files["missing"]: ": no such file. A run's checkpoints are in logs/<task_name>/runs/<time>/checkpoints/ "
+        "(last.ckpt, and the best by val/acc)",
+        files["empty"]: " is empty (0 bytes): the run that wrote it stopped while saving?",
+        files["noise"]: " is not a PyTorch checkpoint (not in torch.save's format, or truncated)",
+        files["plain"]: f" {NOT_LIGHTNING}",
+        tmp_path / "no_version.ckpt": f" {NOT_LIGHTNING}",
+        tmp_path / "no_state.ckpt": f" {NOT_LIGHTNING}",
+        tmp_path / "list.ckpt": f" {NOT_LIGHTNING}",
+        files["pickled"]: " holds Python objects other than tensors and plain values. capsexp loads checkpoints "
+        "without running code from them and will not load this one; checkpoints written by capsexp never need that.",
+        tmp_path / "garbled.ckpt": " is a damaged PyTorch checkpoint (Unsupported operand 103)",
+    }
+    for path, message in expected.items():
+        with pytest.raises(CheckpointError) as error:
+            check_checkpoint(path)
+        assert str(error.value) == f"ckpt_path={path}{message}"
+    for alias in ("last", "best"):  # Lightning resolves these itself
+        check_checkpoint(alias)
+
+
+def test_a_folder_given_as_checkpoint_names_the_checkpoints_in_it(tmp_path):
+    for name in ("d", "a", "c", "b"):
+        (tmp_path / "flat" / f"{name}.ckpt").parent.mkdir(exist_ok=True)
+        (tmp_path / "flat" / f"{name}.ckpt").write_bytes(b"")
+    (tmp_path / "run" / "checkpoints").mkdir(parents=True)
+    (tmp_path / "run" / "checkpoints" / "last.ckpt").write_bytes(b"")
+    (tmp_path / "nothing").mkdir()
+    hints = {"flat": "; it holds a.ckpt, b.ckpt, c.ckpt", "run": "; it holds last.ckpt", "nothing": ""}
+    for folder, hint in hints.items():
+        with pytest.raises(CheckpointError) as error:
+            check_checkpoint(tmp_path / folder)
+        assert str(error.value) == f"ckpt_path={tmp_path / folder} is a folder: give a .ckpt file{hint}"
+
+
+def test_a_checkpoint_written_on_a_gpu_is_checked_on_a_machine_without_one(tmp_path):
+    torch.save(LIGHTNING_FILE, tmp_path / "cpu.ckpt")
+    on_gpu = _rewrite_pickle(  # the storage's location, as torch.save writes it for a CUDA tensor
+        tmp_path / "cpu.ckpt", tmp_path / "gpu.ckpt", lambda data: data.replace(b"X\x03\0\0\0cpu", b"X\x06\0\0\0cuda:0")
+    )
+    assert b"cuda:0" in zipfile.ZipFile(on_gpu).read("cpu/data.pkl")  # the archive keeps its first name
+    check_checkpoint(on_gpu, _module_with(w=(3,)))  # read onto the CPU: no "CUDA is not available"
+
+
+def _module_with(**shapes: tuple[int, ...]) -> torch.nn.Module:
+    module = torch.nn.Module()
+    for name, shape in shapes.items():
+        module.register_parameter(name, torch.nn.Parameter(torch.zeros(shape)))
+    return module
+
+
+@pytest.mark.parametrize(
+    "saved,differ,first",
+    [
+        ({}, 2, "this model's weight is not in the checkpoint"),
+        (
+            {"weight": (3, 2), "bias": (3,), "x": (1,), "y": (1,)},
+            2,
+            "the checkpoint's x is not in this model",
+        ),
+        (
+            {"weight": (2, 3), "x": (1,), "y": (1,)},
+            4,
+            "weight is (2, 3) in the checkpoint, (3, 2) in this model",
+        ),
+    ],
+    ids=["missing", "unexpected", "all three"],
+)
+def test_weights_that_do_not_fit_are_counted_and_the_first_named(tmp_path, saved, differ, first):
+    """A bare nn.Module (no .net) is named by its own class."""
+    path = tmp_path / "other.ckpt"
+    state_dict = {name: torch.zeros(shape) for name, shape in saved.items()}
+    torch.save({"state_dict": state_dict, "pytorch-lightning_version": "2.6"}, path)
+    with pytest.raises(CheckpointError) as error:
+        check_checkpoint(path, torch.nn.Linear(2, 3))
+    assert str(error.value) == (
+        f"ckpt_path={path} was saved from another model than this run's Linear ({differ} weights differ; {first}).\n"
+        "Use the model and data options of the run that wrote it (its .hydra/config.yaml, two folders up from "
+        "checkpoints/)."
+    )
+
+
+def test_an_underlying_error_is_quoted_by_its_first_line_or_its_type():
+    from capsexp.checkpoints import _first_line
+
+    assert _first_line("  " + "x" * 200 + "\nsecond line", ValueError()) == "x" * _LINE_LIMIT
+    assert _first_line(" \n ", KeyError()) == "KeyError"
 
 
 @pytest.mark.parametrize(

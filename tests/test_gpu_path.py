@@ -53,6 +53,7 @@ def test_device_batches_are_sharded_like_the_dataloader_path(mnist_dir):
         datamodule.setup("fit")
         train, val = datamodule.train_dataloader(), datamodule.val_dataloader()
         assert isinstance(train.sampler, DistributedSampler) and train.batch_size == 10
+        assert sum(len(targets) for _, targets in train) == len(train.sampler)  # the training shard, once
         assert isinstance(val.sampler, UnrepeatedDistributedSampler)
         shards.append(list(val.sampler))
         assert sum(len(targets) for _, targets in val) == len(shards[-1])

@@ -19,6 +19,9 @@ from capsexp.errors import CheckpointError
 
 # ckpt_path values that Lightning resolves itself ("last" checkpoint of this run, ...).
 LIGHTNING_ALIASES = ("last", "best", "hpc", "registry")
+# torch.load(weights_only=True) puts the cause of an unpickling failure after this.
+_UNPICKLER_CAUSE = "WeightsUnpickler error:"
+_LINE_LIMIT = 160  # characters of an underlying error quoted in a message
 
 
 def check_checkpoint(ckpt_path: str | Path, module: nn.Module | None = None) -> None:
@@ -44,15 +47,18 @@ def check_checkpoint(ckpt_path: str | Path, module: nn.Module | None = None) -> 
     try:
         checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except pickle.UnpicklingError as error:
-        if "weights only" in str(error).lower() or "weights_only" in str(error):
+        # The weights-only unpickler's every failure starts with advice to retry with weights_only=False;
+        # the cause follows it: a class it will not import ("Unsupported global"), or unreadable data.
+        cause = str(error).rpartition(_UNPICKLER_CAUSE)[2]  # the whole message if it has no such part
+        if "Unsupported global" in cause:
             raise CheckpointError(
                 f"{where} holds Python objects other than tensors and plain values. capsexp loads "
                 "checkpoints without running code from them and will not load this one; checkpoints "
                 "written by capsexp never need that."
             ) from None
-        raise CheckpointError(f"{where} is not a PyTorch checkpoint ({_first_line(error)})") from None
+        raise CheckpointError(f"{where} is a damaged PyTorch checkpoint ({_first_line(cause, error)})") from None
     except Exception as error:  # a damaged archive: one line, not PyTorch's advice
-        raise CheckpointError(f"{where} is a damaged PyTorch checkpoint ({_first_line(error)})") from None
+        raise CheckpointError(f"{where} is a damaged PyTorch checkpoint ({_first_line(str(error), error)})") from None
     if (
         not isinstance(checkpoint, dict)
         or "state_dict" not in checkpoint
@@ -94,6 +100,8 @@ def _shape(shape: tuple[int, ...]) -> str:
     return "(" + ", ".join(map(str, shape)) + ")"
 
 
-def _first_line(error: Exception) -> str:
-    text = str(error).strip().splitlines()
-    return text[0][:160] if text else type(error).__name__
+def _first_line(text: str, error: Exception) -> str:
+    """The first line of ``text`` (an error's message, or part of it), at most 160 characters; the
+    error's type when the text is blank."""
+    lines = text.strip().splitlines()
+    return lines[0][:_LINE_LIMIT] if lines else type(error).__name__

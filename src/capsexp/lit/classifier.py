@@ -65,9 +65,7 @@ class Classifier(L.LightningModule):
         # Only plain values go into the checkpoint's hyperparameters: checkpoints load with
         # torch.load(weights_only=True), which refuses pickled callables. The run's whole config
         # is logged by capsexp.train, and the net's weights are in the state dict.
-        self.save_hyperparameters(
-            ignore=["net", "objective", "optimizer", "lr_scheduler", "margin", "lr_multipliers"], logger=False
-        )
+        self.save_hyperparameters({"num_classes": num_classes, "compile": compile}, logger=False)
         self.optimizer = optimizer
         self.lr_scheduler = lr_scheduler
         self.margin_schedule = margin
@@ -178,7 +176,6 @@ class Classifier(L.LightningModule):
             on_epoch=True,
             prog_bar=prog_bar,
             add_dataloader_idx=False,
-            metric_attribute=f"loss_means.{stage}_terms.{key}",
         )
 
     def on_train_batch_start(self, batch: Batch, batch_idx: int) -> None:
@@ -187,7 +184,7 @@ class Classifier(L.LightningModule):
         batches = self.trainer.num_training_batches
         epoch = self.trainer.current_epoch + (batch_idx / batches if batches and math.isfinite(batches) else 0.0)
         self.objective.margin = self.margin_schedule.margin(self.trainer.global_step, epoch)
-        self.log("train/margin", float(self.objective.margin), on_step=True, on_epoch=False)
+        self.log("train/margin", float(self.objective.margin))  # per step: the hook's default
 
     def training_step(self, batch: Batch, batch_idx: int) -> torch.Tensor:
         terms, predictions = self._step(batch, "train")
@@ -198,7 +195,7 @@ class Classifier(L.LightningModule):
     def validation_step(self, batch: Batch, batch_idx: int) -> None:
         _, predictions = self._step(batch, "val")
         self.val_acc(predictions, batch[1])
-        self.log("val/acc", self.val_acc, on_step=False, on_epoch=True, prog_bar=True)
+        self.log("val/acc", self.val_acc, prog_bar=True)  # per epoch: validation's default
 
     def on_validation_epoch_end(self) -> None:
         presence = self._presence_medians()
@@ -233,12 +230,11 @@ class Classifier(L.LightningModule):
         _, predictions = self._step(batch, "test", suffix)
         accuracy = self.test_accuracy["per_set"][dataloader_idx]
         accuracy(predictions, batch[1])
-        attribute = f"test_accuracy.per_set.{dataloader_idx}"
         # test/acc: the first test set (for rotations, usually the unrotated one)
         names = ["test/acc"] if dataloader_idx == 0 else []
         names += [f"test/acc{suffix}"] if suffix else []
         for name in names:
-            self.log(name, accuracy, on_step=False, on_epoch=True, add_dataloader_idx=False, metric_attribute=attribute)
+            self.log(name, accuracy, add_dataloader_idx=False)  # per epoch: testing's default
 
     def parameter_groups(self) -> list[dict[str, Any]]:
         """The optimizer's parameter groups, one per learning-rate factor. With more than one, each is
@@ -272,6 +268,6 @@ def target_and_largest_other(scores: torch.Tensor, targets: torch.Tensor) -> tor
     return torch.cat([target, others.amax(dim=1, keepdim=True)], dim=1)
 
 
-def _key(logged_name: str) -> str:
-    """A metric's name in a ModuleDict, which may hold neither "." nor "/"."""
-    return logged_name.replace("/", "__").replace(".", "_")
+def _key(term: str) -> str:
+    """A loss term's name (``loss_rot22.5``) as a key of a ModuleDict, which may not hold a "."."""
+    return term.replace(".", "_")
