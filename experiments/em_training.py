@@ -103,6 +103,10 @@ RECIPES: dict[str, tuple[list[str], str]] = {
         ["model.margin.duration=500"],
         "the margin reaches 0.9 at step 500 (the default reaches 0.62 at step 600): the whole gap asked for sooner",
     ),
+    "margin over 750 steps": (
+        ["model.margin.duration=750"],
+        "the margin reaches 0.9 at step 750 (0.76 at step 600)",
+    ),
     "temperature lr x10": (
         ["model.lr_multipliers={log_inverse_temperature:10}"],
         "the learned factors on the inverse temperatures learn at 10x the learning rate",

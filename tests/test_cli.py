@@ -43,6 +43,15 @@ def test_debug_fast_runs_one_batch_of_each_loop(mnist_dir, tmp_path):
     assert "testing the current weights" in result.stderr + result.stdout
 
 
+def test_the_baseline_cnn_runs_from_the_command_line(mnist_dir, tmp_path):
+    widths = ["model.net.conv_layers=[4,4]", "model.net.hidden_sizes=[16]"]  # the paper's is 35.4M parameters
+    run = tmp_path / "run"
+    overrides = ["model=baseline_cnn", *widths, "debug=fast", f"paths.data_dir={mnist_dir}", f"hydra.run.dir={run}"]
+    result = run_cli(*TINY_RUN, *overrides)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "testing the current weights" in result.stderr + result.stdout
+
+
 @pytest.mark.slow  # one real MNIST epoch (about 30 s): make test-all
 def test_lenet5_reaches_97_5_percent_on_real_mnist_in_one_epoch(real_mnist_dir, tmp_path):
     """The README's first command; about 20 s on 2 CPU cores."""

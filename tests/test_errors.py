@@ -21,7 +21,7 @@ from capsexp.checkpoints import _LINE_LIMIT, check_checkpoint
 from capsexp.config_check import COST_NORMALIZATIONS, PRECISIONS, check_group_overrides, config_problems
 from capsexp.errors import CheckpointError, ConfigError, InputShapeError
 from capsexp.lit import Classifier, CrossEntropy
-from capsexp.models import CapsNet, LeNet5, MatrixCapsNet
+from capsexp.models import BaselineCNN, CapsNet, LeNet5, MatrixCapsNet
 from capsexp.nn import functional
 from tests.helpers import TINY_RUN, compose_config, run_cli
 
@@ -373,6 +373,7 @@ def test_an_underlying_error_is_quoted_by_its_first_line_or_its_type():
     "net,name,built",
     [
         (LeNet5(), "LeNet5", "1x28x28"),
+        (BaselineCNN(conv_layers=[4], hidden_sizes=[4]), "BaselineCNN", "1x28x28"),
         (CapsNet(), "CapsNet", "1x28x28"),
         (
             MatrixCapsNet(
