@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import inspect
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import lightning as L
 import torch
@@ -79,10 +78,13 @@ class InMemoryDataModule(L.LightningDataModule):
         self._device_copies: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]] = {}
 
     # ---- construction ---------------------------------------------------------------------------
-    def save_arguments(self) -> None:
-        """Save the calling constructor's arguments as hyperparameters (checkpoints keep them, and they
-        load with ``torch.load(weights_only=True)``: ``data_dir`` becomes a resolved ``str``)."""
-        self.save_hyperparameters(logger=False, frame=inspect.currentframe().f_back)
+    def save_arguments(self, arguments: Mapping[str, Any]) -> None:
+        """Save a constructor's arguments as hyperparameters: call ``self.save_arguments(locals())``
+        from ``__init__`` before defining any other local name (checkpoints keep them, and they load
+        with ``torch.load(weights_only=True)``: ``data_dir`` becomes a resolved ``str``)."""
+        self.save_hyperparameters(
+            {name: value for name, value in arguments.items() if name not in ("self", "__class__")}, logger=False
+        )
         self.hparams.data_dir = str(Path(self.hparams.data_dir).expanduser().resolve())
         self.data_dir = Path(self.hparams.data_dir)
         self.batch_size_per_device = self.hparams.batch_size

@@ -138,7 +138,7 @@ class MNISTDataModule(InMemoryDataModule):
         super().__init__()
         if train_shift < 0:
             raise ValueError(f"train_shift must be >= 0, got {train_shift}")
-        self.save_arguments()
+        self.save_arguments(locals())
 
     @property
     def test_set_names(self) -> list[str]:

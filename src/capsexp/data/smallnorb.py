@@ -93,8 +93,8 @@ class SmallNORBDataModule(InMemoryDataModule):
             raise ValueError(f"viewpoint must be null, 'azimuth' or 'elevation', got {viewpoint!r}")
         if crop_size > resize:
             raise ValueError(f"crop_size={crop_size} is larger than resize={resize}")
-        contrast = tuple(contrast)
-        self.save_arguments()
+        contrast = tuple(contrast)  # saved as a tuple (a ListConfig would not load weights-only)
+        self.save_arguments(locals())
         self.data_folder = self.data_dir / "smallnorb"
 
     @property

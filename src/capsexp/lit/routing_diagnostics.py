@@ -5,8 +5,7 @@ Every ``every_n_steps`` training steps, for each EM capsule layer of the net (``
 
 - ``routing/<layer>/entropy``: mean entropy of each child's responsibilities over the parents that
   receive it, divided by its maximum (1: uniform, routing undecided; 0: hard assignments). A value
-  near 0 after the first E-step is the collapse that stalls training (see README, "Training EM
-  capsules");
+  near 0 after the first E-step is the collapse that stalls training (see docs/em_training.md);
 - ``routing/<layer>/activation_mean`` and ``activation_std``: parent activations over all capsules
   and inputs (all near 0.5 means the sigmoid argument is too small to tell parents apart);
 - ``routing/<layer>/activation_std_across_inputs``: the std of each capsule's (parent type at one
@@ -22,11 +21,14 @@ A no-op for nets without EM capsule layers (LeNet5, CapsNet), so it sits in the 
 
 from __future__ import annotations
 
+import functools
+
 import lightning as L
 import torch
 
 from capsexp.lit.image_logging import tensorboard_writer
 from capsexp.nn import ClassMatrixCapsules, ConvMatrixCapsules
+from capsexp.nn.functional import responsibility_entropy
 
 EM_LAYERS = (ConvMatrixCapsules, ClassMatrixCapsules)
 
@@ -46,13 +48,30 @@ class RoutingDiagnostics(L.Callback):
         self.every_n_steps, self.histograms = every_n_steps, histograms
         self._step: int | None = None  # the step being recorded, or None
         self._grad_norms: dict[str, float] = {}
+        self._routing: dict[str, dict[str, torch.Tensor]] = {}  # per layer, from its router's forward hook
+        self._hooks: list[torch.utils.hooks.RemovableHandle] = []
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch, batch_idx: int) -> None:
         layers = em_layers(pl_module)
         due = bool(layers) and trainer.global_step % self.every_n_steps == 0 and tensorboard_writer(trainer) is not None
-        self._step, self._grad_norms = (trainer.global_step if due else None), {}
-        for layer in layers.values():
-            layer.record, layer.last_routing = due, None
+        self._step, self._grad_norms, self._routing = (trainer.global_step if due else None), {}, {}
+        if due:  # a forward hook on each layer's router, for this step only
+            self._hooks = [
+                layer.router.register_forward_hook(functools.partial(self._keep, name), with_kwargs=True)
+                for name, layer in layers.items()
+            ]
+
+    def _keep(self, name: str, router: torch.nn.Module, args, kwargs, output) -> None:
+        """What the router of layer ``name`` did: parent activations and the normalised entropy of
+        the responsibilities, detached."""
+        _, parent_activations, responsibilities = output
+        with torch.no_grad():
+            self._routing[name] = {
+                "activations": parent_activations.detach(),
+                "entropy": responsibility_entropy(
+                    responsibilities.detach(), kwargs.get("child_index"), kwargs.get("num_children")
+                ),
+            }
 
     def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer) -> None:
         if self._step is None:
@@ -68,10 +87,12 @@ class RoutingDiagnostics(L.Callback):
         if self._step is None:
             return
         step, self._step = self._step, None
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks, recorded, self._routing = [], self._routing, {}
         writer = tensorboard_writer(trainer)
         for name, layer in em_layers(pl_module).items():
-            layer.record = False
-            routing, layer.last_routing = layer.last_routing, None
+            routing = recorded.get(name)
             if name in self._grad_norms:
                 writer.add_scalar(f"grad_norm/{name}", self._grad_norms[name], step)
             if layer.log_inverse_temperature is not None:

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from capsexp.nn.functional import em_routing, responsibility_entropy
+from capsexp.nn.functional import em_routing
 
 CapsuleMap = tuple[torch.Tensor, torch.Tensor]
 
@@ -30,6 +30,40 @@ class PrimaryMatrixCapsules(nn.Module):
         batch, _, height, width = features.shape
         poses = self.pose(features).view(batch, self.num_types, self.pose_elements, height, width)
         return poses, torch.sigmoid(self.activation(features))
+
+
+class EMRouter(nn.Module):
+    """EM routing (Procedure 1, :func:`~capsexp.nn.functional.em_routing`) under fixed options, as a
+    module: its forward returns the responsibilities too (computed anyway), so that a forward hook can
+    see what routing did without the layers knowing of it (capsexp.lit.routing_diagnostics)."""
+
+    def __init__(self, iterations: int, final_lambda: float, sigma_eps: float, cost_normalization: str) -> None:
+        super().__init__()
+        self.iterations, self.final_lambda = iterations, final_lambda
+        self.sigma_eps, self.cost_normalization = sigma_eps, cost_normalization
+
+    def forward(
+        self, votes: torch.Tensor, activations: torch.Tensor, beta_u: torch.Tensor, beta_a: torch.Tensor, **kwargs
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(mu, parent activations, responsibilities)``; ``kwargs`` as :func:`em_routing` takes them."""
+        return em_routing(
+            votes,
+            activations,
+            beta_u,
+            beta_a,
+            iterations=self.iterations,
+            final_lambda=self.final_lambda,
+            sigma_eps=self.sigma_eps,
+            cost_normalization=self.cost_normalization,
+            return_responsibilities=True,
+            **kwargs,
+        )
+
+    def extra_repr(self) -> str:
+        return (
+            f"iterations={self.iterations}, final_lambda={self.final_lambda}, sigma_eps={self.sigma_eps}, "
+            f"cost_normalization={self.cost_normalization!r}"
+        )
 
 
 class _EMLayer(nn.Module):
@@ -56,34 +90,16 @@ class _EMLayer(nn.Module):
         super().__init__()
         self.pose_size, self.out_types = pose_size, out_types
         self.weight_std = 1.0 / math.sqrt(pose_size) if weight_std is None else weight_std
-        self.routing = dict(
-            iterations=iterations, final_lambda=final_lambda, sigma_eps=sigma_eps, cost_normalization=cost_normalization
-        )
+        self.router = EMRouter(iterations, final_lambda, sigma_eps, cost_normalization)
         self.beta_u = nn.Parameter(torch.zeros(out_types))
         self.beta_a = nn.Parameter(torch.zeros(out_types))
         self.log_inverse_temperature = nn.Parameter(torch.zeros(())) if learn_inverse_temperature else None
-        # Set ``record = True`` and the next forward keeps what the routing did (detached) in
-        # ``last_routing``: parent activations and the normalised entropy of the responsibilities
-        # (capsexp.lit.routing_diagnostics logs them).
-        self.record = False
-        self.last_routing: dict[str, torch.Tensor] | None = None
 
     def _route(self, votes: torch.Tensor, activations: torch.Tensor, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
         kwargs["inplace"] = True  # the votes are this layer's temporary: centred in place, no copy
         if self.log_inverse_temperature is not None:
             kwargs["inverse_temperature_scale"] = self.log_inverse_temperature.exp()
-        if not self.record:
-            return em_routing(votes, activations, self.beta_u, self.beta_a, **kwargs, **self.routing)
-        mu, parent_activations, responsibilities = em_routing(
-            votes, activations, self.beta_u, self.beta_a, return_responsibilities=True, **kwargs, **self.routing
-        )
-        with torch.no_grad():
-            self.last_routing = {
-                "activations": parent_activations.detach(),
-                "entropy": responsibility_entropy(
-                    responsibilities.detach(), kwargs.get("child_index"), kwargs.get("num_children")
-                ),
-            }
+        mu, parent_activations, _ = self.router(votes, activations, self.beta_u, self.beta_a, **kwargs)
         return mu, parent_activations
 
     def new_weight(self, *leading: int) -> nn.Parameter:
