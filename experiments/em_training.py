@@ -103,6 +103,10 @@ RECIPES: dict[str, tuple[list[str], str]] = {
         ["model.margin.duration=500"],
         "the margin reaches 0.9 at step 500 (the default reaches 0.62 at step 600): the whole gap asked for sooner",
     ),
+    "margin over 600 steps": (
+        ["model.margin.duration=600"],
+        "the margin reaches 0.9 at step 600, the end of the quick budget",
+    ),
     "margin over 750 steps": (
         ["model.margin.duration=750"],
         "the margin reaches 0.9 at step 750 (0.76 at step 600)",
