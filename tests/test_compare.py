@@ -36,6 +36,9 @@ def make_runs(folder: Path) -> None:
         writer.add_scalar("test/acc", test_acc, 200)
         for angle, value in rotations.items():
             writer.add_scalar(f"test/acc_rot{angle}", value, 200)
+        if "model=capsnet" in overrides:  # presence scores: capsule lengths
+            writer.add_scalar("val/presence_gap", 0.2, 0)
+            writer.add_scalar("val/presence_gap", 0.61, 100)
         writer.close()
 
 
@@ -57,7 +60,11 @@ def test_groups_seeds_and_matches_the_event_files(tmp_path):
         rows = {row["configuration"]: row for row in csv.DictReader(handle)}
     assert float(rows["model=lenet5"]["test/acc_rot45 mean"]) == pytest.approx(0.72, abs=1e-6)
     assert float(rows["model=capsnet"]["test/acc mean"]) == pytest.approx(0.99, abs=1e-6)
-    assert list(rows["model=lenet5"])[-2:] == ["test/acc_rot45 mean", "test/acc_rot45 std"]  # angles in order
+    assert list(rows["model=lenet5"])[-4:-2] == ["test/acc_rot45 mean", "test/acc_rot45 std"]  # angles in order
+    # The presence gap, where logged: the last validation's, as a fraction (not in %).
+    assert float(rows["model=capsnet"]["val/presence_gap mean"]) == pytest.approx(0.61, abs=1e-6)
+    assert rows["model=lenet5"]["val/presence_gap mean"] == "nan"
+    assert capsnet.rstrip(" |").endswith("| 0.61")
     for plot in ["val_acc.png", "rotation.png"]:
         assert (output / plot).stat().st_size > 1000
 

@@ -67,6 +67,10 @@ def label_configurations(runs: list[Run]) -> list[str]:
     return sorted(shared)
 
 
+# Logged by the Classifier for presence-score objectives (capsule lengths, EM activations).
+PRESENCE_GAP = "val/presence_gap"
+
+
 def _mean_std(values: list[float]) -> tuple[float, float | None]:
     """Mean and sample std; no std for a single run (it would read as a spread of 0)."""
     return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else None
@@ -80,6 +84,7 @@ def summarise(runs: list[Run]) -> tuple[list[str], list[dict]]:
     tags = {tag for run in runs for tag in run.scalars}
     rotations = sorted((tag for tag in tags if rotation_angle(tag) is not None), key=rotation_angle)
     metrics = [tag for tag in ("val/acc_best", "val/acc", "test/acc") if tag in tags] + rotations
+    metrics += [tag for tag in (PRESENCE_GAP,) if tag in tags]
     rows = []
     for configuration, members in sorted(groups.items()):
         row: dict = {"configuration": configuration, "runs": len(members)}
@@ -91,21 +96,24 @@ def summarise(runs: list[Run]) -> tuple[list[str], list[dict]]:
 
 
 def write_tables(metrics: list[str], rows: list[dict], shared: list[str], output: Path) -> None:
-    def cell(value) -> str:
+    def cell(metric: str, value) -> str:
         if value is None:
             return ""
+        scale = 1 if metric == PRESENCE_GAP else 100  # accuracies in %
         mean, std = value
-        return f"{100 * mean:.2f}" if std is None else f"{100 * mean:.2f} ± {100 * std:.2f}"
+        return f"{scale * mean:.2f}" if std is None else f"{scale * mean:.2f} ± {scale * std:.2f}"
 
     header = ["configuration", "runs", *metrics]
     lines = ["| " + " | ".join(header) + " |", "| " + " | ".join(["---", "---:"] + ["---:"] * len(metrics)) + " |"]
     for row in rows:
         lines.append(
-            "| " + " | ".join([row["configuration"], str(row["runs"])] + [cell(row[m]) for m in metrics]) + " |"
+            "| " + " | ".join([row["configuration"], str(row["runs"])] + [cell(m, row[m]) for m in metrics]) + " |"
         )
     (output / "comparison.md").write_text(
         "# Run comparison\n\nAccuracies in %, mean ± std over the runs of each configuration (they differ only "
-        "by seed; no std for a single run). Final values, except val/acc_best.\n\n"
+        "by seed; no std for a single run). Final values, except val/acc_best. "
+        f"{PRESENCE_GAP}, where logged: the median over the validation images of the target class's score "
+        "minus the largest other's, at the last validation (not in %).\n\n"
         + (f"Common to every run: `{' '.join(shared)}`\n\n" if shared else "")
         + "\n".join(lines)
         + "\n"
