@@ -23,7 +23,7 @@ import yaml
 
 from capsexp.timing import Stopwatch
 from em_training import routing_summary, slug, val_curve
-from studylib import display_path, parse_args, run_main
+from studylib import display_path, mean_std, parse_args, run_main, run_seconds, welch_p
 
 STUDY = "em_routing_ablation"
 SEEDS = (1, 2, 3)
@@ -65,35 +65,6 @@ def missing_seeds(folder: Path) -> list[int]:
         if run.final("val/acc") is not None:
             done.update(int(o.split("=", 1)[1]) for o in overrides if o.startswith("seed="))
     return [seed for seed in SEEDS if seed not in done]
-
-
-def run_seconds(run) -> float | None:
-    """A run's duration, first to last scalar event (survives copying the event files); None when
-    its events carry no times of their own (all within a second: a file rewritten after the run)."""
-    from capsexp.events import load_events
-
-    events = load_events(run.path)
-    times = [event.wall_time for tag in events.Tags()["scalars"] for event in events.Scalars(tag)]
-    span = max(times) - min(times) if times else 0.0
-    return span if span >= 1.0 else None
-
-
-def mean_std(values: list[float], scale: float = 1.0, digits: int = 2) -> str:
-    if not values:
-        return ""
-    mean = scale * statistics.fmean(values)
-    if len(values) == 1:
-        return f"{mean:.{digits}f}"
-    return f"{mean:.{digits}f} ± {scale * statistics.stdev(values):.{digits}f}"
-
-
-def welch_p(a: list[float], b: list[float]) -> float | None:
-    """Two-sided p-value of Welch's t-test (unequal variances), None with fewer than 2 runs a side."""
-    from scipy.stats import ttest_ind
-
-    if len(a) < 2 or len(b) < 2:
-        return None
-    return float(ttest_ind(a, b, equal_var=False).pvalue)
 
 
 def results_table(study_folder: Path) -> tuple[str, dict[str, list]]:

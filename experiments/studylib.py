@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
+import statistics
 import subprocess
 import sys
 from collections.abc import Callable
@@ -189,3 +190,32 @@ def machine() -> str:
     if torch.cuda.is_available():
         text += f", {torch.cuda.device_count()} x {torch.cuda.get_device_name()}"
     return text
+
+
+def run_seconds(run) -> float | None:
+    """A run's duration, first to last scalar event (survives copying the event files); None when
+    its events carry no times of their own (all within a second: a file rewritten after the run)."""
+    from capsexp.events import load_events
+
+    events = load_events(run.path)
+    times = [event.wall_time for tag in events.Tags()["scalars"] for event in events.Scalars(tag)]
+    span = max(times) - min(times) if times else 0.0
+    return span if span >= 1.0 else None
+
+
+def mean_std(values: list[float], scale: float = 1.0, digits: int = 2) -> str:
+    if not values:
+        return ""
+    mean = scale * statistics.fmean(values)
+    if len(values) == 1:
+        return f"{mean:.{digits}f}"
+    return f"{mean:.{digits}f} ± {scale * statistics.stdev(values):.{digits}f}"
+
+
+def welch_p(a: list[float], b: list[float]) -> float | None:
+    """Two-sided p-value of Welch's t-test (unequal variances), None with fewer than 2 runs a side."""
+    from scipy.stats import ttest_ind
+
+    if len(a) < 2 or len(b) < 2:
+        return None
+    return float(ttest_ind(a, b, equal_var=False).pvalue)

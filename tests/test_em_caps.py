@@ -582,5 +582,5 @@ def test_paper_recipe_is_one_override_away(small):
     assert {key: paper.model.net[key] for key in expected_paper} == expected_paper
     assert (paper.model.margin.duration, paper.model.margin.unit) == (10, "epoch")
     assert default.model.net.routing_iterations >= 2  # the default still routes (at least one E-step)
-    assert (default.model.margin.duration, default.model.margin.unit) == (1000, "step")
+    assert (default.model.margin.duration, default.model.margin.unit) == (600, "step")
     assert paper.model.optimizer.lr == default.model.optimizer.lr == 0.003

@@ -257,3 +257,36 @@ def test_bench_em_caps_compares_with_the_routing_of_a_git_revision():
         [*worker, "--worker-task", "compare", "--baseline", "no-such-rev"], capture_output=True, text=True
     )
     assert result.returncode != 0 and "git cannot show" in result.stderr
+
+
+def test_em_training_summarises_seeds_with_welchs_test(tmp_path, monkeypatch):
+    """With several seeds, each recipe's final accuracy and gap over all its runs, mean ± std, and
+    Welch's p-value against the reference recipe (scipy's, for the same numbers)."""
+    from scipy.stats import ttest_ind
+    from torch.utils.tensorboard import SummaryWriter
+
+    monkeypatch.syspath_prepend(str(PROJECT_ROOT / "experiments"))
+    from em_training import seeds_table
+
+    finals = {  # recipe: (final accuracy, final gap) of seeds 1, 2, 3
+        "default": ([0.90, 0.92, 0.91], [0.40, 0.42, 0.41]),
+        "margin over 600 steps": ([0.93, 0.95, 0.91], [0.6, 0.5, 0.55]),
+    }
+    for name, (accuracies, gaps) in finals.items():
+        for seed, (accuracy, gap) in enumerate(zip(accuracies, gaps, strict=True), start=1):
+            run = tmp_path / name.replace(" ", "_") / str(seed - 1)
+            (run / ".hydra").mkdir(parents=True)
+            (run / ".hydra" / "overrides.yaml").write_text(f"- seed={seed}\n")
+            writer = SummaryWriter(str(run / "tensorboard"))
+            for tag, value in (("val/acc", accuracy), ("val/acc_best", accuracy), ("val/presence_gap", gap)):
+                writer.add_scalar(tag, value, 599)
+            writer.close()
+    table = seeds_table(tmp_path, list(finals), reference="default")
+    row = next(line for line in table.splitlines() if line.startswith("| margin over 600 steps |"))
+    cells = [cell.strip() for cell in row.strip("| ").split(" | ")]
+    p_accuracy = ttest_ind([0.93, 0.95, 0.91], [0.90, 0.92, 0.91], equal_var=False).pvalue
+    p_gap = ttest_ind([0.6, 0.5, 0.55], [0.40, 0.42, 0.41], equal_var=False).pvalue
+    assert cells == ["margin over 600 steps", "3", "93.00 ± 2.00", "93.00 ± 2.00", f"{p_accuracy:.3f}", "0.55 ± 0.05",
+                     f"{p_gap:.3f} (significant)"]  # fmt: skip
+    reference = next(line for line in table.splitlines() if line.startswith("| default |"))
+    assert reference == "| default | 3 | 91.00 ± 1.00 | 91.00 ± 1.00 |  | 0.41 ± 0.01 |  |"  # no p against itself
