@@ -71,7 +71,7 @@ def test_unknown_option_lists_the_available_ones():
     result = run_cli("model=nope")
     assert result.returncode == 2
     assert "error: model=nope: no such option" in result.stderr
-    assert "model is one of: capsnet, em_caps," in result.stderr and "lenet5" in result.stderr
+    assert "model is one of: baseline_cnn, capsnet, em_caps," in result.stderr and "lenet5" in result.stderr
 
 
 def test_cfg_job_prints_the_composed_config_without_training():
