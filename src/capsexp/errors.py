@@ -49,3 +49,7 @@ class Interrupted(CapsexpError):
     def __init__(self, message: str, signum: int) -> None:
         super().__init__(message)
         self.exit_code = 128 + int(signum)
+
+
+class NoRunsError(CapsexpError):
+    """The folder given to ``python -m capsexp.compare`` holds no run."""
