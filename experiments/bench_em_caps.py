@@ -24,15 +24,12 @@ import datetime
 import importlib.util
 import inspect
 import json
-import os
 import resource
 import statistics
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
-
-os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")  # as importing capsexp does (capsexp/__init__.py)
 
 import torch
 
