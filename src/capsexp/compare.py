@@ -23,8 +23,8 @@ from pathlib import Path
 import yaml
 
 from capsexp.errors import CapsexpError, NoRunsError
+from capsexp.evaluation_sets import rotation_angle
 from capsexp.events import Scalar, read_scalars
-from capsexp.test_sets import rotation_angle
 
 # Overrides that name where a run went, not what it was.
 IGNORED_OVERRIDE = re.compile(r"^\+?(seed|hydra\.[\w.]+|paths\.[\w.]+|ckpt_path|tags|task_name)=")

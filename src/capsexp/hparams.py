@@ -16,7 +16,7 @@ from lightning.pytorch.loggers import Logger, TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_only
 from torch.utils.tensorboard.summary import hparams as hparams_summary
 
-from capsexp.test_sets import PLAIN, metrics_of_test_sets
+from capsexp.evaluation_sets import PLAIN, metrics_of_test_sets
 
 # Config groups that say where things go, not what was run: left out of the HParams tab.
 NOT_HYPERPARAMETERS = ("paths", "logger", "hydra")
@@ -39,7 +39,7 @@ def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, int | floa
 
 def metric_names(test_set_names: Iterable[str] = (PLAIN,)) -> list[str]:
     """The metrics the HParams tab shows: validation accuracy and loss, and the test metrics of the
-    DataModule's test sets (:func:`capsexp.test_sets.metrics_of_test_sets`)."""
+    DataModule's test sets (:func:`capsexp.evaluation_sets.metrics_of_test_sets`)."""
     return ["val/acc_best", "val/acc", "val/loss", *metrics_of_test_sets(test_set_names)]
 
 

@@ -24,7 +24,7 @@ from capsexp.data.augment import random_shift, rotate
 from capsexp.data.base import InMemoryDataModule, data_folder_errors, md5sum
 from capsexp.data.tensor_dataset import ImageTensorDataset
 from capsexp.errors import CorruptDatasetError
-from capsexp.test_sets import PLAIN, rotation_set_name
+from capsexp.evaluation_sets import PLAIN, rotation_set_name
 
 IMAGES_MAGIC = 0x00000803  # IDX: unsigned bytes, 3 dimensions
 LABELS_MAGIC = 0x00000801  # IDX: unsigned bytes, 1 dimension
@@ -142,7 +142,7 @@ class MNISTDataModule(InMemoryDataModule):
 
     @property
     def test_set_names(self) -> list[str]:
-        """One name per test DataLoader (:mod:`capsexp.test_sets`): the plain set, or one per angle."""
+        """One name per test DataLoader (:mod:`capsexp.evaluation_sets`): the plain set, or one per angle."""
         if self.hparams.test_rotations is None:
             return [PLAIN]
         return [rotation_set_name(angle) for angle in self.hparams.test_rotations]

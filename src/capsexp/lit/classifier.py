@@ -18,9 +18,9 @@ import torch
 from torchmetrics import CatMetric, MaxMetric, MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
+from capsexp.evaluation_sets import PLAIN, metric_suffix
 from capsexp.lit.margin import MarginSchedule
 from capsexp.lit.objectives import class_scores
-from capsexp.test_sets import PLAIN, metric_suffix
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
@@ -108,7 +108,7 @@ class Classifier(L.LightningModule):
 
     def setup(self, stage: str) -> None:
         """Lightning's hook before the module moves to its device: one accuracy and one set of loss
-        means per test set the DataModule declares (:mod:`capsexp.test_sets`)."""
+        means per test set the DataModule declares (:mod:`capsexp.evaluation_sets`)."""
         datamodule = self.trainer.datamodule if self._trainer is not None else None
         names = list(getattr(datamodule, "test_set_names", None) or [PLAIN])
         if names == self.test_set_names and len(self.test_accuracy["per_set"]):
