@@ -14,8 +14,8 @@ import lightning as L
 import torch
 from lightning.pytorch.demos.boring_classes import BoringModel
 
+from capsexp.callbacks.model_checkpoint import PARTIAL_SUFFIX, BestAndLastCheckpoint
 from capsexp.data.resumable import EpochSampler, ResumableDataLoader
-from capsexp.lit.model_checkpoint import PARTIAL_SUFFIX, BestAndLastCheckpoint
 from tests.helpers import PROJECT_ROOT, TINY_RUN
 
 
@@ -154,7 +154,7 @@ def test_resuming_a_checkpoint_without_the_data_position_warns_that_the_epoch_re
     assert "combined_loader" not in torch.load(last, weights_only=True)["loops"]["fit_loop"]["state_dict"]
     callback = BestAndLastCheckpoint(dirpath=tmp_path / "resumed")
     trainer = L.Trainer(max_steps=5, logger=False, enable_progress_bar=False, callbacks=[callback])
-    with caplog.at_level("WARNING", logger="capsexp.lit.model_checkpoint"):
+    with caplog.at_level("WARNING", logger="capsexp.callbacks.model_checkpoint"):
         trainer.fit(WorseningModel(), ckpt_path=last)
     assert "holds no position of the training data" in caplog.text
 

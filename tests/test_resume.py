@@ -14,11 +14,11 @@ import pytest
 import torch
 import yaml
 
+from capsexp.callbacks.model_checkpoint import BestAndLastCheckpoint
 from capsexp.data import MNISTDataModule
 from capsexp.data.resumable import EpochSampler, ResumableDataLoader, step_generator
 from capsexp.errors import CheckpointError
 from capsexp.lit import Classifier, CrossEntropy
-from capsexp.lit.model_checkpoint import BestAndLastCheckpoint
 from capsexp.models import LeNet5
 from capsexp.resume import expand_run_folder
 from tests.helpers import PROJECT_ROOT, TINY_EM_CAPS, TINY_RUN, run_cli, scalars

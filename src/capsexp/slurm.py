@@ -8,7 +8,7 @@ over. Here instead:
 
 - a single run records its run folder under its job id, ``<log_dir>/<task_name>/slurm/<job id>``;
 - the requeue signal ends training as SIGTERM does, after the current step with ``last.ckpt``
-  written (:class:`~capsexp.lit.model_checkpoint.BestAndLastCheckpoint`); then the job is requeued;
+  written (:class:`~capsexp.callbacks.model_checkpoint.BestAndLastCheckpoint`); then the job is requeued;
 - a restarted job (``SLURM_RESTART_COUNT`` above 0) whose id has a recorded folder resumes that
   folder as ``ckpt_path=<run folder>`` does (:mod:`capsexp.resume`): same config, same folder,
   TensorBoard curves continued.

@@ -21,11 +21,11 @@ from lightning.pytorch.loggers import Logger
 from omegaconf import DictConfig, OmegaConf
 
 from capsexp import slurm
+from capsexp.callbacks.model_checkpoint import requeue_signal
 from capsexp.checkpoints import check_checkpoint
 from capsexp.distributed import DDPJob, ddp_job
 from capsexp.errors import ConfigError, Interrupted
 from capsexp.hparams import log_hyperparameters, metric_names
-from capsexp.lit.model_checkpoint import requeue_signal
 from capsexp.resume import LAST_CHECKPOINT
 
 log = logging.getLogger(__name__)
@@ -134,7 +134,7 @@ def _run(cfg: DictConfig, job: DDPJob) -> dict[str, float]:
 
 def _raise_if_stopped_by_signal(trainer: L.Trainer) -> None:
     """:class:`Interrupted`, with the saved state's path and the command that resumes it, when a
-    signal ended training (:class:`~capsexp.lit.model_checkpoint.BestAndLastCheckpoint`). On SLURM's
+    signal ended training (:class:`~capsexp.callbacks.model_checkpoint.BestAndLastCheckpoint`). On SLURM's
     requeue signal the job is requeued first (:mod:`capsexp.slurm`)."""
     stopped = next((cb for cb in trainer.checkpoint_callbacks if getattr(cb, "stopped_by", None)), None)
     if stopped is None:

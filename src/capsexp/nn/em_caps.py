@@ -35,7 +35,7 @@ class PrimaryMatrixCapsules(nn.Module):
 class EMRouter(nn.Module):
     """EM routing (Procedure 1, :func:`~capsexp.nn.functional.em_routing`) under fixed options, as a
     module: its forward returns the responsibilities too (computed anyway), so that a forward hook can
-    see what routing did without the layers knowing of it (capsexp.lit.routing_diagnostics)."""
+    see what routing did without the layers knowing of it (capsexp.callbacks.routing_diagnostics)."""
 
     def __init__(self, iterations: int, final_lambda: float, sigma_eps: float, cost_normalization: str) -> None:
         super().__init__()

@@ -15,7 +15,7 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
 
-from capsexp.lit.progress_log import batch_size_of
+from capsexp.callbacks.progress_log import batch_size_of
 
 
 def _synchronize(device: torch.device) -> None:

@@ -26,7 +26,7 @@ import functools
 import lightning as L
 import torch
 
-from capsexp.lit.image_logging import tensorboard_writer
+from capsexp.callbacks.image_logging import tensorboard_writer
 from capsexp.nn import ClassMatrixCapsules, ConvMatrixCapsules
 from capsexp.nn.functional import responsibility_entropy
 
