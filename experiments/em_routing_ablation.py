@@ -14,7 +14,6 @@ README.md (mean +- std per row, Welch's t-tests against the default), comparison
 
 from __future__ import annotations
 
-import math
 import statistics
 import sys
 from pathlib import Path
@@ -23,7 +22,7 @@ import yaml
 
 from capsexp.timing import Stopwatch
 from em_training import routing_summary, slug, val_curve
-from studylib import display_path, mean_std, parse_args, run_main, run_seconds, welch_p
+from studylib import SIGNIFICANCE, display_path, mean_std, p_value_text, parse_args, run_main, run_seconds, welch_p
 
 STUDY = "em_routing_ablation"
 SEEDS = (1, 2, 3)
@@ -48,7 +47,6 @@ QUICK = [
     "callbacks.routing_diagnostics.histograms=false",  # scalars only: event files small enough to keep
 ]
 FULL = ["data=mnist", "data.batch_size=32", "trainer.max_epochs=10", "trainer.val_check_interval=0.5"]
-SIGNIFICANCE = 0.05
 
 
 def row_runs(folder: Path) -> list:
@@ -90,13 +88,7 @@ def results_table(study_folder: Path) -> tuple[str, dict[str, list]]:
         others = [
             r.final("val/presence_largest_other") for r in found if r.final("val/presence_largest_other") is not None
         ]
-        p_value = welch_p(final[name], reference) if name != DEFAULT_ROW else None
-        if p_value is None:
-            p_text = ""
-        elif math.isnan(p_value):  # every seed of both rows at the same accuracy
-            p_text = "n/a (no spread)"
-        else:
-            p_text = f"{p_value:.3f}" + (" (significant)" if p_value < SIGNIFICANCE else "")
+        p_text = p_value_text(welch_p(final[name], reference) if name != DEFAULT_ROW else None)
         entropy, _, across_inputs = routing_summary(found[0])
         lines.append(
             f"| {name} | {len(found)} | {mean_std(final[name], 100)} | {mean_std(best, 100)} | {p_text} "

@@ -14,13 +14,12 @@ val_acc.png and curves.png (validation accuracy against steps, one line per reci
 
 from __future__ import annotations
 
-import math
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from capsexp.timing import Stopwatch
-from studylib import display_path, mean_std, parse_args, run_main, run_seconds, welch_p
+from studylib import SIGNIFICANCE, display_path, mean_std, p_value_text, parse_args, run_main, run_seconds, welch_p
 
 if TYPE_CHECKING:
     from capsexp.compare import Run
@@ -139,7 +138,6 @@ QUICK = [
 ]
 FULL = ["seed=1,2,3", "data=mnist", "data.batch_size=32", "trainer.max_epochs=2", "trainer.val_check_interval=200"]
 CURVE_STEPS = (200, 400, 600)
-SIGNIFICANCE = 0.05
 
 
 def val_curve(run: Run) -> list[tuple[int, float]]:
@@ -223,10 +221,7 @@ def seeds_table(folder: Path, names: list[str], reference: str) -> str:
     ]
 
     def p_text(name: str, metric: str) -> str:
-        p_value = welch_p(finals(name, metric), finals(reference, metric)) if name != reference else None
-        if p_value is None or math.isnan(p_value):
-            return ""
-        return f"{p_value:.3f}" + (" (significant)" if p_value < SIGNIFICANCE else "")
+        return p_value_text(welch_p(finals(name, metric), finals(reference, metric)) if name != reference else None)
 
     for name in runs:
         cells = [

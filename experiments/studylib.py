@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import math
 import os
 import statistics
 import subprocess
@@ -212,6 +213,9 @@ def mean_std(values: list[float], scale: float = 1.0, digits: int = 2) -> str:
     return f"{mean:.{digits}f} ± {scale * statistics.stdev(values):.{digits}f}"
 
 
+SIGNIFICANCE = 0.05  # the level below which a study calls a difference significant
+
+
 def welch_p(a: list[float], b: list[float]) -> float | None:
     """Two-sided p-value of Welch's t-test (unequal variances), None with fewer than 2 runs a side."""
     from scipy.stats import ttest_ind
@@ -219,3 +223,13 @@ def welch_p(a: list[float], b: list[float]) -> float | None:
     if len(a) < 2 or len(b) < 2:
         return None
     return float(ttest_ind(a, b, equal_var=False).pvalue)
+
+
+def p_value_text(p_value: float | None) -> str:
+    """A table cell for a p-value: blank without one, "n/a (no spread)" when every run of both sides
+    gave the same value, marked "(significant)" below :data:`SIGNIFICANCE`."""
+    if p_value is None:
+        return ""
+    if math.isnan(p_value):
+        return "n/a (no spread)"
+    return f"{p_value:.3f}" + (" (significant)" if p_value < SIGNIFICANCE else "")
