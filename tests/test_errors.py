@@ -112,10 +112,11 @@ def _corrupt_checkpoints(folder: Path) -> dict[str, Path]:
     )
     # A zip archive that lost a tensor's storage (a copy cut short, a bad disk): the zip itself reads.
     torch.save({"state_dict": {"w": torch.zeros(4)}, "pytorch-lightning_version": "2.6"}, folder / "whole.ckpt")
-    with zipfile.ZipFile(folder / "whole.ckpt") as whole, zipfile.ZipFile(folder / "damaged.ckpt", "w") as damaged:
-        for member in whole.infolist():
-            if not member.filename.endswith("/data/0"):
-                damaged.writestr(member, whole.read(member))
+
+    def without_storage(name: str, data: bytes) -> bytes | None:
+        return None if name.endswith("/data/0") else data
+
+    _copy_archive(folder / "whole.ckpt", folder / "damaged.ckpt", without_storage)
     stateless_run = folder / "run"  # a run folder whose run never saved a checkpoint
     (stateless_run / ".hydra").mkdir(parents=True, exist_ok=True)
     (stateless_run / ".hydra" / "overrides.yaml").write_text("- model=lenet5\n")
@@ -256,13 +257,19 @@ def test_checkpoint_of_another_model_is_named_as_such(tmp_path):
     assert str(error.value) == f"ckpt_path={damaged} is a damaged PyTorch checkpoint ({first_line})"
 
 
-def _rewrite_pickle(source: Path, target: Path, edit) -> Path:
-    """A copy of a torch.save archive whose pickled part is ``edit(bytes)``."""
+def _copy_archive(source: Path, target: Path, edit) -> Path:
+    """A copy of a torch.save archive whose members are ``edit(name, data)``; None drops a member."""
     with zipfile.ZipFile(source) as whole, zipfile.ZipFile(target, "w") as copy:
         for member in whole.infolist():
-            data = whole.read(member)
-            copy.writestr(member, edit(data) if member.filename.endswith("/data.pkl") else data)
+            data = edit(member.filename, whole.read(member))
+            if data is not None:
+                copy.writestr(member, data)
     return target
+
+
+def _rewrite_pickle(source: Path, target: Path, edit) -> Path:
+    """A copy of a torch.save archive whose pickled part is ``edit(bytes)``."""
+    return _copy_archive(source, target, lambda name, data: edit(data) if name.endswith("/data.pkl") else data)
 
 
 LIGHTNING_FILE = {"state_dict": {"w": torch.arange(3.0)}, "pytorch-lightning_version": "2.6"}
