@@ -6,23 +6,22 @@ import argparse
 import itertools
 import zipfile
 from pathlib import Path
-from typing import get_args
 
 import pytest
 import torch
-from lightning.fabric.plugins.precision.precision import (
-    _PRECISION_INPUT_INT,
-    _PRECISION_INPUT_STR,
-    _PRECISION_INPUT_STR_ALIAS,
-)
 
 from capsexp import CONFIG_DIR
+from capsexp.__main__ import check_group_overrides
+from capsexp.arguments import PositiveInt
+from capsexp.callbacks.progress_log import ProgressLog
 from capsexp.checkpoints import _LINE_LIMIT, check_checkpoint
-from capsexp.config_check import COST_NORMALIZATIONS, PRECISIONS, check_group_overrides, config_problems
+from capsexp.config_check import config_problems
+from capsexp.data import SmallNORBDataModule
 from capsexp.errors import CheckpointError, ConfigError, InputShapeError
 from capsexp.lit import Classifier, CrossEntropy
+from capsexp.lit.margin import LinearMargin
+from capsexp.lit.schedulers import exponential_decay
 from capsexp.models import BaselineCNN, CapsNet, LeNet5, MatrixCapsNet
-from capsexp.nn import functional
 from tests.helpers import TINY_RUN, compose_config, run_cli
 
 
@@ -48,40 +47,78 @@ def test_every_shipped_option_passes_the_check(extra):
     assert config_problems(compose_config(extra)) == []
 
 
-def test_choices_mirror_their_sources():
-    assert COST_NORMALIZATIONS == functional.COST_NORMALIZATIONS
-    lightning = get_args(_PRECISION_INPUT_STR) + get_args(_PRECISION_INPUT_INT) + get_args(_PRECISION_INPUT_STR_ALIAS)
-    assert set(PRECISIONS) == set(lightning)
-
-
 @pytest.mark.parametrize(
     "overrides,expected",
     [
-        (["data.batch_size=0"], "data.batch_size=0: must be a positive integer"),
-        (["data.batch_size=abc"], "data.batch_size=abc: must be a positive integer"),
-        (["data.batch_size=2.5"], "data.batch_size=2.5"),
-        (["model.optimizer.lr=-0.1"], "model.optimizer.lr=-0.1: must be a number > 0"),
-        (["model.optimizer.lr=nan"], "model.optimizer.lr=nan"),
-        (["model=capsnet", "model.net.routing_iterations=0"], "model.net.routing_iterations=0"),
+        (["data.batch_size=0"], "data.batch_size=0: must be greater than 0"),
+        (["data.batch_size=abc"], "data.batch_size=abc: must be a valid integer"),
+        (["data.batch_size=2.5"], "data.batch_size=2.5: must be a valid integer"),
+        (["data.batch_size=true"], "data.batch_size=true: must be a valid integer"),
+        (
+            ["model.optimizer.lr=-0.1"],
+            "model.optimizer (Adam: lr=-0.1 betas=[0.9,0.999] weight_decay=0.0): Invalid learning rate: -0.1",
+        ),
+        (["model.optimizer.lr=nan"], "Invalid learning rate: nan"),
+        (["model/optimizer=sgd", "model.optimizer.momentum=-1"], "Invalid momentum value: -1"),
+        (["model=capsnet", "model.net.routing_iterations=0"], "model.net.routing_iterations=0: must be greater than 0"),
         (["model=em_caps_small", "model.net.routing_iterations=-1"], "model.net.routing_iterations=-1"),
-        (["model=em_caps_small", "model.net.final_lambda=0"], "model.net.final_lambda=0"),
-        (["model=em_caps_small", "model.net.cost_normalization=zscore"], "none, data, standardize, layer"),
-        (["model=em_caps_small", "model.net.sigma_eps=0"], "model.net.sigma_eps=0: must be a number > 0"),
-        (["model=em_caps_small", "model.net.learn_inverse_temperature=maybe"], "true or false"),
-        (["data=rotated_mnist", "data.test_rotations=[0,abc]"], "data.test_rotations=[0,abc]"),
-        (["data=smallnorb", "data.stereo=top"], "data.stereo=top: must be both, left or split"),
+        (["model=em_caps_small", "model.net.final_lambda=0"], "model.net.final_lambda=0: must be greater than 0"),
+        (
+            ["model=em_caps_small", "model.net.cost_normalization=zscore"],
+            "model.net.cost_normalization=zscore: must be 'none', 'data', 'standardize' or 'layer'",
+        ),
+        (["model=em_caps_small", "model.net.sigma_eps=0"], "model.net.sigma_eps=0: must be greater than 0"),
+        (["model=em_caps_small", "model.net.learn_inverse_temperature=maybe"], "must be a valid boolean"),
+        (["model=em_caps_small", "+model.net.iterations=2"], "model.net.iterations: MatrixCapsNet takes no such"),
+        (["model=em_caps_small", "model.margin.unit=epochs"], "model.margin.unit=epochs: must be 'epoch' or 'step'"),
+        (["model=baseline_cnn", "model.net.conv_layers=[]"], "model.net.conv_layers=[]: must be"),
+        (["model=baseline_cnn", "model.net.dropout=1.0"], "model.net.dropout=1.0: must be less than 1"),
+        (["model=em_caps_small", "model.lr_scheduler.scheduler.decay_rate=0"], "decay_rate=0: must be greater than 0"),
+        (["data=rotated_mnist", "data.test_rotations=[0,abc]"], "data.test_rotations=[0,abc]: must be a valid number"),
+        (["data=smallnorb", "data.stereo=top"], "data.stereo=top: must be 'both', 'left' or 'split'"),
         (["data=smallnorb", "data.crop_size=64"], "data.crop_size=64: must be at most data.resize=48"),
-        (["trainer.precision=bf17"], "trainer.precision=bf17"),
-        (["trainer.max_epochs=0"], "trainer.max_epochs=0"),
-        (["trainer.val_check_interval=1.5"], "trainer.val_check_interval=1.5"),
+        (["data.on_device=maybe"], "data.on_device=maybe: must be a valid boolean or 'auto'"),
+        (["callbacks.progress_log.when=sometimes"], "must be 'auto', 'always' or 'never'"),
+        (["trainer.precision=bf17"], "trainer.precision=bf17: must be"),
         (["trainer.devices=3", "trainer.accelerator=cpu"], "must divide by the 3 processes"),
         (["train=false", "test=false"], "nothing to do"),
-        (["seed=abc"], "seed=abc"),
+        (["seed=abc"], "seed=abc: must be a valid integer"),
+        (["float32_matmul_precision=low"], "must be 'highest', 'high' or 'medium'"),
+        (["task_name="], "task_name=: must be"),
     ],
 )
 def test_bad_values_are_named_with_what_is_allowed(overrides, expected):
     problems = config_problems(compose_config(overrides))
     assert len(problems) == 1 and expected in problems[0], problems
+
+
+class ToyNet(torch.nn.Module):
+    """A net with a parameter no rule anywhere names: its type hint alone declares what it allows."""
+
+    def __init__(self, in_channels: int, num_classes: int, image_size: int, depth: PositiveInt = 2) -> None:
+        super().__init__()
+
+
+def test_a_new_parameter_is_checked_from_its_type_hint_alone():
+    overrides = ["model.net._target_=tests.test_errors.ToyNet"]
+    assert config_problems(compose_config([*overrides, "+model.net.depth=3"])) == []
+    assert config_problems(compose_config([*overrides, "+model.net.depth=0"])) == [
+        "model.net.depth=0: must be greater than 0"
+    ]
+
+
+def test_constructors_check_their_arguments_when_built_from_python():
+    with pytest.raises(ValueError, match=r"^MatrixCapsNet: routing_iterations=0: must be greater than 0$"):
+        MatrixCapsNet(routing_iterations=0)
+    with pytest.raises(ValueError, match=r"^LeNet5: in_channels=0: must be greater than 0$"):
+        LeNet5(0)  # positional arguments too
+    with pytest.raises(ValueError, match=r"stereo=top: must be 'both', 'left' or 'split'; .*crop_size=2.5"):
+        SmallNORBDataModule(stereo="top", crop_size=2.5)
+    with pytest.raises(ValueError, match=r"^exponential_decay: decay_steps=0: must be greater than 0$"):
+        exponential_decay(torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1), decay_steps=0)
+    with pytest.raises(ValueError, match=r"when=sometimes: must be 'auto', 'always' or 'never'"):
+        ProgressLog(when="sometimes")
+    assert LinearMargin(unit="step", duration=600).margin(300, 0.0) == pytest.approx(0.55)
 
 
 def test_group_options_are_checked_before_hydra_composes():
@@ -138,7 +175,8 @@ BAD_COMMANDS = {
     "batch abc": (["data.batch_size=abc"], 2, "data.batch_size=abc"),
     "routing 0": (["model=capsnet", "model.net.routing_iterations=0"], 2, "model.net.routing_iterations=0"),
     "EM iterations 0": (["model=em_caps_small", "model.net.routing_iterations=0"], 2, "model.net.routing_iterations=0"),
-    "negative lr": (["model.optimizer.lr=-0.001"], 2, "model.optimizer.lr=-0.001"),
+    "negative lr": (["model.optimizer.lr=-0.001"], 2, "Invalid learning rate: -0.001"),
+    "validation interval out of range": (["trainer.val_check_interval=1.5"], 2, "val_check_interval"),
     "renamed key": (["optimizer.lr=0.01"], 2, "model.optimizer.lr=0.01"),
     "renamed group": (["margin=linear", "model=em_caps_small"], 2, "model/margin=linear"),
     "margin for a loss without one": (["model=capsnet", "+model/margin=linear"], 2, "model.margin"),

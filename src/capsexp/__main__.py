@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import difflib
 import logging
 import os
 import sys
+from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig
 
 from capsexp import CONFIG_DIR
-from capsexp.config_check import check_config, check_group_overrides
-from capsexp.errors import CapsexpError
+from capsexp.config_check import check_config
+from capsexp.errors import CapsexpError, ConfigError
 from capsexp.resume import expand_run_folder
 from capsexp.slurm import resume_if_restarted
 
@@ -90,6 +92,90 @@ def cli() -> None:
     except CapsexpError as error:
         report(error)
     main()
+
+
+# ---- checks of the command line, before Hydra composes ------------------------------------------
+# Groups and keys that moved: the old spelling gets the new one in its error.
+RENAMED = {
+    "optimizer": "model/optimizer",
+    "lr_scheduler": "model/lr_scheduler",
+    "margin": "model/margin",
+    "optimizer.": "model.optimizer.",
+    "lr_scheduler.": "model.lr_scheduler.",
+    "callbacks.margin.": "model.margin.",
+    "dataset.": "geometry.",
+    "model.net.iterations": "model.net.routing_iterations",
+}
+
+
+def check_group_overrides(arguments: list[str], config_dir: Path) -> None:
+    """Raise :class:`ConfigError` for ``group=option`` on the command line where ``conf/<group>/``
+    has no such option (sweeps ``model=a,b`` included), and for a group or key that was renamed;
+    anything else is left to Hydra."""
+    for argument in arguments:
+        key, sep, value = argument.partition("=")
+        key = key.lstrip("+~")
+        if not sep or argument.startswith("-") or key.split("/")[0] == "hydra":
+            continue
+        for old, new in RENAMED.items():
+            if key == old or (old.endswith(".") and key.startswith(old)):
+                renamed = new + key[len(old) :] if old.endswith(".") else new
+                raise ConfigError(f"{key}={value}: renamed; use {renamed}={value}")
+        if not all(part.isidentifier() for part in key.split("/")):
+            continue
+        folder = config_dir / key
+        if not folder.is_dir() or not value or "(" in value or value == "null":
+            continue
+        options = sorted(path.stem for path in folder.glob("*.yaml"))
+        for option in value.split(","):
+            if option not in options:
+                close = difflib.get_close_matches(option, options, n=1)
+                hint = f" (did you mean {key}={close[0]}?)" if close else ""
+                raise ConfigError(f"{key}={option}: no such option{hint}\n  {key} is one of: {', '.join(options)}")
+        if key.startswith("model/") and not argument.startswith("+"):
+            _check_model_has_group(key.removeprefix("model/"), value, arguments, config_dir)
+
+
+def _check_model_has_group(group: str, value: str, arguments: list[str], config_dir: Path) -> None:
+    """``model/margin=linear`` with a model whose recipe has no margin (LeNet5's cross-entropy, CapsNet's
+    margin loss): say so, instead of Hydra's "No match in the defaults list"."""
+    if any(a.lstrip("+").startswith(("experiment=", "hparams_search=")) for a in arguments):
+        return  # they choose the model themselves: left to Hydra
+    chosen = [a.split("=", 1)[1] for a in arguments if a.startswith("model=")]
+    models = chosen[-1].split(",") if chosen else [_default_model(config_dir)]
+    for model in models:
+        groups = _model_config_groups(config_dir, model)
+        if group not in groups:
+            raise ConfigError(
+                f"model/{group}={value}: model={model} has no {group} in its recipe "
+                f"(it has: {', '.join(sorted(groups)) or 'none'})"
+                + ("; the margin schedule is for the spread loss of the EM-capsule models" if group == "margin" else "")
+            )
+
+
+def _default_model(config_dir: Path) -> str:
+    """The model the main config's defaults list chooses."""
+    return next(
+        str(e["model"]) for e in _yaml_defaults(config_dir / "config.yaml") if isinstance(e, dict) and "model" in e
+    )
+
+
+def _model_config_groups(config_dir: Path, model: str) -> set[str]:
+    """The nested groups (optimizer, lr_scheduler, margin) a model config lists, its bases' included."""
+    path = config_dir / "model" / f"{model}.yaml"
+    groups: set[str] = set()
+    for entry in _yaml_defaults(path) if path.exists() else []:
+        if isinstance(entry, str) and entry != "_self_":
+            groups |= _model_config_groups(config_dir, entry)
+        elif isinstance(entry, dict):
+            groups |= {name.removeprefix("override ").strip() for name in entry}
+    return groups
+
+
+def _yaml_defaults(path: Path) -> list:
+    import yaml
+
+    return (yaml.safe_load(path.read_text()) or {}).get("defaults", [])
 
 
 if __name__ == "__main__":

@@ -7,11 +7,13 @@ import logging
 import shlex
 import sys
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import lightning as L
 import torch
+from annotated_types import MinLen
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate as hydra_instantiate
@@ -29,6 +31,22 @@ from capsexp.hparams import log_hyperparameters, metric_names
 from capsexp.resume import LAST_CHECKPOINT
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class JobOptions:
+    """The values the top-level keys of ``conf/config.yaml`` allow (checked by :mod:`capsexp.config_check`;
+    the defaults are in the YAML)."""
+
+    train: bool
+    test: bool
+    ckpt_path: Annotated[str, MinLen(1)] | None
+    seed: int | None
+    task_name: Annotated[str, MinLen(1)]  # the folder under the log dir
+    tags: list[str] | None
+    # torch.set_float32_matmul_precision on GPUs
+    float32_matmul_precision: Literal["highest", "high", "medium"]
+    optimized_metric: Annotated[str, MinLen(1)] | None  # e.g. val/acc_best
 
 
 def instantiate(node: Any, **kwargs: Any) -> Any:

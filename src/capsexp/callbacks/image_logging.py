@@ -13,6 +13,8 @@ import torch
 from lightning.pytorch.loggers import TensorBoardLogger
 from torchvision.utils import make_grid
 
+from capsexp.arguments import PositiveFloat, PositiveInt, checked
+
 
 def tensorboard_writer(trainer: L.Trainer) -> Any | None:
     """The SummaryWriter of the trainer's TensorBoard logger, on global rank zero only."""
@@ -31,10 +33,11 @@ def displayable(images: torch.Tensor) -> torch.Tensor:
     return images.float().clamp(0, 1).cpu()
 
 
+@checked
 class ReconstructionGrid(L.Callback):
     """Every validation epoch: ``num_images`` validation inputs (top row) above their reconstructions."""
 
-    def __init__(self, num_images: int = 8) -> None:
+    def __init__(self, num_images: PositiveInt = 8) -> None:
         self.num_images = num_images
         self.images: torch.Tensor | None = None
 
@@ -54,12 +57,13 @@ class ReconstructionGrid(L.Callback):
         writer.add_image("val/reconstructions", grid, trainer.global_step)
 
 
+@checked
 class PosePerturbation(L.Callback):
     """After testing: the paper's Fig. 4. For ``num_examples`` test digits, each dimension of the
     predicted class capsule is tweaked by ``steps`` values evenly spaced over
     [-max_delta, max_delta] and decoded: one grid per digit, a row per dimension."""
 
-    def __init__(self, num_examples: int = 4, steps: int = 11, max_delta: float = 0.25) -> None:
+    def __init__(self, num_examples: PositiveInt = 4, steps: PositiveInt = 11, max_delta: PositiveFloat = 0.25) -> None:
         self.num_examples, self.steps, self.max_delta = num_examples, steps, max_delta
         self.images: torch.Tensor | None = None
 

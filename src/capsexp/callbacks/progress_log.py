@@ -11,15 +11,17 @@ import logging
 import math
 import sys
 import time
-from typing import Any
+from typing import Any, Literal
 
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
 
+from capsexp.arguments import PositiveFloat, checked
+
 log = logging.getLogger("capsexp.progress")
 
-WHEN = ("auto", "always", "never")
+When = Literal["auto", "always", "never"]
 
 
 def _duration(seconds: float) -> str:
@@ -34,6 +36,7 @@ def batch_size_of(batch: Any) -> int:
     return int(first.shape[0]) if isinstance(first, torch.Tensor) else 0
 
 
+@checked
 class ProgressLog(Callback):
     """Log training progress every ``interval_s`` seconds.
 
@@ -42,11 +45,7 @@ class ProgressLog(Callback):
         when: ``auto`` (only when stdout is not a terminal), ``always`` or ``never``.
     """
 
-    def __init__(self, interval_s: float = 30.0, when: str = "auto") -> None:
-        if when not in WHEN:
-            raise ValueError(f"when={when!r}: must be one of {', '.join(WHEN)}")
-        if not interval_s > 0:
-            raise ValueError(f"interval_s={interval_s}: must be > 0")
+    def __init__(self, interval_s: PositiveFloat = 30.0, when: When = "auto") -> None:
         self.interval_s = interval_s
         self.when = when
         self.active = False

@@ -26,6 +26,7 @@ import functools
 import lightning as L
 import torch
 
+from capsexp.arguments import PositiveInt, checked
 from capsexp.callbacks.image_logging import tensorboard_writer
 from capsexp.nn import ClassMatrixCapsules, ConvMatrixCapsules
 from capsexp.nn.functional import responsibility_entropy
@@ -38,13 +39,12 @@ def em_layers(module: torch.nn.Module) -> dict[str, torch.nn.Module]:
     return {name.removeprefix("net."): layer for name, layer in module.named_modules() if isinstance(layer, EM_LAYERS)}
 
 
+@checked
 class RoutingDiagnostics(L.Callback):
     """Written straight to TensorBoard (rank zero) at the step it was measured, whatever
     ``trainer.log_every_n_steps`` is; ``histograms=False`` keeps only the scalars."""
 
-    def __init__(self, every_n_steps: int = 100, histograms: bool = True) -> None:
-        if every_n_steps < 1:
-            raise ValueError(f"every_n_steps must be >= 1, got {every_n_steps}")
+    def __init__(self, every_n_steps: PositiveInt = 100, histograms: bool = True) -> None:
         self.every_n_steps, self.histograms = every_n_steps, histograms
         self._step: int | None = None  # the step being recorded, or None
         self._grad_norms: dict[str, float] = {}

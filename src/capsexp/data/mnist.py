@@ -12,14 +12,18 @@ import gzip
 import os
 import struct
 import zlib
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Annotated, Literal
 from urllib.error import URLError
 
 import torch
+from annotated_types import MinLen
 from torch.utils.data import DataLoader
 from torchvision.datasets import MNIST
 from torchvision.datasets.utils import download_and_extract_archive
 
+from capsexp.arguments import NonNegativeInt, PositiveInt, checked
 from capsexp.data.augment import random_shift, rotate
 from capsexp.data.base import InMemoryDataModule, data_folder_errors, md5sum
 from capsexp.data.tensor_dataset import ImageTensorDataset
@@ -92,6 +96,7 @@ def _unpack(gz_path: Path, path: Path) -> None:
     partial.replace(path)
 
 
+@checked
 class MNISTDataModule(InMemoryDataModule):
     """MNIST digits, pixels in [0, 1], with a fixed-seed train/validation split.
 
@@ -123,21 +128,19 @@ class MNISTDataModule(InMemoryDataModule):
     def __init__(
         self,
         data_dir: str | os.PathLike = "data",
-        batch_size: int = 32,
-        val_size: int = 5000,
+        batch_size: PositiveInt = 32,
+        val_size: PositiveInt = 5000,
         split_seed: int = 0,
-        num_workers: int = 0,
+        num_workers: NonNegativeInt = 0,
         pin_memory: bool = False,
-        on_device: bool | str = "auto",
+        on_device: bool | Literal["auto"] = "auto",
         download: bool = True,
         verify_checksums: bool = True,
         normalize: bool = False,
-        train_shift: int = 0,
-        test_rotations: list[float] | None = None,
+        train_shift: NonNegativeInt = 0,
+        test_rotations: Annotated[Sequence[float], MinLen(1)] | None = None,
     ) -> None:
         super().__init__()
-        if train_shift < 0:
-            raise ValueError(f"train_shift must be >= 0, got {train_shift}")
         self.save_arguments(locals())
 
     @property

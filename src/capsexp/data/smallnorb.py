@@ -16,11 +16,13 @@ import shutil
 import tempfile
 import urllib.request
 from pathlib import Path
+from typing import Literal
 from urllib.error import URLError
 
 import torch
 import torch.nn.functional as F
 
+from capsexp.arguments import NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, checked
 from capsexp.data.augment import center_crop, random_brightness_contrast, random_crop, standardize
 from capsexp.data.base import InMemoryDataModule, data_folder_errors, md5sum
 from capsexp.data.norb_format import SMALLNORB_FILES, read_matrix
@@ -37,6 +39,7 @@ TRAIN_ELEVATIONS = (0, 1, 2)
 CACHE_VERSION = 1
 
 
+@checked
 class SmallNORBDataModule(InMemoryDataModule):
     """smallNORB: 5 categories of toys, 24,300 stereo training pairs and 24,300 test pairs.
 
@@ -69,30 +72,24 @@ class SmallNORBDataModule(InMemoryDataModule):
     def __init__(
         self,
         data_dir: str | os.PathLike = "data",
-        batch_size: int = 32,
-        val_size: int = 1000,
+        batch_size: PositiveInt = 32,
+        val_size: PositiveInt = 1000,
         split_seed: int = 0,
-        num_workers: int = 0,
+        num_workers: NonNegativeInt = 0,
         pin_memory: bool = False,
-        on_device: bool | str = "auto",
+        on_device: bool | Literal["auto"] = "auto",
         download: bool = True,
         base_url: str = "https://cs.nyu.edu/~ylclab/data/norb-v1.0-small/",
         verify_checksums: bool = True,
-        stereo: str = "both",
-        viewpoint: str | None = None,
+        stereo: Literal["both", "left", "split"] = "both",
+        viewpoint: Literal["azimuth", "elevation"] | None = None,
         familiar: bool = True,
-        resize: int = 48,
-        crop_size: int = 32,
-        brightness: float = 63 / 255,
-        contrast: tuple[float, float] = (0.2, 1.8),
+        resize: PositiveInt = 48,
+        crop_size: PositiveInt = 32,
+        brightness: NonNegativeFloat = 63 / 255,
+        contrast: tuple[PositiveFloat, PositiveFloat] = (0.2, 1.8),
     ) -> None:
         super().__init__()
-        if stereo not in ("both", "left", "split"):
-            raise ValueError(f"stereo must be 'both', 'left' or 'split', got {stereo!r}")
-        if viewpoint not in (None, "azimuth", "elevation"):
-            raise ValueError(f"viewpoint must be null, 'azimuth' or 'elevation', got {viewpoint!r}")
-        if crop_size > resize:
-            raise ValueError(f"crop_size={crop_size} is larger than resize={resize}")
         contrast = tuple(contrast)  # saved as a tuple (a ListConfig would not load weights-only)
         self.save_arguments(locals())
         self.data_folder = self.data_dir / "smallnorb"

@@ -18,6 +18,7 @@ import torch
 from torchmetrics import CatMetric, MaxMetric, MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
+from capsexp.arguments import PositiveFloat, PositiveInt
 from capsexp.evaluation_sets import PLAIN, metric_suffix
 from capsexp.lit.margin import MarginSchedule
 from capsexp.lit.objectives import class_scores
@@ -52,9 +53,9 @@ class Classifier(L.LightningModule):
         optimizer: Callable[..., torch.optim.Optimizer],
         lr_scheduler: dict[str, Any] | None = None,
         margin: MarginSchedule | None = None,
-        num_classes: int = 10,
+        num_classes: PositiveInt = 10,
         compile: bool = False,
-        lr_multipliers: Mapping[str, float] | None = None,
+        lr_multipliers: Mapping[str, PositiveFloat] | None = None,
     ) -> None:
         super().__init__()
         if margin is not None and not hasattr(objective, "margin"):

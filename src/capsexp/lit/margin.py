@@ -9,6 +9,9 @@ have had.
 from __future__ import annotations
 
 import math
+from typing import Literal
+
+from capsexp.arguments import PositiveFloat, UnitInterval, checked
 
 
 class MarginSchedule:
@@ -18,14 +21,17 @@ class MarginSchedule:
         raise NotImplementedError
 
 
+@checked
 class LinearMargin(MarginSchedule):
     """The paper: the margin grows linearly from ``start`` to ``end`` over ``duration`` epochs or steps."""
 
-    def __init__(self, start: float = 0.2, end: float = 0.9, duration: float = 10, unit: str = "epoch") -> None:
-        if unit not in ("epoch", "step"):
-            raise ValueError(f"unit must be 'epoch' or 'step', got {unit!r}")
-        if duration <= 0:
-            raise ValueError(f"duration must be > 0, got {duration}")
+    def __init__(
+        self,
+        start: UnitInterval = 0.2,
+        end: UnitInterval = 0.9,
+        duration: PositiveFloat = 10,
+        unit: Literal["epoch", "step"] = "epoch",
+    ) -> None:
         self.start, self.end, self.duration, self.unit = start, end, duration, unit
 
     def margin(self, step: int, epoch: float) -> float:
@@ -33,10 +39,13 @@ class LinearMargin(MarginSchedule):
         return self.start + (self.end - self.start) * progress
 
 
+@checked
 class SigmoidMargin(MarginSchedule):
     """The authors' OpenReview recipe: m = 0.2 + 0.79 * sigmoid(min(10, step / 50000 - 4))."""
 
-    def __init__(self, start: float = 0.2, span: float = 0.79, step_scale: float = 50000, shift: float = 4) -> None:
+    def __init__(
+        self, start: UnitInterval = 0.2, span: UnitInterval = 0.79, step_scale: PositiveFloat = 50000, shift: float = 4
+    ) -> None:
         self.start, self.span, self.step_scale, self.shift = start, span, step_scale, shift
 
     def margin(self, step: int, epoch: float) -> float:

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from capsexp.arguments import NonNegativeFloat, PositiveFraction, UnitInterval, checked
 from capsexp.nn.functional import margin_loss, spread_loss
 
 
@@ -24,19 +25,21 @@ def class_scores(output: Any) -> torch.Tensor:
     return output if isinstance(output, torch.Tensor) else output.scores
 
 
+@checked
 class CrossEntropy:
     """Softmax cross-entropy on the class scores (the LeNet5 baseline's objective)."""
 
     terms = ("loss",)
     presence_scores = False
 
-    def __init__(self, label_smoothing: float = 0.0) -> None:
+    def __init__(self, label_smoothing: UnitInterval = 0.0) -> None:
         self.label_smoothing = label_smoothing
 
     def __call__(self, output: Any, images: torch.Tensor, targets: torch.Tensor) -> dict[str, torch.Tensor]:
         return {"loss": F.cross_entropy(class_scores(output), targets, label_smoothing=self.label_smoothing)}
 
 
+@checked
 class CapsuleLoss:
     """Margin loss (Eq. 4) plus the reconstruction regulariser (section 4.1).
 
@@ -49,7 +52,11 @@ class CapsuleLoss:
     presence_scores = True  # the lengths of the class capsules
 
     def __init__(
-        self, m_pos: float = 0.9, m_neg: float = 0.1, lambda_: float = 0.5, recon_weight: float = 0.0005
+        self,
+        m_pos: UnitInterval = 0.9,
+        m_neg: UnitInterval = 0.1,
+        lambda_: NonNegativeFloat = 0.5,
+        recon_weight: NonNegativeFloat = 0.0005,
     ) -> None:
         self.m_pos, self.m_neg, self.lambda_, self.recon_weight = m_pos, m_neg, lambda_, recon_weight
 
@@ -62,6 +69,7 @@ class CapsuleLoss:
         return {"loss": margin + self.recon_weight * recon, "margin_loss": margin, "recon_loss": recon}
 
 
+@checked
 class SpreadLoss:
     """Spread loss of the EM-routing paper (section 3.1) on the class activations.
 
@@ -72,7 +80,7 @@ class SpreadLoss:
     terms = ("loss", "spread_loss")
     presence_scores = True  # the activations of the class capsules
 
-    def __init__(self, margin: float = 0.2) -> None:
+    def __init__(self, margin: PositiveFraction = 0.2) -> None:
         self.margin = margin
 
     def __call__(self, output: Any, images: torch.Tensor, targets: torch.Tensor) -> dict[str, torch.Tensor]:

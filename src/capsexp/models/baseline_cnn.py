@@ -11,13 +11,17 @@ usual one. ReLU follows every layer but the last.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Annotated
 
 import torch
+from annotated_types import Interval, MinLen
 from torch import nn
 
+from capsexp.arguments import PositiveInt, checked
 from capsexp.models.input_check import check_images
 
 
+@checked
 class BaselineCNN(nn.Module):
     """The paper's baseline CNN, returning logits of shape (batch, num_classes).
 
@@ -32,19 +36,14 @@ class BaselineCNN(nn.Module):
 
     def __init__(
         self,
-        in_channels: int = 1,
-        num_classes: int = 10,
-        image_size: int | tuple[int, int] = 28,
-        conv_layers: Sequence[int] = (256, 256, 128),
-        hidden_sizes: Sequence[int] = (328, 192),
-        dropout: float = 0.5,
+        in_channels: PositiveInt = 1,
+        num_classes: PositiveInt = 10,
+        image_size: PositiveInt | tuple[PositiveInt, PositiveInt] = 28,
+        conv_layers: Annotated[Sequence[PositiveInt], MinLen(1)] = (256, 256, 128),
+        hidden_sizes: Annotated[Sequence[PositiveInt], MinLen(1)] = (328, 192),
+        dropout: Annotated[float, Interval(ge=0, lt=1)] = 0.5,
     ) -> None:
         super().__init__()
-        if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"model.net.dropout must be in [0, 1), got {dropout}")
-        for name, sizes in (("conv_layers", conv_layers), ("hidden_sizes", hidden_sizes)):
-            if not sizes or any(int(size) < 1 for size in sizes):
-                raise ValueError(f"model.net.{name} must be a non-empty list of positive integers, got {list(sizes)}")
         height, width = (image_size, image_size) if isinstance(image_size, int) else image_size
         self.image_shape = (in_channels, height, width)
         layers: list[nn.Module] = []

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from capsexp.arguments import PositiveInt, checked
 from capsexp.models.input_check import check_images
 from capsexp.nn import PrimaryCapsules, RoutingCapsules
 
@@ -24,6 +25,7 @@ class CapsNetOutput(NamedTuple):
     reconstructions: torch.Tensor | None  # (B, C, H, W) in [0, 1], or None without a decoder
 
 
+@checked
 class CapsNet(nn.Module):
     """The paper's MNIST model with its defaults (8,215,568 parameters; 6,804,224 without decoder).
 
@@ -39,16 +41,16 @@ class CapsNet(nn.Module):
 
     def __init__(
         self,
-        in_channels: int = 1,
-        image_size: int = 28,
-        num_classes: int = 10,
-        routing_iterations: int = 3,
+        in_channels: PositiveInt = 1,
+        image_size: PositiveInt = 28,
+        num_classes: PositiveInt = 10,
+        routing_iterations: PositiveInt = 3,
         reconstruction: bool = True,
         detach_agreement: bool = False,
-        conv_channels: int = 256,
-        primary_types: int = 32,
-        primary_dim: int = 8,
-        pose_dim: int = 16,
+        conv_channels: PositiveInt = 256,
+        primary_types: PositiveInt = 32,
+        primary_dim: PositiveInt = 8,
+        pose_dim: PositiveInt = 16,
     ) -> None:
         super().__init__()
         self.image_shape = (in_channels, image_size, image_size)

@@ -14,8 +14,10 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from capsexp.arguments import PositiveFloat, PositiveInt, checked
 from capsexp.models.input_check import check_images
 from capsexp.nn import ClassMatrixCapsules, ConvMatrixCapsules, PrimaryMatrixCapsules
+from capsexp.nn.functional import CostNormalization
 
 
 class MatrixCapsNetOutput(NamedTuple):
@@ -23,6 +25,7 @@ class MatrixCapsNetOutput(NamedTuple):
     poses: torch.Tensor  # (N, classes, P*P): class capsule poses
 
 
+@checked
 class MatrixCapsNet(nn.Module):
     """The paper's network; defaults A=B=C=D=32 (about 310K parameters on 2x32x32 smallNORB).
 
@@ -48,23 +51,23 @@ class MatrixCapsNet(nn.Module):
 
     def __init__(
         self,
-        in_channels: int = 1,
-        num_classes: int = 10,
-        conv_channels: int = 32,
-        primary_types: int = 32,
-        conv_caps1_types: int = 32,
-        conv_caps2_types: int = 32,
-        kernel_size: int = 3,
-        pose_size: int = 4,
-        routing_iterations: int = 3,
-        image_size: int = 28,
-        final_lambda: float = 0.01,
-        sigma_eps: float = 1e-4,
-        cost_normalization: str = "none",
+        in_channels: PositiveInt = 1,
+        num_classes: PositiveInt = 10,
+        conv_channels: PositiveInt = 32,
+        primary_types: PositiveInt = 32,
+        conv_caps1_types: PositiveInt = 32,
+        conv_caps2_types: PositiveInt = 32,
+        kernel_size: PositiveInt = 3,
+        pose_size: PositiveInt = 4,
+        routing_iterations: PositiveInt = 3,
+        image_size: PositiveInt = 28,
+        final_lambda: PositiveFloat = 0.01,
+        sigma_eps: PositiveFloat = 1e-4,
+        cost_normalization: CostNormalization = "none",
         coordinate_addition: bool = True,
         recompute: bool = False,
         conv1_norm: bool = False,
-        weight_std: float | None = None,
+        weight_std: PositiveFloat | None = None,
         route_per_window: bool = False,
         learn_inverse_temperature: bool = False,
     ) -> None:

@@ -11,9 +11,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from capsexp.arguments import PositiveInt, checked
 from capsexp.models.input_check import check_images
 
 
+@checked
 class LeNet5(nn.Module):
     """LeNet5 classifier returning logits of shape (batch, num_classes).
 
@@ -23,7 +25,12 @@ class LeNet5(nn.Module):
         image_size: input height and width, used only to derive the flatten size.
     """
 
-    def __init__(self, in_channels: int = 1, num_classes: int = 10, image_size: int | tuple[int, int] = 28) -> None:
+    def __init__(
+        self,
+        in_channels: PositiveInt = 1,
+        num_classes: PositiveInt = 10,
+        image_size: PositiveInt | tuple[PositiveInt, PositiveInt] = 28,
+    ) -> None:
         super().__init__()
         height, width = (image_size, image_size) if isinstance(image_size, int) else image_size
         self.image_shape = (in_channels, height, width)

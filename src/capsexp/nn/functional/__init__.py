@@ -9,6 +9,7 @@ Frosst 2018, Procedure 1) in ``_em_caps.py``. Import them from here::
 from capsexp.nn.functional._capsnet import dynamic_routing, fully_connected_routing, margin_loss, squash
 from capsexp.nn.functional._em_caps import (
     COST_NORMALIZATIONS,
+    CostNormalization,
     em_routing,
     inverse_temperatures,
     responsibility_entropy,
@@ -17,6 +18,7 @@ from capsexp.nn.functional._em_caps import (
 
 __all__ = [
     "COST_NORMALIZATIONS",
+    "CostNormalization",
     "dynamic_routing",
     "em_routing",
     "fully_connected_routing",

@@ -12,14 +12,15 @@ position q's receptive field, and the E-step normalises over all slots holding t
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from typing import Literal, NamedTuple, get_args
 
 import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
 LOG_2PI = math.log(2 * math.pi)
-COST_NORMALIZATIONS = ("none", "data", "standardize", "layer")
+CostNormalization = Literal["none", "data", "standardize", "layer"]
+COST_NORMALIZATIONS: tuple[str, ...] = get_args(CostNormalization)
 
 
 def inverse_temperatures(iterations: int, final_lambda: float = 0.01) -> list[float]:
