@@ -56,18 +56,15 @@ RECIPES = {"default": "em_caps", "paper": "em_caps_paper"}  # recipe: its model 
 
 
 def net_options(recipe: str) -> dict:
-    """The MatrixCapsNet arguments of a model config (A=B=C=D=32), composed as the CLI composes it,
-    less the data geometry."""
+    """The MatrixCapsNet arguments of a model config (A=B=C=D=32), composed and built as the CLI does
+    (``routing`` an EMRouting), less the data geometry."""
     from hydra import compose, initialize_config_dir
-    from omegaconf import OmegaConf
+    from hydra.utils import instantiate
 
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
         net = compose(config_name="config", overrides=[f"model={RECIPES[recipe]}"]).model.net
-    return {
-        key: value
-        for key, value in OmegaConf.to_container(net).items()
-        if key not in ("_target_", "in_channels", "image_size", "num_classes")
-    }
+    arguments = instantiate(net, _partial_=True, _convert_="all").keywords
+    return {key: value for key, value in arguments.items() if key not in ("in_channels", "image_size", "num_classes")}
 
 
 ROUTING_FILE = "src/capsexp/nn/functional/_em_caps.py"
@@ -254,12 +251,12 @@ def float32_errors(recipe: str, spread: float, inactive_far: bool = False, em_ro
     if em_routing is None:
         from capsexp.nn.functional import em_routing
 
-    net = net_options(recipe)
+    routing = net_options(recipe)["routing"]
     options = dict(
-        iterations=net["routing_iterations"],
-        final_lambda=net["final_lambda"],
-        sigma_eps=net["sigma_eps"],
-        cost_normalization=net["cost_normalization"],
+        iterations=routing.iterations,
+        final_lambda=routing.final_lambda,
+        sigma_eps=routing.sigma_eps,
+        cost_normalization=routing.cost_normalization,
         return_responsibilities=True,
     )
     generator = torch.Generator().manual_seed(0)

@@ -29,9 +29,9 @@ SEEDS = (1, 2, 3)
 DEFAULT_ROW = "2 iterations"
 # name: overrides (each row runs with every seed)
 ROWS: dict[str, list[str]] = {
-    "1 iteration": ["model=em_caps_small", "model.net.routing_iterations=1"],
-    "2 iterations": ["model=em_caps_small", "model.net.routing_iterations=2"],
-    "3 iterations": ["model=em_caps_small", "model.net.routing_iterations=3"],
+    "1 iteration": ["model=em_caps_small", "model.net.routing.iterations=1"],
+    "2 iterations": ["model=em_caps_small", "model.net.routing.iterations=2"],
+    "3 iterations": ["model=em_caps_small", "model.net.routing.iterations=3"],
     "paper recipe": ["model=em_caps_small_paper"],
 }
 # The paper's Table 1: smallNORB test error (%) by number of EM iterations (another dataset and far
@@ -216,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     notes = f"""
 em_caps_small (A=64, B=8, C=D=16) on MNIST, {budget_text} per run, seeds {", ".join(map(str, SEEDS))},
 validation on all 5,000 validation digits four times an epoch. Rows 1-3 iterations: capsexp's default
-recipe with `model.net.routing_iterations` set; paper recipe: `model=em_caps_small_paper`. Runs under
+recipe with `model.net.routing.iterations` set; paper recipe: `model=em_caps_small_paper`. Runs under
 `{display_path(study_folder)}/<row>/`. The paper's column is its Table 1 (smallNORB, trained far longer):
 the direction routing should take, not numbers to match.
 """

@@ -45,59 +45,63 @@ RECIPES: dict[str, tuple[list[str], str]] = {
         "margin over 10 epochs",
     ),
     "paper+standardize": (
-        ["model=em_caps_small_paper", "model.net.cost_normalization=standardize"],
+        ["model=em_caps_small_paper", "model.net.routing.cost_normalization=standardize"],
         "the paper's, costs standardised (the old normalize_cost=true)",
     ),
-    "3 iterations": (["model.net.routing_iterations=3"], "one E-step more (the paper's 3 iterations)"),
-    "sigma_eps 1e-4": (["model.net.sigma_eps=1e-4"], "the old variance floor"),
+    "3 iterations": (["model.net.routing.iterations=3"], "one E-step more (the paper's 3 iterations)"),
+    "sigma_eps 1e-4": (["model.net.routing.sigma_eps=1e-4"], "the old variance floor"),
     "final lambda 0.01": (
-        ["model.net.final_lambda=0.01"],
+        ["model.net.routing.final_lambda=0.01"],
         "the authors' inverse temperature with standardised costs (and the learned factor)",
     ),
-    "final lambda 1": (["model.net.final_lambda=1"], "a tenth of the default inverse temperature"),
+    "final lambda 1": (["model.net.routing.final_lambda=1"], "a tenth of the default inverse temperature"),
     "final lambda 10, fixed": (
-        ["model.net.learn_inverse_temperature=false"],
+        ["model.net.routing.learn_inverse_temperature=false"],
         "the default's inverse temperature without the learned factor",
     ),
     "cost: plain": (
         [
-            "model.net.cost_normalization=none",
-            "model.net.final_lambda=0.01",
-            "model.net.learn_inverse_temperature=false",
+            "model.net.routing.cost_normalization=none",
+            "model.net.routing.final_lambda=0.01",
+            "model.net.routing.learn_inverse_temperature=false",
         ],
         "costs as in Procedure 1 (with the authors' lambda, on their scale)",
     ),
     "cost: data": (
-        ["model.net.cost_normalization=data", "model.net.final_lambda=1"],
+        ["model.net.routing.cost_normalization=data", "model.net.routing.final_lambda=1"],
         "Gritzman 2019 pitfall 2: the amount of data relative to the mean parent's",
     ),
     "shared children": (
-        ["model.net.route_per_window=false"],
+        ["model.net.routing.route_per_window=false"],
         "ConvCaps children shared among all overlapping windows (the paper; Gritzman's pitfall 3)",
     ),
     "no BatchNorm": (["model.net.conv1_norm=false"], "conv1 without BatchNorm, as in the paper"),
     "W std 1": (["model.net.weight_std=1.0"], "larger transformation matrices (votes twice as large)"),
     "margin: paper": (["model/margin=linear"], "the paper's margin ramp over 10 epochs (still 0.22 at step 600)"),
     "lr 1e-2": (["model.optimizer.lr=0.01"], "learning rate 1e-2 instead of the authors' 3e-3"),
-    "1 iteration": (["model.net.routing_iterations=1"], "no E-step at all (not routing: a reference point)"),
+    "1 iteration": (["model.net.routing.iterations=1"], "no E-step at all (not routing: a reference point)"),
     "final lambda 3, fixed": (
-        ["model.net.final_lambda=3", "model.net.learn_inverse_temperature=false"],
+        ["model.net.routing.final_lambda=3", "model.net.routing.learn_inverse_temperature=false"],
         "standardised costs at a fixed inverse temperature (lambda_2 = 0.29; the default before the learned factor)",
     ),
     "final lambda 30, fixed": (
-        ["model.net.final_lambda=30", "model.net.learn_inverse_temperature=false"],
+        ["model.net.routing.final_lambda=30", "model.net.routing.learn_inverse_temperature=false"],
         "standardised costs at a fixed inverse temperature that can separate classes (lambda_2 = 2.9)",
     ),
     "learned temperature, final lambda 3": (
-        ["model.net.final_lambda=3"],
+        ["model.net.routing.final_lambda=3"],
         "the learned factor on the inverse temperatures, from lambda_2 = 0.29",
     ),
     "cost: layer": (
-        ["model.net.cost_normalization=layer", "model.net.final_lambda=3", "model.net.learn_inverse_temperature=false"],
+        [
+            "model.net.routing.cost_normalization=layer",
+            "model.net.routing.final_lambda=3",
+            "model.net.routing.learn_inverse_temperature=false",
+        ],
         "plain costs, the amount of data divided by the children per parent (IBM's layer factor)",
     ),
     "cost: layer, learned temperature": (
-        ["model.net.cost_normalization=layer", "model.net.final_lambda=3"],
+        ["model.net.routing.cost_normalization=layer", "model.net.routing.final_lambda=3"],
         "as cost: layer, with the learned factor on the inverse temperatures",
     ),
     "margin over 500 steps": (
@@ -121,7 +125,7 @@ RECIPES: dict[str, tuple[list[str], str]] = {
         "the learned factors on the inverse temperatures learn at 10x the learning rate",
     ),
     "cost: plain, learned temperature": (
-        ["model.net.cost_normalization=none", "model.net.final_lambda=0.01"],
+        ["model.net.routing.cost_normalization=none", "model.net.routing.final_lambda=0.01"],
         "costs as in Procedure 1 with the authors' lambda, and the learned factor on it",
     ),
 }

@@ -40,7 +40,7 @@ def paper_table(comparison_csv: Path) -> str:
     with open(comparison_csv) as handle:
         for row in csv.DictReader(handle):
             words = dict(part.split("=", 1) for part in row["configuration"].split())
-            iterations = int(words["model.net.routing_iterations"])
+            iterations = int(words["model.net.routing.iterations"])
             reconstruction = words["model.net.reconstruction"].lower() == "true"
             error = f"{100 * (1 - float(row['test/acc mean'])):.2f}"
             if int(row["runs"]) > 1:
@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> None:
     sweep = [
         "model=capsnet",
         "data=shifted_mnist",
-        "model.net.routing_iterations=1,3",
+        "model.net.routing.iterations=1,3",
         "model.net.reconstruction=true,false",
         *(QUICK if study.quick else FULL),
     ]

@@ -34,15 +34,16 @@ def test_dropout_acts_in_training_only():
 @pytest.mark.parametrize(
     "options,message",
     [
-        ({"dropout": 1.0}, "model.net.dropout must be in [0, 1), got 1.0"),
-        ({"conv_layers": []}, "model.net.conv_layers must be a non-empty list of positive integers, got []"),
-        ({"hidden_sizes": [8, 0]}, "model.net.hidden_sizes must be a non-empty list of positive integers, got [8, 0]"),
+        ({"dropout": 1.0}, "BaselineCNN: dropout=1.0: must be less than 1"),
+        ({"conv_layers": []}, "BaselineCNN: conv_layers=[]: must have at least 1 item, not 0"),
+        ({"hidden_sizes": [8, 0]}, "BaselineCNN: hidden_sizes=[8,0]: must be greater than 0 (item 1)"),
+        ({"dropout": 1.0, "in_channels": 0}, "BaselineCNN: in_channels=0: must be greater than 0; dropout=1.0: must"),
     ],
 )
 def test_bad_options_are_named(options, message):
     with pytest.raises(ValueError) as error:
         BaselineCNN(**options)
-    assert str(error.value) == message
+    assert str(error.value).startswith(message)
 
 
 def test_a_small_one_learns_a_few_images():

@@ -101,7 +101,7 @@ def test_capsnet_on_rotated_mnist_logs_each_angle_and_the_figures(mnist_dir, tmp
 
     # TensorBoard's HParams tab: the run's hyperparameters, and every test set among its metrics.
     hparams = hparams_summary(tmp_path)
-    assert hparams["hparams"]["model/net/routing_iterations"] == 3
+    assert hparams["hparams"]["model/net/routing/iterations"] == 3
     assert hparams["hparams"]["data/_target_"].endswith("MNISTDataModule")
     assert {"val/acc_best", "test/acc", "test/acc_rot0", "test/acc_rot45"} <= set(hparams["metrics"])
     assert set(hparams["metrics"]) <= set(logged), "every HParams column must have its scalar"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import re
@@ -15,7 +16,7 @@ from capsexp.events import load_events
 from capsexp.lit import Classifier, SpreadLoss
 from capsexp.lit.margin import LinearMargin, SigmoidMargin
 from capsexp.models import LeNet5, MatrixCapsNet
-from capsexp.nn import ClassMatrixCapsules, ConvMatrixCapsules, PrimaryMatrixCapsules
+from capsexp.nn import ClassMatrixCapsules, ConvMatrixCapsules, EMRouting, PrimaryMatrixCapsules
 from capsexp.nn.functional import (
     COST_NORMALIZATIONS,
     em_routing,
@@ -77,12 +78,12 @@ def recipe_routing_options(model: str) -> dict:
     """em_routing's options as a model config sets them (read from the config, not restated)."""
     from tests.helpers import compose_config
 
-    net = compose_config([f"model={model}"]).model.net
+    routing = compose_config([f"model={model}"]).model.net.routing
     return dict(
-        iterations=net.routing_iterations,
-        final_lambda=net.final_lambda,
-        sigma_eps=net.sigma_eps,
-        cost_normalization=net.cost_normalization,
+        iterations=routing.iterations,
+        final_lambda=routing.final_lambda,
+        sigma_eps=routing.sigma_eps,
+        cost_normalization=routing.cost_normalization,
     )
 
 
@@ -159,19 +160,15 @@ def test_inverse_temperature_scale_multiplies_every_lambda():
 
 
 def test_learned_inverse_temperature_gets_a_gradient_in_every_layer():
-    net = MatrixCapsNet(
-        conv_channels=8, primary_types=4, conv_caps1_types=4, conv_caps2_types=4, learn_inverse_temperature=True
-    )
+    net = MatrixCapsNet(conv_channels=8, primary_types=4, conv_caps1_types=4, conv_caps2_types=4)
+    assert EMRouting().learn_inverse_temperature  # capsexp's recipe
     layers = (net.conv_caps1, net.conv_caps2, net.class_caps)
     assert all(layer.log_inverse_temperature.item() == 0 for layer in layers)  # starts at the schedule
     spread_loss(net(torch.rand(4, 1, 28, 28)).scores, torch.tensor([0, 1, 2, 3]), 0.5).backward()
     assert all(layer.log_inverse_temperature.grad.abs() > 0 for layer in layers)
-    assert (
-        MatrixCapsNet(
-            conv_channels=8, primary_types=4, conv_caps1_types=4, conv_caps2_types=4
-        ).class_caps.log_inverse_temperature
-        is None
-    )
+    fixed = EMRouting(learn_inverse_temperature=False)
+    tiny = dict(conv_channels=8, primary_types=4, conv_caps1_types=4, conv_caps2_types=4)
+    assert MatrixCapsNet(**tiny, routing=fixed).class_caps.log_inverse_temperature is None
 
 
 def test_recomputed_routing_gives_the_same_scores_and_gradients():
@@ -239,7 +236,18 @@ def test_conv_layer_with_kernel_covering_the_input_is_the_dense_layer():
     matrices = poses.permute(0, 3, 4, 1, 2).reshape(2, 16, 2, 4, 4)  # (N, k = h * 4 + w, i, 4, 4)
     votes = torch.einsum("nkiab,kijbc->nkijac", matrices, layer.weight).reshape(2, 32, 3, 16)
     dense_activations = activations.permute(0, 2, 3, 1).reshape(2, 32)
-    mu, dense_out = em_routing(votes, dense_activations, layer.beta_u, layer.beta_a, iterations=3)
+    routing = layer.router.routing  # one window: route_per_window makes no difference
+    mu, dense_out = em_routing(
+        votes,
+        dense_activations,
+        layer.beta_u,
+        layer.beta_a,
+        iterations=routing.iterations,
+        final_lambda=routing.final_lambda,
+        sigma_eps=routing.sigma_eps,
+        cost_normalization=routing.cost_normalization,
+        inverse_temperature_scale=layer.log_inverse_temperature.exp(),
+    )
     assert torch.allclose(conv_poses.view(2, 3, 16), mu, atol=1e-5)
     assert torch.allclose(conv_activations.view(2, 3), dense_out, atol=1e-6)
 
@@ -293,9 +301,11 @@ def test_primary_capsules_shapes_and_activation_range():
 
 
 def test_model_geometry_and_parameter_count():
-    net = MatrixCapsNet(in_channels=2, num_classes=5, image_size=32)
+    net = MatrixCapsNet(in_channels=2, num_classes=5, image_size=32, routing=EMRouting(learn_inverse_temperature=False))
     # conv1 1,632 + primary 17,952 + two ConvCaps 147,520 each + class caps 2,570: the paper's ~310K.
     assert sum(p.numel() for p in net.parameters()) == 317_194
+    # capsexp's recipe adds a learned inverse temperature per capsule layer
+    assert sum(p.numel() for p in MatrixCapsNet(in_channels=2, num_classes=5, image_size=32).parameters()) == 317_197
     output = net(torch.rand(2, 2, 32, 32))
     assert output.scores.shape == (2, 5) and output.poses.shape == (2, 5, 16)
     # ConvCaps2 positions 0..3 sit at input pixels 8 + 4 h (centre 8.5 + 4 h of 32).
@@ -516,7 +526,7 @@ def test_routing_diagnostics_are_logged_for_em_layers_only(mnist_dir, tmp_path):
         "trainer.limit_val_batches=1",
         "trainer.limit_test_batches=1",
         "callbacks.routing_diagnostics.every_n_steps=2",
-        "model.net.learn_inverse_temperature=true",
+        "model.net.routing.learn_inverse_temperature=true",
         f"hydra.run.dir={tmp_path}",
     )
     assert result.returncode == 0, result.stderr[-3000:]
@@ -543,8 +553,8 @@ def test_routing_diagnostics_are_logged_for_em_layers_only(mnist_dir, tmp_path):
 def test_route_per_window_only_differs_where_windows_overlap():
     torch.manual_seed(0)
     poses, activations = torch.randn(2, 3, 16, 4, 4), torch.rand(2, 3, 4, 4)
-    shared = ConvMatrixCapsules(3, 4, kernel_size=2, stride=2)
-    per_window = ConvMatrixCapsules(3, 4, kernel_size=2, stride=2, route_per_window=True)
+    shared = ConvMatrixCapsules(3, 4, kernel_size=2, stride=2, routing=EMRouting(route_per_window=False))
+    per_window = ConvMatrixCapsules(3, 4, kernel_size=2, stride=2, routing=EMRouting(route_per_window=True))
     per_window.load_state_dict(shared.state_dict())
     for a, b in zip(shared(poses, activations), per_window(poses, activations), strict=True):  # no overlap: the same
         assert torch.allclose(a, b, atol=1e-6)
@@ -571,16 +581,18 @@ def test_paper_recipe_is_one_override_away(small):
         == ((64, 8) if small else (32, 32))
     )
     expected_paper = dict(
-        routing_iterations=3,
+        _target_="capsexp.nn.EMRouting",
+        iterations=3,
         final_lambda=0.01,
         sigma_eps=1e-4,
         cost_normalization="none",
-        conv1_norm=False,
         route_per_window=False,
         learn_inverse_temperature=False,
     )
-    assert {key: paper.model.net[key] for key in expected_paper} == expected_paper
+    assert paper.model.net.routing == expected_paper and not paper.model.net.conv1_norm
+    # capsexp's recipe: the defaults of EMRouting, not restated in YAML
+    assert default.model.net.routing == {"_target_": "capsexp.nn.EMRouting", **dataclasses.asdict(EMRouting())}
     assert (paper.model.margin.duration, paper.model.margin.unit) == (10, "epoch")
-    assert default.model.net.routing_iterations >= 2  # the default still routes (at least one E-step)
+    assert default.model.net.routing.iterations >= 2  # the default still routes (at least one E-step)
     assert (default.model.margin.duration, default.model.margin.unit) == (600, "step")
     assert paper.model.optimizer.lr == default.model.optimizer.lr == 0.003

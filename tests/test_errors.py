@@ -22,6 +22,7 @@ from capsexp.lit import Classifier, CrossEntropy
 from capsexp.lit.margin import LinearMargin
 from capsexp.lit.schedulers import exponential_decay
 from capsexp.models import BaselineCNN, CapsNet, LeNet5, MatrixCapsNet
+from capsexp.nn import DynamicRouting, EMRouting
 from tests.helpers import TINY_RUN, compose_config, run_cli
 
 
@@ -60,18 +61,25 @@ def test_every_shipped_option_passes_the_check(extra):
         ),
         (["model.optimizer.lr=nan"], "Invalid learning rate: nan"),
         (["model/optimizer=sgd", "model.optimizer.momentum=-1"], "Invalid momentum value: -1"),
-        (["model=capsnet", "model.net.routing_iterations=0"], "model.net.routing_iterations=0: must be greater than 0"),
-        (["model=em_caps_small", "model.net.routing_iterations=-1"], "model.net.routing_iterations=-1"),
-        (["model=em_caps_small", "model.net.final_lambda=0"], "model.net.final_lambda=0: must be greater than 0"),
+        (["model=capsnet", "model.net.routing.iterations=0"], "model.net.routing.iterations=0: must be greater than 0"),
+        (["model=em_caps_small", "model.net.routing.iterations=-1"], "model.net.routing.iterations=-1"),
         (
-            ["model=em_caps_small", "model.net.cost_normalization=zscore"],
-            "model.net.cost_normalization=zscore: must be 'none', 'data', 'standardize' or 'layer'",
+            ["model=em_caps_small", "model.net.routing.final_lambda=0"],
+            "model.net.routing.final_lambda=0: must be greater than 0",
         ),
-        (["model=em_caps_small", "model.net.sigma_eps=0"], "model.net.sigma_eps=0: must be greater than 0"),
-        (["model=em_caps_small", "model.net.learn_inverse_temperature=maybe"], "must be a valid boolean"),
+        (
+            ["model=em_caps_small", "model.net.routing.cost_normalization=zscore"],
+            "model.net.routing.cost_normalization=zscore: must be 'none', 'data', 'standardize' or 'layer'",
+        ),
+        (
+            ["model=em_caps_small", "model.net.routing.sigma_eps=0"],
+            "model.net.routing.sigma_eps=0: must be greater than 0",
+        ),
+        (["model=em_caps_small", "model.net.routing.learn_inverse_temperature=maybe"], "must be a valid boolean"),
         (["model=em_caps_small", "+model.net.iterations=2"], "model.net.iterations: MatrixCapsNet takes no such"),
+        (["model=em_caps_small", "model/routing=dynamic"], "model.net.routing"),
         (["model=em_caps_small", "model.margin.unit=epochs"], "model.margin.unit=epochs: must be 'epoch' or 'step'"),
-        (["model=baseline_cnn", "model.net.conv_layers=[]"], "model.net.conv_layers=[]: must be"),
+        (["model=baseline_cnn", "model.net.conv_layers=[]"], "model.net.conv_layers=[]: must have at least 1 item"),
         (["model=baseline_cnn", "model.net.dropout=1.0"], "model.net.dropout=1.0: must be less than 1"),
         (["model=em_caps_small", "model.lr_scheduler.scheduler.decay_rate=0"], "decay_rate=0: must be greater than 0"),
         (["data=rotated_mnist", "data.test_rotations=[0,abc]"], "data.test_rotations=[0,abc]: must be a valid number"),
@@ -84,7 +92,7 @@ def test_every_shipped_option_passes_the_check(extra):
         (["train=false", "test=false"], "nothing to do"),
         (["seed=abc"], "seed=abc: must be a valid integer"),
         (["float32_matmul_precision=low"], "must be 'highest', 'high' or 'medium'"),
-        (["task_name="], "task_name=: must be"),
+        (["task_name="], "task_name=: must have at least 1 character"),
     ],
 )
 def test_bad_values_are_named_with_what_is_allowed(overrides, expected):
@@ -108,8 +116,10 @@ def test_a_new_parameter_is_checked_from_its_type_hint_alone():
 
 
 def test_constructors_check_their_arguments_when_built_from_python():
-    with pytest.raises(ValueError, match=r"^MatrixCapsNet: routing_iterations=0: must be greater than 0$"):
-        MatrixCapsNet(routing_iterations=0)
+    with pytest.raises(ValueError, match=r"^EMRouting: iterations=0: must be greater than 0$"):
+        EMRouting(iterations=0)
+    with pytest.raises(ValueError, match=r"^MatrixCapsNet: routing=.*: must be an instance of EMRouting$"):
+        MatrixCapsNet(routing=DynamicRouting())
     with pytest.raises(ValueError, match=r"^LeNet5: in_channels=0: must be greater than 0$"):
         LeNet5(0)  # positional arguments too
     with pytest.raises(ValueError, match=r"stereo=top: must be 'both', 'left' or 'split'; .*crop_size=2.5"):
@@ -173,8 +183,8 @@ BAD_COMMANDS = {
     # name: (overrides, exit status, what the message must name)
     "batch 0": (["data.batch_size=0"], 2, "data.batch_size=0"),
     "batch abc": (["data.batch_size=abc"], 2, "data.batch_size=abc"),
-    "routing 0": (["model=capsnet", "model.net.routing_iterations=0"], 2, "model.net.routing_iterations=0"),
-    "EM iterations 0": (["model=em_caps_small", "model.net.routing_iterations=0"], 2, "model.net.routing_iterations=0"),
+    "routing 0": (["model=capsnet", "model.net.routing.iterations=0"], 2, "model.net.routing.iterations=0"),
+    "EM iterations 0": (["model=em_caps_small", "model.net.routing.iterations=0"], 2, "model.net.routing.iterations=0"),
     "negative lr": (["model.optimizer.lr=-0.001"], 2, "Invalid learning rate: -0.001"),
     "validation interval out of range": (["trainer.val_check_interval=1.5"], 2, "val_check_interval"),
     "renamed key": (["optimizer.lr=0.01"], 2, "model.optimizer.lr=0.01"),

@@ -235,7 +235,7 @@ def test_bench_em_caps_measures_each_recipe_as_its_model_config_sets_it():
         from bench_em_caps import float32_errors, net_options
     finally:
         sys.path.remove(str(PROJECT_ROOT / "experiments"))
-    assert net_options("default")["routing_iterations"] == 2 and net_options("paper")["routing_iterations"] == 3
+    assert net_options("default")["routing"].iterations == 2 and net_options("paper")["routing"].iterations == 3
     errors = float32_errors("paper", 0.01)  # the page's float32 table
     assert set(errors) == {"poses", "activations", "responsibilities", "vote_gradient"}
     assert 0 < max(errors.values()) < 1e-3

@@ -10,6 +10,7 @@ from torch.utils.data import DistributedSampler
 from capsexp.data import MNISTDataModule
 from capsexp.data.device_loader import DeviceBatchLoader
 from capsexp.models import CapsNet, LeNet5, MatrixCapsNet
+from capsexp.nn import EMRouting
 from tests.helpers import TINY_RUN, FakeTrainer, run_cli, scalars
 
 
@@ -133,11 +134,7 @@ def _nets() -> dict:
             primary_types=4,
             conv_caps1_types=4,
             conv_caps2_types=4,
-            routing_iterations=2,
-            final_lambda=3.0,
-            cost_normalization="standardize",
-            route_per_window=True,
-            learn_inverse_temperature=True,
+            routing=EMRouting(final_lambda=3.0),
         ),
     }
 

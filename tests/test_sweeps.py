@@ -48,7 +48,7 @@ def test_optuna_sweep_of_two_trials(mnist_dir, tmp_path):
     assert set(results["best_params"]) == {
         "model.optimizer.lr",
         "model.lr_scheduler.scheduler.decay_rate",
-        "model.net.routing_iterations",
+        "model.net.routing.iterations",
     }
     jobs = sorted(p for p in sweep.iterdir() if p.is_dir() and p.name.isdigit())
     assert [job.name for job in jobs] == ["0", "1"]

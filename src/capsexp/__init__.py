@@ -25,3 +25,21 @@ if not OmegaConf.has_resolver("project_root"):
 # ${stereo_channels:${data.stereo}}: smallNORB's input channels for its stereo mode.
 if not OmegaConf.has_resolver("stereo_channels"):
     OmegaConf.register_new_resolver("stereo_channels", lambda stereo: 2 if stereo == "both" else 1)
+
+
+def _store_routing_options() -> None:
+    """``model/routing=em`` and ``model/routing=dynamic``: the routing options of the capsule nets
+    (``model.net.routing``), taken from the defaults of :class:`capsexp.nn.EMRouting` and
+    :class:`capsexp.nn.DynamicRouting` (their one home) rather than restated in YAML files."""
+    from dataclasses import asdict
+
+    from hydra.core.config_store import ConfigStore
+
+    from capsexp.nn import DynamicRouting, EMRouting
+
+    for name, options in (("em", EMRouting), ("dynamic", DynamicRouting)):
+        node = {"_target_": f"capsexp.nn.{options.__name__}", **asdict(options())}
+        ConfigStore.instance().store(group="model/routing", name=name, node=node, package="model.net.routing")
+
+
+_store_routing_options()

@@ -104,7 +104,21 @@ RENAMED = {
     "lr_scheduler.": "model.lr_scheduler.",
     "callbacks.margin.": "model.margin.",
     "dataset.": "geometry.",
-    "model.net.iterations": "model.net.routing_iterations",
+    "model.net.iterations": "model.net.routing.iterations",
+    # The routing options of the capsule nets: one object, model.net.routing (capsexp.nn.EMRouting,
+    # capsexp.nn.DynamicRouting).
+    "model.net.routing_iterations": "model.net.routing.iterations",
+    **{
+        f"model.net.{key}": f"model.net.routing.{key}"
+        for key in (
+            "detach_agreement",
+            "final_lambda",
+            "sigma_eps",
+            "cost_normalization",
+            "route_per_window",
+            "learn_inverse_temperature",
+        )
+    },
 }
 
 

@@ -9,8 +9,10 @@ cannot read (a class of another library, a name imported for type checkers only)
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
+import re
 import typing
 from collections.abc import Callable, Mapping, Sequence
 from typing import Annotated, Any, TypeVar
@@ -39,7 +41,7 @@ def shown(value: Any) -> str:
 
 
 @functools.cache
-def _signature(function: Callable) -> tuple[dict[str, Any], bool]:
+def parameter_hints(function: Callable) -> tuple[dict[str, Any], bool]:
     """``{name: type hint or Any}`` of a callable's keyword parameters, and whether it takes ``**kwargs``."""
     function = inspect.unwrap(function.__init__ if inspect.isclass(function) else function)
     parameters = inspect.signature(function).parameters.values()
@@ -71,6 +73,8 @@ def _plain(value: Any) -> Any:
 
 def value_problem(hint: Any, value: Any) -> str | None:
     """``must be ...`` when ``value`` does not fit ``hint``, else None."""
+    if inspect.isclass(hint) and dataclasses.is_dataclass(hint):  # an options object, built already
+        return None if isinstance(value, hint) else f"must be an instance of {hint.__name__}"
     if hint is Any or (adapter := _adapter(hint)) is None:
         return None
     value = _plain(value)
@@ -80,17 +84,24 @@ def value_problem(hint: Any, value: Any) -> str | None:
         # YAML and Hydra give lists where a hint may say tuple (Adam's betas): the same items fit.
         if isinstance(value, list) and value_problem(hint, tuple(value)) is None:
             return None
-        messages = dict.fromkeys(
-            e["msg"].removeprefix("Input should be ").replace("None", "null") for e in error.errors()
-        )
-        return "must be " + " or ".join(messages)
+        requirements = list(dict.fromkeys(_requirement(e) for e in error.errors()))
+        if all(requirement.startswith("be ") for requirement in requirements):  # a union: "be a or b"
+            requirements = [requirements[0]] + [requirement[3:] for requirement in requirements[1:]]
+        return "must " + " or ".join(requirements)
     return None
+
+
+def _requirement(error: Any) -> str:
+    """pydantic's "Input should be greater than 0" as "be greater than 0", naming a list's bad item."""
+    message = re.sub(r"^\w+ should ", "", error["msg"]).replace(" after validation", "").replace("None", "null")
+    items = [f"item {part}" for part in error["loc"] if isinstance(part, int)]
+    return message + (f" ({', '.join(items)})" if items else "")
 
 
 def argument_problems(target: Callable, arguments: Mapping[str, Any], prefix: str = "") -> list[str]:
     """``<prefix><name>=<value>: must be ...`` for each argument whose value the hint of ``target``
     does not allow, ``<prefix><name>: ... takes no such argument`` for each it does not take."""
-    named, takes_any = _signature(target)
+    named, takes_any = parameter_hints(target)
     problems = []
     for name, value in arguments.items():
         if name in named:
@@ -111,7 +122,9 @@ def checked(target: Checked) -> Checked:
     @functools.wraps(function)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         given = inspect.signature(function).bind(*args, **kwargs).arguments
-        problems = argument_problems(function, {name: given[name] for name in _signature(function)[0] if name in given})
+        problems = argument_problems(
+            function, {name: given[name] for name in parameter_hints(function)[0] if name in given}
+        )
         if problems:
             raise ValueError(f"{target.__name__}: " + "; ".join(problems))
         return function(*args, **kwargs)

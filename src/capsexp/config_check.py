@@ -15,7 +15,7 @@ from typing import Any
 from hydra.utils import get_object
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from capsexp.arguments import argument_problems, shown
+from capsexp.arguments import argument_problems, parameter_hints, shown
 from capsexp.errors import ConfigError
 
 _ABSENT = object()
@@ -53,7 +53,7 @@ def _node_problems(cfg: DictConfig, path: str, node: dict) -> list[str]:
         for k, v in arguments.items()
         if isinstance(v, Exception)
     ]
-    problems = broken or argument_problems(target, arguments, prefix=path)
+    problems = broken or argument_problems(target, arguments, prefix=path) + _built_problems(target, path, node)
     if not problems and arguments.get("_partial_") and _is_optimizer(target):
         values = {k: v for k, v in arguments.items() if not k.startswith("_")}
         try:  # torch checks an optimizer's values when it is built (Invalid learning rate: -0.1)
@@ -61,6 +61,22 @@ def _node_problems(cfg: DictConfig, path: str, node: dict) -> list[str]:
         except (ValueError, TypeError) as error:
             given = " ".join(f"{k}={shown(v)}" for k, v in values.items())
             problems.append(f"{path.rstrip('.')} ({target.__name__}: {given}): {error}")
+    return problems
+
+
+def _built_problems(target: Any, path: str, node: dict) -> list[str]:
+    """An argument built from its own node (``model.net.routing``) whose class is not the one the hint
+    asks for: ``model/routing=dynamic`` under an EM model."""
+    hints, problems = parameter_hints(target)[0], []
+    for key, child in node.items():
+        hint = hints.get(key)
+        if isinstance(child, dict) and "_target_" in child and inspect.isclass(hint) and hint is not Any:
+            try:
+                built = get_object(child["_target_"])
+            except Exception:  # reported as the child's own problem
+                continue
+            if inspect.isclass(built) and not issubclass(built, hint):
+                problems.append(f"{path}{key}: {target.__qualname__} takes a {hint.__name__}, not a {built.__name__}")
     return problems
 
 

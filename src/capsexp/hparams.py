@@ -23,7 +23,7 @@ NOT_HYPERPARAMETERS = ("paths", "logger", "hydra")
 
 
 def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, int | float | str | bool]:
-    """``{"model": {"net": {"routing_iterations": 3}}}`` → ``{"model/net/routing_iterations": 3}``;
+    """``{"model": {"net": {"routing": {"iterations": 3}}}}`` → ``{"model/net/routing/iterations": 3}``;
     values TensorBoard cannot show (lists, None) become their text."""
     flat: dict[str, int | float | str | bool] = {}
     for key, value in config.items():

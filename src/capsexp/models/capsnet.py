@@ -16,7 +16,7 @@ from torch import nn
 
 from capsexp.arguments import PositiveInt, checked
 from capsexp.models.input_check import check_images
-from capsexp.nn import PrimaryCapsules, RoutingCapsules
+from capsexp.nn import DynamicRouting, PrimaryCapsules, RoutingCapsules
 
 
 class CapsNetOutput(NamedTuple):
@@ -33,9 +33,9 @@ class CapsNet(nn.Module):
         in_channels: image channels (2 for stereo smallNORB).
         image_size: input height and width (28 for MNIST, 32 for smallNORB crops, 40 for affNIST-style).
         num_classes: number of class capsules.
-        routing_iterations: routing iterations between PrimaryCaps and DigitCaps (paper: 3).
+        routing: how PrimaryCaps route to DigitCaps (:class:`~capsexp.nn.DynamicRouting`; the paper's
+            3 iterations by default).
         reconstruction: build the decoder (the reconstruction regulariser of section 4.1).
-        detach_agreement: see :func:`capsexp.nn.functional.dynamic_routing` (paper: False).
         conv_channels, primary_types, primary_dim, pose_dim: layer widths (paper: 256, 32, 8, 16).
     """
 
@@ -44,9 +44,8 @@ class CapsNet(nn.Module):
         in_channels: PositiveInt = 1,
         image_size: PositiveInt = 28,
         num_classes: PositiveInt = 10,
-        routing_iterations: PositiveInt = 3,
         reconstruction: bool = True,
-        detach_agreement: bool = False,
+        routing: DynamicRouting = DynamicRouting(),
         conv_channels: PositiveInt = 256,
         primary_types: PositiveInt = 32,
         primary_dim: PositiveInt = 8,
@@ -62,7 +61,7 @@ class CapsNet(nn.Module):
             raise ValueError(f"image_size={image_size} is too small for two 9x9 convolutions (needs >= 17)")
         num_primary = self.primary.output_size(feature_size, feature_size)
         self.digits = RoutingCapsules(
-            num_primary, primary_dim, num_classes, pose_dim, routing_iterations, detach_agreement
+            num_primary, primary_dim, num_classes, pose_dim, routing.iterations, routing.detach_agreement
         )
         self.decoder = (
             nn.Sequential(

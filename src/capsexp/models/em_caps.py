@@ -16,8 +16,7 @@ from torch.utils.checkpoint import checkpoint
 
 from capsexp.arguments import PositiveFloat, PositiveInt, checked
 from capsexp.models.input_check import check_images
-from capsexp.nn import ClassMatrixCapsules, ConvMatrixCapsules, PrimaryMatrixCapsules
-from capsexp.nn.functional import CostNormalization
+from capsexp.nn import ClassMatrixCapsules, ConvMatrixCapsules, EMRouting, PrimaryMatrixCapsules
 
 
 class MatrixCapsNetOutput(NamedTuple):
@@ -35,18 +34,14 @@ class MatrixCapsNet(nn.Module):
         primary_types: PrimaryCaps capsule types (B).
         conv_caps1_types, conv_caps2_types: ConvCaps1 and ConvCaps2 capsule types (C, D).
         kernel_size: ConvCaps kernel size (K). pose_size: pose matrices are pose_size x pose_size (P).
-        routing_iterations: EM iterations in every capsule layer (the paper: 3).
-        final_lambda, sigma_eps, cost_normalization: see :func:`capsexp.nn.functional.em_routing`.
+        routing: how every capsule layer routes (:class:`~capsexp.nn.EMRouting`; its defaults are
+            capsexp's recipe).
         recompute: in training, keep only each capsule layer's (small) input and recompute its
             routing during the backward pass (activation checkpointing). The vote tensors of all
             layers are then never held at once: about a third less peak memory for a quarter more
             time. Same results.
         conv1_norm: BatchNorm after conv1 (before its ReLU).
         weight_std: initial std of the transformation matrices (None: 1/sqrt(P)).
-        route_per_window: ConvCaps route each window's children on their own (see
-            :class:`~capsexp.nn.ConvMatrixCapsules`).
-        learn_inverse_temperature: every capsule layer learns a factor on its inverse temperatures
-            (see :class:`~capsexp.nn.ConvMatrixCapsules`).
     """
 
     def __init__(
@@ -59,39 +54,25 @@ class MatrixCapsNet(nn.Module):
         conv_caps2_types: PositiveInt = 32,
         kernel_size: PositiveInt = 3,
         pose_size: PositiveInt = 4,
-        routing_iterations: PositiveInt = 3,
         image_size: PositiveInt = 28,
-        final_lambda: PositiveFloat = 0.01,
-        sigma_eps: PositiveFloat = 1e-4,
-        cost_normalization: CostNormalization = "none",
+        routing: EMRouting = EMRouting(),
         coordinate_addition: bool = True,
         recompute: bool = False,
         conv1_norm: bool = False,
         weight_std: PositiveFloat | None = None,
-        route_per_window: bool = False,
-        learn_inverse_temperature: bool = False,
     ) -> None:
         super().__init__()
         self.recompute = recompute
         self.image_shape = (in_channels, image_size, image_size)
-        routing = dict(
-            pose_size=pose_size,
-            iterations=routing_iterations,
-            final_lambda=final_lambda,
-            sigma_eps=sigma_eps,
-            cost_normalization=cost_normalization,
-            weight_std=weight_std,
-            learn_inverse_temperature=learn_inverse_temperature,
-        )
+        layer = dict(pose_size=pose_size, routing=routing, weight_std=weight_std)
         self.conv1 = nn.Conv2d(in_channels, conv_channels, kernel_size=5, stride=2)
         # BatchNorm between conv1 and its ReLU, as yl-1993/Matrix-Capsules-EM-PyTorch has; not in the paper.
         self.conv1_norm = nn.BatchNorm2d(conv_channels) if conv1_norm else nn.Identity()
         self.primary = PrimaryMatrixCapsules(conv_channels, primary_types, pose_size)
-        conv_caps = dict(kernel_size=kernel_size, route_per_window=route_per_window, **routing)
-        self.conv_caps1 = ConvMatrixCapsules(primary_types, conv_caps1_types, stride=2, **conv_caps)
-        self.conv_caps2 = ConvMatrixCapsules(conv_caps1_types, conv_caps2_types, stride=1, **conv_caps)
+        self.conv_caps1 = ConvMatrixCapsules(primary_types, conv_caps1_types, kernel_size, stride=2, **layer)
+        self.conv_caps2 = ConvMatrixCapsules(conv_caps1_types, conv_caps2_types, kernel_size, stride=1, **layer)
         self.class_caps = ClassMatrixCapsules(
-            conv_caps2_types, num_classes, coordinate_addition=coordinate_addition, **routing
+            conv_caps2_types, num_classes, coordinate_addition=coordinate_addition, **layer
         )
 
         # Receptive-field centres of the ConvCaps2 positions in input pixels, scaled to [0, 1]:

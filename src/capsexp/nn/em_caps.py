@@ -7,12 +7,14 @@ and activations (N, T, H, W) in (0, 1).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from capsexp.nn.functional import em_routing
+from capsexp.arguments import PositiveFloat, PositiveInt, checked
+from capsexp.nn.functional import CostNormalization, em_routing
 
 CapsuleMap = tuple[torch.Tensor, torch.Tensor]
 
@@ -32,15 +34,45 @@ class PrimaryMatrixCapsules(nn.Module):
         return poses, torch.sigmoid(self.activation(features))
 
 
+@checked
+@dataclass(frozen=True)
+class EMRouting:
+    """How the EM capsule layers route: the options of Procedure 1 (:func:`~capsexp.nn.functional.em_routing`)
+    and two of capsexp's. The defaults are capsexp's recipe (docs/em_training.md), the one place it is
+    declared; ``model/routing=em_paper`` (conf/model/routing/em_paper.yaml) is the paper's."""
+
+    # Paper: 3. 1, 2 and 3 iterations compared, 3 seeds each: experiments/results/em_routing_ablation_quick/.
+    iterations: PositiveInt = 2
+    # Inverse temperature at the last iteration, lambda_t = final_lambda (1 - 0.95^(t+1)) (the authors'
+    # schedule, OpenReview); the paper's final_lambda is 0.01. With standardised costs the spread of the
+    # activations is set by lambda alone, so each layer also learns a factor on it (learn_inverse_temperature).
+    # Values compared: experiments/results/em_presence_quick/.
+    final_lambda: PositiveFloat = 10.0
+    # Added to every variance. Paper: none given (its recipe here: 1e-4). A floor guards the E-step against
+    # near-zero variances when few votes agree (Gritzman 2019, pitfall 1); compared with 1e-4 in
+    # experiments/results/em_training_quick/.
+    sigma_eps: PositiveFloat = 0.01
+    # none (paper) | standardize (costs standardised over the parent types of each position, as
+    # www0wwwjs1/Matrix-Capsules-EM-Tensorflow does) | data (amount of data relative to the mean parent's,
+    # Gritzman 2019, pitfall 2) | layer (amount of data divided by the children per parent,
+    # IBM/matrix-capsules-with-em-routing; every class activation saturated at 1 in em_presence_quick).
+    cost_normalization: CostNormalization = "standardize"
+    # ConvCaps: false (paper; Gritzman 2019, pitfall 3) shares a child among the parents of all the windows
+    # that hold it; true routes each window's children on their own, as most public ports do. With
+    # sharing, the E-step pulls children away from whole windows and training slows.
+    route_per_window: bool = True
+    # A learned factor s = exp(log_inverse_temperature) on each layer's lambda_t, from 1 (not in the paper).
+    learn_inverse_temperature: bool = True
+
+
 class EMRouter(nn.Module):
     """EM routing (Procedure 1, :func:`~capsexp.nn.functional.em_routing`) under fixed options, as a
     module: its forward returns the responsibilities too (computed anyway), so that a forward hook can
     see what routing did without the layers knowing of it (capsexp.callbacks.routing_diagnostics)."""
 
-    def __init__(self, iterations: int, final_lambda: float, sigma_eps: float, cost_normalization: str) -> None:
+    def __init__(self, routing: EMRouting) -> None:
         super().__init__()
-        self.iterations, self.final_lambda = iterations, final_lambda
-        self.sigma_eps, self.cost_normalization = sigma_eps, cost_normalization
+        self.routing = routing
 
     def forward(
         self, votes: torch.Tensor, activations: torch.Tensor, beta_u: torch.Tensor, beta_a: torch.Tensor, **kwargs
@@ -51,27 +83,24 @@ class EMRouter(nn.Module):
             activations,
             beta_u,
             beta_a,
-            iterations=self.iterations,
-            final_lambda=self.final_lambda,
-            sigma_eps=self.sigma_eps,
-            cost_normalization=self.cost_normalization,
+            iterations=self.routing.iterations,
+            final_lambda=self.routing.final_lambda,
+            sigma_eps=self.routing.sigma_eps,
+            cost_normalization=self.routing.cost_normalization,
             return_responsibilities=True,
             **kwargs,
         )
 
     def extra_repr(self) -> str:
-        return (
-            f"iterations={self.iterations}, final_lambda={self.final_lambda}, sigma_eps={self.sigma_eps}, "
-            f"cost_normalization={self.cost_normalization!r}"
-        )
+        return repr(self.routing)
 
 
 class _EMLayer(nn.Module):
-    """What the EM capsule layers share: beta_u, beta_a per parent type and the routing options.
+    """What the EM capsule layers share: beta_u, beta_a per parent type and the routing (:class:`EMRouting`).
 
     ``weight_std``: the transformation matrices W start as N(0, weight_std^2); None gives 1/sqrt(P),
     which keeps the votes V = M W at the scale of the poses M (each entry sums P products).
-    ``learn_inverse_temperature``: a learned scalar s = exp(log_inverse_temperature), starting at 1,
+    ``routing.learn_inverse_temperature``: a learned scalar s = exp(log_inverse_temperature), starting at 1,
     multiplies the layer's inverse temperatures lambda_t, so that each layer sets how sharply its
     activations separate (not in the paper).
     """
@@ -80,20 +109,16 @@ class _EMLayer(nn.Module):
         self,
         out_types: int,
         pose_size: int,
-        iterations: int,
-        final_lambda: float,
-        sigma_eps: float,
-        cost_normalization: str,
+        routing: EMRouting,
         weight_std: float | None = None,
-        learn_inverse_temperature: bool = False,
     ) -> None:
         super().__init__()
         self.pose_size, self.out_types = pose_size, out_types
         self.weight_std = 1.0 / math.sqrt(pose_size) if weight_std is None else weight_std
-        self.router = EMRouter(iterations, final_lambda, sigma_eps, cost_normalization)
+        self.router = EMRouter(routing)
         self.beta_u = nn.Parameter(torch.zeros(out_types))
         self.beta_a = nn.Parameter(torch.zeros(out_types))
-        self.log_inverse_temperature = nn.Parameter(torch.zeros(())) if learn_inverse_temperature else None
+        self.log_inverse_temperature = nn.Parameter(torch.zeros(())) if routing.learn_inverse_temperature else None
 
     def _route(self, votes: torch.Tensor, activations: torch.Tensor, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
         kwargs["inplace"] = True  # the votes are this layer's temporary: centred in place, no copy
@@ -111,7 +136,7 @@ class ConvMatrixCapsules(_EMLayer):
 
     One W per (kernel position, input type, output type), shared across positions. A child under
     several overlapping windows is shared among all their parents: its responsibilities sum to 1 over
-    all of them (``child_index`` in :func:`~capsexp.nn.functional.em_routing`); ``route_per_window=True``
+    all of them (``child_index`` in :func:`~capsexp.nn.functional.em_routing`); ``routing.route_per_window``
     routes each window's children on their own instead. No padding, as in the paper.
     """
 
@@ -122,26 +147,12 @@ class ConvMatrixCapsules(_EMLayer):
         kernel_size: int = 3,
         stride: int = 1,
         pose_size: int = 4,
-        iterations: int = 3,
-        final_lambda: float = 0.01,
-        sigma_eps: float = 1e-4,
-        cost_normalization: str = "none",
+        routing: EMRouting = EMRouting(),
         weight_std: float | None = None,
-        route_per_window: bool = False,
-        learn_inverse_temperature: bool = False,
     ) -> None:
-        super().__init__(
-            out_types,
-            pose_size,
-            iterations,
-            final_lambda,
-            sigma_eps,
-            cost_normalization,
-            weight_std,
-            learn_inverse_temperature,
-        )
+        super().__init__(out_types, pose_size, routing, weight_std)
         self.in_types, self.kernel_size, self.stride = in_types, kernel_size, stride
-        self.route_per_window = route_per_window
+        self.route_per_window = routing.route_per_window
         self.weight = self.new_weight(kernel_size * kernel_size, in_types, out_types)
 
     def output_size(self, size: int) -> int:
@@ -196,24 +207,11 @@ class ClassMatrixCapsules(_EMLayer):
         in_types: int,
         num_classes: int,
         pose_size: int = 4,
-        iterations: int = 3,
-        final_lambda: float = 0.01,
-        sigma_eps: float = 1e-4,
-        cost_normalization: str = "none",
+        routing: EMRouting = EMRouting(),
         coordinate_addition: bool = True,
         weight_std: float | None = None,
-        learn_inverse_temperature: bool = False,
     ) -> None:
-        super().__init__(
-            num_classes,
-            pose_size,
-            iterations,
-            final_lambda,
-            sigma_eps,
-            cost_normalization,
-            weight_std,
-            learn_inverse_temperature,
-        )
+        super().__init__(num_classes, pose_size, routing, weight_std)
         self.coordinate_addition = coordinate_addition
         self.weight = self.new_weight(in_types, num_classes)
 
