@@ -180,6 +180,11 @@ def test_em_routing_ablation_runs_each_row_with_every_seed_and_resumes(mnist_dir
     p_value = lines["1 iteration"].split(" | ")[4]  # Welch's test against 2 iterations
     assert p_value == "n/a (no spread)" or 0 <= float(p_value.split()[0]) <= 1, lines["1 iteration"]
     assert (output / "curves.png").exists()
+    findings = page.split("## What it shows")[1]  # each row against the default, in words
+    assert re.search(
+        r"- 1 iteration: [\d.]+ ± [\d.]+% against [\d.]+ ± [\d.]+%, [\d.]+ points (higher|lower); ", findings
+    )
+    assert "2 iterations" in findings and "What it does not show" in findings
     # Again into the same folder, a seed of one row lost: only that seed runs, into the job folder it
     # had; the complete row is not run again; the page is written anew.
     shutil.rmtree(folder / "1_iteration" / "1")
