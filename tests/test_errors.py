@@ -197,7 +197,11 @@ BAD_COMMANDS = {
     "unknown precision": (["trainer.precision=bf17"], 2, "trainer.precision=bf17"),
     "unknown stereo": (["data=smallnorb", "data.stereo=top"], 2, "data.stereo=top"),
     "unknown key": (["data.batchsize=3"], 1, "data.batchsize"),
-    "image too small for the net": (["model=capsnet", "geometry.image_size=16"], 2, "model.net"),
+    "image too small for the net": (
+        ["model=capsnet", "geometry.image_size=16"],
+        2,
+        "CapsNet: image_size=16 is too small",
+    ),
     "unknown strategy": (["trainer.accelerator=cpu", "trainer.strategy=bogus"], 2, "trainer.strategy=bogus"),
     "checkpoint missing": (["train=false", "ckpt_path={missing}"], 1, "{missing}"),
     "checkpoint folder": (["train=false", "ckpt_path={folder}"], 1, "is a folder"),

@@ -49,21 +49,19 @@ class JobOptions:
     optimized_metric: Annotated[str, MinLen(1)] | None  # e.g. val/acc_best
 
 
-def instantiate(node: Any, **kwargs: Any) -> Any:
-    """``hydra.utils.instantiate``; a constructor's ValueError or Lightning's MisconfigurationException
-    (a value the config check cannot judge alone: an image too small for a net, a GPU asked for on a
-    machine without one) becomes a :class:`ConfigError` naming the config node."""
+def instantiate(key: str, node: Any, **kwargs: Any) -> Any:
+    """``hydra.utils.instantiate`` of the config node at ``key``; a constructor's ValueError or
+    Lightning's MisconfigurationException (a value the config check cannot judge alone: an image too
+    small for a net, a GPU asked for on a machine without one) becomes a :class:`ConfigError` naming
+    the node. The constructors' own messages name their class and argument (:mod:`capsexp.arguments`)."""
     try:
         return hydra_instantiate(node, **kwargs)
     except InstantiationException as error:
         cause = error.__cause__
         if isinstance(cause, (ValueError, MisconfigurationException)) and not isinstance(cause, ConfigError):
-            lines = str(error).splitlines()
-            target = lines[0].removeprefix("Error in call to target ").rstrip(":")
-            full_key = next((line.removeprefix("full_key: ") for line in lines if line.startswith("full_key:")), "")
-            message = f"{cause}\n  raised by {target}" + (f" ({full_key})" if full_key else "")
-            if full_key == "trainer":
-                message += "\n  " + " ".join(f"trainer.{key}={node.get(key)}" for key in TRAINER_DEVICE_KEYS)
+            message = f"{cause}\n  raised building {key} ({node.get('_target_')})"
+            if key == "trainer":
+                message += "\n  " + " ".join(f"trainer.{name}={node.get(name)}" for name in TRAINER_DEVICE_KEYS)
             raise ConfigError(message) from error
         raise
 
@@ -72,10 +70,14 @@ def instantiate(node: Any, **kwargs: Any) -> Any:
 TRAINER_DEVICE_KEYS = ("accelerator", "devices", "num_nodes", "strategy", "precision")
 
 
-def instantiate_all(group: DictConfig | None) -> list[Any]:
+def instantiate_all(group_key: str, group: DictConfig | None) -> list[Any]:
     """Instantiate every entry of a ``callbacks`` or ``logger`` node; ``null`` entries are skipped,
     so ``callbacks.progress_bar=null`` removes one."""
-    return [instantiate(node) for node in (group or {}).values() if node is not None and "_target_" in node]
+    return [
+        instantiate(f"{group_key}.{name}", node)
+        for name, node in (group or {}).items()
+        if node is not None and "_target_" in node
+    ]
 
 
 def _quiet_duplicate_console() -> None:
@@ -108,13 +110,13 @@ def _run(cfg: DictConfig, job: DDPJob) -> dict[str, float]:
 
     # Plain lists and dicts, not OmegaConf containers: hyperparameters are saved in checkpoints,
     # which load with torch.load(weights_only=True).
-    datamodule: L.LightningDataModule = instantiate(cfg.data, _convert_="all")
-    module: L.LightningModule = instantiate(cfg.model, _convert_="partial")
+    datamodule: L.LightningDataModule = instantiate("data", cfg.data, _convert_="all")
+    module: L.LightningModule = instantiate("model", cfg.model, _convert_="partial")
     if cfg.get("ckpt_path"):
         check_checkpoint(cfg.ckpt_path, module)
-    callbacks: list[Callback] = instantiate_all(cfg.get("callbacks"))
-    loggers: list[Logger] = instantiate_all(cfg.get("logger"))
-    trainer: L.Trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False)
+    callbacks: list[Callback] = instantiate_all("callbacks", cfg.get("callbacks"))
+    loggers: list[Logger] = instantiate_all("logger", cfg.get("logger"))
+    trainer: L.Trainer = instantiate("trainer", cfg.trainer, callbacks=callbacks, logger=loggers or False)
     job.watch(trainer)
 
     hparams = OmegaConf.to_container(cfg, resolve=True)

@@ -58,7 +58,7 @@ class CapsNet(nn.Module):
         self.primary = PrimaryCapsules(conv_channels, primary_types, primary_dim, kernel_size=9, stride=2)
         feature_size = image_size - 8
         if feature_size < 9:
-            raise ValueError(f"image_size={image_size} is too small for two 9x9 convolutions (needs >= 17)")
+            raise ValueError(f"CapsNet: image_size={image_size} is too small for two 9x9 convolutions (needs >= 17)")
         num_primary = self.primary.output_size(feature_size, feature_size)
         self.digits = RoutingCapsules(
             num_primary, primary_dim, num_classes, pose_dim, routing.iterations, routing.detach_agreement

@@ -82,7 +82,9 @@ class MatrixCapsNet(nn.Module):
             offset, scale = offset + scale * (kernel - 1) / 2, scale * stride
             size = (size - kernel) // stride + 1
         if size < 1:
-            raise ValueError(f"image_size={image_size} is too small for this network (kernel_size={kernel_size})")
+            raise ValueError(
+                f"MatrixCapsNet: image_size={image_size} is too small for this network (kernel_size={kernel_size})"
+            )
         centres = (offset + scale * torch.arange(size) + 0.5) / image_size
         self.register_buffer(
             "centres", torch.stack(torch.meshgrid(centres, centres, indexing="ij"), dim=-1), persistent=False
