@@ -37,7 +37,7 @@ AREAS = {
     "capsexp.nn.functional": "capsule ops (squash, routing, losses)",
     "capsexp.lit.classifier": "Classifier metrics and reductions",
     "capsexp.data.resumable": "samplers and loaders",
-    "capsexp.checkpoints": "checkpoint loading",
+    "capsexp.run.checkpoints": "checkpoint loading",
 }
 COUNTED = ("killed", "timeout", "survived", "no tests", "suspicious", "segfault")
 NOT_RUN = "not checked"  # mutmut's status of a mutant it has not run yet

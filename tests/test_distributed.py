@@ -10,7 +10,7 @@ import yaml
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
-from capsexp.distributed import LAUNCH_ENVIRONMENT
+from capsexp.run.distributed import LAUNCH_ENVIRONMENT
 from tests.helpers import TINY_RUN, run_cli, scalars, write_mnist
 
 TWO_PROCESSES = ["trainer.accelerator=cpu", "trainer.devices=2"]

@@ -14,8 +14,6 @@ from capsexp import CONFIG_DIR
 from capsexp.__main__ import check_group_overrides
 from capsexp.arguments import PositiveInt
 from capsexp.callbacks.progress_log import ProgressLog
-from capsexp.checkpoints import _LINE_LIMIT, check_checkpoint
-from capsexp.config_check import config_problems
 from capsexp.data import SmallNORBDataModule
 from capsexp.errors import CheckpointError, ConfigError, InputShapeError
 from capsexp.lit import Classifier, CrossEntropy
@@ -23,6 +21,8 @@ from capsexp.lit.margin import LinearMargin
 from capsexp.lit.schedulers import exponential_decay
 from capsexp.models import BaselineCNN, CapsNet, LeNet5, MatrixCapsNet
 from capsexp.nn import DynamicRouting, EMRouting
+from capsexp.run.checkpoints import _LINE_LIMIT, check_checkpoint
+from capsexp.run.config_check import config_problems
 from tests.helpers import TINY_RUN, compose_config, run_cli
 
 
@@ -422,7 +422,7 @@ def test_weights_that_do_not_fit_are_counted_and_the_first_named(tmp_path, saved
 
 
 def test_an_underlying_error_is_quoted_by_its_first_line_or_its_type():
-    from capsexp.checkpoints import _first_line
+    from capsexp.run.checkpoints import _first_line
 
     assert _first_line("  " + "x" * 200 + "\nsecond line", ValueError()) == "x" * _LINE_LIMIT
     assert _first_line(" \n ", KeyError()) == "KeyError"

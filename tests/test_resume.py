@@ -20,7 +20,7 @@ from capsexp.data.resumable import EpochSampler, ResumableDataLoader, step_gener
 from capsexp.errors import CheckpointError
 from capsexp.lit import Classifier, CrossEntropy
 from capsexp.models import LeNet5
-from capsexp.resume import expand_run_folder
+from capsexp.run.resume import expand_run_folder
 from tests.helpers import PROJECT_ROOT, TINY_EM_CAPS, TINY_RUN, run_cli, scalars
 
 

@@ -10,8 +10,8 @@ import sys
 import pytest
 import torch
 
-from capsexp import slurm
-from capsexp.resume import LAST_CHECKPOINT
+from capsexp.run import slurm
+from capsexp.run.resume import LAST_CHECKPOINT
 from tests.helpers import PROJECT_ROOT, TINY_RUN
 
 JOB = "4242"

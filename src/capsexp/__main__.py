@@ -12,10 +12,10 @@ import hydra
 from omegaconf import DictConfig
 
 from capsexp import CONFIG_DIR
-from capsexp.config_check import check_config
 from capsexp.errors import CapsexpError, ConfigError
-from capsexp.resume import expand_run_folder
-from capsexp.slurm import resume_if_restarted
+from capsexp.run.config_check import check_config
+from capsexp.run.resume import expand_run_folder
+from capsexp.run.slurm import resume_if_restarted
 
 log = logging.getLogger("capsexp")
 
@@ -35,7 +35,7 @@ def main(cfg: DictConfig) -> float | None:
     try:
         check_config(cfg)
         # Imported here so that `--help`, `--cfg job` and config errors answer without loading torch.
-        from capsexp.train import run
+        from capsexp.run.train import run
 
         return optimized_metric(cfg, run(cfg))
     except CapsexpError as error:
@@ -85,7 +85,7 @@ def _sweeper_needs_metric() -> bool:
 def cli() -> None:
     """The entry point: group options checked before Hydra composes (its message lists the search
     path; ours names the option and the choices) and a run folder given as ``ckpt_path`` expanded
-    (:mod:`capsexp.resume`; a restarted SLURM job's own folder: :mod:`capsexp.slurm`), then :func:`main`."""
+    (:mod:`capsexp.run.resume`; a restarted SLURM job's own folder: :mod:`capsexp.run.slurm`), then :func:`main`."""
     try:
         check_group_overrides(sys.argv[1:], CONFIG_DIR)
         sys.argv[1:] = expand_run_folder(resume_if_restarted(sys.argv[1:]))

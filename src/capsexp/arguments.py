@@ -3,7 +3,7 @@
 A constructor declares what each argument allows once, in its signature (``batch_size: PositiveInt``,
 ``stereo: Literal["both", "left", "split"]``); pydantic checks values against it in strict mode (no
 string-to-number or bool-to-int conversion): :func:`argument_problems` for the composed config
-(:mod:`capsexp.config_check`), :func:`checked` when a class is built from Python. A hint pydantic
+(:mod:`capsexp.run.config_check`), :func:`checked` when a class is built from Python. A hint pydantic
 cannot read (a class of another library, a name imported for type checkers only) is not checked.
 """
 

@@ -4,7 +4,7 @@ A capsexp DataModule declares its test sets in ``test_set_names``: one name per 
 order; ``""`` names the plain test set. :class:`capsexp.lit.Classifier` builds one accuracy and one
 loss mean per set in ``setup`` from that list, and logs them as ``test/acc<suffix>`` and
 ``test/loss<suffix>`` (:func:`metric_suffix`); ``test/acc`` is always the first set's accuracy.
-``capsexp.train`` names them for TensorBoard's HParams tab, ``capsexp.compare`` reads rotation sets
+``capsexp.run.train`` names them for TensorBoard's HParams tab, ``capsexp.compare`` reads rotation sets
 back with :func:`rotation_angle`. Nothing here imports torch.
 """
 

@@ -8,7 +8,7 @@ written beside its destination and renamed into place, so a process killed while
 the previous file whole. SIGINT (Ctrl-C) and SIGTERM (what a cluster scheduler sends before it
 pre-empts a job or at its time limit) end training after the current step, with ``last.ckpt``
 holding that step; a second Ctrl-C stops at once. On SLURM, so does Lightning's requeue signal
-(the job then requeues itself: :mod:`capsexp.slurm`). Checkpoints also hold the global random state,
+(the job then requeues itself: :mod:`capsexp.run.slurm`). Checkpoints also hold the global random state,
 so a resumed run draws what the uninterrupted one would have (the data order and augmentation are
 seeded on their own: :mod:`capsexp.data.resumable`).
 """

@@ -65,7 +65,7 @@ class Classifier(L.LightningModule):
             )
         # Only plain values go into the checkpoint's hyperparameters: checkpoints load with
         # torch.load(weights_only=True), which refuses pickled callables. The run's whole config
-        # is logged by capsexp.train, and the net's weights are in the state dict.
+        # is logged by capsexp.run.train, and the net's weights are in the state dict.
         self.save_hyperparameters({"num_classes": num_classes, "compile": compile}, logger=False)
         self.optimizer = optimizer
         self.lr_scheduler = lr_scheduler

@@ -10,7 +10,7 @@ over. Here instead:
 - the requeue signal ends training as SIGTERM does, after the current step with ``last.ckpt``
   written (:class:`~capsexp.callbacks.model_checkpoint.BestAndLastCheckpoint`); then the job is requeued;
 - a restarted job (``SLURM_RESTART_COUNT`` above 0) whose id has a recorded folder resumes that
-  folder as ``ckpt_path=<run folder>`` does (:mod:`capsexp.resume`): same config, same folder,
+  folder as ``ckpt_path=<run folder>`` does (:mod:`capsexp.run.resume`): same config, same folder,
   TensorBoard curves continued.
 
 A ``--requeue`` job that SLURM pre-empts (SIGTERM, then requeued by SLURM itself) resumes the same
@@ -25,7 +25,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from capsexp.resume import LAST_CHECKPOINT, MULTIRUN_FLAGS, task_folder
+from capsexp.run.resume import LAST_CHECKPOINT, MULTIRUN_FLAGS, task_folder
 
 RESTART_COUNT = "SLURM_RESTART_COUNT"  # set by SLURM in a requeued job: how often it restarted
 RUN_FOLDERS = "slurm"  # under <log_dir>/<task_name>: one file per job id, holding its run folder

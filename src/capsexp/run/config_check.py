@@ -3,7 +3,7 @@
 What a key allows is declared where it is used: each node with a ``_target_`` is checked against the
 type hints of what it builds (:mod:`capsexp.arguments`; Lightning's Trainer has its own, e.g. the
 precisions), a torch optimizer by torch itself, built on one parameter, and the top-level keys
-against :class:`capsexp.train.JobOptions`. Only the rules that tie several keys together are here.
+against :class:`capsexp.run.train.JobOptions`. Only the rules that tie several keys together are here.
 """
 
 from __future__ import annotations
@@ -92,7 +92,7 @@ def _is_optimizer(target: Any) -> bool:
 
 def config_problems(cfg: DictConfig) -> list[str]:
     """One line per key whose value is not allowed: ``key=value: must be ...``."""
-    from capsexp.train import JobOptions  # imports torch and Lightning, as the targets do
+    from capsexp.run.train import JobOptions  # imports torch and Lightning, as the targets do
 
     tree = OmegaConf.to_container(cfg, resolve=False)
     job_keys = inspect.signature(JobOptions).parameters

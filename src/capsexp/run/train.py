@@ -22,20 +22,20 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import Logger
 from omegaconf import DictConfig, OmegaConf
 
-from capsexp import slurm
 from capsexp.callbacks.model_checkpoint import requeue_signal
-from capsexp.checkpoints import check_checkpoint
-from capsexp.distributed import DDPJob, ddp_job
 from capsexp.errors import ConfigError, Interrupted
-from capsexp.hparams import log_hyperparameters, metric_names
-from capsexp.resume import LAST_CHECKPOINT
+from capsexp.run import slurm
+from capsexp.run.checkpoints import check_checkpoint
+from capsexp.run.distributed import DDPJob, ddp_job
+from capsexp.run.hparams import log_hyperparameters, metric_names
+from capsexp.run.resume import LAST_CHECKPOINT
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class JobOptions:
-    """The values the top-level keys of ``conf/config.yaml`` allow (checked by :mod:`capsexp.config_check`;
+    """The values the top-level keys of ``conf/config.yaml`` allow (checked by :mod:`capsexp.run.config_check`;
     the defaults are in the YAML)."""
 
     train: bool
@@ -155,7 +155,7 @@ def _run(cfg: DictConfig, job: DDPJob) -> dict[str, float]:
 def _raise_if_stopped_by_signal(trainer: L.Trainer) -> None:
     """:class:`Interrupted`, with the saved state's path and the command that resumes it, when a
     signal ended training (:class:`~capsexp.callbacks.model_checkpoint.BestAndLastCheckpoint`). On SLURM's
-    requeue signal the job is requeued first (:mod:`capsexp.slurm`)."""
+    requeue signal the job is requeued first (:mod:`capsexp.run.slurm`)."""
     stopped = next((cb for cb in trainer.checkpoint_callbacks if getattr(cb, "stopped_by", None)), None)
     if stopped is None:
         return
@@ -164,7 +164,7 @@ def _raise_if_stopped_by_signal(trainer: L.Trainer) -> None:
     last = Path(stopped.last_model_path).resolve()
     run_folder = _run_folder()
     if run_folder is not None and last == run_folder / LAST_CHECKPOINT:
-        resume = ["python", "-m", "capsexp", f"ckpt_path={_shown_path(run_folder)}"]  # capsexp.resume
+        resume = ["python", "-m", "capsexp", f"ckpt_path={_shown_path(run_folder)}"]  # capsexp.run.resume
     else:  # a checkpoint outside the run folder: the run's overrides, then the file
         overrides = HydraConfig.get().overrides.task if run_folder is not None else []
         resume = ["python", "-m", "capsexp", *(o for o in overrides if not o.lstrip("+").startswith("ckpt_path="))]

@@ -1,0 +1,56 @@
+"""Every ``python -m capsexp`` command that the README and docs/ show composes and passes the config
+check (one job of a sweep each; commands with placeholders, ``--help`` and ``--cfg`` are left out)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from capsexp import PROJECT_ROOT
+from capsexp.run.config_check import config_problems
+from tests.helpers import compose_config
+
+PAGES = [PROJECT_ROOT / "README.md", *sorted((PROJECT_ROOT / "docs").glob("*.md"))]
+
+
+def documented_commands() -> list[tuple[str, str]]:
+    commands = []
+    for page in PAGES:
+        for line in re.findall(r"(?<!\$ )python -m capsexp ([^`\n#]*)", page.read_text()):
+            arguments = line.split()
+            if not arguments or any("<" in a or a.startswith("--") or a in ("...", '"...")') for a in arguments):
+                continue
+            commands.append((page.name, " ".join(arguments)))
+    return commands
+
+
+def first_job(arguments: list[str]) -> list[str]:
+    """A sweep's first job: ``-m`` dropped, each ``key=a,b`` as ``key=a``."""
+    if "-m" not in arguments:
+        return arguments
+    return [a.split(",")[0] if "=" in a and "[" not in a else a for a in arguments if a != "-m"]
+
+
+@pytest.mark.parametrize(("page", "command"), documented_commands())
+def test_a_documented_command_composes_and_passes_the_check(page, command):
+    overrides = first_job(command.split())
+    assert config_problems(compose_config(overrides)) == [], f"{page}: python -m capsexp {command}"
+
+
+def test_the_docs_show_commands():
+    assert len(documented_commands()) >= 20
+
+
+def test_a_documented_error_is_the_one_the_check_gives():
+    """A ``$ python -m capsexp ...`` transcript followed by its error: the same lines today."""
+    transcripts = [
+        match
+        for page in PAGES
+        for match in re.findall(
+            r"\$ python -m capsexp ([^\n]*)\n\nerror: invalid configuration:\n((?:  .*\n)+)", page.read_text()
+        )
+    ]
+    assert transcripts
+    for command, shown in transcripts:
+        assert config_problems(compose_config(command.split())) == [line.strip() for line in shown.splitlines()]
