@@ -54,12 +54,21 @@ def parameter_hints(function: Callable) -> tuple[dict[str, Any], bool]:
     return named, any(p.kind is p.VAR_KEYWORD for p in parameters)
 
 
-@functools.cache
 def _adapter(hint: Any) -> TypeAdapter | None:
+    try:
+        return _cached_adapter(hint)
+    except TypeError:  # a hint that cannot be a cache key
+        return _new_adapter(hint)
+
+
+def _new_adapter(hint: Any) -> TypeAdapter | None:
     try:
         return TypeAdapter(hint, config=ConfigDict(strict=True, arbitrary_types_allowed=True))
     except Exception:  # no schema for this hint: not checked
         return None
+
+
+_cached_adapter = functools.cache(_new_adapter)
 
 
 def _plain(value: Any) -> Any:

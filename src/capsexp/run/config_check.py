@@ -12,6 +12,7 @@ import inspect
 from collections.abc import Iterator
 from typing import Any
 
+import torch
 from hydra.utils import get_object
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
@@ -57,7 +58,7 @@ def _node_problems(cfg: DictConfig, path: str, node: dict) -> list[str]:
     if not problems and arguments.get("_partial_") and _is_optimizer(target):
         values = {k: v for k, v in arguments.items() if not k.startswith("_")}
         try:  # torch checks an optimizer's values when it is built (Invalid learning rate: -0.1)
-            target([_torch().zeros(1, requires_grad=True)], **values)
+            target([torch.zeros(1, requires_grad=True)], **values)
         except (ValueError, TypeError) as error:
             given = " ".join(f"{k}={shown(v)}" for k, v in values.items())
             problems.append(f"{path.rstrip('.')} ({target.__name__}: {given}): {error}")
@@ -80,14 +81,8 @@ def _built_problems(target: Any, path: str, node: dict) -> list[str]:
     return problems
 
 
-def _torch() -> Any:
-    import torch
-
-    return torch
-
-
 def _is_optimizer(target: Any) -> bool:
-    return inspect.isclass(target) and issubclass(target, _torch().optim.Optimizer)
+    return inspect.isclass(target) and issubclass(target, torch.optim.Optimizer)
 
 
 def config_problems(cfg: DictConfig) -> list[str]:
