@@ -77,7 +77,7 @@ def test_every_shipped_option_passes_the_check(extra):
         ),
         (["model=em_caps_small", "model.net.routing.learn_inverse_temperature=maybe"], "must be a valid boolean"),
         (["model=em_caps_small", "+model.net.iterations=2"], "model.net.iterations: MatrixCapsNet takes no such"),
-        (["model=em_caps_small", "model/routing=dynamic"], "model.net.routing"),
+        (["model=em_caps_small", "model/routing=dynamic"], "model.net.routing: MatrixCapsNet takes EMRouting, not Dyn"),
         (["model=em_caps_small", "model.margin.unit=epochs"], "model.margin.unit=epochs: must be 'epoch' or 'step'"),
         (["model=baseline_cnn", "model.net.conv_layers=[]"], "model.net.conv_layers=[]: must have at least 1 item"),
         (["model=baseline_cnn", "model.net.dropout=1.0"], "model.net.dropout=1.0: must be less than 1"),
@@ -137,6 +137,7 @@ def test_group_options_are_checked_before_hydra_composes():
     check_group_overrides(
         [
             "model=capsnet,lenet5",
+            "model/routing=em,em_paper,dynamic",  # the stored options too (capsexp/__init__.py)
             "data.batch_size=3",
             "hydra/launcher=joblib",
             "--cfg",

@@ -34,7 +34,7 @@ def main(cfg: DictConfig) -> float | None:
     """Run one job; return ``cfg.optimized_metric`` for Hydra sweepers (Optuna maximises it)."""
     try:
         check_config(cfg)
-        # Imported here so that `--help`, `--cfg job` and config errors answer without loading torch.
+        # Imported here: `--help` and `--cfg job` answer without importing Lightning.
         from capsexp.run.train import run
 
         return optimized_metric(cfg, run(cfg))
@@ -140,7 +140,7 @@ def check_group_overrides(arguments: list[str], config_dir: Path) -> None:
         folder = config_dir / key
         if not folder.is_dir() or not value or "(" in value or value == "null":
             continue
-        options = sorted(path.stem for path in folder.glob("*.yaml"))
+        options = sorted({path.stem for path in folder.glob("*.yaml")} | _stored_options(key))
         for option in value.split(","):
             if option not in options:
                 close = difflib.get_close_matches(option, options, n=1)
@@ -148,6 +148,16 @@ def check_group_overrides(arguments: list[str], config_dir: Path) -> None:
                 raise ConfigError(f"{key}={option}: no such option{hint}\n  {key} is one of: {', '.join(options)}")
         if key.startswith("model/") and not argument.startswith("+"):
             _check_model_has_group(key.removeprefix("model/"), value, arguments, config_dir)
+
+
+def _stored_options(group: str) -> set[str]:
+    """The options of ``group`` held in Hydra's ConfigStore (``model/routing=em``: see capsexp/__init__.py)."""
+    from hydra.core.config_store import ConfigStore
+
+    try:
+        return {name.removesuffix(".yaml") for name in ConfigStore.instance().list(group)}
+    except OSError:  # no such group in the store
+        return set()
 
 
 def _check_model_has_group(group: str, value: str, arguments: list[str], config_dir: Path) -> None:

@@ -77,7 +77,7 @@ def _built_problems(target: Any, path: str, node: dict) -> list[str]:
             except Exception:  # reported as the child's own problem
                 continue
             if inspect.isclass(built) and not issubclass(built, hint):
-                problems.append(f"{path}{key}: {target.__qualname__} takes a {hint.__name__}, not a {built.__name__}")
+                problems.append(f"{path}{key}: {target.__qualname__} takes {hint.__name__}, not {built.__name__}")
     return problems
 
 
