@@ -127,10 +127,11 @@ def checked(target: Checked) -> Checked:
     """Check the arguments of a function, or of a class's constructor, against its hints at every call:
     a ``ValueError`` naming each bad argument and what it allows."""
     function = target.__init__ if inspect.isclass(target) else target
+    signature = inspect.signature(function)
 
     @functools.wraps(function)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        given = inspect.signature(function).bind(*args, **kwargs).arguments
+        given = signature.bind(*args, **kwargs).arguments
         problems = argument_problems(
             function, {name: given[name] for name in parameter_hints(function)[0] if name in given}
         )

@@ -152,7 +152,6 @@ class ConvMatrixCapsules(_EMLayer):
     ) -> None:
         super().__init__(out_types, pose_size, routing, weight_std)
         self.in_types, self.kernel_size, self.stride = in_types, kernel_size, stride
-        self.route_per_window = routing.route_per_window
         self.weight = self.new_weight(kernel_size * kernel_size, in_types, out_types)
 
     def output_size(self, size: int) -> int:
@@ -179,7 +178,7 @@ class ConvMatrixCapsules(_EMLayer):
         votes = torch.einsum("nqkiab,kijbc->nqjkiac", pose_windows, self.weight)
         votes = votes.reshape(batch, votes.shape[1], self.out_types, -1, elements).transpose(2, 3)
         child_index, child_activations = self.child_index(height, width, poses.device), activations.reshape(batch, -1)
-        if self.route_per_window:
+        if self.router.routing.route_per_window:
             # Every (window, slot) is a child of its own: R sums to 1 over the parent types of one
             # position, as in most public ports (Gritzman 2019's pitfall 3; the paper shares them).
             child_activations = child_activations[:, child_index.reshape(-1)]

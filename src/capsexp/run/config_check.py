@@ -16,7 +16,7 @@ import torch
 from hydra.utils import get_object
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from capsexp.arguments import argument_problems, parameter_hints, shown
+from capsexp.arguments import PositiveInt, argument_problems, parameter_hints, shown, value_problem
 from capsexp.errors import ConfigError
 
 _ABSENT = object()
@@ -117,7 +117,7 @@ def _combination_problems(cfg: DictConfig) -> list[str]:
 
 
 def _positive_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+    return value_problem(PositiveInt, value) is None
 
 
 def check_config(cfg: DictConfig) -> None:
