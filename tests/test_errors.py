@@ -77,7 +77,10 @@ def test_every_shipped_option_passes_the_check(extra):
         ),
         (["model=em_caps_small", "model.net.routing.learn_inverse_temperature=maybe"], "must be a valid boolean"),
         (["model=em_caps_small", "+model.net.iterations=2"], "model.net.iterations: MatrixCapsNet takes no such"),
-        (["model=em_caps_small", "model/routing=dynamic"], "model.net.routing: MatrixCapsNet takes EMRouting, not Dyn"),
+        (
+            ["model=em_caps_small", "model/routing=dynamic"],
+            "model.net.routing=DynamicRouting: must be an instance of EMRouting",
+        ),
         (["model=em_caps_small", "model.margin.unit=epochs"], "model.margin.unit=epochs: must be 'epoch' or 'step'"),
         (["model=baseline_cnn", "model.net.conv_layers=[]"], "model.net.conv_layers=[]: must have at least 1 item"),
         (["model=baseline_cnn", "model.net.dropout=1.0"], "model.net.dropout=1.0: must be less than 1"),
@@ -134,6 +137,10 @@ def test_constructors_check_their_arguments_when_built_from_python():
 def test_group_options_are_checked_before_hydra_composes():
     with pytest.raises(ConfigError, match=r"model=lenet: no such option \(did you mean model=lenet5\?\)"):
         check_group_overrides(["model=capsnet,lenet"], CONFIG_DIR)
+    # The options listed are the group's own: not its subgroups (model/routing).
+    with pytest.raises(ConfigError, match=r"model is one of: baseline_cnn, capsnet, .*lenet5$") as refused:
+        check_group_overrides(["model=routing"], CONFIG_DIR)
+    assert "routing" not in str(refused.value).splitlines()[-1]
     check_group_overrides(
         [
             "model=capsnet,lenet5",

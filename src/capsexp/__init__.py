@@ -30,12 +30,13 @@ if not OmegaConf.has_resolver("stereo_channels"):
 def _store_routing_options() -> None:
     """``model/routing=em`` and ``model/routing=dynamic``: the routing options of the capsule nets
     (``model.net.routing``), taken from the defaults of :class:`capsexp.nn.EMRouting` and
-    :class:`capsexp.nn.DynamicRouting` (their one home) rather than restated in YAML files."""
+    :class:`capsexp.nn.DynamicRouting` (their one home) rather than restated in YAML files. They are
+    read from :mod:`capsexp.routing_options`, which does not import torch."""
     from dataclasses import asdict
 
     from hydra.core.config_store import ConfigStore
 
-    from capsexp.nn import DynamicRouting, EMRouting
+    from capsexp.routing_options import DynamicRouting, EMRouting
 
     for name, options in (("em", EMRouting), ("dynamic", DynamicRouting)):
         node = {"_target_": f"capsexp.nn.{options.__name__}", **asdict(options())}

@@ -13,7 +13,6 @@ from omegaconf import DictConfig
 
 from capsexp import CONFIG_DIR
 from capsexp.errors import CapsexpError, ConfigError
-from capsexp.run.config_check import check_config
 from capsexp.run.resume import expand_run_folder
 from capsexp.run.slurm import resume_if_restarted
 
@@ -32,10 +31,12 @@ def report(error: CapsexpError) -> None:
 @hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="config")
 def main(cfg: DictConfig) -> float | None:
     """Run one job; return ``cfg.optimized_metric`` for Hydra sweepers (Optuna maximises it)."""
+    # Imported here: `--help`, `--cfg job` and the command-line checks answer without importing torch.
+    from capsexp.run.config_check import check_config
+    from capsexp.run.train import run
+
     try:
         check_config(cfg)
-        # Imported here: `--help` and `--cfg job` answer without importing Lightning.
-        from capsexp.run.train import run
 
         return optimized_metric(cfg, run(cfg))
     except CapsexpError as error:
@@ -155,7 +156,8 @@ def _stored_options(group: str) -> set[str]:
     from hydra.core.config_store import ConfigStore
 
     try:
-        return {name.removesuffix(".yaml") for name in ConfigStore.instance().list(group)}
+        # The store lists its subgroups too (model -> routing): only its options end in .yaml.
+        return {name.removesuffix(".yaml") for name in ConfigStore.instance().list(group) if name.endswith(".yaml")}
     except OSError:  # no such group in the store
         return set()
 

@@ -32,12 +32,12 @@ _HYDRA_KEYS = ("_target_", "_partial_", "_convert_", "_recursive_", "_args_")
 
 
 def shown(value: Any) -> str:
-    """A value as a user types it on the command line."""
+    """A value as a user types it on the command line; an object as its class's name."""
     if isinstance(value, bool) or value is None:
         return {True: "true", False: "false", None: "null"}[value]
     if isinstance(value, (list, tuple)):
         return "[" + ",".join(shown(v) for v in value) + "]"
-    return str(value)
+    return str(value) if isinstance(value, (str, int, float, dict)) else type(value).__name__
 
 
 @functools.cache
@@ -54,21 +54,12 @@ def parameter_hints(function: Callable) -> tuple[dict[str, Any], bool]:
     return named, any(p.kind is p.VAR_KEYWORD for p in parameters)
 
 
+@functools.cache
 def _adapter(hint: Any) -> TypeAdapter | None:
     try:
-        return _cached_adapter(hint)
-    except TypeError:  # a hint that cannot be a cache key
-        return _new_adapter(hint)
-
-
-def _new_adapter(hint: Any) -> TypeAdapter | None:
-    try:
         return TypeAdapter(hint, config=ConfigDict(strict=True, arbitrary_types_allowed=True))
-    except Exception:  # no schema for this hint: not checked
+    except Exception:  # no schema for this hint (a dataclass: checked by isinstance)
         return None
-
-
-_cached_adapter = functools.cache(_new_adapter)
 
 
 def _plain(value: Any) -> Any:
@@ -84,7 +75,11 @@ def value_problem(hint: Any, value: Any) -> str | None:
     """``must be ...`` when ``value`` does not fit ``hint``, else None."""
     if inspect.isclass(hint) and dataclasses.is_dataclass(hint):  # an options object, built already
         return None if isinstance(value, hint) else f"must be an instance of {hint.__name__}"
-    if hint is Any or (adapter := _adapter(hint)) is None:
+    try:
+        adapter = None if hint is Any else _adapter(hint)
+    except TypeError:  # an unhashable hint
+        adapter = _adapter.__wrapped__(hint)
+    if adapter is None:
         return None
     value = _plain(value)
     try:
@@ -131,11 +126,9 @@ def checked(target: Checked) -> Checked:
 
     @functools.wraps(function)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        given = signature.bind(*args, **kwargs).arguments
-        problems = argument_problems(
-            function, {name: given[name] for name in parameter_hints(function)[0] if name in given}
-        )
-        if problems:
+        named = parameter_hints(function)[0]
+        given = {name: value for name, value in signature.bind(*args, **kwargs).arguments.items() if name in named}
+        if problems := argument_problems(function, given):
             raise ValueError(f"{target.__name__}: " + "; ".join(problems))
         return function(*args, **kwargs)
 

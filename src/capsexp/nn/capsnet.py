@@ -2,24 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from torch import nn
 
-from capsexp.arguments import PositiveInt, checked
 from capsexp.nn.functional import fully_connected_routing, squash
-
-
-@checked
-@dataclass(frozen=True)
-class DynamicRouting:
-    """How :class:`RoutingCapsules` route (Procedure 1 of the paper); the defaults are the paper's."""
-
-    iterations: PositiveInt = 3
-    # false: gradients flow through the agreement updates b += u_hat . v (paper, official code); see
-    # capsexp.nn.functional.dynamic_routing.
-    detach_agreement: bool = False
 
 
 class PrimaryCapsules(nn.Module):

@@ -7,14 +7,13 @@ and activations (N, T, H, W) in (0, 1).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from capsexp.arguments import PositiveFloat, PositiveInt, checked
-from capsexp.nn.functional import CostNormalization, em_routing
+from capsexp.nn.functional import em_routing
+from capsexp.routing_options import EMRouting
 
 CapsuleMap = tuple[torch.Tensor, torch.Tensor]
 
@@ -32,37 +31,6 @@ class PrimaryMatrixCapsules(nn.Module):
         batch, _, height, width = features.shape
         poses = self.pose(features).view(batch, self.num_types, self.pose_elements, height, width)
         return poses, torch.sigmoid(self.activation(features))
-
-
-@checked
-@dataclass(frozen=True)
-class EMRouting:
-    """How the EM capsule layers route: the options of Procedure 1 (:func:`~capsexp.nn.functional.em_routing`)
-    and two of capsexp's. The defaults are capsexp's recipe (docs/em_training.md), the one place it is
-    declared; ``model/routing=em_paper`` (conf/model/routing/em_paper.yaml) is the paper's."""
-
-    # Paper: 3. 1, 2 and 3 iterations compared, 3 seeds each: experiments/results/em_routing_ablation_quick/.
-    iterations: PositiveInt = 2
-    # Inverse temperature at the last iteration, lambda_t = final_lambda (1 - 0.95^(t+1)) (the authors'
-    # schedule, OpenReview); the paper's final_lambda is 0.01. With standardised costs the spread of the
-    # activations is set by lambda alone, so each layer also learns a factor on it (learn_inverse_temperature).
-    # Values compared: experiments/results/em_presence_quick/.
-    final_lambda: PositiveFloat = 10.0
-    # Added to every variance. Paper: none given (its recipe here: 1e-4). A floor guards the E-step against
-    # near-zero variances when few votes agree (Gritzman 2019, pitfall 1); compared with 1e-4 in
-    # experiments/results/em_training_quick/.
-    sigma_eps: PositiveFloat = 0.01
-    # none (paper) | standardize (costs standardised over the parent types of each position, as
-    # www0wwwjs1/Matrix-Capsules-EM-Tensorflow does) | data (amount of data relative to the mean parent's,
-    # Gritzman 2019, pitfall 2) | layer (amount of data divided by the children per parent,
-    # IBM/matrix-capsules-with-em-routing; every class activation saturated at 1 in em_presence_quick).
-    cost_normalization: CostNormalization = "standardize"
-    # ConvCaps: false (paper; Gritzman 2019, pitfall 3) shares a child among the parents of all the windows
-    # that hold it; true routes each window's children on their own, as most public ports do. With
-    # sharing, the E-step pulls children away from whole windows and training slows.
-    route_per_window: bool = True
-    # A learned factor s = exp(log_inverse_temperature) on each layer's lambda_t, from 1 (not in the paper).
-    learn_inverse_temperature: bool = True
 
 
 class EMRouter(nn.Module):

@@ -16,7 +16,7 @@ import torch
 from hydra.utils import get_object
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from capsexp.arguments import PositiveInt, argument_problems, parameter_hints, shown, value_problem
+from capsexp.arguments import PositiveInt, argument_problems, shown, value_problem
 from capsexp.errors import ConfigError
 
 _ABSENT = object()
@@ -47,14 +47,14 @@ def _node_problems(cfg: DictConfig, path: str, node: dict) -> list[str]:
         target = get_object(_value(cfg, f"{path}_target_"))
     except Exception as error:
         return [f"{path}_target_={node['_target_']}: cannot be imported ({str(error).splitlines()[0]})"]
-    # Nodes built themselves are checked as their own targets.
-    arguments = {k: _value(cfg, path + k) for k, v in node.items() if not (isinstance(v, dict) and "_target_" in v)}
+    arguments = {k: _built(v) if _is_node(v) else _value(cfg, path + k) for k, v in node.items()}
     broken = [
         f"{path}{k}: cannot be resolved ({str(v).splitlines()[0]})"
         for k, v in arguments.items()
         if isinstance(v, Exception)
     ]
-    problems = broken or argument_problems(target, arguments, prefix=path) + _built_problems(target, path, node)
+    arguments = {k: v for k, v in arguments.items() if v is not _ABSENT}
+    problems = broken or argument_problems(target, arguments, prefix=path)
     if not problems and arguments.get("_partial_") and _is_optimizer(target):
         values = {k: v for k, v in arguments.items() if not k.startswith("_")}
         try:  # torch checks an optimizer's values when it is built (Invalid learning rate: -0.1)
@@ -65,20 +65,19 @@ def _node_problems(cfg: DictConfig, path: str, node: dict) -> list[str]:
     return problems
 
 
-def _built_problems(target: Any, path: str, node: dict) -> list[str]:
-    """An argument built from its own node (``model.net.routing``) whose class is not the one the hint
-    asks for: ``model/routing=dynamic`` under an EM model."""
-    hints, problems = parameter_hints(target)[0], []
-    for key, child in node.items():
-        hint = hints.get(key)
-        if isinstance(child, dict) and "_target_" in child and inspect.isclass(hint) and hint is not Any:
-            try:
-                built = get_object(child["_target_"])
-            except Exception:  # reported as the child's own problem
-                continue
-            if inspect.isclass(built) and not issubclass(built, hint):
-                problems.append(f"{path}{key}: {target.__qualname__} takes {hint.__name__}, not {built.__name__}")
-    return problems
+def _is_node(value: Any) -> bool:
+    return isinstance(value, dict) and "_target_" in value
+
+
+def _built(node: dict) -> Any:
+    """What a node that is built itself (``model.net.routing``) stands for in its parent's check: an
+    uninitialised instance of its class, for the parent's hint to test (``model/routing=dynamic``
+    under an EM model). Its own arguments are checked as its own node's; a partial is not checked here."""
+    try:
+        built = get_object(node["_target_"])
+        return built.__new__(built) if inspect.isclass(built) and not node.get("_partial_") else _ABSENT
+    except Exception:  # reported as the node's own problem
+        return _ABSENT
 
 
 def _is_optimizer(target: Any) -> bool:

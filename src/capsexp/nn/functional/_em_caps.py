@@ -12,14 +12,15 @@ position q's receptive field, and the E-step normalises over all slots holding t
 from __future__ import annotations
 
 import math
-from typing import Literal, NamedTuple, get_args
+from typing import NamedTuple, get_args
 
 import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
+from capsexp.routing_options import CostNormalization
+
 LOG_2PI = math.log(2 * math.pi)
-CostNormalization = Literal["none", "data", "standardize", "layer"]
 COST_NORMALIZATIONS: tuple[str, ...] = get_args(CostNormalization)
 
 

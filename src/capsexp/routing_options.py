@@ -1,0 +1,60 @@
+"""The routing options of the capsule layers: one frozen dataclass per routing algorithm, built from
+``model.net.routing`` and passed down unchanged to the routing functions.
+
+Plain data, no torch: ``import capsexp`` registers their defaults in Hydra's ConfigStore
+(``model/routing=em``, ``model/routing=dynamic``) without importing the layers, so that ``--help`` and
+the command-line checks answer quickly. Import them from :mod:`capsexp.nn`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from capsexp.arguments import PositiveFloat, PositiveInt, checked
+
+# How em_routing normalises the costs before the activations (capsexp.nn.functional.em_routing).
+CostNormalization = Literal["none", "data", "standardize", "layer"]
+
+
+@checked
+@dataclass(frozen=True)
+class DynamicRouting:
+    """How :class:`capsexp.nn.RoutingCapsules` route (Sabour et al. 2017, Procedure 1); the defaults are
+    the paper's."""
+
+    iterations: PositiveInt = 3
+    # false: gradients flow through the agreement updates b += u_hat . v (paper, official code); see
+    # capsexp.nn.functional.dynamic_routing.
+    detach_agreement: bool = False
+
+
+@checked
+@dataclass(frozen=True)
+class EMRouting:
+    """How the EM capsule layers route: the options of Procedure 1 (:func:`~capsexp.nn.functional.em_routing`)
+    and two of capsexp's. The defaults are capsexp's recipe (docs/em_training.md), the one place it is
+    declared; ``model/routing=em_paper`` (conf/model/routing/em_paper.yaml) is the paper's."""
+
+    # Paper: 3. 1, 2 and 3 iterations compared, 3 seeds each: experiments/results/em_routing_ablation_quick/.
+    iterations: PositiveInt = 2
+    # Inverse temperature at the last iteration, lambda_t = final_lambda (1 - 0.95^(t+1)) (the authors'
+    # schedule, OpenReview); the paper's final_lambda is 0.01. With standardised costs the spread of the
+    # activations is set by lambda alone, so each layer also learns a factor on it (learn_inverse_temperature).
+    # Values compared: experiments/results/em_presence_quick/.
+    final_lambda: PositiveFloat = 10.0
+    # Added to every variance. Paper: none given (its recipe here: 1e-4). A floor guards the E-step against
+    # near-zero variances when few votes agree (Gritzman 2019, pitfall 1); compared with 1e-4 in
+    # experiments/results/em_training_quick/.
+    sigma_eps: PositiveFloat = 0.01
+    # none (paper) | standardize (costs standardised over the parent types of each position, as
+    # www0wwwjs1/Matrix-Capsules-EM-Tensorflow does) | data (amount of data relative to the mean parent's,
+    # Gritzman 2019, pitfall 2) | layer (amount of data divided by the children per parent,
+    # IBM/matrix-capsules-with-em-routing; every class activation saturated at 1 in em_presence_quick).
+    cost_normalization: CostNormalization = "standardize"
+    # ConvCaps: false (paper; Gritzman 2019, pitfall 3) shares a child among the parents of all the windows
+    # that hold it; true routes each window's children on their own, as most public ports do. With
+    # sharing, the E-step pulls children away from whole windows and training slows.
+    route_per_window: bool = True
+    # A learned factor s = exp(log_inverse_temperature) on each layer's lambda_t, from 1 (not in the paper).
+    learn_inverse_temperature: bool = True
