@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from capsexp.data import MultiMNISTDataModule
 from capsexp.data.multi_mnist import overlay_pairs, partners, translate
-from tests.helpers import synthetic_digits
+from tests.helpers import FakeTrainer, synthetic_digits
 
 
 def digits(count: int = 200, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -46,6 +47,14 @@ def test_the_same_seed_gives_the_same_pairs_and_another_seed_others():
     assert not torch.equal(a.labels, c.labels) and not torch.equal(a.shifts, c.shifts)
 
 
+def test_partners_come_from_the_pool_they_are_drawn_from():
+    labels, pool = torch.arange(40) % 10, torch.tensor([3, 7, 7, 3, 5])
+    chosen = partners(labels, torch.Generator().manual_seed(0), pool)
+    assert chosen.min() >= 0 and chosen.max() < len(pool)
+    assert (pool[chosen] != labels).all()
+    assert set(pool[chosen].tolist()) == {3, 5, 7}
+
+
 def test_partners_cover_every_other_class():
     labels = torch.arange(1000) % 10
     chosen = labels[partners(labels, torch.Generator().manual_seed(0))]
@@ -71,3 +80,73 @@ def test_one_class_cannot_be_paired():
     images, _ = digits(10)
     with pytest.raises(ValueError, match="at least two classes"):
         overlay_pairs(images, torch.full((10,), 3), torch.Generator().manual_seed(0))
+
+
+# ---- the DataModule (data=multi_mnist) ----------------------------------------------------------------
+def datamodule(mnist_dir, **options) -> MultiMNISTDataModule:
+    """On the synthetic MNIST files: 250 training digits, 50 validation, 100 test."""
+    made = MultiMNISTDataModule(
+        mnist_dir, batch_size=20, val_size=50, verify_checksums=False, download=False, **options
+    )
+    made.trainer = FakeTrainer()
+    made.prepare_data()
+    made.setup()
+    return made
+
+
+def test_evaluation_pairs_are_fixed_and_drawn_within_their_own_split(mnist_dir):
+    data = datamodule(mnist_dir, pairs_per_digit=3)
+    again, reseeded = datamodule(mnist_dir, pairs_per_digit=3), datamodule(mnist_dir, pairs_per_digit=3, pair_seed=1)
+    assert (len(data.data_train), len(data.data_val), len(data.data_test)) == (250, 150, 300)
+    for split in ("data_val", "data_test"):
+        assert torch.equal(getattr(data, split).specs, getattr(again, split).specs)
+        assert not torch.equal(getattr(data, split).specs, getattr(reseeded, split).specs)
+    training = set(data.data_train.specs[:, 0].tolist())
+    for split, digits in ((data.data_val, set(range(300)) - training), (data.data_test, set(range(300, 400)))):
+        first, second = split.specs[:, 0].long(), split.specs[:, 1].long()
+        assert set(first.tolist()) | set(second.tolist()) <= digits  # a split's pairs use its digits only
+        assert torch.bincount(first)[sorted(digits)].eq(3).all()  # each digit first pairs_per_digit times
+        assert torch.equal(split.targets, torch.stack([data.labels[first], data.labels[second]], 1))
+        assert (split.targets[:, 0] != split.targets[:, 1]).all()
+        assert split.specs[:, 2:].abs().max() == 4
+
+
+def test_batches_are_composed_from_their_pairs(mnist_dir):
+    data = datamodule(mnist_dir, shift=6, canvas=40)
+    specs, targets = next(iter(data.test_dataloader()))
+    batch = data.on_after_batch_transfer((specs, targets), 0)
+    assert batch.images.shape == (20, 1, 40, 40) and batch.components.shape == (20, 2, 1, 40, 40)
+    assert torch.equal(batch.targets, targets)
+    assert torch.equal(batch.images, batch.components.sum(1).clamp(0, 1))
+    for k in range(2):  # each component is its digit, centred and shifted as the spec says
+        digit = data.digits[specs[:, k].long()].float() / 255
+        centred = torch.nn.functional.pad(digit, (6, 6, 6, 6))
+        rows, columns = specs[:, 2 + 2 * k].long(), specs[:, 3 + 2 * k].long()
+        assert torch.equal(translate(batch.components[:, k, 0], -rows, -columns), centred)
+    # Held on the device (data.on_device), the same pairs come out.
+    on_device = datamodule(mnist_dir, shift=6, canvas=40, on_device=True)
+    held = next(iter(on_device.test_dataloader()))
+    assert all(torch.equal(a, b) for a, b in zip(on_device.on_after_batch_transfer(held, 0), batch, strict=True))
+
+
+def test_training_pairs_are_new_at_every_step_and_the_same_when_a_step_is_repeated(mnist_dir):
+    data = datamodule(mnist_dir)
+    data.trainer.training = True
+    specs, labels = next(iter(data.train_dataloader()))
+    assert specs.shape == (20, 1)  # the first digits only: partners and shifts are drawn per step
+    first = data.on_after_batch_transfer((specs, labels), 0)
+    repeated = data.on_after_batch_transfer((specs, labels), 0)  # a resumed run redraws the same step
+    data.trainer.global_step = 1
+    later = data.on_after_batch_transfer((specs, labels), 0)
+    assert all(torch.equal(a, b) for a, b in zip(first, repeated, strict=True))
+    assert not torch.equal(first.images, later.images) and torch.equal(later.targets[:, 0], labels)
+    assert (first.targets[:, 0] != first.targets[:, 1]).all()
+    # The partners are training digits: each second component holds the ink of one of them.
+    training_ink = (data.digits[data.data_train.specs[:, 0].long()].float() / 255).sum((1, 2))
+    second_ink = first.components[:, 1].sum((1, 2, 3))
+    assert torch.isclose(second_ink[:, None], training_ink[None], rtol=1e-5).any(1).all()
+
+
+def test_a_shift_off_the_canvas_is_refused_at_construction():
+    with pytest.raises(ValueError, match=r"shift=6 pushes a 28x28 digit off a 36x36 canvas .*canvas=40 allows"):
+        MultiMNISTDataModule(shift=6)

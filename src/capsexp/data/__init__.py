@@ -1,7 +1,8 @@
 """LightningDataModules and datasets."""
 
 from capsexp.data.mnist import MNISTDataModule
+from capsexp.data.multi_mnist import MultiMNISTDataModule
 from capsexp.data.smallnorb import SmallNORBDataModule
 from capsexp.data.tensor_dataset import ImageTensorDataset
 
-__all__ = ["ImageTensorDataset", "MNISTDataModule", "SmallNORBDataModule"]
+__all__ = ["ImageTensorDataset", "MNISTDataModule", "MultiMNISTDataModule", "SmallNORBDataModule"]

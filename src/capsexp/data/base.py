@@ -154,7 +154,7 @@ class InMemoryDataModule(L.LightningDataModule):
         """The dataset's tensors on ``device``, copied once (the test set's rotations share one copy)."""
         key = (id(dataset), str(device))
         if key not in self._device_copies:
-            self._device_copies[key] = (dataset.images.to(device), dataset.targets.to(device))
+            self._device_copies[key] = tuple(tensor.to(device) for tensor in dataset.tensors)
         return self._device_copies[key]
 
     def _training_sampler(self, dataset: ImageTensorDataset) -> EpochSampler:

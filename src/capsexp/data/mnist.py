@@ -96,59 +96,13 @@ def _unpack(gz_path: Path, path: Path) -> None:
     partial.replace(path)
 
 
-@checked
-class MNISTDataModule(InMemoryDataModule):
-    """MNIST digits, pixels in [0, 1], with a fixed-seed train/validation split.
-
-    Args:
-        data_dir: folder holding ``MNIST/raw/`` (torchvision's layout).
-        batch_size: the global batch size; each of the ``world_size`` processes gets an equal share.
-        val_size: training images held out for validation (55,000/5,000 by default).
-        split_seed: seed of the train/validation split, independent of the run's seed.
-        num_workers: DataLoader workers. 0 is fastest here: batches are gathered from memory.
-        on_device: keep the datasets on the accelerator and draw batches there (no DataLoader, no
-            host-to-device copies); ``"auto"``: wherever the run's device is not the CPU.
-        download: download missing files in ``prepare_data``.
-        verify_checksums: check the official md5 of every file; turn off for your own IDX files.
-        normalize: standardise with the MNIST mean and std (off by default: reconstructions are
-            compared with pixels in [0, 1]).
-        train_shift: shift each training image by a random whole number of pixels in
-            [-train_shift, train_shift] along each axis, zero padded (the CapsNet paper's only
-            augmentation: 2). Validation and test images are never shifted.
-        test_rotations: test on the test set rotated by each of these angles (degrees, counter-
-            clockwise, bilinear); each is its own test DataLoader, logged as ``test/acc_rot<angle>``.
-            ``None``: one unrotated test set, logged as ``test/acc``.
-    """
+class MNISTFiles(InMemoryDataModule):
+    """The official MNIST files of a DataModule built on MNIST: found, downloaded where allowed,
+    unpacked and checked (hyperparameters ``download`` and ``verify_checksums``), then read."""
 
     dataset_name = "MNIST"
     num_classes = 10
-    dims = (1, 28, 28)
     files = tuple(UNPACKED_MD5)
-
-    def __init__(
-        self,
-        data_dir: str | os.PathLike = "data",
-        batch_size: PositiveInt = 32,
-        val_size: PositiveInt = 5000,
-        split_seed: int = 0,
-        num_workers: NonNegativeInt = 0,
-        pin_memory: bool = False,
-        on_device: bool | Literal["auto"] = "auto",
-        download: bool = True,
-        verify_checksums: bool = True,
-        normalize: bool = False,
-        train_shift: NonNegativeInt = 0,
-        test_rotations: Annotated[Sequence[float], MinLen(1)] | None = None,
-    ) -> None:
-        super().__init__()
-        self.save_arguments(locals())
-
-    @property
-    def test_set_names(self) -> list[str]:
-        """One name per test DataLoader (:mod:`capsexp.evaluation_sets`): the plain set, or one per angle."""
-        if self.hparams.test_rotations is None:
-            return [PLAIN]
-        return [rotation_set_name(angle) for angle in self.hparams.test_rotations]
 
     @property
     def data_folder(self) -> Path:
@@ -202,11 +156,63 @@ class MNISTDataModule(InMemoryDataModule):
                 path.unlink(missing_ok=True)
             raise
 
-    # ---- datasets ----------------------------------------------------------------------------
     def _load(self, train: bool) -> ImageTensorDataset:
         dataset = MNIST(str(self.data_dir), train=train, download=False)
         return ImageTensorDataset(dataset.data.unsqueeze(1), dataset.targets)
 
+
+@checked
+class MNISTDataModule(MNISTFiles):
+    """MNIST digits, pixels in [0, 1], with a fixed-seed train/validation split.
+
+    Args:
+        data_dir: folder holding ``MNIST/raw/`` (torchvision's layout).
+        batch_size: the global batch size; each of the ``world_size`` processes gets an equal share.
+        val_size: training images held out for validation (55,000/5,000 by default).
+        split_seed: seed of the train/validation split, independent of the run's seed.
+        num_workers: DataLoader workers. 0 is fastest here: batches are gathered from memory.
+        on_device: keep the datasets on the accelerator and draw batches there (no DataLoader, no
+            host-to-device copies); ``"auto"``: wherever the run's device is not the CPU.
+        download: download missing files in ``prepare_data``.
+        verify_checksums: check the official md5 of every file; turn off for your own IDX files.
+        normalize: standardise with the MNIST mean and std (off by default: reconstructions are
+            compared with pixels in [0, 1]).
+        train_shift: shift each training image by a random whole number of pixels in
+            [-train_shift, train_shift] along each axis, zero padded (the CapsNet paper's only
+            augmentation: 2). Validation and test images are never shifted.
+        test_rotations: test on the test set rotated by each of these angles (degrees, counter-
+            clockwise, bilinear); each is its own test DataLoader, logged as ``test/acc_rot<angle>``.
+            ``None``: one unrotated test set, logged as ``test/acc``.
+    """
+
+    dims = (1, 28, 28)
+
+    def __init__(
+        self,
+        data_dir: str | os.PathLike = "data",
+        batch_size: PositiveInt = 32,
+        val_size: PositiveInt = 5000,
+        split_seed: int = 0,
+        num_workers: NonNegativeInt = 0,
+        pin_memory: bool = False,
+        on_device: bool | Literal["auto"] = "auto",
+        download: bool = True,
+        verify_checksums: bool = True,
+        normalize: bool = False,
+        train_shift: NonNegativeInt = 0,
+        test_rotations: Annotated[Sequence[float], MinLen(1)] | None = None,
+    ) -> None:
+        super().__init__()
+        self.save_arguments(locals())
+
+    @property
+    def test_set_names(self) -> list[str]:
+        """One name per test DataLoader (:mod:`capsexp.evaluation_sets`): the plain set, or one per angle."""
+        if self.hparams.test_rotations is None:
+            return [PLAIN]
+        return [rotation_set_name(angle) for angle in self.hparams.test_rotations]
+
+    # ---- datasets ----------------------------------------------------------------------------
     @data_folder_errors
     def setup(self, stage: str | None = None) -> None:
         self.split_batch_over_processes()

@@ -9,11 +9,16 @@ device the images live on, from a ``torch.Generator``: the same seed gives the s
 
 from __future__ import annotations
 
-from typing import NamedTuple
+import os
+from collections.abc import Sequence
+from typing import Literal, NamedTuple
 
 import torch
+from torch.utils.data import Dataset
 
 from capsexp.arguments import NonNegativeInt, PositiveInt, checked
+from capsexp.data.base import data_folder_errors
+from capsexp.data.mnist import MNISTDataModule, MNISTFiles
 
 
 class Pairs(NamedTuple):
@@ -39,20 +44,54 @@ def translate(images: torch.Tensor, rows: torch.Tensor, columns: torch.Tensor) -
     return moved * inside
 
 
-def partners(labels: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-    """For each image, the index of an image of another class: the class drawn uniformly among the
-    other classes present, the image uniformly within it."""
-    classes, counts = torch.unique(labels, return_counts=True)
+def partners(labels: torch.Tensor, generator: torch.Generator, pool: torch.Tensor | None = None) -> torch.Tensor:
+    """For each label, the index in ``pool`` (the labels of the digits partners come from; default
+    ``labels`` itself) of a digit of another class: the class drawn uniformly among the other classes
+    of the pool, the digit uniformly within it."""
+    pool = labels if pool is None else pool
+    classes, counts = torch.unique(pool, return_counts=True)
     if len(classes) < 2:
         raise ValueError(f"MultiMNIST pairs need digits of at least two classes, got only class {classes.tolist()}")
     device = labels.device
-    by_class = torch.argsort(labels, stable=True)  # indices grouped by class, classes in ascending order
+    by_class = torch.argsort(pool, stable=True)  # indices grouped by class, classes in ascending order
     starts = torch.cumsum(counts, 0) - counts
-    own = torch.searchsorted(classes, labels)  # each image's class, as a position in `classes`
+    own = torch.searchsorted(classes, labels)  # each digit's class, as a position in `classes`
     offset = torch.randint(1, len(classes), (len(labels),), generator=generator, device=device)
     other = (own + offset) % len(classes)
     within = (torch.rand(len(labels), generator=generator, device=device) * counts[other]).long()
     return by_class[starts[other] + within.clamp(max=counts[other] - 1)]
+
+
+def random_shifts(count: int, shift: int, generator: torch.Generator, device: torch.device) -> torch.Tensor:
+    """(count, 2, 2): for each pair, the (rows, columns) shift of each component, uniform in [-shift, shift]."""
+    return torch.randint(-shift, shift + 1, (count, 2, 2), generator=generator, device=device)
+
+
+def check_canvas(digit_size: int, shift: int, canvas: int) -> None:
+    """A ValueError unless a centred ``digit_size`` digit shifted by up to ``shift`` pixels stays on the canvas."""
+    if canvas < digit_size:
+        raise ValueError(f"canvas={canvas} is smaller than the {digit_size}x{digit_size} digits")
+    if shift > (canvas - digit_size) // 2:
+        raise ValueError(
+            f"shift={shift} pushes a {digit_size}x{digit_size} digit off a {canvas}x{canvas} canvas "
+            f"(at most {(canvas - digit_size) // 2}; canvas={digit_size + 2 * shift} allows shift={shift})"
+        )
+
+
+def compose(
+    first: torch.Tensor, second: torch.Tensor, shifts: torch.Tensor, canvas: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(images (N, 1, S, S), components (N, 2, 1, S, S))``: each digit (N, H, W) centred on the canvas
+    and shifted by its row of ``shifts`` (N, 2, 2); the image is their sum clipped to [0, 1]."""
+    height, width = first.shape[-2:]
+    top, left = (canvas - height) // 2, (canvas - width) // 2
+    centred = first.new_zeros(2, len(first), canvas, canvas)
+    centred[0, :, top : top + height, left : left + width] = first
+    centred[1, :, top : top + height, left : left + width] = second
+    components = torch.stack(
+        [translate(centred[k], shifts[:, k, 0], shifts[:, k, 1]) for k in range(2)], dim=1
+    ).unsqueeze(2)
+    return components.sum(1).clamp(0, 1), components
 
 
 @checked
@@ -68,20 +107,131 @@ def overlay_pairs(
     field and shifted independently by up to ``shift`` pixels in each direction."""
     digits = digits.reshape(len(digits), *digits.shape[-2:])
     height, width = digits.shape[-2:]
-    if canvas < max(height, width):
-        raise ValueError(f"canvas={canvas} is smaller than the {height}x{width} digits")
-    margin = min(canvas - height, canvas - width) // 2
-    if shift > margin:
-        raise ValueError(
-            f"shift={shift} pushes a {height}x{width} digit off a {canvas}x{canvas} canvas "
-            f"(at most {margin}; a larger canvas allows more)"
-        )
-    top, left = (canvas - height) // 2, (canvas - width) // 2
-    centred = digits.new_zeros(len(digits), canvas, canvas)
-    centred[:, top : top + height, left : left + width] = digits
+    check_canvas(max(height, width), shift, canvas)
     other = partners(labels, generator)
-    shifts = torch.randint(-shift, shift + 1, (len(digits), 2, 2), generator=generator, device=digits.device)
-    first = translate(centred, shifts[:, 0, 0], shifts[:, 0, 1])
-    second = translate(centred[other], shifts[:, 1, 0], shifts[:, 1, 1])
-    components = torch.stack([first, second], dim=1).unsqueeze(2)
-    return Pairs((first + second).clamp(0, 1).unsqueeze(1), components, torch.stack([labels, labels[other]], 1), shifts)
+    shifts = random_shifts(len(digits), shift, generator, digits.device)
+    images, components = compose(digits, digits[other], shifts, canvas)
+    return Pairs(images, components, torch.stack([labels, labels[other]], 1), shifts)
+
+
+class PairBatch(NamedTuple):
+    """A MultiMNIST batch on the device."""
+
+    images: torch.Tensor  # (N, 1, S, S) in [0, 1]
+    targets: torch.Tensor  # (N, 2): the classes of the two digits
+    components: torch.Tensor  # (N, 2, 1, S, S): each digit alone, the reconstruction targets
+
+
+class PairSpecs(Dataset):
+    """Pairs as indices into the digits of a split: ``specs`` (N, 6) int32 rows ``(first, second,
+    first's rows, first's columns, second's rows, second's columns)`` (a training set holds the first
+    column only: partners and shifts are drawn for each batch) and ``targets`` (N,) or (N, 2).
+    The images are composed on the device (:meth:`MultiMNISTDataModule.on_after_batch_transfer`): a
+    pair costs 24 bytes, not 1,296, so the paper's 10M test pairs fit in memory."""
+
+    def __init__(self, specs: torch.Tensor, targets: torch.Tensor) -> None:
+        self.specs, self.targets = specs, targets
+
+    @property
+    def tensors(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.specs, self.targets
+
+    def __len__(self) -> int:
+        return len(self.specs)
+
+    def __getitems__(self, indices: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        index = torch.as_tensor(indices, dtype=torch.long)
+        return self.specs[index], self.targets[index]
+
+
+@checked
+class MultiMNISTDataModule(MNISTFiles):
+    """MultiMNIST (Sabour et al. 2017, section 6.1) from the MNIST files: each example a digit overlaid
+    on a digit of another class from the same split (:func:`overlay_pairs`), batches
+    :class:`PairBatch` ``(images, targets (N, 2), components)``.
+
+    Training pairs are drawn afresh for every batch from the run's seed and step (so every epoch sees
+    new pairs and a resumed run the same ones); validation and test pairs are fixed by ``pair_seed``.
+    Only indices are stored; images are composed where the batch lives (the accelerator with
+    ``on_device``).
+
+    Args:
+        shift, canvas: each digit is centred on a ``canvas`` x ``canvas`` field and shifted by up to
+            ``shift`` pixels in each direction (the paper: 4 and 36; the official generator: 6 and 40).
+        pairs_per_digit: validation and test pairs made with each digit as the first one (the paper:
+            1,000, giving 10M test pairs; 1 by default).
+        pair_seed: seed of the validation and test pairs, independent of the run's seed.
+        Others: as :class:`~capsexp.data.MNISTDataModule`.
+    """
+
+    def __init__(
+        self,
+        data_dir: str | os.PathLike = "data",
+        batch_size: PositiveInt = 32,
+        val_size: PositiveInt = 5000,
+        split_seed: int = 0,
+        num_workers: NonNegativeInt = 0,
+        pin_memory: bool = False,
+        on_device: bool | Literal["auto"] = "auto",
+        download: bool = True,
+        verify_checksums: bool = True,
+        shift: NonNegativeInt = 4,
+        canvas: PositiveInt = 36,
+        pairs_per_digit: PositiveInt = 1,
+        pair_seed: int = 0,
+    ) -> None:
+        check_canvas(MNISTDataModule.dims[-1], shift, canvas)
+        super().__init__()
+        self.save_arguments(locals())
+        self.digits: torch.Tensor | None = None  # (70000, 28, 28) uint8: the training digits, then the test ones
+        self.labels: torch.Tensor | None = None
+        # Indices into `digits` of each split's digits (partners come from the same split).
+        self._train_pool = self._validation_pool = self._test_pool = torch.empty(0, dtype=torch.long)
+        self._on_device: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+
+    @data_folder_errors
+    def setup(self, stage: str | None = None) -> None:
+        self.split_batch_over_processes()
+        if self.digits is None:
+            train, test = self._load(train=True), self._load(train=False)
+            self.digits = torch.cat([train.images, test.images])[:, 0]
+            self.labels = torch.cat([train.targets, test.targets])
+            self._validation_pool, self._train_pool = self.split_off_validation(torch.arange(len(train)))
+            self._test_pool = torch.arange(len(train), len(self.digits))
+        if stage in ("fit", "validate", None) and self.data_train is None:
+            self.data_train = PairSpecs(self._train_pool.int()[:, None], self.labels[self._train_pool])
+            self.data_val = self.fixed_pairs(self._validation_pool, seed_offset=0)
+        if stage in ("test", None) and self.data_test is None:
+            self.data_test = self.fixed_pairs(self._test_pool, seed_offset=1)
+
+    def fixed_pairs(self, pool: torch.Tensor, seed_offset: int) -> PairSpecs:
+        """``pairs_per_digit`` pairs with each digit of ``pool`` first, its partner from ``pool``."""
+        generator = torch.Generator().manual_seed(self.hparams.pair_seed * 2 + seed_offset)
+        first = pool.repeat(self.hparams.pairs_per_digit)
+        second = pool[partners(self.labels[first], generator, self.labels[pool])]
+        shifts = random_shifts(len(first), self.hparams.shift, generator, first.device).flatten(1)
+        specs = torch.cat([first[:, None], second[:, None], shifts], dim=1).int()
+        return PairSpecs(specs, torch.stack([self.labels[first], self.labels[second]], dim=1))
+
+    def _pools_on(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The digits, their labels and the training split's indices on ``device``, copied once."""
+        if str(device) not in self._on_device:
+            self._on_device[str(device)] = (self.digits.to(device), self.labels.to(device), self._train_pool.to(device))
+        return self._on_device[str(device)]
+
+    def on_after_batch_transfer(self, batch: tuple[torch.Tensor, torch.Tensor], dataloader_idx: int) -> PairBatch:
+        """Pair specs -> images, on the device; training batches draw their partners and shifts here."""
+        specs, targets = batch
+        digits, labels, train_pool = self._pools_on(specs.device)
+        first = specs[:, 0].long()
+        if specs.shape[1] == 1:  # training: a partner from the training split, and shifts, for this step
+            generator = self.augmentation_generator(specs.device)
+            second = train_pool[partners(labels[first], generator, labels[train_pool])]
+            shifts = random_shifts(len(first), self.hparams.shift, generator, specs.device)
+            targets = torch.stack([targets, labels[second]], dim=1)
+        else:
+            second, shifts = specs[:, 1].long(), specs[:, 2:].view(-1, 2, 2).long()
+        images, components = compose(
+            digits[first].float().div_(255), digits[second].float().div_(255), shifts, self.hparams.canvas
+        )
+        return PairBatch(images, targets, components)

@@ -28,6 +28,11 @@ class ImageTensorDataset(Dataset):
         # Per-sample metadata kept beside the batches (smallNORB's instance, elevation, ...).
         self.extras = extras or {}
 
+    @property
+    def tensors(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """What a batch is gathered from, in batch order (a copy is kept on the device for data.on_device)."""
+        return self.images, self.targets
+
     def __len__(self) -> int:
         return len(self.images)
 
