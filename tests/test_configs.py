@@ -60,6 +60,7 @@ def test_every_model_data_pair_instantiates_and_runs_forward(model, data, tmp_pa
     assert isinstance(module, Classifier)
     channels, size, classes = cfg.geometry.channels, cfg.geometry.image_size, cfg.geometry.num_classes
     assert tuple(datamodule.dims) == (channels, size, size)
+    assert cfg.geometry.objects == datamodule.objects_per_image
     images = torch.rand(3, channels, size, size)
     scores = class_scores(module(images))
     assert scores.shape == (3, classes)

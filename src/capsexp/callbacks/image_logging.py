@@ -10,6 +10,7 @@ from typing import Any
 
 import lightning as L
 import torch
+import torch.nn.functional as F
 from lightning.pytorch.loggers import TensorBoardLogger
 from torchvision.utils import make_grid
 
@@ -33,9 +34,19 @@ def displayable(images: torch.Tensor) -> torch.Tensor:
     return images.float().clamp(0, 1).cpu()
 
 
+def overlaid(reconstructions: torch.Tensor) -> torch.Tensor:
+    """(B, T, 1, H, W), one reconstruction per object -> (B, 3, H, W): object t in colour channel t
+    (red, green, blue), as the MultiMNIST figure of Sabour et al. (2017, Fig. 5) shows them."""
+    objects = reconstructions.shape[1]
+    if objects > 3 or reconstructions.shape[2] != 1:
+        raise ValueError(f"can overlay up to 3 one-channel reconstructions, got {tuple(reconstructions.shape[1:3])}")
+    return F.pad(reconstructions[:, :, 0], (0, 0, 0, 0, 0, 3 - objects))
+
+
 @checked
 class ReconstructionGrid(L.Callback):
-    """Every validation epoch: ``num_images`` validation inputs (top row) above their reconstructions."""
+    """Every validation epoch: ``num_images`` validation inputs (top row) above their reconstructions;
+    with several objects per image, the objects' reconstructions overlaid in colours (:func:`overlaid`)."""
 
     def __init__(self, num_images: PositiveInt = 8) -> None:
         self.num_images = num_images
@@ -53,7 +64,10 @@ class ReconstructionGrid(L.Callback):
         reconstructions = getattr(pl_module(self.images), "reconstructions", None)
         if reconstructions is None:
             return
-        grid = make_grid(displayable(torch.cat([self.images, reconstructions])), nrow=len(self.images), padding=2)
+        images = self.images
+        if reconstructions.ndim == 5:
+            images, reconstructions = images.expand(-1, 3, -1, -1), overlaid(reconstructions)
+        grid = make_grid(displayable(torch.cat([images, reconstructions])), nrow=len(images), padding=2)
         writer.add_image("val/reconstructions", grid, trainer.global_step)
 
 

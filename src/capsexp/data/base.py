@@ -67,6 +67,7 @@ class InMemoryDataModule(L.LightningDataModule):
     files: Sequence[str]  # the official files, each plain or .gz in data_folder
     data_folder: Path  # where the dataset's files live (named in errors)
     test_set_names: Sequence[str] = (PLAIN,)  # a property in subclasses where it varies
+    objects_per_image = 1  # targets (N,); with more, (N, objects) (capsexp.lit.classifier)
 
     data_train: ImageTensorDataset | None = None
     data_val: ImageTensorDataset | None = None

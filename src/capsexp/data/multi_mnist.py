@@ -164,6 +164,8 @@ class MultiMNISTDataModule(MNISTFiles):
         Others: as :class:`~capsexp.data.MNISTDataModule`.
     """
 
+    objects_per_image = 2
+
     def __init__(
         self,
         data_dir: str | os.PathLike = "data",
@@ -188,6 +190,11 @@ class MultiMNISTDataModule(MNISTFiles):
         # Indices into `digits` of each split's digits (partners come from the same split).
         self._train_pool = self._validation_pool = self._test_pool = torch.empty(0, dtype=torch.long)
         self._on_device: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+
+    @property
+    def dims(self) -> tuple[int, int, int]:
+        """(channels, height, width) of the images."""
+        return (1, self.hparams.canvas, self.hparams.canvas)
 
     @data_folder_errors
     def setup(self, stage: str | None = None) -> None:

@@ -4,6 +4,10 @@ The wrapped ``net`` is a pure ``torch.nn.Module``. Its forward takes images, plu
 its signature names a ``targets`` argument (capsule decoders are fed the true class in training), and
 returns either class scores or an object with a ``scores`` field and extras (reconstructions, ...).
 The ``objective`` turns that output into named loss terms (see :mod:`capsexp.lit.objectives`).
+
+A batch is ``(images, targets)`` with (N,) class indices, or, for T objects per image (MultiMNIST),
+``(images, targets (N, T), objects (N, T, C, H, W))``: the prediction is then the T highest class
+scores, right only when it names every object, and reconstructions are compared with each object alone.
 """
 
 from __future__ import annotations
@@ -16,14 +20,15 @@ from typing import Any
 import lightning as L
 import torch
 from torchmetrics import CatMetric, MaxMetric, MeanMetric
-from torchmetrics.classification import MulticlassAccuracy
+from torchmetrics.classification import MultilabelExactMatch
 
 from capsexp.arguments import PositiveFloat, PositiveInt
+from capsexp.errors import ConfigError
 from capsexp.evaluation_sets import PLAIN, metric_suffix
 from capsexp.lit.margin import MarginSchedule
-from capsexp.lit.objectives import class_scores
+from capsexp.lit.objectives import class_scores, multi_hot
 
-Batch = tuple[torch.Tensor, torch.Tensor]
+Batch = tuple[torch.Tensor, ...]  # (images, targets) or (images, targets, objects)
 
 
 class Classifier(L.LightningModule):
@@ -85,8 +90,10 @@ class Classifier(L.LightningModule):
         self._compiled = False
 
         self.num_classes = num_classes
-        self.train_acc = MulticlassAccuracy(num_classes, average="micro")
-        self.val_acc = MulticlassAccuracy(num_classes, average="micro")
+        # Accuracy as the fraction of images whose predicted classes are exactly the present ones: for
+        # one object per image the usual accuracy; for two, the MultiMNIST paper's (both digits right).
+        self.train_acc = MultilabelExactMatch(num_classes)
+        self.val_acc = MultilabelExactMatch(num_classes)
         # Persistent, so that a resumed run keeps the best accuracy seen before it stopped.
         self.val_acc_best = MaxMetric()
         self.val_acc_best.persistent(True)
@@ -111,13 +118,18 @@ class Classifier(L.LightningModule):
         """Lightning's hook before the module moves to its device: one accuracy and one set of loss
         means per test set the DataModule declares (:mod:`capsexp.evaluation_sets`)."""
         datamodule = self.trainer.datamodule if self._trainer is not None else None
+        objects = getattr(datamodule, "objects_per_image", 1)
+        if objects > 1 and not getattr(self.objective, "several_objects", False):
+            raise ConfigError(
+                f"the objective {type(self.objective).__name__} scores one class per image, but "
+                f"{type(datamodule).__name__} has {objects} objects in each; choose a model whose objective "
+                "takes several (CapsuleLoss: model=capsnet; CrossEntropy: model=lenet5 or model=baseline_cnn)"
+            )
         names = list(getattr(datamodule, "test_set_names", None) or [PLAIN])
         if names == self.test_set_names and len(self.test_accuracy["per_set"]):
             return
         self.test_set_names = names
-        self.test_accuracy["per_set"] = torch.nn.ModuleList(
-            MulticlassAccuracy(self.num_classes, average="micro") for _ in names
-        )
+        self.test_accuracy["per_set"] = torch.nn.ModuleList(MultilabelExactMatch(self.num_classes) for _ in names)
         for name in names:
             for term in self.objective.terms:
                 self.loss_means["test_terms"][_key(f"{term}{metric_suffix(name)}")] = MeanMetric()
@@ -133,13 +145,17 @@ class Classifier(L.LightningModule):
             return self.net(images, targets)
         return self.net(images)
 
-    def _step(self, batch: Batch, stage: str, suffix: str = "") -> tuple[dict[str, torch.Tensor], torch.Tensor]:
-        images, targets = batch
+    def _step(
+        self, batch: Batch, stage: str, suffix: str = ""
+    ) -> tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
+        """The loss terms (logged), and the predicted and the present classes, (N, classes) 0/1 each."""
+        images, targets, *objects = batch
         # Only training feeds the labels forward: evaluation must not see them.
         output = self(images, targets if stage == "train" else None)
+        scores = class_scores(output)
         if stage == "val" and self.val_presence is not None:
-            self.val_presence.update(target_and_largest_other(class_scores(output).detach(), targets))
-        terms = self.objective(output, images, targets)
+            self.val_presence.update(target_and_largest_other(scores.detach(), targets))
+        terms = self.objective(output, objects[0] if objects else images, targets)
         for name, value in terms.items():
             logged_name = f"{stage}/{name}{suffix}"
             if stage == "train":
@@ -155,7 +171,9 @@ class Classifier(L.LightningModule):
                 len(targets),
                 prog_bar=stage == "val" and name == "loss",
             )
-        return terms, class_scores(output).argmax(dim=-1)
+        top = scores.topk(targets.shape[1], dim=-1).indices if targets.ndim == 2 else scores.argmax(dim=-1)
+        predicted = multi_hot(top, scores.shape[1])
+        return terms, predicted.long(), multi_hot(targets, scores.shape[1]).long()
 
     def _log_mean(
         self, stage: str, term: str, logged_name: str, value: torch.Tensor, batch_size: int, prog_bar: bool
@@ -188,14 +206,14 @@ class Classifier(L.LightningModule):
         self.log("train/margin", float(self.objective.margin))  # per step: the hook's default
 
     def training_step(self, batch: Batch, batch_idx: int) -> torch.Tensor:
-        terms, predictions = self._step(batch, "train")
-        self.train_acc(predictions, batch[1])
+        terms, predicted, present = self._step(batch, "train")
+        self.train_acc(predicted, present)
         self.log("train/acc", self.train_acc, on_step=False, on_epoch=True, prog_bar=True)
         return terms["loss"]
 
     def validation_step(self, batch: Batch, batch_idx: int) -> None:
-        _, predictions = self._step(batch, "val")
-        self.val_acc(predictions, batch[1])
+        _, predicted, present = self._step(batch, "val")
+        self.val_acc(predicted, present)
         self.log("val/acc", self.val_acc, prog_bar=True)  # per epoch: validation's default
 
     def on_validation_epoch_end(self) -> None:
@@ -228,9 +246,9 @@ class Classifier(L.LightningModule):
                 f"{len(self.test_set_names)} test sets in test_set_names"
             )
         suffix = metric_suffix(self.test_set_names[dataloader_idx])
-        _, predictions = self._step(batch, "test", suffix)
+        _, predicted, present = self._step(batch, "test", suffix)
         accuracy = self.test_accuracy["per_set"][dataloader_idx]
-        accuracy(predictions, batch[1])
+        accuracy(predicted, present)
         # test/acc: the first test set (for rotations, usually the unrotated one)
         names = ["test/acc"] if dataloader_idx == 0 else []
         names += [f"test/acc{suffix}"] if suffix else []
@@ -263,10 +281,11 @@ class Classifier(L.LightningModule):
 
 
 def target_and_largest_other(scores: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """(N, 2): each example's score of its target class and the largest score of the other classes."""
-    target = scores.gather(1, targets.unsqueeze(1))
-    others = scores.masked_fill(torch.nn.functional.one_hot(targets, scores.shape[1]).bool(), -torch.inf)
-    return torch.cat([target, others.amax(dim=1, keepdim=True)], dim=1)
+    """(N, 2): each example's score of its target class (the lowest of them, with several objects) and
+    the largest score of the other classes."""
+    present = multi_hot(targets, scores.shape[1])
+    target = scores.masked_fill(~present, torch.inf).amin(dim=1, keepdim=True)
+    return torch.cat([target, scores.masked_fill(present, -torch.inf).amax(dim=1, keepdim=True)], dim=1)
 
 
 def _key(term: str) -> str:

@@ -7,6 +7,10 @@ entry an objective may return, so that the Classifier makes their metrics once, 
 ``presence_scores`` says whether the class scores it works on are presence probabilities in [0, 1]
 (capsule lengths, capsule activations) rather than logits: the Classifier then logs how far the
 present class stands above the others.
+
+``targets`` are (N,) class indices, or (N, T) for T objects per image (MultiMNIST); ``images`` are what
+reconstructions are compared with: the inputs, or with T objects each object alone, (N, T, C, H, W).
+``several_objects`` says whether an objective takes (N, T) targets.
 """
 
 from __future__ import annotations
@@ -25,18 +29,32 @@ def class_scores(output: Any) -> torch.Tensor:
     return output if isinstance(output, torch.Tensor) else output.scores
 
 
+def multi_hot(targets: torch.Tensor, num_classes: int) -> torch.Tensor:
+    """(N, classes) bool: the classes present in each image, from (N,) or (N, T) class indices."""
+    present = F.one_hot(targets, num_classes).bool()
+    return present.any(dim=1) if targets.ndim == 2 else present
+
+
 @checked
 class CrossEntropy:
-    """Softmax cross-entropy on the class scores (the LeNet5 baseline's objective)."""
+    """Softmax cross-entropy on the class scores (the LeNet5 baseline's objective); with several objects
+    per image, a binary cross-entropy on each class's independent sigmoid (the baseline of Sabour et
+    al. 2017 on MultiMNIST, section 6)."""
 
     terms = ("loss",)
     presence_scores = False
+    several_objects = True
 
     def __init__(self, label_smoothing: UnitInterval = 0.0) -> None:
         self.label_smoothing = label_smoothing
 
     def __call__(self, output: Any, images: torch.Tensor, targets: torch.Tensor) -> dict[str, torch.Tensor]:
-        return {"loss": F.cross_entropy(class_scores(output), targets, label_smoothing=self.label_smoothing)}
+        scores = class_scores(output)
+        if targets.ndim == 2:
+            present = multi_hot(targets, scores.shape[1]).to(scores.dtype)
+            smoothed = present * (1 - self.label_smoothing) + self.label_smoothing / 2
+            return {"loss": F.binary_cross_entropy_with_logits(scores, smoothed)}
+        return {"loss": F.cross_entropy(scores, targets, label_smoothing=self.label_smoothing)}
 
 
 @checked
@@ -45,11 +63,14 @@ class CapsuleLoss:
 
     loss = margin_loss + recon_weight * sum of squared pixel errors per image, averaged over the batch
     (paper: recon_weight = 0.0005, "so that it does not dominate the margin loss"). Logged terms:
-    ``margin_loss`` and ``recon_loss`` (the unweighted per-image sum of squared errors).
+    ``margin_loss`` and ``recon_loss`` (the unweighted per-image sum of squared errors). With several
+    objects per image, every present class counts in the margin loss and each object's reconstruction
+    is compared with that object alone (section 6: both reconstruction losses, summed).
     """
 
     terms = ("loss", "margin_loss", "recon_loss")
     presence_scores = True  # the lengths of the class capsules
+    several_objects = True
 
     def __init__(
         self,
@@ -79,6 +100,7 @@ class SpreadLoss:
 
     terms = ("loss", "spread_loss")
     presence_scores = True  # the activations of the class capsules
+    several_objects = False  # the paper defines it for one target class
 
     def __init__(self, margin: PositiveFraction = 0.2) -> None:
         self.margin = margin

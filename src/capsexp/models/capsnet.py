@@ -3,7 +3,9 @@
 conv1 256@9x9 ReLU -> PrimaryCaps 32x8D, 9x9 stride 2 -> DigitCaps (one 16D capsule per class, routing
 between PrimaryCaps and DigitCaps only) -> class scores = capsule lengths. Decoder (Fig. 2): the
 DigitCaps output with every capsule but one masked out -> FC 512 ReLU -> FC 1024 ReLU -> FC H*W*C
-sigmoid. In training the kept capsule is the true class's, otherwise the longest.
+sigmoid. In training the kept capsule is the true class's, otherwise the longest. With several objects
+per image (MultiMNIST, section 6) each is reconstructed from its own capsule: the true classes' in
+training, otherwise the ``objects`` longest.
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ from capsexp.nn import DynamicRouting, PrimaryCapsules, RoutingCapsules
 class CapsNetOutput(NamedTuple):
     scores: torch.Tensor  # (B, classes): lengths of the class capsules
     poses: torch.Tensor  # (B, classes, pose_dim): the class capsules
-    reconstructions: torch.Tensor | None  # (B, C, H, W) in [0, 1], or None without a decoder
+    # (B, C, H, W) in [0, 1], or (B, T, C, H, W) for T objects per image; None without a decoder
+    reconstructions: torch.Tensor | None
 
 
 @checked
@@ -36,6 +39,8 @@ class CapsNet(nn.Module):
         routing: how PrimaryCaps route to DigitCaps (:class:`~capsexp.nn.DynamicRouting`; the paper's
             3 iterations by default).
         reconstruction: build the decoder (the reconstruction regulariser of section 4.1).
+        objects: objects per image (MultiMNIST: 2), each reconstructed from its own capsule; in
+            evaluation, the ``objects`` longest capsules are decoded.
         conv_channels, primary_types, primary_dim, pose_dim: layer widths (paper: 256, 32, 8, 16).
     """
 
@@ -45,6 +50,7 @@ class CapsNet(nn.Module):
         image_size: PositiveInt = 28,
         num_classes: PositiveInt = 10,
         reconstruction: bool = True,
+        objects: PositiveInt = 1,
         routing: DynamicRouting = DynamicRouting(),
         conv_channels: PositiveInt = 256,
         primary_types: PositiveInt = 32,
@@ -53,7 +59,7 @@ class CapsNet(nn.Module):
     ) -> None:
         super().__init__()
         self.image_shape = (in_channels, image_size, image_size)
-        self.num_classes, self.pose_dim = num_classes, pose_dim
+        self.num_classes, self.pose_dim, self.objects = num_classes, pose_dim, objects
         self.conv1 = nn.Conv2d(in_channels, conv_channels, kernel_size=9)
         self.primary = PrimaryCapsules(conv_channels, primary_types, primary_dim, kernel_size=9, stride=2)
         feature_size = image_size - 8
@@ -77,13 +83,18 @@ class CapsNet(nn.Module):
         )
 
     def decode(self, poses: torch.Tensor, classes: torch.Tensor) -> torch.Tensor:
-        """Reconstruct images from class capsules (B, classes, pose_dim), keeping only ``classes`` (B,)."""
+        """Reconstruct images from class capsules (B, classes, pose_dim), keeping only ``classes``:
+        (B,) gives (B, C, H, W); (B, T) gives T reconstructions per image, (B, T, C, H, W)."""
         if self.decoder is None:
             raise RuntimeError("this CapsNet was built with reconstruction=False: it has no decoder")
+        if classes.ndim == 2:
+            decoded = self.decode(poses.repeat_interleave(classes.shape[1], dim=0), classes.flatten())
+            return decoded.view(*classes.shape, *self.image_shape)
         mask = F.one_hot(classes, self.num_classes).to(poses.dtype).unsqueeze(-1)
         return self.decoder((poses * mask).flatten(1)).view(-1, *self.image_shape)
 
     def forward(self, images: torch.Tensor, targets: torch.Tensor | None = None) -> CapsNetOutput:
+        """``targets`` (B,) or (B, T) in training; None in evaluation (the longest capsules are decoded)."""
         check_images(images, self.image_shape, "CapsNet")
         # In place: conv1's backward needs its input, not its output; saves a 52 MB buffer at batch 128.
         primary = self.primary(F.relu(self.conv1(images), inplace=True))
@@ -92,5 +103,7 @@ class CapsNet(nn.Module):
         lengths = torch.linalg.vector_norm(poses, dim=-1)
         reconstructions = None
         if self.decoder is not None:
-            reconstructions = self.decode(poses, targets if targets is not None else lengths.argmax(dim=-1))
+            if targets is None:
+                targets = lengths.argmax(dim=-1) if self.objects == 1 else lengths.topk(self.objects, dim=-1).indices
+            reconstructions = self.decode(poses, targets)
         return CapsNetOutput(lengths, poses, reconstructions)

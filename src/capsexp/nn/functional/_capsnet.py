@@ -255,8 +255,11 @@ def margin_loss(
     """Eq. 4: L_k = T_k max(0, m+ - |v_k|)^2 + lambda (1 - T_k) max(0, |v_k| - m-)^2.
 
     Summed over the classes k, averaged over the batch. ``lengths``: (B, K) capsule lengths;
-    ``targets``: (B,) class indices.
+    ``targets``: (B,) class indices, or (B, T) when T objects are present in each image (MultiMNIST,
+    section 6: T_k = 1 for each present class).
     """
     present = F.one_hot(targets, num_classes=lengths.shape[-1]).to(lengths.dtype)
+    if targets.ndim == 2:
+        present = present.amax(dim=1)
     loss = present * F.relu(m_pos - lengths).pow(2) + lambda_ * (1.0 - present) * F.relu(lengths - m_neg).pow(2)
     return loss.sum(dim=-1).mean()
