@@ -1,4 +1,5 @@
-"""shifted_mnist and rotated_mnist: augmentation on the device, one test set per angle."""
+"""shifted_mnist, rotated_mnist and translated_mnist: augmentation on the device, one test set per angle,
+digits placed on a canvas."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import pytest
 import torch
 
 from capsexp.data import MNISTDataModule
-from capsexp.data.augment import random_shift, rotate
+from capsexp.data.augment import random_placement, random_shift, rotate
 from capsexp.evaluation_sets import PLAIN, metric_suffix, metrics_of_test_sets, rotation_angle, rotation_set_name
 from tests.helpers import FakeTrainer, compose_config
 
@@ -47,6 +48,47 @@ def test_shift_applies_to_training_batches_only(mnist_dir):
     assert torch.equal(evaluated, plain)
 
 
+def test_random_placement_keeps_the_whole_digit_and_reaches_every_position():
+    digits = torch.rand(3000, 1, 4, 3) + 0.1  # no zero pixel: a digit's extent is visible
+    placed = random_placement(digits, 7, torch.Generator().manual_seed(0))
+    assert placed.shape == (3000, 1, 7, 7)
+    assert torch.allclose(placed.sum((1, 2, 3)), digits.sum((1, 2, 3)))  # nothing cut off
+    inked = placed[:, 0] > 0
+    tops, lefts = inked.any(2).float().argmax(1), inked.any(1).float().argmax(1)
+    assert set(tops.tolist()) == set(range(4)) and set(lefts.tolist()) == set(range(5))  # 7-4+1, 7-3+1
+    with pytest.raises(ValueError, match="canvas=3 is smaller than the 4x3 images"):
+        random_placement(digits, 3)
+
+
+def test_translated_mnist_places_training_digits_anew_and_evaluation_digits_once(mnist_dir):
+    def made(**options) -> MNISTDataModule:
+        datamodule = MNISTDataModule(
+            mnist_dir, batch_size=50, val_size=50, verify_checksums=False, download=False, canvas=40, **options
+        )
+        datamodule.trainer = FakeTrainer()
+        datamodule.prepare_data()
+        datamodule.setup()
+        return datamodule
+
+    data, again, reseeded = made(), made(), made(placement_seed=1)
+    assert data.dims == (1, 40, 40) and data.data_test.images.shape[1:] == (1, 40, 40)
+    assert torch.equal(data.data_val.images, again.data_val.images)
+    assert torch.equal(data.data_test.images, again.data_test.images)
+    assert not torch.equal(data.data_test.images, reseeded.data_test.images)
+    plain = MNISTDataModule(mnist_dir, verify_checksums=False, download=False)
+    plain.setup("test")
+    assert torch.equal(data.data_test.images.sum((1, 2, 3)), plain.data_test.images.sum((1, 2, 3)))  # whole digits
+    data.trainer.training = True
+    batch = next(iter(data.train_dataloader()))
+    first, _ = data.on_after_batch_transfer(batch, 0)
+    data.trainer.global_step = 1
+    later, _ = data.on_after_batch_transfer(batch, 0)
+    assert first.shape == (50, 1, 40, 40) and not torch.equal(first, later)
+    assert torch.allclose(first.sum((1, 2, 3)), later.sum((1, 2, 3)))
+    with pytest.raises(ValueError, match="train_shift=2 with canvas=40: choose one"):
+        MNISTDataModule(canvas=40, train_shift=2)
+
+
 def test_rotation_by_90_degrees_is_exact():
     images = torch.rand(3, 1, 12, 12)
     assert torch.allclose(rotate(images, 90), torch.rot90(images, 1, dims=(2, 3)), atol=1e-5)
@@ -70,7 +112,11 @@ def test_rotated_mnist_has_one_test_loader_and_metric_name_per_angle(mnist_dir):
 
 @pytest.mark.parametrize(
     "data,key,value",
-    [("shifted_mnist", "train_shift", 2), ("rotated_mnist", "test_rotations", [0, 15, 30, 45, 60, 75, 90])],
+    [
+        ("shifted_mnist", "train_shift", 2),
+        ("rotated_mnist", "test_rotations", [0, 15, 30, 45, 60, 75, 90]),
+        ("translated_mnist", "canvas", 40),
+    ],
 )
 def test_variant_configs(data, key, value):
     cfg = compose_config([f"data={data}"])

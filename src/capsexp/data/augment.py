@@ -38,6 +38,18 @@ def random_shift(images: torch.Tensor, max_shift: int, generator: torch.Generato
     return random_crop(F.pad(images, (max_shift,) * 4), images.shape[-1], generator)
 
 
+def random_placement(images: torch.Tensor, canvas: int, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Each image (B, C, H, W) at its own random position on a ``canvas`` x ``canvas`` black background,
+    every position that keeps it whole equally likely: a random crop of the image padded by
+    ``canvas - H`` on every side (each such crop holds the whole image)."""
+    height, width = images.shape[-2:]
+    if canvas < max(height, width):
+        raise ValueError(f"canvas={canvas} is smaller than the {height}x{width} images")
+    return random_crop(
+        F.pad(images, (canvas - width, canvas - width, canvas - height, canvas - height)), canvas, generator
+    )
+
+
 def random_brightness_contrast(
     images: torch.Tensor, max_delta: float, contrast: tuple[float, float], generator: torch.Generator | None = None
 ) -> torch.Tensor:

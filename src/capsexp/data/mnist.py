@@ -18,13 +18,13 @@ from typing import Annotated, Literal
 from urllib.error import URLError
 
 import torch
-from annotated_types import MinLen
+from annotated_types import Ge, MinLen
 from torch.utils.data import DataLoader
 from torchvision.datasets import MNIST
 from torchvision.datasets.utils import download_and_extract_archive
 
 from capsexp.arguments import NonNegativeInt, PositiveInt, checked
-from capsexp.data.augment import random_shift, rotate
+from capsexp.data.augment import random_placement, random_shift, rotate
 from capsexp.data.base import InMemoryDataModule, data_folder_errors, md5sum
 from capsexp.data.tensor_dataset import ImageTensorDataset
 from capsexp.errors import CorruptDatasetError
@@ -42,6 +42,7 @@ UNPACKED_MD5 = {
 }
 GZ_MD5 = dict(MNIST.resources)
 MNIST_MEAN, MNIST_STD = 0.1307, 0.3081
+DIGIT_SIZE = 28  # MNIST digits are 28x28
 
 
 def check_idx_file(path: Path, magic: int, max_label: int = 9) -> int:
@@ -183,9 +184,12 @@ class MNISTDataModule(MNISTFiles):
         test_rotations: test on the test set rotated by each of these angles (degrees, counter-
             clockwise, bilinear); each is its own test DataLoader, logged as ``test/acc_rot<angle>``.
             ``None``: one unrotated test set, logged as ``test/acc``.
+        canvas: place every digit at a random position on a ``canvas`` x ``canvas`` black background
+            (Sabour et al. 2017, section 5.2: 40, the size of affNIST): training digits at a new
+            position at every step, validation and test digits at positions fixed by
+            ``placement_seed``. ``None``: the 28x28 digits as they are.
+        placement_seed: seed of the validation and test placements, independent of the run's seed.
     """
-
-    dims = (1, 28, 28)
 
     def __init__(
         self,
@@ -201,9 +205,22 @@ class MNISTDataModule(MNISTFiles):
         normalize: bool = False,
         train_shift: NonNegativeInt = 0,
         test_rotations: Annotated[Sequence[float], MinLen(1)] | None = None,
+        canvas: Annotated[int, Ge(DIGIT_SIZE)] | None = None,
+        placement_seed: int = 0,
     ) -> None:
+        if canvas is not None and train_shift:
+            raise ValueError(
+                f"train_shift={train_shift} with canvas={canvas}: choose one (on a canvas, training digits "
+                "are placed anywhere already)"
+            )
         super().__init__()
         self.save_arguments(locals())
+
+    @property
+    def dims(self) -> tuple[int, int, int]:
+        """(channels, height, width) of the images."""
+        size = self.hparams.canvas or DIGIT_SIZE
+        return (1, size, size)
 
     @property
     def test_set_names(self) -> list[str]:
@@ -220,9 +237,16 @@ class MNISTDataModule(MNISTFiles):
         if stage in ("fit", "validate", None) and self.data_train is None:
             full = self._load(train=True)
             validation, training = self.split_off_validation(torch.arange(len(full)))
-            self.data_val, self.data_train = full.subset(validation), full.subset(training)
+            self.data_val, self.data_train = self._placed(full.subset(validation), 0), full.subset(training)
         if stage in ("test", None) and self.data_test is None:
-            self.data_test = self._load(train=False)
+            self.data_test = self._placed(self._load(train=False), 1)
+
+    def _placed(self, dataset: ImageTensorDataset, stream: int) -> ImageTensorDataset:
+        """An evaluation set on the canvas (if any), each digit at a position fixed by the placement seed."""
+        if self.hparams.canvas is None:
+            return dataset
+        generator = torch.Generator().manual_seed(2 * self.hparams.placement_seed + stream)
+        return ImageTensorDataset(random_placement(dataset.images, self.hparams.canvas, generator), dataset.targets)
 
     def test_dataloader(self) -> DataLoader | list[DataLoader]:
         if self.hparams.test_rotations is None:
@@ -232,12 +256,16 @@ class MNISTDataModule(MNISTFiles):
 
     # ---- on the device -----------------------------------------------------------------------
     def on_after_batch_transfer(self, batch: tuple[torch.Tensor, torch.Tensor], dataloader_idx: int) -> tuple:
-        """uint8 -> float in [0, 1], then shift (training) or rotate (testing), all on the device."""
+        """uint8 -> float in [0, 1], then shift or place on the canvas (training) or rotate (testing), all
+        on the device."""
         images, targets = batch
         images = images.float().div_(255)
         trainer = self.trainer
-        if self.hparams.train_shift and trainer is not None and trainer.training:
-            images = random_shift(images, self.hparams.train_shift, self.augmentation_generator(images.device))
+        if trainer is not None and trainer.training:
+            if self.hparams.train_shift:
+                images = random_shift(images, self.hparams.train_shift, self.augmentation_generator(images.device))
+            elif self.hparams.canvas is not None:
+                images = random_placement(images, self.hparams.canvas, self.augmentation_generator(images.device))
         if self.hparams.test_rotations is not None and trainer is not None and trainer.testing:
             angle = self.hparams.test_rotations[dataloader_idx]
             if angle:

@@ -18,7 +18,7 @@ from torch.utils.data import Dataset
 
 from capsexp.arguments import NonNegativeInt, PositiveInt, checked
 from capsexp.data.base import data_folder_errors
-from capsexp.data.mnist import MNISTDataModule, MNISTFiles
+from capsexp.data.mnist import DIGIT_SIZE, MNISTFiles
 
 
 class Pairs(NamedTuple):
@@ -182,7 +182,7 @@ class MultiMNISTDataModule(MNISTFiles):
         pairs_per_digit: PositiveInt = 1,
         pair_seed: int = 0,
     ) -> None:
-        check_canvas(MNISTDataModule.dims[-1], shift, canvas)
+        check_canvas(DIGIT_SIZE, shift, canvas)
         super().__init__()
         self.save_arguments(locals())
         self.digits: torch.Tensor | None = None  # (70000, 28, 28) uint8: the training digits, then the test ones
