@@ -42,7 +42,8 @@ def test_every_shipped_model_and_data_config_passes_the_check(model, data):
     + [[f"debug={name}"] for name in _options("debug")]
     + [[f"model/margin={name}", "model=em_caps_small"] for name in _options("model/margin")]
     + [[f"model/lr_scheduler={name}"] for name in _options("model/lr_scheduler")]
-    + [["model/optimizer=sgd"], ["trainer=cpu"], ["logger=csv"], ["trainer.devices=2", "trainer.accelerator=cpu"]],
+    + [["model/optimizer=sgd"], ["trainer=cpu"], ["logger=csv"], ["trainer.devices=2", "trainer.accelerator=cpu"]]
+    + [["callbacks=[default,stop_at_accuracy]", "callbacks.stop_at_accuracy.stopping_threshold=0.9"]],
 )
 def test_every_shipped_option_passes_the_check(extra):
     assert config_problems(compose_config(extra)) == []
@@ -96,6 +97,10 @@ def test_every_shipped_option_passes_the_check(extra):
         (["seed=abc"], "seed=abc: must be a valid integer"),
         (["float32_matmul_precision=low"], "must be 'highest', 'high' or 'medium'"),
         (["task_name="], "task_name=: must have at least 1 character"),
+        (
+            ["callbacks=[default,stop_at_accuracy]"],
+            "callbacks.stop_at_accuracy.stopping_threshold: needs a value (the config leaves it ???)",
+        ),
     ],
 )
 def test_bad_values_are_named_with_what_is_allowed(overrides, expected):
@@ -145,6 +150,7 @@ def test_group_options_are_checked_before_hydra_composes():
         [
             "model=capsnet,lenet5",
             "model/routing=em,em_paper,dynamic",  # the stored options too (capsexp/__init__.py)
+            "callbacks=[default,stop_at_accuracy]",  # several options of one group, merged
             "data.batch_size=3",
             "hydra/launcher=joblib",
             "--cfg",

@@ -142,7 +142,8 @@ def check_group_overrides(arguments: list[str], config_dir: Path) -> None:
         if not folder.is_dir() or not value or "(" in value or value == "null":
             continue
         options = sorted({path.stem for path in folder.glob("*.yaml")} | _stored_options(key))
-        for option in value.split(","):
+        # A sweep a,b or a list [a,b] (several options of one group merged, e.g. callbacks).
+        for option in value.removeprefix("[").removesuffix("]").split(","):
             if option not in options:
                 close = difflib.get_close_matches(option, options, n=1)
                 hint = f" (did you mean {key}={close[0]}?)" if close else ""

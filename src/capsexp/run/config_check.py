@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 from hydra.utils import get_object
-from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, MissingMandatoryValue, OmegaConf
 
 from capsexp.arguments import PositiveInt, argument_problems, shown, value_problem
 from capsexp.errors import ConfigError
@@ -27,7 +27,7 @@ def _value(cfg: DictConfig, key: str) -> Any:
     """The resolved value at ``key`` (containers as plain ones), ``_ABSENT``, or the exception that a
     broken interpolation raised."""
     try:
-        value = OmegaConf.select(cfg, key, default=_ABSENT)
+        value = OmegaConf.select(cfg, key, default=_ABSENT, throw_on_missing=True)
         return OmegaConf.to_container(value, resolve=True) if isinstance(value, (DictConfig, ListConfig)) else value
     except Exception as error:
         return error
@@ -48,11 +48,7 @@ def _node_problems(cfg: DictConfig, path: str, node: dict) -> list[str]:
     except Exception as error:
         return [f"{path}_target_={node['_target_']}: cannot be imported ({str(error).splitlines()[0]})"]
     arguments = {k: _built(v) if _is_node(v) else _value(cfg, path + k) for k, v in node.items()}
-    broken = [
-        f"{path}{k}: cannot be resolved ({str(v).splitlines()[0]})"
-        for k, v in arguments.items()
-        if isinstance(v, Exception)
-    ]
+    broken = [_unresolved(path + k, v) for k, v in arguments.items() if isinstance(v, Exception)]
     arguments = {k: v for k, v in arguments.items() if v is not _ABSENT}
     problems = broken or argument_problems(target, arguments, prefix=path)
     if not problems and arguments.get("_partial_") and _is_optimizer(target):
@@ -63,6 +59,12 @@ def _node_problems(cfg: DictConfig, path: str, node: dict) -> list[str]:
             given = " ".join(f"{k}={shown(v)}" for k, v in values.items())
             problems.append(f"{path.rstrip('.')} ({target.__name__}: {given}): {error}")
     return problems
+
+
+def _unresolved(key: str, error: Exception) -> str:
+    if isinstance(error, MissingMandatoryValue):
+        return f"{key}: needs a value (the config leaves it ???); set {key}=..."
+    return f"{key}: cannot be resolved ({str(error).splitlines()[0]})"
 
 
 def _is_node(value: Any) -> bool:
