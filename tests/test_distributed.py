@@ -89,7 +89,7 @@ def test_multirun_of_two_process_jobs_runs_each_job_once(mnist_dir, tmp_path, mo
     log_dir = tmp_path / "logs"
     result = run_cli(
         "-m",
-        "model=capsnet,lenet5",
+        "model=lenet5",
         "seed=1,2",
         *TINY_RUN,
         *TWO_PROCESSES,
@@ -103,13 +103,8 @@ def test_multirun_of_two_process_jobs_runs_each_job_once(mnist_dir, tmp_path, mo
     assert list(log_dir.glob("train/*")) == [log_dir / "train" / "multiruns"], "a child wrote a run folder"
     (sweep,) = (log_dir / "train" / "multiruns").iterdir()
     jobs = sorted(p for p in sweep.iterdir() if p.is_dir())
-    assert [job.name for job in jobs] == ["0", "1", "2", "3"]
-    expected = [
-        ["model=capsnet", "seed=1"],
-        ["model=capsnet", "seed=2"],
-        ["model=lenet5", "seed=1"],
-        ["model=lenet5", "seed=2"],
-    ]
+    assert [job.name for job in jobs] == ["0", "1"]
+    expected = [["model=lenet5", f"seed={seed}"] for seed in (1, 2)]
     for job, job_overrides in zip(jobs, expected, strict=True):
         assert yaml.safe_load((job / ".hydra" / "overrides.yaml").read_text())[:2] == job_overrides
         assert (job / "checkpoints" / "last.ckpt").exists()
@@ -119,4 +114,4 @@ def test_multirun_of_two_process_jobs_runs_each_job_once(mnist_dir, tmp_path, mo
         assert (job / "capsexp_rank1.log").read_text().count("] - Training") == 1
         logged = scalars(job)
         assert len(logged["test/acc"]) == 1 and logged["val/acc"][-1].step == 5
-    assert result.stdout.count("Launching 4 jobs") + result.stderr.count("Launching 4 jobs") == 1
+    assert result.stdout.count("Launching 2 jobs") + result.stderr.count("Launching 2 jobs") == 1
