@@ -37,7 +37,8 @@ def shown(value: Any) -> str:
         return {True: "true", False: "false", None: "null"}[value]
     if isinstance(value, (list, tuple)):
         return "[" + ",".join(shown(v) for v in value) + "]"
-    return str(value) if isinstance(value, (str, int, float, dict)) else type(value).__name__
+    # A built object (a net, an options object) by its class: its repr can be long, or fail half-built.
+    return str(value) if type(value).__module__ in ("builtins", "pathlib") else type(value).__name__
 
 
 @functools.cache

@@ -127,7 +127,8 @@ class PairSpecs(Dataset):
     first's rows, first's columns, second's rows, second's columns)`` (a training set holds the first
     column only: partners and shifts are drawn for each batch) and ``targets`` (N,) or (N, 2).
     The images are composed on the device (:meth:`MultiMNISTDataModule.on_after_batch_transfer`): a
-    pair costs 24 bytes, not 1,296, so the paper's 10M test pairs fit in memory."""
+    pair costs 40 bytes with its labels, not 1,296 for its image, so the paper's 10M test pairs fit
+    in memory."""
 
     def __init__(self, specs: torch.Tensor, targets: torch.Tensor) -> None:
         self.specs, self.targets = specs, targets
