@@ -113,6 +113,7 @@ def test_capsnet_trains_on_multi_mnist_from_the_command_line(mnist_dir, tmp_path
         f"paths.data_dir={mnist_dir}",
         "data.val_size=50",
         "trainer.max_epochs=1",
+        "trainer.limit_val_batches=1",
         "trainer.limit_test_batches=1",
         "model.net.conv_channels=16",
         "model.net.primary_types=4",
