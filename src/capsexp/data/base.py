@@ -50,6 +50,12 @@ def md5sum(path: Path, chunk_size: int = 1 << 20) -> str:
     return digest.hexdigest()
 
 
+def evaluation_generator(seed: int, split: int) -> torch.Generator:
+    """The generator of a fixed evaluation set drawn at random (positions, pairs): one stream per
+    (seed, split), so that the validation (split 0) and test (split 1) sets differ under one seed."""
+    return torch.Generator().manual_seed(2 * seed + split)
+
+
 class InMemoryDataModule(L.LightningDataModule):
     """Datasets held as :class:`ImageTensorDataset` (whole batches gathered by one indexing operation).
 

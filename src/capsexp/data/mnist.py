@@ -25,7 +25,7 @@ from torchvision.datasets.utils import download_and_extract_archive
 
 from capsexp.arguments import NonNegativeInt, PositiveInt, checked
 from capsexp.data.augment import random_placement, random_shift, rotate
-from capsexp.data.base import InMemoryDataModule, data_folder_errors, md5sum
+from capsexp.data.base import InMemoryDataModule, data_folder_errors, evaluation_generator, md5sum
 from capsexp.data.tensor_dataset import ImageTensorDataset
 from capsexp.errors import CorruptDatasetError
 from capsexp.evaluation_sets import PLAIN, rotation_set_name
@@ -241,12 +241,14 @@ class MNISTDataModule(MNISTFiles):
         if stage in ("test", None) and self.data_test is None:
             self.data_test = self._placed(self._load(train=False), 1)
 
-    def _placed(self, dataset: ImageTensorDataset, stream: int) -> ImageTensorDataset:
+    def _placed(self, dataset: ImageTensorDataset, split: int) -> ImageTensorDataset:
         """An evaluation set on the canvas (if any), each digit at a position fixed by the placement seed."""
         if self.hparams.canvas is None:
             return dataset
-        generator = torch.Generator().manual_seed(2 * self.hparams.placement_seed + stream)
-        return ImageTensorDataset(random_placement(dataset.images, self.hparams.canvas, generator), dataset.targets)
+        placed = random_placement(
+            dataset.images, self.hparams.canvas, evaluation_generator(self.hparams.placement_seed, split)
+        )
+        return ImageTensorDataset(placed, dataset.targets)
 
     def test_dataloader(self) -> DataLoader | list[DataLoader]:
         if self.hparams.test_rotations is None:

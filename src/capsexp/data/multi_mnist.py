@@ -17,7 +17,7 @@ import torch
 from torch.utils.data import Dataset
 
 from capsexp.arguments import NonNegativeInt, PositiveInt, checked
-from capsexp.data.base import data_folder_errors
+from capsexp.data.base import data_folder_errors, evaluation_generator
 from capsexp.data.mnist import DIGIT_SIZE, MNISTFiles
 
 
@@ -190,7 +190,7 @@ class MultiMNISTDataModule(MNISTFiles):
         self.labels: torch.Tensor | None = None
         # Indices into `digits` of each split's digits (partners come from the same split).
         self._train_pool = self._validation_pool = self._test_pool = torch.empty(0, dtype=torch.long)
-        self._on_device: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+        self._on_device: dict[str, tuple[torch.Tensor, ...]] = {}
 
     @property
     def dims(self) -> tuple[int, int, int]:
@@ -208,33 +208,35 @@ class MultiMNISTDataModule(MNISTFiles):
             self._test_pool = torch.arange(len(train), len(self.digits))
         if stage in ("fit", "validate", None) and self.data_train is None:
             self.data_train = PairSpecs(self._train_pool.int()[:, None], self.labels[self._train_pool])
-            self.data_val = self.fixed_pairs(self._validation_pool, seed_offset=0)
+            self.data_val = self.fixed_pairs(self._validation_pool, split=0)
         if stage in ("test", None) and self.data_test is None:
-            self.data_test = self.fixed_pairs(self._test_pool, seed_offset=1)
+            self.data_test = self.fixed_pairs(self._test_pool, split=1)
 
-    def fixed_pairs(self, pool: torch.Tensor, seed_offset: int) -> PairSpecs:
+    def fixed_pairs(self, pool: torch.Tensor, split: int) -> PairSpecs:
         """``pairs_per_digit`` pairs with each digit of ``pool`` first, its partner from ``pool``."""
-        generator = torch.Generator().manual_seed(self.hparams.pair_seed * 2 + seed_offset)
+        generator = evaluation_generator(self.hparams.pair_seed, split)
         first = pool.repeat(self.hparams.pairs_per_digit)
         second = pool[partners(self.labels[first], generator, self.labels[pool])]
         shifts = random_shifts(len(first), self.hparams.shift, generator, first.device).flatten(1)
         specs = torch.cat([first[:, None], second[:, None], shifts], dim=1).int()
         return PairSpecs(specs, torch.stack([self.labels[first], self.labels[second]], dim=1))
 
-    def _pools_on(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The digits, their labels and the training split's indices on ``device``, copied once."""
+    def _pools_on(self, device: torch.device) -> tuple[torch.Tensor, ...]:
+        """The digits, their labels, and the training split's indices and labels on ``device``, copied once
+        (training draws partners among the latter at every step)."""
         if str(device) not in self._on_device:
-            self._on_device[str(device)] = (self.digits.to(device), self.labels.to(device), self._train_pool.to(device))
+            pool = (self.digits, self.labels, self._train_pool, self.labels[self._train_pool])
+            self._on_device[str(device)] = tuple(tensor.to(device) for tensor in pool)
         return self._on_device[str(device)]
 
     def on_after_batch_transfer(self, batch: tuple[torch.Tensor, torch.Tensor], dataloader_idx: int) -> PairBatch:
         """Pair specs -> images, on the device; training batches draw their partners and shifts here."""
         specs, targets = batch
-        digits, labels, train_pool = self._pools_on(specs.device)
+        digits, labels, train_pool, train_labels = self._pools_on(specs.device)
         first = specs[:, 0].long()
         if specs.shape[1] == 1:  # training: a partner from the training split, and shifts, for this step
             generator = self.augmentation_generator(specs.device)
-            second = train_pool[partners(labels[first], generator, labels[train_pool])]
+            second = train_pool[partners(labels[first], generator, train_labels)]
             shifts = random_shifts(len(first), self.hparams.shift, generator, specs.device)
             targets = torch.stack([targets, labels[second]], dim=1)
         else:
