@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import functools
+import itertools
+import types
 
 import lightning as L
 import pytest
 import torch
 
 from capsexp.data import MNISTDataModule
+from capsexp.errors import ConfigError
 from capsexp.lit import Classifier, CrossEntropy
 from capsexp.lit.margin import MarginSchedule
-from capsexp.lit.schedulers import exponential_decay
+from capsexp.lit.schedulers import cosine_decay, exponential_decay
 from capsexp.models import LeNet5
 
 
@@ -115,6 +118,25 @@ def test_lr_multipliers_naming_no_parameter_are_refused():
         "model.lr_multipliers names alpha, beta_a, which no parameter of LeNet5 is called; "
         "its parameters are called: bias, weight"
     )
+
+
+@pytest.mark.parametrize("interval", ["step", "epoch"])
+def test_cosine_decay_spans_the_run_the_trainer_will_do(interval):
+    module = make_module(lr_scheduler={"scheduler": functools.partial(cosine_decay), "interval": interval})
+    module.trainer = types.SimpleNamespace(estimated_stepping_batches=40, max_epochs=4)
+    config = module.configure_optimizers()
+    optimizer, scheduler = config["optimizer"], config["lr_scheduler"]["scheduler"]
+    steps = 40 if interval == "step" else 4
+    rates = []
+    for _ in range(steps):
+        optimizer.step()
+        scheduler.step()
+        rates.append(optimizer.param_groups[0]["lr"])
+    assert rates[steps // 2 - 1] == pytest.approx(3e-3 / 2) and rates[-1] == pytest.approx(0, abs=1e-12)
+    assert all(a > b for a, b in itertools.pairwise(rates))
+    module.trainer = types.SimpleNamespace(estimated_stepping_batches=float("inf"), max_epochs=-1)
+    with pytest.raises(ConfigError, match="a schedule over the run needs its length"):
+        module.configure_optimizers()
 
 
 @pytest.mark.parametrize("staircase", [False, True])

@@ -12,6 +12,7 @@ scores, right only when it names every object, and reconstructions are compared 
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 from collections.abc import Callable, Mapping
@@ -276,7 +277,18 @@ class Classifier(L.LightningModule):
         if not self.lr_scheduler:
             return optimizer
         scheduler_config = dict(self.lr_scheduler)
-        scheduler_config["scheduler"] = scheduler_config["scheduler"](optimizer)
+        build = scheduler_config["scheduler"]
+        # A schedule over the whole run (cosine_decay) is told the run's length in its own unit.
+        if "total_steps" in inspect.signature(build).parameters:
+            per_step = scheduler_config.get("interval", "epoch") == "step"
+            total = self.trainer.estimated_stepping_batches if per_step else self.trainer.max_epochs
+            if not math.isfinite(total) or total < 1:
+                raise ConfigError(
+                    f"model.lr_scheduler: a schedule over the run needs its length; set trainer.max_steps or "
+                    f"trainer.max_epochs (now {total})"
+                )
+            build = functools.partial(build, total_steps=int(total))
+        scheduler_config["scheduler"] = build(optimizer)
         return {"optimizer": optimizer, "lr_scheduler": scheduler_config}
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from torch.optim import Optimizer
-from torch.optim.lr_scheduler import ExponentialLR, LRScheduler, StepLR
+from torch.optim.lr_scheduler import CosineAnnealingLR, ExponentialLR, LRScheduler, StepLR
 
 from capsexp.arguments import PositiveFraction, PositiveInt, checked
 
@@ -21,3 +21,14 @@ def exponential_decay(
     if staircase:
         return StepLR(optimizer, step_size=decay_steps, gamma=decay_rate)
     return ExponentialLR(optimizer, gamma=decay_rate ** (1.0 / decay_steps))
+
+
+@checked
+def cosine_decay(optimizer: Optimizer, total_steps: PositiveInt) -> LRScheduler:
+    """lr_t = lr_0 * (1 + cos(pi * t / total_steps)) / 2: from lr_0 down to 0 over the run.
+
+    Cosine annealing without restarts (Loshchilov & Hutter 2017), a :class:`CosineAnnealingLR`.
+    ``total_steps`` is the run's number of scheduler steps, which the Classifier supplies from the
+    trainer (``Trainer.estimated_stepping_batches`` per step, ``max_epochs`` per epoch).
+    """
+    return CosineAnnealingLR(optimizer, T_max=total_steps)
