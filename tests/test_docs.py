@@ -4,6 +4,7 @@ check (one job of a sweep each; commands with placeholders, ``--help`` and ``--c
 from __future__ import annotations
 
 import re
+import shlex
 
 import pytest
 
@@ -17,8 +18,10 @@ PAGES = [PROJECT_ROOT / "README.md", *sorted((PROJECT_ROOT / "docs").glob("*.md"
 def documented_commands() -> list[tuple[str, str]]:
     commands = []
     for page in PAGES:
-        for line in re.findall(r"(?<!\$ )python -m capsexp ([^`\n#]*)", page.read_text()):
-            arguments = line.split()
+        # A shell line continued with a backslash is one command; quotes are the shell's, not Hydra's.
+        text = re.sub(r"\\\n\s*", " ", page.read_text())
+        for line in re.findall(r"(?<!\$ )python -m capsexp ([^`\n#]*)", text):
+            arguments = shlex.split(line)
             if not arguments or any("<" in a or a.startswith("--") or a in ("...", '"...")') for a in arguments):
                 continue
             commands.append((page.name, " ".join(arguments)))

@@ -79,7 +79,9 @@ def summarise(runs: list[Run]) -> tuple[list[str], list[dict]]:
         groups[run.configuration].append(run)
     tags = {tag for run in runs for tag in run.scalars}
     rotations = sorted((tag for tag in tags if rotation_angle(tag) is not None), key=rotation_angle)
-    metrics = [tag for tag in ("val/acc_best", "val/acc", "test/acc") if tag in tags] + rotations
+    # the other named test sets (capsexp.evaluation_sets): test/acc_affine_mnist, ...
+    named_sets = sorted(tag for tag in tags if tag.startswith("test/acc_") and rotation_angle(tag) is None)
+    metrics = [tag for tag in ("val/acc_best", "val/acc", "test/acc") if tag in tags] + rotations + named_sets
     metrics += [tag for tag in (PRESENCE_GAP,) if tag in tags]
     rows = []
     for configuration, members in sorted(groups.items()):

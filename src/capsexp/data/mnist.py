@@ -18,13 +18,14 @@ from typing import Annotated, Literal
 from urllib.error import URLError
 
 import torch
-from annotated_types import Ge, MinLen
+from annotated_types import Ge, Le, MinLen
 from torch.utils.data import DataLoader
 from torchvision.datasets import MNIST
 from torchvision.datasets.utils import download_and_extract_archive
 
 from capsexp.arguments import NonNegativeInt, PositiveInt, checked
-from capsexp.data.augment import random_placement, random_shift, rotate
+from capsexp.data.affnist import AFFNIST_SIZE, TEST_BATCHES, ensure_affnist_files, read_affnist_test
+from capsexp.data.augment import random_affine, random_placement, random_shift, rotate
 from capsexp.data.base import InMemoryDataModule, data_folder_errors, evaluation_generator, md5sum
 from capsexp.data.tensor_dataset import ImageTensorDataset
 from capsexp.errors import CorruptDatasetError
@@ -43,6 +44,7 @@ UNPACKED_MD5 = {
 GZ_MD5 = dict(MNIST.resources)
 MNIST_MEAN, MNIST_STD = 0.1307, 0.3081
 DIGIT_SIZE = 28  # MNIST digits are 28x28
+AFFINE_SPLIT = 2  # the affine_mnist test set's stream of evaluation_generator (0, 1: validation, test)
 
 
 def check_idx_file(path: Path, magic: int, max_label: int = 9) -> int:
@@ -188,8 +190,17 @@ class MNISTDataModule(MNISTFiles):
             (Sabour et al. 2017, section 5.2: 40, the size of affNIST): training digits at a new
             position at every step, validation and test digits at positions fixed by
             ``placement_seed``. ``None``: the 28x28 digits as they are.
-        placement_seed: seed of the validation and test placements, independent of the run's seed.
+        placement_seed: seed of the validation and test placements (and of the affine maps of the
+            ``affine_mnist`` test set), independent of the run's seed.
+        extra_test_sets: test sets beside the plain one, on the canvas, each its own test DataLoader
+            logged as ``test/acc_<name>``: ``affine_mnist``, the MNIST test digits each under a random
+            affine map of the affNIST ranges (:class:`~capsexp.data.augment.AffineRanges`), generated
+            here; ``affnist``, the official affNIST test set (:mod:`capsexp.data.affnist`, canvas 40).
+        affnist_batches: how many of the official affNIST test files (10,000 images each, all 32 by
+            default) the ``affnist`` test set reads.
     """
+
+    extra_tests: tuple[ImageTensorDataset, ...] = ()  # the extra_test_sets, in order
 
     def __init__(
         self,
@@ -207,12 +218,23 @@ class MNISTDataModule(MNISTFiles):
         test_rotations: Annotated[Sequence[float], MinLen(1)] | None = None,
         canvas: Annotated[int, Ge(DIGIT_SIZE)] | None = None,
         placement_seed: int = 0,
+        extra_test_sets: Sequence[Literal["affine_mnist", "affnist"]] = (),
+        affnist_batches: Annotated[int, Ge(1), Le(TEST_BATCHES)] = TEST_BATCHES,
     ) -> None:
         if canvas is not None and train_shift:
             raise ValueError(
                 f"train_shift={train_shift} with canvas={canvas}: choose one (on a canvas, training digits "
                 "are placed anywhere already)"
             )
+        if extra_test_sets and canvas is None:
+            raise ValueError(
+                f"extra_test_sets={list(extra_test_sets)} needs a canvas (data.canvas, e.g. data=translated_mnist): "
+                "their digits are placed on it"
+            )
+        if "affnist" in extra_test_sets and canvas != AFFNIST_SIZE:
+            raise ValueError(f"the affnist test set's images are {AFFNIST_SIZE}x{AFFNIST_SIZE}; canvas={canvas}")
+        if test_rotations is not None and extra_test_sets:
+            raise ValueError("test_rotations and extra_test_sets: choose one")
         super().__init__()
         self.save_arguments(locals())
 
@@ -226,10 +248,17 @@ class MNISTDataModule(MNISTFiles):
     def test_set_names(self) -> list[str]:
         """One name per test DataLoader (:mod:`capsexp.evaluation_sets`): the plain set, or one per angle."""
         if self.hparams.test_rotations is None:
-            return [PLAIN]
+            return [PLAIN, *self.hparams.extra_test_sets]
         return [rotation_set_name(angle) for angle in self.hparams.test_rotations]
 
-    # ---- datasets ----------------------------------------------------------------------------
+    # ---- files and datasets ------------------------------------------------------------------
+    @data_folder_errors
+    def prepare_data(self) -> None:
+        """MNIST's files, and the affNIST test files when asked for (before training, not at test time)."""
+        super().prepare_data()
+        if "affnist" in self.hparams.extra_test_sets:
+            ensure_affnist_files(self.data_dir, self.hparams.affnist_batches, self.hparams.download)
+
     @data_folder_errors
     def setup(self, stage: str | None = None) -> None:
         self.split_batch_over_processes()
@@ -239,7 +268,16 @@ class MNISTDataModule(MNISTFiles):
             validation, training = self.split_off_validation(torch.arange(len(full)))
             self.data_val, self.data_train = self._placed(full.subset(validation), 0), full.subset(training)
         if stage in ("test", None) and self.data_test is None:
-            self.data_test = self._placed(self._load(train=False), 1)
+            test = self._load(train=False)
+            self.data_test = self._placed(test, 1)
+            self.extra_tests = tuple(self._extra_test_set(name, test) for name in self.hparams.extra_test_sets)
+
+    def _extra_test_set(self, name: str, test: ImageTensorDataset) -> ImageTensorDataset:
+        if name == "affine_mnist":
+            generator = evaluation_generator(self.hparams.placement_seed, AFFINE_SPLIT)
+            return ImageTensorDataset(random_affine(test.images, self.hparams.canvas, generator), test.targets)
+        images, labels = read_affnist_test(self.data_dir, self.hparams.affnist_batches)
+        return ImageTensorDataset(images, labels)
 
     def _placed(self, dataset: ImageTensorDataset, split: int) -> ImageTensorDataset:
         """An evaluation set on the canvas (if any), each digit at a position fixed by the placement seed."""
@@ -252,6 +290,8 @@ class MNISTDataModule(MNISTFiles):
 
     def test_dataloader(self) -> DataLoader | list[DataLoader]:
         if self.hparams.test_rotations is None:
+            if self.extra_tests:
+                return [self._loader(dataset, shuffle=False) for dataset in (self.data_test, *self.extra_tests)]
             return self._loader(self.data_test, shuffle=False)
         # The same images for every angle; each loader's batches are rotated on the device.
         return [self._loader(self.data_test, shuffle=False) for _ in self.hparams.test_rotations]

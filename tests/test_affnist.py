@@ -1,0 +1,113 @@
+"""New viewpoints for translated MNIST: the generated affine-MNIST test set and the official affNIST test
+files (written here in the official format: MATLAB structs ``affNISTdata``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from scipy.io import savemat
+
+from capsexp.data import MNISTDataModule
+from capsexp.data.affnist import read_batch
+from capsexp.data.augment import AffineRanges, random_affine
+from capsexp.errors import CorruptDatasetError, DatasetNotFoundError
+from tests.helpers import FakeTrainer
+
+
+def test_random_affine_without_deformation_is_a_placement_that_keeps_all_the_ink():
+    digits = torch.zeros(400, 1, 28, 28, dtype=torch.uint8)
+    digits[:, :, 6:20, 9:17] = torch.randint(1, 256, (400, 1, 14, 8), dtype=torch.uint8)
+    still = AffineRanges(rotation=0, shear=0, scale=(1.0, 1.0))
+    placed = random_affine(digits, 40, torch.Generator().manual_seed(0), still)
+    assert placed.shape == (400, 1, 40, 40) and placed.dtype == torch.uint8
+    assert torch.equal(placed.sum((1, 2, 3)), digits.sum((1, 2, 3), dtype=torch.int64))  # nothing cut off
+    ink = placed[:, 0] > 0
+    tops, lefts = ink.any(2).float().argmax(1), ink.any(1).float().argmax(1)
+    assert set(tops.tolist()) == set(range(40 - 14 + 1)) and set(lefts.tolist()) == set(range(40 - 8 + 1))
+    # each output is the digit's ink moved whole
+    first = placed[0, 0, tops[0] : tops[0] + 14, lefts[0] : lefts[0] + 8]
+    assert torch.equal(first, digits[0, 0, 6:20, 9:17])
+
+
+def test_random_affine_is_seeded_and_deforms_within_its_ranges():
+    digits = torch.zeros(300, 1, 28, 28)
+    digits[:, :, 4:24, 12:16] = 1.0  # an upright bar, 20 high and 4 wide
+    draw = lambda seed: random_affine(digits, 40, torch.Generator().manual_seed(seed))  # noqa: E731
+    first, again, other = draw(0), draw(0), draw(1)
+    assert torch.equal(first, again) and not torch.equal(first, other)
+    assert first.amin() >= 0 and first.amax() <= 1
+    # Ink area scales by scale_x * scale_y (shear and rotation keep area): within 0.8^2 .. 1.2^2.
+    area = first.sum((1, 2, 3)) / digits.sum((1, 2, 3))
+    assert area.min() > 0.8**2 - 0.05 and area.max() < 1.2**2 + 0.05 and area.std() > 0.05
+    # The bar's height varies with the vertical scale and the rotation, never beyond their reach.
+    rows = (first[:, 0] > 0.5).any(2).sum(1).float()
+    assert rows.min() >= 20 * 0.8 * np.cos(np.radians(20)) - 2 and rows.max() <= 20 * 1.2 + 2 and rows.std() > 1
+
+
+def write_affnist(data_dir: Path, batches: int, per_batch: int = 20) -> list[tuple[np.ndarray, np.ndarray]]:
+    """``batches`` files ``1.mat`` .. in ``<data_dir>/affNIST/test_batches/``, affNIST's struct layout."""
+    folder = data_dir / "affNIST" / "test_batches"
+    folder.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    written = []
+    for index in range(1, batches + 1):
+        images = rng.integers(0, 256, (per_batch, 40, 40), dtype=np.uint8)
+        labels = rng.integers(0, 10, per_batch, dtype=np.uint8)
+        columns = images.reshape(per_batch, 1600).T  # one row-major image per column
+        savemat(folder / f"{index}.mat", {"affNISTdata": {"image": columns, "label_int": labels[None, :]}})
+        written.append((images, labels))
+    return written
+
+
+def test_translated_mnist_tests_on_generated_affine_digits_and_the_official_affnist_files(mnist_dir):
+    written = write_affnist(mnist_dir, batches=3)
+    datamodule = MNISTDataModule(
+        mnist_dir,
+        batch_size=25,
+        verify_checksums=False,
+        download=False,
+        canvas=40,
+        extra_test_sets=["affine_mnist", "affnist"],
+        affnist_batches=2,
+    )
+    datamodule.trainer = FakeTrainer(testing=True)
+    datamodule.prepare_data()
+    datamodule.setup("test")
+    assert datamodule.test_set_names == ["", "affine_mnist", "affnist"]
+    loaders = datamodule.test_dataloader()
+    assert len(loaders) == 3
+    affine, affnist = datamodule.extra_tests
+    assert torch.equal(affine.targets, datamodule.data_test.targets)
+    assert affine.images.shape == datamodule.data_test.images.shape == (100, 1, 40, 40)
+    assert not torch.equal(affine.images, datamodule.data_test.images)
+    expected = np.concatenate([images for images, _ in written[:2]])
+    assert torch.equal(affnist.images[:, 0], torch.from_numpy(expected))  # rows stay rows
+    assert affnist.targets.tolist() == np.concatenate([labels for _, labels in written[:2]]).tolist()
+    images, _ = datamodule.on_after_batch_transfer(next(iter(loaders[2])), 2)
+    assert images.shape == (25, 1, 40, 40) and images.max() <= 1
+
+
+def test_affnist_problems_name_the_file(mnist_dir, tmp_path):
+    write_affnist(mnist_dir, batches=1)
+    datamodule = MNISTDataModule(
+        mnist_dir, verify_checksums=False, download=False, canvas=40, extra_test_sets=["affnist"], affnist_batches=3
+    )
+    with pytest.raises(DatasetNotFoundError, match=r"2 of the 3 files asked for are missing(.|\n)*2\.mat(.|\n)*3\.mat"):
+        datamodule.prepare_data()
+    wrong = tmp_path / "wrong.mat"
+    savemat(wrong, {"affNISTdata": {"image": np.zeros((28 * 28, 5), np.uint8), "label_int": np.zeros(5, np.uint8)}})
+    with pytest.raises(CorruptDatasetError, match=r"wrong.mat: affNISTdata.image is uint8 \(784, 5\)"):
+        read_batch(wrong)
+    savemat(wrong, {"something": np.zeros(3)})
+    with pytest.raises(CorruptDatasetError, match=r"wrong\.mat: no struct affNISTdata"):
+        read_batch(wrong)
+    wrong.write_bytes(b"not a mat file")
+    with pytest.raises(CorruptDatasetError, match=r"wrong\.mat: not a MATLAB file"):
+        read_batch(wrong)
+    with pytest.raises(ValueError, match="the affnist test set's images are 40x40; canvas=36"):
+        MNISTDataModule(canvas=36, extra_test_sets=["affnist"])
+    with pytest.raises(ValueError, match="needs a canvas"):
+        MNISTDataModule(extra_test_sets=["affine_mnist"])
