@@ -47,6 +47,8 @@ studies:  ## the studies' quick CPU modes -> experiments/results/*_quick/ (hours
 	$(BIN)/python experiments/rotation_robustness.py --quick $(ARGS)
 	$(BIN)/python experiments/routing_ablation.py --quick $(ARGS)
 	$(BIN)/python experiments/em_smallnorb.py --quick $(ARGS)
+	$(BIN)/python experiments/multimnist.py --quick $(ARGS)
+	$(BIN)/python experiments/affnist.py --quick $(ARGS)
 
 studies-full:  ## the studies in full (GPU hours; ARGS="trainer.devices=2" etc.) -> experiments/results/*_full/
 	$(BIN)/python experiments/em_training.py $(ARGS)
@@ -54,6 +56,8 @@ studies-full:  ## the studies in full (GPU hours; ARGS="trainer.devices=2" etc.)
 	$(BIN)/python experiments/rotation_robustness.py $(ARGS)
 	$(BIN)/python experiments/routing_ablation.py $(ARGS)
 	$(BIN)/python experiments/em_smallnorb.py $(ARGS)
+	$(BIN)/python experiments/multimnist.py $(ARGS)
+	$(BIN)/python experiments/affnist.py $(ARGS)
 
 tensorboard:  ## serve logs/ on http://localhost:6006
 	$(BIN)/tensorboard --logdir logs --port 6006

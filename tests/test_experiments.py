@@ -114,9 +114,10 @@ def test_em_smallnorb_tests_each_viewpoint_run_on_familiar_and_novel_views(tmp_p
         line for line in page.splitlines() if line.startswith("| em_caps_small |") or line.startswith("| lenet5 |")
     ]
     assert len(novel_rows) == 4, page  # 2 models x (azimuth, elevation)
+    assert all(row.split(" | ")[5] in ("(the CNN)", "yes", "no: budget ended first") for row in novel_rows)
     assert {row.split(" | ")[1] for row in novel_rows} == {"azimuth", "elevation"}
     logs = tmp_path / "logs" / "em_smallnorb" / "multiruns"
-    assert len(list(logs.glob("*_novel_viewpoints/*/tensorboard"))) == 4
+    assert len(list(logs.glob("*_novel_viewpoints/*/*/tensorboard"))) == 4
     with open(output / "comparison.csv") as handle:
         assert len(list(csv.DictReader(handle))) == 5  # all viewpoints; 2 models x 2 protocols
 
@@ -295,3 +296,58 @@ def test_em_training_summarises_seeds_with_welchs_test(tmp_path, monkeypatch):
                      f"{p_gap:.3f} (significant)"]  # fmt: skip
     reference = next(line for line in table.splitlines() if line.startswith("| default |"))
     assert reference == "| default | 3 | 91.00 ± 1.00 | 91.00 ± 1.00 |  | 0.41 ± 0.01 |  |"  # no p against itself
+
+
+@pytest.mark.slow  # six runs, two of the 35M-parameter baseline CNN (about a minute): make test-all
+def test_multimnist_compares_capsnet_with_the_cnns_beside_the_paper_and_keeps_a_fig5(mnist_dir, tmp_path):
+    output = tmp_path / "results"
+    result = run_driver(
+        "multimnist",
+        "--quick",
+        "--data-dir",
+        str(mnist_dir),
+        "--log-dir",
+        str(tmp_path),
+        "--output",
+        str(output),
+        *TINY_RUN,
+        "trainer.max_steps=2",
+        "trainer.val_check_interval=2",  # validated once, so the Fig. 5 grid is logged
+        "trainer.limit_val_batches=1",
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    page = (output / "README.md").read_text()
+    for net, paper in [
+        ("capsnet, 1 iteration", "7.5"),
+        ("capsnet, 3 iterations", "5.2"),
+        ("baseline_cnn", "8.1"),
+        ("lenet5", ""),
+    ]:
+        assert re.search(rf"^\| {net} \| 2 \| [\d.]+ ± [\d.]+ \| {re.escape(paper)} \|$", page, re.M), page
+    assert (output / "reconstructions.png").stat().st_size > 0 and "![reconstructions]" in page
+
+
+@pytest.mark.slow  # two runs on 40x40 canvases and their three test sets (about a minute): make test-all
+def test_affnist_trains_both_nets_to_the_threshold_and_tests_them_on_new_viewpoints(mnist_dir, tmp_path):
+    output = tmp_path / "results"
+    result = run_driver(
+        "affnist",
+        "--quick",
+        "--data-dir",
+        str(mnist_dir),
+        "--log-dir",
+        str(tmp_path),
+        "--output",
+        str(output),
+        *TINY_RUN,
+        "trainer.max_steps=3",
+        "trainer.val_check_interval=1",
+        "trainer.limit_val_batches=1",
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    page = (output / "README.md").read_text()
+    rows = [line for line in page.splitlines() if line.startswith(("| capsnet |", "| baseline_cnn |"))]
+    assert len(rows) == 2 and all(" of 1 |" in row for row in rows), page
+    assert "not the official affNIST test set" in page
+    with open(output / "comparison.csv") as handle:
+        assert all(row["test/acc_affine_mnist mean"] for row in csv.DictReader(handle))
