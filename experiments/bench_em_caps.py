@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 
 from benchlib import cli_test_accuracy, cpu_name
-from capsexp import CONFIG_DIR, PROJECT_ROOT
+from capsexp import PROJECT_ROOT
 from capsexp.timing import Stopwatch
 
 RESULTS = PROJECT_ROOT / "experiments" / "results" / "bench_em.md"
@@ -58,11 +58,11 @@ RECIPES = {"default": "em_caps", "paper": "em_caps_paper"}  # recipe: its model 
 def net_options(recipe: str) -> dict:
     """The MatrixCapsNet arguments of a model config (A=B=C=D=32), composed and built as the CLI does
     (``routing`` an EMRouting), less the data geometry."""
-    from hydra import compose, initialize_config_dir
     from hydra.utils import instantiate
 
-    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-        net = compose(config_name="config", overrides=[f"model={RECIPES[recipe]}"]).model.net
+    from capsexp.hydra_setup import compose
+
+    net = compose([f"model={RECIPES[recipe]}"]).model.net
     arguments = instantiate(net, _partial_=True, _convert_="all").keywords
     return {key: value for key, value in arguments.items() if key not in ("in_channels", "image_size", "num_classes")}
 

@@ -14,7 +14,11 @@ from pathlib import Path
 
 import pytest
 
+from capsexp import hydra_setup
 from tests.helpers import real_data_dir, write_mnist, write_norb
+
+# Tests compose configs and resolve saved ones (${project_root:}) outside the command line.
+hydra_setup.register()
 
 
 @pytest.fixture

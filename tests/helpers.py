@@ -13,14 +13,14 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig, open_dict
 from tensorboard.plugins.hparams import plugin_data_pb2
 
-from capsexp import CONFIG_DIR, PROJECT_ROOT
+from capsexp import PROJECT_ROOT
 from capsexp.data.norb_format import write_matrix
 from capsexp.data.smallnorb import PREFIX
 from capsexp.events import Scalar, load_events, read_scalars
+from capsexp.hydra_setup import compose
 
 MNIST_FILES = {
     "train-images-idx3-ubyte": ("images", True),
@@ -72,8 +72,7 @@ def real_data_dir() -> Path:
 
 def compose_config(overrides: list[str] | None = None, output_dir: Path | None = None) -> DictConfig:
     """Compose conf/config.yaml as the CLI would, with ``paths.output_dir`` set (no Hydra run)."""
-    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=overrides or [])
+    cfg = compose(overrides or [])
     with open_dict(cfg):
         cfg.paths.output_dir = str(output_dir or "/tmp/capsexp-test-output")
     return cfg

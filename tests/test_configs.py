@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 import torch
 from hydra.utils import instantiate
@@ -79,3 +82,14 @@ def test_cfg_job_prints_the_composed_config_without_training():
     result = run_cli("--cfg", "job", "model/optimizer=sgd", "trainer.max_epochs=3")
     assert result.returncode == 0, result.stderr
     assert "torch.optim.SGD" in result.stdout and "max_epochs: 3" in result.stdout
+
+
+def test_the_networks_and_capsule_ops_load_neither_lightning_nor_hydra():
+    # Pure torch.nn: a user can import the models into their own training code without the framework.
+    probe = (
+        "import sys, capsexp.nn, capsexp.nn.functional, capsexp.models\n"
+        "print(sorted({m.split('.')[0] for m in sys.modules} & "
+        "{'lightning', 'pytorch_lightning', 'hydra', 'omegaconf', 'torchmetrics'}))"
+    )
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "[]"

@@ -150,3 +150,22 @@ def test_training_pairs_are_new_at_every_step_and_the_same_when_a_step_is_repeat
 def test_a_shift_off_the_canvas_is_refused_at_construction():
     with pytest.raises(ValueError, match=r"shift=6 pushes a 28x28 digit off a 36x36 canvas .*canvas=40 allows"):
         MultiMNISTDataModule(shift=6)
+
+
+def test_under_two_processes_each_trains_on_its_own_share_with_its_own_pairs(mnist_dir):
+    made = {}
+    for rank in range(2):
+        made[rank] = MultiMNISTDataModule(mnist_dir, batch_size=20, val_size=50, verify_checksums=False, download=False)
+        made[rank].trainer = FakeTrainer(world_size=2, global_rank=rank, training=True)
+        made[rank].prepare_data()
+        made[rank].setup()
+    shares = [torch.cat([specs for specs, _ in made[rank].train_dataloader()])[:, 0].tolist() for rank in range(2)]
+    # The shares of the 250 training digits are disjoint and cover them (125 each).
+    assert len(shares[0]) == len(shares[1]) == 125
+    assert set(shares[0]).isdisjoint(shares[1]) and len(set(shares[0]) | set(shares[1])) == 250
+    # The same first digits at the same step get other partners and shifts on the other process.
+    batch = next(iter(made[0].train_dataloader()))
+    assert len(batch[0]) == 10  # the global batch of 20 split over the two processes
+    first, second = (made[rank].on_after_batch_transfer(batch, 0) for rank in range(2))
+    assert torch.equal(first.targets[:, 0], second.targets[:, 0])
+    assert not torch.equal(first.components[:, 1], second.components[:, 1])

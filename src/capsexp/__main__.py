@@ -11,12 +11,15 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from capsexp import CONFIG_DIR
+from capsexp import CONFIG_DIR, hydra_setup
 from capsexp.errors import CapsexpError, ConfigError
 from capsexp.run.resume import expand_run_folder
 from capsexp.run.slurm import resume_if_restarted
 
 log = logging.getLogger("capsexp")
+
+# Before Hydra composes (here, and in the processes of a launcher, which import this module).
+hydra_setup.register()
 
 
 def report(error: CapsexpError) -> None:

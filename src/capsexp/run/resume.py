@@ -27,16 +27,14 @@ def _is_ckpt_path(argument: str) -> bool:
 def task_folder(arguments: list[str], where: str) -> Path:
     """``<log_dir>/<task_name>``, as this command's overrides set the log folder and task;
     :class:`CheckpointError` naming ``where`` when Hydra refuses an override."""
-    from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    from capsexp import CONFIG_DIR
+    from capsexp.hydra_setup import compose
 
     overrides = [a for a in arguments if "=" in a and not a.startswith("-") and not _is_ckpt_path(a)]
     overrides = [a for a in overrides if not a.lstrip("+~").startswith("hydra.")]
     try:
-        with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-            cfg = compose(config_name="config", overrides=overrides)
+        cfg = compose(overrides)
         return Path(OmegaConf.select(cfg, "paths.log_dir")) / str(cfg.task_name)
     except Exception as error:  # an override Hydra refuses: its reason, not a traceback
         reason = str(error).splitlines()[0]
