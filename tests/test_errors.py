@@ -42,6 +42,7 @@ def test_every_shipped_model_and_data_config_passes_the_check(model, data):
     + [[f"debug={name}"] for name in _options("debug")]
     + [[f"model/margin={name}", "model=em_caps_small"] for name in _options("model/margin")]
     + [[f"model/lr_scheduler={name}"] for name in _options("model/lr_scheduler")]
+    + [[f"attack={name}"] for name in _options("attack")]
     + [["model/optimizer=sgd"], ["trainer=cpu"], ["logger=csv"], ["trainer.devices=2", "trainer.accelerator=cpu"]]
     + [["callbacks=[default,stop_at_accuracy]", "callbacks.stop_at_accuracy.stopping_threshold=0.9"]],
 )

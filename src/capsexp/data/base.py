@@ -192,6 +192,21 @@ class InMemoryDataModule(L.LightningDataModule):
             return ResumableDataLoader(dataset, sampler, **options)
         return DataLoader(dataset, sampler=sampler, **options)
 
+    # ---- on the device: pixels, then the net's input -----------------------------------------
+    def pixel_batch(self, batch: tuple[torch.Tensor, ...], dataloader_idx: int) -> tuple[torch.Tensor, ...]:
+        """A batch as ``(images, targets)`` with pixels in [0, 1], augmented in training: what an
+        attack perturbs (:mod:`capsexp.attacks`). Subclasses that store uint8 images override it."""
+        return batch
+
+    def input_transform(self, images: torch.Tensor) -> torch.Tensor:
+        """The net's input from pixels in [0, 1] (a standardisation, say); differentiable, as attacks
+        take gradients through it. The identity unless a subclass standardises."""
+        return images
+
+    def on_after_batch_transfer(self, batch: tuple[torch.Tensor, ...], dataloader_idx: int) -> tuple:
+        images, *rest = self.pixel_batch(batch, dataloader_idx)
+        return (self.input_transform(images), *rest)
+
     def augmentation_generator(self, device: torch.device) -> torch.Generator:
         """The generator random training augmentations draw from: seeded by the run's seed, the step
         and the process, so a resumed run augments as the uninterrupted one (:func:`step_generator`)."""

@@ -297,7 +297,7 @@ class MNISTDataModule(MNISTFiles):
         return [self._loader(self.data_test, shuffle=False) for _ in self.hparams.test_rotations]
 
     # ---- on the device -----------------------------------------------------------------------
-    def on_after_batch_transfer(self, batch: tuple[torch.Tensor, torch.Tensor], dataloader_idx: int) -> tuple:
+    def pixel_batch(self, batch: tuple[torch.Tensor, torch.Tensor], dataloader_idx: int) -> tuple:
         """uint8 -> float in [0, 1], then shift or place on the canvas (training) or rotate (testing), all
         on the device."""
         images, targets = batch
@@ -312,6 +312,8 @@ class MNISTDataModule(MNISTFiles):
             angle = self.hparams.test_rotations[dataloader_idx]
             if angle:
                 images = rotate(images, angle)
-        if self.hparams.normalize:
-            images = images.sub_(MNIST_MEAN).div_(MNIST_STD)
         return images, targets
+
+    def input_transform(self, images: torch.Tensor) -> torch.Tensor:
+        """Standardised with MNIST's mean and std where ``normalize`` asks; the pixels otherwise."""
+        return (images - MNIST_MEAN) / MNIST_STD if self.hparams.normalize else images

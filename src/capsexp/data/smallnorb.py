@@ -216,8 +216,8 @@ class SmallNORBDataModule(InMemoryDataModule):
         self.data_test = self._dataset(test, self._viewpoint_mask(test["info"], training=False).nonzero().squeeze(1))
 
     # ---- on the device -----------------------------------------------------------------------
-    def on_after_batch_transfer(self, batch: tuple[torch.Tensor, torch.Tensor], dataloader_idx: int) -> tuple:
-        """uint8 -> [0, 1]; random crop + brightness/contrast (training) or centre crop; standardise."""
+    def pixel_batch(self, batch: tuple[torch.Tensor, torch.Tensor], dataloader_idx: int) -> tuple:
+        """uint8 -> [0, 1]; random crop + brightness/contrast (training) or centre crop."""
         images, targets = batch
         images = images.float().div_(255)
         if self.trainer is not None and self.trainer.training:
@@ -226,4 +226,8 @@ class SmallNORBDataModule(InMemoryDataModule):
             images = random_brightness_contrast(images, self.hparams.brightness, self.hparams.contrast, generator)
         else:
             images = center_crop(images, self.hparams.crop_size)
-        return standardize(images), targets
+        return images, targets
+
+    def input_transform(self, images: torch.Tensor) -> torch.Tensor:
+        """Per-image standardisation, as the authors' input pipeline."""
+        return standardize(images)

@@ -112,6 +112,11 @@ def _combination_problems(cfg: DictConfig) -> list[str]:
             f"data.batch_size={batch}: the global batch must divide by the {processes} processes "
             f"(trainer.devices x trainer.num_nodes); e.g. data.batch_size={processes * max(1, batch // processes)}"
         )
+    if _value(cfg, "attack") not in (None, _ABSENT):
+        if _value(cfg, "test") is False:
+            problems.append("attack: attacks the tested checkpoint; set test=true (or drop attack)")
+        if all(_positive_int(v) for v in (devices, nodes)) and devices * nodes > 1:
+            problems.append(f"attack: runs in one process; set trainer.devices=1 (now {devices * nodes} processes)")
     if _value(cfg, "train") is False and _value(cfg, "test") is False:
         problems.append("train=false test=false: nothing to do; set train=true, test=true or both")
     return problems

@@ -114,6 +114,8 @@ def _run(cfg: DictConfig, job: DDPJob) -> dict[str, float]:
     module: L.LightningModule = instantiate("model", cfg.model, _convert_="partial")
     if cfg.get("ckpt_path"):
         check_checkpoint(cfg.ckpt_path, module)
+    # Built before training, so that a bad attack option fails now, not after hours of training.
+    attack = instantiate("attack", cfg.attack) if cfg.get("attack") else None
     callbacks: list[Callback] = instantiate_all("callbacks", cfg.get("callbacks"))
     loggers: list[Logger] = instantiate_all("logger", cfg.get("logger"))
     trainer: L.Trainer = instantiate("trainer", cfg.trainer, callbacks=callbacks, logger=loggers or False)
@@ -148,6 +150,10 @@ def _run(cfg: DictConfig, job: DDPJob) -> dict[str, float]:
         log.info(f"Testing {ckpt_path or 'the current weights'}")
         trainer.test(module, datamodule=datamodule, ckpt_path=ckpt_path or None)
         metrics.update({name: float(value) for name, value in trainer.callback_metrics.items()})
+        if attack is not None:  # the module holds the tested weights
+            from capsexp.run.attack import attack_tested_model  # foolbox: only when attacking
+
+            metrics.update(attack_tested_model(cfg, attack, module, datamodule, trainer, _run_folder()))
 
     return metrics
 
