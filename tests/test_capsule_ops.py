@@ -8,7 +8,13 @@ import pytest
 import torch
 
 from capsexp.nn import RoutingCapsules
-from capsexp.nn.functional import dynamic_routing, fully_connected_routing, margin_loss, squash
+from capsexp.nn.functional import (
+    dynamic_routing,
+    dynamic_routing_trace,
+    fully_connected_routing,
+    margin_loss,
+    squash,
+)
 from capsexp.nn.functional._capsnet import _scratch
 
 
@@ -79,6 +85,23 @@ def test_routing_matches_procedure_1_values_and_gradients(iterations, detach_agr
     (grad_ref,) = torch.autograd.grad(v_ref, votes, upstream)
     # Within the effect of squash's 1e-8 under the square root, which Eq. 1 as written lacks.
     assert torch.allclose(grad, grad_ref, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("iterations", [1, 3])
+def test_the_routing_trace_records_each_iterations_couplings_and_changes(iterations):
+    torch.manual_seed(0)
+    votes = torch.randn(2, 6, 4, 3, dtype=torch.float64)
+    trace = dynamic_routing_trace(votes, iterations)
+    assert trace.couplings.shape == (iterations, 2, 6, 4)
+    assert torch.allclose(trace.couplings.sum(dim=-1), torch.ones(iterations, 2, 6, dtype=torch.float64))
+    for r in range(1, iterations + 1):  # each iteration's couplings are those of a run stopped there
+        _, couplings = procedure_1(votes, r)
+        assert torch.allclose(trace.couplings[r - 1], couplings)
+        parents, _ = procedure_1(votes, r)
+        agreement = torch.einsum("bijd,bjd->bij", votes, parents)  # the update b_ij += u_hat_j|i . v_j
+        assert trace.logit_changes[r - 1].item() == pytest.approx(agreement.abs().mean().item(), rel=1e-5)
+    expected = [(trace.couplings[r] - trace.couplings[r - 1]).abs().mean().item() for r in range(1, iterations)]
+    assert trace.coupling_changes.tolist() == pytest.approx(expected, rel=1e-5)
 
 
 def test_one_iteration_is_the_squashed_mean_vote_exactly_in_float64():

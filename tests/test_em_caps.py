@@ -544,6 +544,9 @@ def test_routing_diagnostics_are_logged_for_em_layers_only(mnist_dir, tmp_path):
         assert events.Scalars(f"grad_norm/{layer}")[0].value > 0
         assert f"routing/{layer}/activations" in histograms
     assert "train/margin" in scalars
+    for histogram in ("activation_present", "activation_absent", "responsibility_to_present"):
+        values = events.Histograms(f"routing/class_caps/{histogram}")[-1].histogram_value
+        assert values.num > 0 and values.min >= 0 and values.max <= 1, histogram
     # The presence medians on validation data (their values: tests/test_classifier.py).
     assert -1 < events.Scalars("val/presence_gap")[-1].value < 1
     assert 0 < events.Scalars("val/presence_target")[-1].value < 1

@@ -6,7 +6,14 @@ Frosst 2018, Procedure 1) in ``_em_caps.py``. Import them from here::
     from capsexp.nn.functional import dynamic_routing, em_routing
 """
 
-from capsexp.nn.functional._capsnet import dynamic_routing, fully_connected_routing, margin_loss, squash
+from capsexp.nn.functional._capsnet import (
+    RoutingTrace,
+    dynamic_routing,
+    dynamic_routing_trace,
+    fully_connected_routing,
+    margin_loss,
+    squash,
+)
 from capsexp.nn.functional._em_caps import (
     COST_NORMALIZATIONS,
     CostNormalization,
@@ -19,7 +26,9 @@ from capsexp.nn.functional._em_caps import (
 __all__ = [
     "COST_NORMALIZATIONS",
     "CostNormalization",
+    "RoutingTrace",
     "dynamic_routing",
+    "dynamic_routing_trace",
     "em_routing",
     "fully_connected_routing",
     "inverse_temperatures",

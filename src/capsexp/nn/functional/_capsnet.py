@@ -6,8 +6,10 @@ capsule dimension. ``votes`` are the prediction vectors u_hat_{j|i} = W_ij u_i, 
 
 from __future__ import annotations
 
+import itertools
 import math
 import threading
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -112,6 +114,29 @@ def _route(votes: torch.Tensor, iterations: int) -> tuple[list[torch.Tensor], li
             agreement = _dot_each_child(votes, v)
             logits = logits + agreement.to(state_dtype)  # b_ij += u_hat_j|i . v_j
     return couplings, totals, parents
+
+
+class RoutingTrace(NamedTuple):
+    """What each routing iteration did (for inspection: not differentiable)."""
+
+    couplings: torch.Tensor  # (R, B, I, J): c_ij used by iteration r
+    logit_changes: torch.Tensor  # (R,): mean |u_hat_j|i . v_j^(r)|, the change of b_ij made after iteration r
+    coupling_changes: torch.Tensor  # (R - 1,): mean |c_ij^(r) - c_ij^(r-1)| for r = 2 .. R
+
+
+@torch.no_grad()
+def dynamic_routing_trace(votes: torch.Tensor, iterations: int = 3) -> RoutingTrace:
+    """Procedure 1 on votes (B, I, J, D) as :func:`dynamic_routing` runs it, recording every
+    iteration's couplings, the mean absolute change of the routing logits b_ij its agreement update
+    makes (including the update after the last iteration, which Procedure 1 performs but whose
+    result is not used; the paper's Appendix A follows the logits' change), and the mean absolute
+    change of the couplings from one iteration to the next."""
+    parent_major = votes.transpose(1, 2).contiguous()
+    couplings, _, parents = _route(parent_major, iterations)
+    logit_changes = torch.stack([_dot_each_child(parent_major, v).abs().mean() for v in parents])
+    steps = [(c - previous).abs().mean() for previous, c in itertools.pairwise(couplings)]
+    coupling_changes = torch.stack(steps) if steps else logit_changes.new_zeros(0)
+    return RoutingTrace(torch.stack(couplings).transpose(2, 3), logit_changes.float(), coupling_changes.float())
 
 
 def _dot_each_child(votes: torch.Tensor, parent_vectors: torch.Tensor) -> torch.Tensor:

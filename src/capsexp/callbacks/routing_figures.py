@@ -1,0 +1,121 @@
+"""What routing did on validation images, in TensorBoard, at every validation.
+
+On the first ``num_images`` images of the validation set, after the validation (one forward pass):
+
+Dynamic routing (each :class:`~capsexp.nn.RoutingCapsules` layer, e.g. CapsNet's ``digits``):
+
+- ``routing/<layer>/logit_change_iter<r>``: the mean absolute change of the routing logits b_ij made by
+  iteration r's agreement update (Sabour et al. 2017, Appendix A, follows the logits' change), and
+  ``coupling_change_iter<r>``: the mean absolute change of the couplings c_ij from iteration r - 1 to r;
+- image ``routing/<layer>/couplings``: one heat map per class over the primary capsules' grid: the
+  coupling coefficient c_ij of each primary capsule to that class's capsule (last iteration), averaged
+  over the capsule types and over the images of that class. Mid-grey is the uniform coupling 1/J; white
+  and black the figure's largest departures above and below it.
+
+EM routing (each :class:`~capsexp.nn.ClassMatrixCapsules` layer, the class capsules):
+
+- histograms ``routing/<layer>/activation_present`` and ``activation_absent``: the class capsules'
+  activations for the class in the image and for the others (Hinton et al. 2018: near 1 and near 0);
+- histogram ``routing/<layer>/responsibility_to_present``: each child's responsibility toward the
+  class in the image (the share of its vote that the right class explains).
+
+A no-op for nets without these layers (LeNet5). Off with ``callbacks.routing_figures=null``.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from torchvision.utils import make_grid
+
+from capsexp.arguments import PositiveInt, checked
+from capsexp.callbacks.image_logging import tensorboard_writer
+from capsexp.nn import ClassMatrixCapsules, PrimaryCapsules, RoutingCapsules
+from capsexp.nn.functional import dynamic_routing_trace
+
+_HEAT_MAP_SCALE = 8  # pixels per primary-capsule position in the heat maps
+
+
+@checked
+class RoutingFigures(L.Callback):
+    def __init__(self, num_images: PositiveInt = 64) -> None:
+        self.num_images = num_images
+        self._batch: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
+        if batch_idx == 0 and dataloader_idx == 0:
+            targets = batch[1][: self.num_images].detach()
+            # With several objects per image, the first is the one shown.
+            self._batch = (batch[0][: self.num_images].detach(), targets if targets.ndim == 1 else targets[:, 0])
+
+    @torch.no_grad()
+    def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        writer = tensorboard_writer(trainer)
+        net = getattr(pl_module, "net", pl_module)
+        dynamic = {name: m for name, m in net.named_modules() if isinstance(m, RoutingCapsules)}
+        em = {name: m for name, m in net.named_modules() if isinstance(m, ClassMatrixCapsules)}
+        if trainer.sanity_checking or writer is None or self._batch is None or not (dynamic or em):
+            return
+        images, labels = self._batch
+        captured: dict[str, tuple] = {}
+        hooks = [
+            layer.register_forward_hook(functools.partial(_keep_input, captured, name))
+            for name, layer in dynamic.items()
+        ]
+        hooks += [
+            layer.router.register_forward_hook(functools.partial(_keep_output, captured, name))
+            for name, layer in em.items()
+        ]
+        try:
+            pl_module(images)
+        finally:
+            for hook in hooks:
+                hook.remove()
+        step = trainer.global_step
+        primary = next((m for m in net.modules() if isinstance(m, PrimaryCapsules)), None)
+        for name, layer in dynamic.items():
+            trace = dynamic_routing_trace(layer.votes(captured[name][0]), layer.iterations)
+            for r, change in enumerate(trace.logit_changes.tolist(), start=1):
+                writer.add_scalar(f"routing/{name}/logit_change_iter{r}", change, step)
+            for r, change in enumerate(trace.coupling_changes.tolist(), start=2):
+                writer.add_scalar(f"routing/{name}/coupling_change_iter{r}", change, step)
+            if primary is not None:
+                writer.add_image(
+                    f"routing/{name}/couplings", coupling_maps(trace.couplings[-1], labels, primary.num_types), step
+                )
+        for name in em:
+            _, activations, responsibilities = captured[name]
+            present = F.one_hot(labels, activations.shape[-1]).bool()
+            writer.add_histogram(f"routing/{name}/activation_present", activations[present].float().cpu(), step)
+            writer.add_histogram(f"routing/{name}/activation_absent", activations[~present].float().cpu(), step)
+            to_present = responsibilities.gather(-1, labels[:, None, None].expand(-1, responsibilities.shape[1], 1))
+            writer.add_histogram(f"routing/{name}/responsibility_to_present", to_present.float().cpu(), step)
+
+
+def _keep_input(captured: dict, name: str, module: torch.nn.Module, inputs: tuple, output) -> None:
+    captured[name] = (inputs[0].detach(),)
+
+
+def _keep_output(captured: dict, name: str, module: torch.nn.Module, inputs: tuple, output) -> None:
+    captured[name] = tuple(tensor.detach() for tensor in output)
+
+
+def coupling_maps(couplings: torch.Tensor, labels: torch.Tensor, num_types: int) -> torch.Tensor:
+    """(3, H, W) image: for each class j, the mean over the images of class j of c_ij (couplings (B, I, J),
+    children type-major over a square grid), averaged over the types, as one heat map per class."""
+    batch, children, classes = couplings.shape
+    side = math.isqrt(children // num_types)
+    per_position = couplings.view(batch, num_types, side, side, classes).mean(dim=1)  # (B, S, S, J)
+    one_hot = F.one_hot(labels, classes).to(per_position.dtype)  # (B, J)
+    counts = one_hot.sum(dim=0).clamp_min(1)
+    maps = torch.einsum("bxyj,bj->jxy", per_position, one_hot) / counts[:, None, None]  # (J, S, S)
+    # Routing shows as departures from the uniform couplings 1/J: mid-grey, white and black at the
+    # largest departure of the figure either way.
+    departure = maps - 1.0 / classes
+    maps = 0.5 + 0.5 * departure / departure.abs().amax().clamp_min(1e-12)
+    maps = F.interpolate(maps[:, None].float().cpu(), scale_factor=_HEAT_MAP_SCALE, mode="nearest")
+    return make_grid(maps, nrow=classes, padding=2, pad_value=0.5)
