@@ -66,6 +66,12 @@ def test_crops_jitter_and_standardisation(norb_dir):
         trained.append(datamodule.on_after_batch_transfer(batch, 0)[0])
     assert trained[0].shape == (12, 2, 32, 32) and not torch.allclose(trained[0], trained[2])
     assert torch.equal(trained[0], trained[1])  # drawn from the step: a resumed run jitters alike
+    # An attack perturbs the pixels (centre crop, in [0, 1]) and differentiates through the
+    # standardisation: the two steps together are the batch the net sees.
+    trainer.training = False
+    pixels, _ = datamodule.pixel_batch(batch, 0)
+    assert 0 <= pixels.min() and pixels.max() <= 1 and pixels.std() > 0
+    assert torch.equal(datamodule.input_transform(pixels), evaluated)
 
 
 @pytest.mark.parametrize(
