@@ -49,6 +49,7 @@ studies:  ## the studies' quick CPU modes -> experiments/results/*_quick/ (hours
 	$(BIN)/python experiments/em_smallnorb.py --quick $(ARGS)
 	$(BIN)/python experiments/multimnist.py --quick $(ARGS)
 	$(BIN)/python experiments/affnist.py --quick $(ARGS)
+	$(BIN)/python experiments/adversarial.py --quick $(ARGS)
 
 studies-full:  ## the studies in full (GPU hours; ARGS="trainer.devices=2" etc.) -> experiments/results/*_full/
 	$(BIN)/python experiments/em_training.py $(ARGS)
@@ -58,6 +59,7 @@ studies-full:  ## the studies in full (GPU hours; ARGS="trainer.devices=2" etc.)
 	$(BIN)/python experiments/em_smallnorb.py $(ARGS)
 	$(BIN)/python experiments/multimnist.py $(ARGS)
 	$(BIN)/python experiments/affnist.py $(ARGS)
+	$(BIN)/python experiments/adversarial.py $(ARGS)
 
 tensorboard:  ## serve logs/ on http://localhost:6006
 	$(BIN)/tensorboard --logdir logs --port 6006

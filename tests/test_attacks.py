@@ -107,6 +107,9 @@ def test_bad_attack_options_are_named_before_anything_runs():
     assert "attack: attacks the tested checkpoint; set test=true" in result.stderr
     unknown = run_cli("attack=fgms")
     assert unknown.returncode == 2 and "fgsm" in unknown.stderr and "Traceback" not in unknown.stderr
+    # In a sweep over attacks, a plain attack.* key would reach Hydra's base config, which has no attack.
+    swept = run_cli("-m", "attack=fgsm,bim", "attack.eps=[0,0.1]")
+    assert swept.returncode == 2 and "write ++attack.eps=[0,0.1]" in swept.stderr
 
 
 def test_a_source_outside_a_run_folder_or_of_other_data_is_refused(attacked_run, tmp_path):

@@ -271,3 +271,14 @@ def test_margin_loss_is_zero_for_perfect_capsules():
     assert math.isclose(
         margin_loss(lengths, torch.tensor([3, 5, 7])).item(), (0.85**2 + 0.5 * 0.89**2) / 3, rel_tol=1e-5
     )
+
+
+def test_a_net_first_run_under_inference_mode_still_trains_and_differentiates():
+    # A test-only run (Lightning tests under inference mode) followed by an attack or more training:
+    # the routing's reused CPU buffers must not be inference tensors.
+    layer = RoutingCapsules(in_caps=30, in_dim=4, out_caps=5, out_dim=6)
+    with torch.inference_mode():
+        layer(torch.randn(3, 30, 4))
+    inputs = torch.randn(3, 30, 4, requires_grad=True)
+    layer(inputs).sum().backward()
+    assert inputs.grad.abs().sum() > 0

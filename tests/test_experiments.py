@@ -351,3 +351,31 @@ def test_affnist_trains_both_nets_to_the_threshold_and_tests_them_on_new_viewpoi
     assert "not the official affNIST test set" in page
     with open(output / "comparison.csv") as handle:
         assert all(row["test/acc_affine_mnist mean"] for row in csv.DictReader(handle))
+
+
+@pytest.mark.slow  # four training runs and six attack multiruns on tiny data (about two minutes): make test-all
+def test_adversarial_attacks_each_net_white_box_and_the_capsule_nets_from_lenet5(mnist_dir, tmp_path):
+    output = tmp_path / "results"
+    result = run_driver(
+        "adversarial",
+        "--quick",
+        "--models",
+        "lenet5,capsnet",
+        "--images",
+        "20",
+        "--data-dir",
+        str(mnist_dir),
+        "--log-dir",
+        str(tmp_path),
+        "--output",
+        str(output),
+        *TINY_RUN,
+        "trainer.max_steps=3",
+        "trainer.val_check_interval=3",  # validated once: a best checkpoint to attack
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    page = (output / "README.md").read_text()
+    rows = {tuple(line.split(" | ")[:2]) for line in page.splitlines() if re.match(r"\| (lenet5|capsnet) \|", line)}
+    assert rows >= {("| lenet5", "fgsm"), ("| lenet5", "bim"), ("| capsnet", "fgsm"), ("| capsnet", "bim")}
+    assert {("| capsnet", "fgsm_blackbox"), ("| capsnet", "bim_blackbox")} <= rows
+    assert ("| lenet5", "fgsm_blackbox") not in rows  # the source is not attacked with its own examples

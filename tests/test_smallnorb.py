@@ -70,7 +70,7 @@ def test_crops_jitter_and_standardisation(norb_dir):
     # standardisation: the two steps together are the batch the net sees.
     trainer.training = False
     pixels, _ = datamodule.pixel_batch(batch, 0)
-    assert 0 <= pixels.min() and pixels.max() <= 1 and pixels.std() > 0
+    assert pixels.min() >= 0 and pixels.max() <= 1 and pixels.std() > 0
     assert torch.equal(datamodule.input_transform(pixels), evaluated)
 
 

@@ -153,10 +153,34 @@ def check_group_overrides(arguments: list[str], config_dir: Path) -> None:
                 raise ConfigError(f"{key}={option}: no such option{hint}\n  {key} is one of: {', '.join(options)}")
         if key.startswith("model/") and not argument.startswith("+"):
             _check_model_has_group(key.removeprefix("model/"), value, arguments, config_dir)
+    _check_keys_of_swept_optional_groups(arguments, config_dir)
+
+
+def _check_keys_of_swept_optional_groups(arguments: list[str], config_dir: Path) -> None:
+    """``-m attack=fgsm,bim attack.eps=[0,0.1]``: Hydra applies the plain key to the sweep's base
+    config, which has no attack (the group's default is null), and fails with "Key 'attack' is not in
+    struct". ``++attack.eps=...`` is applied there and in every job."""
+    if not any(argument in ("-m", "--multirun") for argument in arguments):
+        return
+    defaults = [entry for entry in _yaml_defaults(config_dir / "config.yaml") if isinstance(entry, dict)]
+    optional = {name for entry in defaults for name, option in entry.items() if option is None}
+
+    def is_sweep(value: str) -> bool:  # a,b (a list [a,b] is one value)
+        return "," in value and not value.startswith("[")
+
+    swept = {a.split("=", 1)[0].lstrip("+") for a in arguments if "=" in a and is_sweep(a.split("=", 1)[1])}
+    for argument in arguments:
+        key, _, value = argument.partition("=")
+        group = key.split(".", 1)[0]
+        if "." in key and not key.startswith("+") and group in optional & swept and not is_sweep(value):
+            raise ConfigError(
+                f"{argument}: in a sweep over {group} options, Hydra sets {key} before it chooses the {group} "
+                f"(the default has none); write ++{argument}"
+            )
 
 
 def _stored_options(group: str) -> set[str]:
-    """The options of ``group`` held in Hydra's ConfigStore (``model/routing=em``: see capsexp/__init__.py)."""
+    """The options of ``group`` held in Hydra's ConfigStore (``model/routing=em``: see capsexp.hydra_setup)."""
     from hydra.core.config_store import ConfigStore
 
     try:

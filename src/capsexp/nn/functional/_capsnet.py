@@ -37,7 +37,10 @@ def _scratch(shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
     if buffer is None or buffer.numel() < numel:
         del buffer  # the smaller buffer is freed before the larger one is made
         buffers.pop(like.dtype, None)
-        buffer = buffers[like.dtype] = torch.empty(numel, dtype=like.dtype)
+        # A normal tensor even when first asked for under inference mode (a test-only run): an
+        # inference tensor could not be written outside it (training, attacks) afterwards.
+        with torch.inference_mode(False):
+            buffer = buffers[like.dtype] = torch.empty(numel, dtype=like.dtype)
     return buffer[:numel].view(shape)
 
 
