@@ -18,11 +18,21 @@ import statistics
 import sys
 from pathlib import Path
 
-import yaml
-
 from capsexp.timing import Stopwatch
 from em_training import routing_summary, slug, val_curve
-from studylib import SIGNIFICANCE, display_path, mean_std, p_value_text, parse_args, run_main, run_seconds, welch_p
+from studylib import (
+    SIGNIFICANCE,
+    display_path,
+    mean_std,
+    missing_seeds,
+    p_value_text,
+    parse_args,
+    row_runs,
+    run_main,
+    run_row,
+    run_seconds,
+    welch_p,
+)
 
 STUDY = "em_routing_ablation"
 SEEDS = (1, 2, 3)
@@ -47,22 +57,6 @@ QUICK = [
     "callbacks.routing_diagnostics.histograms=false",  # scalars only: event files small enough to keep
 ]
 FULL = ["data=mnist", "data.batch_size=32", "trainer.max_epochs=10", "trainer.val_check_interval=0.5"]
-
-
-def row_runs(folder: Path) -> list:
-    from capsexp.compare import find_runs
-
-    return find_runs(folder) if folder.is_dir() else []
-
-
-def missing_seeds(folder: Path) -> list[int]:
-    """The seeds of SEEDS without a finished run (one with a final val/acc) under ``folder``."""
-    done = set()
-    for run in row_runs(folder):
-        overrides = yaml.safe_load((run.path / ".hydra" / "overrides.yaml").read_text()) or []
-        if run.final("val/acc") is not None:
-            done.update(int(o.split("=", 1)[1]) for o in overrides if o.startswith("seed="))
-    return [seed for seed in SEEDS if seed not in done]
 
 
 def results_table(study_folder: Path) -> tuple[str, dict[str, list]]:
@@ -226,23 +220,15 @@ def main(argv: list[str] | None = None) -> int:
     study, args = parse_args(STUDY, __doc__, argv, add_options)
     budget = QUICK if study.quick else FULL
     study_folder = (args.rebuild or args.folder or study.new_folder()).resolve()
-    sweep_seeds = f"seed={','.join(map(str, SEEDS))}"
     commands = []
     with Stopwatch() as watch:
         for name, overrides in ROWS.items():
             folder = study_folder / slug(name)
-            sweep = [*overrides, sweep_seeds, *budget]
-            missing = [] if args.rebuild or name not in args.rows else missing_seeds(folder)
-            if missing:
+            if not args.rebuild and name in args.rows and missing_seeds(folder, SEEDS):
                 print(f"\n=== {name}", flush=True)
-            if list(missing) == list(SEEDS):
-                study.multirun(sweep, folder=folder)
-            else:  # a row begun earlier: each missing seed in the job folder the whole sweep gives it
-                for seed in missing:
-                    seed_sweep = [*overrides, f"seed={seed}", *budget, f"hydra.sweep.subdir={SEEDS.index(seed)}"]
-                    study.multirun(seed_sweep, folder=folder)
+                run_row(study, [*overrides, *budget], SEEDS, folder)
             if folder.is_dir():
-                commands.append(study.command_text(sweep, folder))
+                commands.append(study.command_text([*overrides, f"seed={','.join(map(str, SEEDS))}", *budget], folder))
     table, runs = results_table(study_folder)
 
     def extra_section(output: Path) -> str:

@@ -3,6 +3,10 @@ the paper's baseline CNN and LeNet5, on two overlapping digits per image.
 
     python experiments/multimnist.py --quick      # CPU: 600 steps of 32 pairs per run, seeds 1 and 2
     python experiments/multimnist.py              # full (GPU): 30 epochs, 1,000 test pairs per digit
+    python experiments/multimnist.py --quick --folder logs/multimnist/multiruns/<time>   # complete a study
+
+Each net is a row, run for every seed into ``<study folder>/<row>/``; with ``--folder``, the runs
+finished there (tested) are kept and only the others are run.
 
 Every net sees the same training pairs (drawn afresh at every step from the seed), steps and batch;
 each keeps its own optimiser recipe from its model config. The error is the paper's: an image counts
@@ -13,6 +17,7 @@ val_acc.png, and reconstructions.png (the paper's Fig. 5: inputs above each digi
 
 from __future__ import annotations
 
+import argparse
 import csv
 import sys
 from pathlib import Path
@@ -21,20 +26,23 @@ import yaml
 
 from capsexp.events import load_events
 from capsexp.timing import Stopwatch
-from studylib import parse_args, run_main
+from studylib import parse_args, run_main, run_row
 
 STUDY = "multimnist"
 
 # The paper's Table 1, MultiMNIST test error (%): its CNN baseline and CapsNet with the reconstruction loss.
 PAPER_ERROR = {"baseline_cnn": "8.1", "capsnet, 1 iteration": "7.5", "capsnet, 3 iterations": "5.2"}
 
-QUICK = [
-    "seed=1,2",
-    "trainer.max_steps=600",
-    "trainer.val_check_interval=200",
-    "trainer.limit_val_batches=32",
-]
-FULL = ["seed=1,2", "trainer.max_epochs=30", "data.pairs_per_digit=1000"]
+SEEDS = (1, 2)
+# Rows of the study: a net each, its options; each row's runs go to <study folder>/<row>/.
+ROWS = {
+    "capsnet_1": ["model=capsnet", "model.net.routing.iterations=1"],
+    "capsnet_3": ["model=capsnet", "model.net.routing.iterations=3"],
+    "baseline_cnn": ["model=baseline_cnn"],
+    "lenet5": ["model=lenet5"],
+}
+QUICK = ["trainer.max_steps=600", "trainer.val_check_interval=200", "trainer.limit_val_batches=32"]
+FULL = ["trainer.max_epochs=30", "data.pairs_per_digit=1000"]
 
 
 QUICK_CAVEAT = "The paper trained far longer than these runs: compare the nets with each other, not with its column."
@@ -87,21 +95,21 @@ def job_overrides(job: Path) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    study, _ = parse_args(STUDY, __doc__, argv)
+    def add_options(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument(
+            "--folder", type=Path, help="study folder to run into (default: a new one); finished runs are kept"
+        )
+
+    study, args = parse_args(STUDY, __doc__, argv, add_options)
     budget = QUICK if study.quick else FULL
-    study_folder = study.new_folder()
+    study_folder = (args.folder or study.new_folder()).resolve()
+    commands = []
     with Stopwatch() as watch:
-        capsnet_folder, capsnet_command = study.multirun(
-            ["model=capsnet", "data=multi_mnist", "model.net.routing.iterations=1,3", *budget],
-            folder=study_folder / "capsnet",
-        )
-        _, baselines_command = study.multirun(
-            ["model=baseline_cnn,lenet5", "data=multi_mnist", *budget], folder=study_folder / "baselines"
-        )
+        for name, options in ROWS.items():
+            command = run_row(study, [*options, "data=multi_mnist", *budget], SEEDS, study_folder / name, "test/acc")
+            commands.append(command)
     figure_run = next(
-        job
-        for job in sorted(capsnet_folder.iterdir())
-        if {"model.net.routing.iterations=3", "seed=1"} <= set(job_overrides(job))
+        job for job in sorted((study_folder / "capsnet_3").iterdir()) if "seed=1" in set(job_overrides(job))
     )
     budget_text = (
         "600 steps of 32 pairs (19,200 training pairs, a third of an epoch of distinct first digits), "
@@ -120,7 +128,7 @@ independent sigmoids, top two.
 """
     study.write_results(
         "MultiMNIST: CapsNet against CNN baselines (paper Table 1)",
-        [capsnet_command, baselines_command],
+        commands,
         study_folder,
         watch.seconds,
         notes,

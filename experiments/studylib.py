@@ -10,7 +10,7 @@ import os
 import statistics
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -127,6 +127,42 @@ class Study:
         (output / "README.md").write_text(page)
         print(f"\nResults: {output / 'README.md'}")
         return output
+
+
+def row_runs(folder: Path) -> list:
+    """The runs under a study row's folder (none when it does not exist)."""
+    from capsexp.compare import find_runs
+
+    return find_runs(folder) if folder.is_dir() else []
+
+
+def missing_seeds(folder: Path, seeds: Sequence[int], finished: str = "val/acc") -> list[int]:
+    """The seeds of ``seeds`` without a finished run (one that logged ``finished``) under ``folder``."""
+    import yaml
+
+    done = set()
+    for run in row_runs(folder):
+        overrides = yaml.safe_load((run.path / ".hydra" / "overrides.yaml").read_text()) or []
+        if run.final(finished) is not None:
+            done.update(int(o.split("=", 1)[1]) for o in overrides if o.startswith("seed="))
+    return [seed for seed in seeds if seed not in done]
+
+
+def run_row(
+    study: Study, sweep: list[str], seeds: Sequence[int], folder: Path, finished: str = "val/acc"
+) -> str | None:
+    """One row of a study: ``sweep`` (without a seed) for every seed, into ``folder``; seeds with a
+    finished run there from an earlier sitting are not run again, the others go into the job folder the
+    whole sweep would give them. Returns the row's command (the whole sweep), or None if nothing is there."""
+    missing = missing_seeds(folder, seeds, finished)
+    if list(missing) == list(seeds):
+        study.multirun([*sweep, f"seed={','.join(map(str, seeds))}"], folder=folder)
+    else:
+        for seed in missing:
+            study.multirun([*sweep, f"seed={seed}", f"hydra.sweep.subdir={list(seeds).index(seed)}"], folder=folder)
+    if not folder.is_dir():
+        return None
+    return study.command_text([*sweep, f"seed={','.join(map(str, seeds))}"], folder)
 
 
 def parse_args(
