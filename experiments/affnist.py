@@ -9,11 +9,14 @@ Training stops at the threshold (``callbacks=[default,stop_at_accuracy]``, Light
 with ``stopping_threshold``) or when the budget ends; the table says which. Test sets: the translated
 test digits (``test/acc``), ``affine_mnist`` (the test digits under random affine maps of affNIST's
 ranges, generated: not affNIST) and, where its files are in ``<data dir>/affNIST/test_batches/``, the
-official affNIST test set. Writes experiments/results/affnist_<mode>/.
+official affNIST test set. Each net is a row, run for every seed into ``<study folder>/<net>/``;
+``--folder <study folder>`` keeps the runs finished there and runs the others. Writes
+experiments/results/affnist_<mode>/.
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -21,7 +24,7 @@ from capsexp import PROJECT_ROOT
 from capsexp.compare import find_runs
 from capsexp.errors import CapsexpError
 from capsexp.timing import Stopwatch
-from studylib import mean_std, parse_args, run_main
+from studylib import mean_std, parse_args, run_main, run_row
 
 STUDY = "affnist"
 
@@ -29,13 +32,10 @@ STUDY = "affnist"
 PAPER_ACCURACY = {"capsnet": "79", "baseline_cnn": "66"}
 QUICK_THRESHOLD, FULL_THRESHOLD = 0.97, 0.992
 
-QUICK = [
-    "seed=1",
-    "trainer.max_steps=1500",
-    "trainer.val_check_interval=100",
-    "trainer.limit_val_batches=64",
-]
-FULL = ["seed=1,2,3", "trainer.max_epochs=100", "trainer.val_check_interval=0.25"]
+QUICK_SEEDS, FULL_SEEDS = (1,), (1, 2, 3)
+QUICK = ["trainer.max_steps=1500", "trainer.val_check_interval=100", "trainer.limit_val_batches=64"]
+FULL = ["trainer.max_epochs=100", "trainer.val_check_interval=0.25"]
+NETS = ("capsnet", "baseline_cnn")  # a row each: <study folder>/<net>/
 
 
 def affnist_present(data_dir: Path) -> bool:
@@ -73,21 +73,27 @@ def results_table(folder: Path, threshold: float, with_affnist: bool) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    study, _ = parse_args(STUDY, __doc__, argv)
+    def add_options(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument(
+            "--folder", type=Path, help="study folder to run into (default: a new one); finished runs are kept"
+        )
+
+    study, args = parse_args(STUDY, __doc__, argv, add_options)
     data_dir = Path(study.environment().get("CAPSEXP_DATA_DIR", PROJECT_ROOT / "data"))
     with_affnist = affnist_present(data_dir)
     threshold = QUICK_THRESHOLD if study.quick else FULL_THRESHOLD
     test_sets = "[affine_mnist,affnist]" if with_affnist else "[affine_mnist]"
-    sweep = [
-        "model=capsnet,baseline_cnn",
+    common = [
         "data=translated_mnist",
         f"data.extra_test_sets={test_sets}",
         "callbacks=[default,stop_at_accuracy]",
         f"callbacks.stop_at_accuracy.stopping_threshold={threshold}",
         *(QUICK if study.quick else FULL),
     ]
+    seeds = QUICK_SEEDS if study.quick else FULL_SEEDS
+    folder = (args.folder or study.new_folder()).resolve()
     with Stopwatch() as watch:
-        folder, command = study.multirun(sweep)
+        commands = [run_row(study, [f"model={net}", *common], seeds, folder / net, "test/acc") for net in NETS]
     affnist_text = (
         "the official affNIST test set (320,000 images)"
         if with_affnist
@@ -105,7 +111,7 @@ numbers, only the comparison between the nets is. The paper trained both nets to
 """
     study.write_results(
         "Affine generalisation: CapsNet against the baseline CNN (paper section 5.2)",
-        [command],
+        commands,
         folder,
         watch.seconds,
         notes,
