@@ -58,11 +58,11 @@ def accuracy_curves(folder: Path) -> dict[tuple[str, str], dict[str, list[float]
     curves = {}
     for job in sorted(folder.rglob(".hydra")):
         run = job.parent
-        model = model_of(run)
-        for tag, points in read_scalars(run).items():
+        model, logged = model_of(run), read_scalars(run)
+        for tag, points in logged.items():
             if tag.startswith("attack/") and tag.endswith("/acc"):
                 name = tag.split("/")[1]
-                zero = read_scalars(run).get(f"attack/{name}/zero_gradient_fraction", [])
+                zero = logged.get(f"attack/{name}/zero_gradient_fraction", [])
                 curves[(model, name)] = {
                     "acc": [p.value for p in sorted(points, key=lambda p: p.step)],
                     "zero": [p.value for p in zero],
