@@ -42,6 +42,9 @@ _HEAT_MAP_SCALE = 8  # pixels per primary-capsule position in the heat maps
 
 @checked
 class RoutingFigures(L.Callback):
+    """The figures above, from the first ``num_images`` images of each validation (one more forward
+    pass of them after the validation), written by rank zero at the step of the validation."""
+
     def __init__(self, num_images: PositiveInt = 64) -> None:
         self.num_images = num_images
         self._batch: tuple[torch.Tensor, torch.Tensor] | None = None
