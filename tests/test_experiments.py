@@ -29,6 +29,15 @@ def run_driver(name: str, *arguments: str, timeout: int = 600) -> subprocess.Com
     )
 
 
+def run_quick(
+    name: str, data_dir, log_dir, output, *overrides: str, options: tuple[str, ...] = ()
+) -> subprocess.CompletedProcess:
+    """A study driver in ``--quick`` mode on ``data_dir``, its runs under ``log_dir``, its page in ``output``;
+    ``options`` are the driver's own (before ``--quick``: a list option ends there), ``overrides`` Hydra's."""
+    quick = ["--quick", "--data-dir", str(data_dir), "--log-dir", str(log_dir), "--output", str(output)]
+    return run_driver(name, *options, *quick, *overrides)
+
+
 def test_results_pages_are_portable_and_say_things_once():
     """Paths relative to the repository (no machine's absolute path), and each header block once."""
     results = PROJECT_ROOT / "experiments" / "results"
@@ -46,14 +55,10 @@ def test_results_pages_are_portable_and_say_things_once():
 
 def test_routing_ablation_writes_the_four_configurations_beside_the_paper(mnist_dir, tmp_path):
     output = tmp_path / "results"
-    result = run_driver(
+    result = run_quick(
         "routing_ablation",
-        "--quick",
-        "--data-dir",
         str(mnist_dir),
-        "--log-dir",
         str(tmp_path),
-        "--output",
         str(output),
         *TINY_RUN,
         *TINY_CAPSNET,
@@ -76,14 +81,10 @@ def test_routing_ablation_writes_the_four_configurations_beside_the_paper(mnist_
 
 
 def test_em_smallnorb_says_so_and_runs_nothing_without_the_data(tmp_path):
-    result = run_driver(
+    result = run_quick(
         "em_smallnorb",
-        "--quick",
-        "--data-dir",
         str(tmp_path / "empty"),
-        "--log-dir",
         str(tmp_path / "logs"),
-        "--output",
         str(tmp_path / "results"),
     )
     assert result.returncode == 0, result.stderr[-3000:]
@@ -96,14 +97,10 @@ def test_em_smallnorb_says_so_and_runs_nothing_without_the_data(tmp_path):
 def test_em_smallnorb_tests_each_viewpoint_run_on_familiar_and_novel_views(tmp_path):
     data_dir = write_norb(tmp_path / "data")
     output = tmp_path / "results"
-    result = run_driver(
+    result = run_quick(
         "em_smallnorb",
-        "--quick",
-        "--data-dir",
         str(data_dir),
-        "--log-dir",
         str(tmp_path / "logs"),
-        "--output",
         str(output),
         *TINY_RUN,
         "data.verify_checksums=false",
@@ -129,17 +126,10 @@ def test_em_smallnorb_tests_each_viewpoint_run_on_familiar_and_novel_views(tmp_p
 
 def test_em_training_writes_curves_and_routing_entropies_per_recipe(mnist_dir, tmp_path):
     output = tmp_path / "results"
-    result = run_driver(
+    result = run_quick(
         "em_training",
-        "--quick",
-        "--recipes",
-        "default",
-        "paper",
-        "--data-dir",
         str(mnist_dir),
-        "--log-dir",
         str(tmp_path),
-        "--output",
         str(output),
         *TINY_RUN,
         *TINY_EM_CAPS,
@@ -147,6 +137,7 @@ def test_em_training_writes_curves_and_routing_entropies_per_recipe(mnist_dir, t
         "trainer.val_check_interval=2",
         "trainer.limit_val_batches=1",
         "callbacks.routing_diagnostics.every_n_steps=2",
+        options=("--recipes", "default", "paper"),
     )
     assert result.returncode == 0, result.stderr[-3000:]
     page = (output / "README.md").read_text()
@@ -168,10 +159,10 @@ def test_em_training_writes_curves_and_routing_entropies_per_recipe(mnist_dir, t
 
 def test_em_routing_ablation_runs_each_row_with_every_seed_and_resumes(mnist_dir, tmp_path):
     output, folder = tmp_path / "results", tmp_path / "study"
-    common = ["--quick", "--data-dir", str(mnist_dir), "--log-dir", str(tmp_path), "--output", str(output)]
+    common = [mnist_dir, tmp_path, output]
     tiny = [*TINY_RUN, *TINY_EM_CAPS, "trainer.limit_train_batches=2", "trainer.limit_val_batches=1"]
     rows = ["1 iteration", "2 iterations"]
-    result = run_driver("em_routing_ablation", *common, "--rows", *rows, "--folder", str(folder), *tiny)
+    result = run_quick("em_routing_ablation", *common, "--rows", *rows, "--folder", str(folder), *tiny)
     assert result.returncode == 0, result.stderr[-3000:]
     for row in ("1_iteration", "2_iterations"):
         assert len(list((folder / row).glob("[0-2]/.hydra/overrides.yaml"))) == 3  # seeds 1, 2, 3
@@ -195,7 +186,7 @@ def test_em_routing_ablation_runs_each_row_with_every_seed_and_resumes(mnist_dir
     # had; the complete row is not run again; the page is written anew.
     shutil.rmtree(folder / "1_iteration" / "1")
     (output / "README.md").unlink()
-    result = run_driver("em_routing_ablation", *common, "--rows", *rows, "--folder", str(folder), *tiny)
+    result = run_quick("em_routing_ablation", *common, "--rows", *rows, "--folder", str(folder), *tiny)
     assert result.returncode == 0 and result.stdout.count("$ python") == 1, result.stdout[-2000:]
     assert "seed=2" in (folder / "1_iteration" / "1" / ".hydra" / "overrides.yaml").read_text()
     assert (output / "README.md").exists()
@@ -306,14 +297,10 @@ def test_em_training_summarises_seeds_with_welchs_test(tmp_path, monkeypatch):
 @pytest.mark.slow  # six runs, two of the 35M-parameter baseline CNN (about a minute): make test-all
 def test_multimnist_compares_capsnet_with_the_cnns_beside_the_paper_and_keeps_a_fig5(mnist_dir, tmp_path):
     output = tmp_path / "results"
-    result = run_driver(
+    result = run_quick(
         "multimnist",
-        "--quick",
-        "--data-dir",
         str(mnist_dir),
-        "--log-dir",
         str(tmp_path),
-        "--output",
         str(output),
         *TINY_RUN,
         "trainer.max_steps=2",
@@ -335,14 +322,10 @@ def test_multimnist_compares_capsnet_with_the_cnns_beside_the_paper_and_keeps_a_
 @pytest.mark.slow  # two runs on 40x40 canvases and their three test sets (about a minute): make test-all
 def test_affnist_trains_both_nets_to_the_threshold_and_tests_them_on_new_viewpoints(mnist_dir, tmp_path):
     output = tmp_path / "results"
-    result = run_driver(
+    result = run_quick(
         "affnist",
-        "--quick",
-        "--data-dir",
         str(mnist_dir),
-        "--log-dir",
         str(tmp_path),
-        "--output",
         str(output),
         *TINY_RUN,
         "trainer.max_steps=3",
@@ -361,19 +344,15 @@ def test_affnist_trains_both_nets_to_the_threshold_and_tests_them_on_new_viewpoi
 @pytest.mark.slow  # four training runs and six attack multiruns on tiny data (about two minutes): make test-all
 def test_adversarial_attacks_each_net_white_box_and_the_capsule_nets_from_lenet5(mnist_dir, tmp_path):
     output = tmp_path / "results"
-    result = run_driver(
+    result = run_quick(
         "adversarial",
-        "--quick",
+        str(mnist_dir),
+        str(tmp_path),
+        str(output),
         "--models",
         "lenet5,capsnet",
         "--images",
         "20",
-        "--data-dir",
-        str(mnist_dir),
-        "--log-dir",
-        str(tmp_path),
-        "--output",
-        str(output),
         *TINY_RUN,
         "trainer.max_steps=3",
         "trainer.val_check_interval=3",  # validated once: a best checkpoint to attack
