@@ -26,7 +26,7 @@ import yaml
 
 from capsexp.events import load_events
 from capsexp.timing import Stopwatch
-from studylib import parse_args, run_main, run_row
+from studylib import parse_args, run_main, run_row, test_error_cell
 
 STUDY = "multimnist"
 
@@ -68,10 +68,7 @@ def paper_table(comparison_csv: Path) -> str:
     with open(comparison_csv) as handle:
         for row in csv.DictReader(handle):
             name = net_name(row["configuration"])
-            error = f"{100 * (1 - float(row['test/acc mean'])):.2f}"
-            if row["test/acc std"]:
-                error += f" ± {100 * float(row['test/acc std']):.2f}"
-            lines.append(f"| {name} | {row['runs']} | {error} | {PAPER_ERROR.get(name, '')} |")
+            lines.append(f"| {name} | {row['runs']} | {test_error_cell(row)} | {PAPER_ERROR.get(name, '')} |")
     return "\n".join(lines) + "\n"
 
 

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from capsexp.timing import Stopwatch
-from studylib import parse_args, run_main
+from studylib import parse_args, run_main, test_error_cell
 
 STUDY = "routing_ablation"
 
@@ -42,9 +42,7 @@ def paper_table(comparison_csv: Path) -> str:
             words = dict(part.split("=", 1) for part in row["configuration"].split())
             iterations = int(words["model.net.routing.iterations"])
             reconstruction = words["model.net.reconstruction"].lower() == "true"
-            error = f"{100 * (1 - float(row['test/acc mean'])):.2f}"
-            if int(row["runs"]) > 1:
-                error += f" ± {100 * float(row['test/acc std']):.2f}"
+            error = test_error_cell(row)
             lines.append(
                 f"| {iterations} | {'yes' if reconstruction else 'no'} | {error} | "
                 f"{PAPER_ERROR[iterations, reconstruction]} |"

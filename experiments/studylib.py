@@ -249,6 +249,14 @@ def mean_std(values: list[float], scale: float = 1.0, digits: int = 2) -> str:
     return f"{mean:.{digits}f} ± {scale * statistics.stdev(values):.{digits}f}"
 
 
+def test_error_cell(row: dict[str, str]) -> str:
+    """A comparison.csv row's test error in %, ``mean ± std`` over its runs (the mean alone for one run)."""
+    error = f"{100 * (1 - float(row['test/acc mean'])):.2f}"
+    if int(row["runs"]) > 1:
+        error += f" ± {100 * float(row['test/acc std']):.2f}"
+    return error
+
+
 SIGNIFICANCE = 0.05  # the level below which a study calls a difference significant
 
 
