@@ -109,3 +109,20 @@ def test_a_source_outside_a_run_folder_or_of_other_data_is_refused(attacked_run,
     best = next(path for path in (attacked_run / "checkpoints").glob("*.ckpt") if path.name != "last.ckpt")
     with pytest.raises(ConfigError, match=r"was trained on other data \(.*image_size 28.*\) than this run's \("):
         source_classifier(str(best), compose_config(["data=smallnorb", "attack=fgsm"]))
+
+
+def test_a_source_of_the_same_data_is_built_with_its_weights_when_the_geometry_is_interpolated(tmp_path):
+    # smallNORB's channels are an interpolation (${stereo_channels:...}): compared resolved on both sides.
+    from omegaconf import OmegaConf
+
+    cfg = compose_config(["data=smallnorb", "attack=fgsm"])
+    run = tmp_path / "run"
+    (run / ".hydra").mkdir(parents=True)
+    (run / "checkpoints").mkdir()
+    OmegaConf.save(cfg, run / ".hydra" / "config.yaml")
+    module = instantiate(cfg.model, _convert_="partial")
+    torch.save({"state_dict": module.state_dict(), "pytorch-lightning_version": "2.6"}, run / "checkpoints" / "a.ckpt")
+    source = source_classifier(str(run / "checkpoints" / "a.ckpt"), cfg)
+    assert all(
+        torch.equal(a, b) for a, b in zip(source.state_dict().values(), module.state_dict().values(), strict=True)
+    )

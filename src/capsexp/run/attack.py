@@ -91,16 +91,14 @@ def source_classifier(ckpt_path: str, cfg: DictConfig) -> L.LightningModule:
             "the run that wrote it (<run>/checkpoints/*.ckpt): its .hydra/config.yaml builds its model."
         )
     source_cfg = OmegaConf.load(config_file)
-    ours, theirs = OmegaConf.to_container(cfg.geometry), OmegaConf.to_container(source_cfg.geometry, resolve=True)
+    ours, theirs = (OmegaConf.to_container(c.geometry, resolve=True) for c in (cfg, source_cfg))
     if ours != theirs:
         raise ConfigError(
             f"{where} was trained on other data ({_geometry(theirs)}) than this run's ({_geometry(ours)}): "
             "a black-box attack needs a source trained on the same inputs"
         )
     module = instantiate("attack.source", source_cfg.model, _convert_="partial")
-    check_checkpoint(checkpoint, module)
-    state = torch.load(checkpoint, map_location="cpu", weights_only=True)["state_dict"]
-    module.load_state_dict(state)
+    module.load_state_dict(check_checkpoint(checkpoint, module)["state_dict"])
     return module
 
 
@@ -121,8 +119,7 @@ def log_to_tensorboard(result: AttackResult, name: str, trainer: L.Trainer) -> N
         if result.target_rate is not None:
             writer.add_scalar(f"attack/{name}/target_rate", result.target_rate[i], eps_step(eps))
     writer.add_scalar(f"attack/{name}/zero_gradient_fraction", result.zero_gradient_fraction, 0)
-    rows, per_row = result.examples.shape[:2]
+    per_row = result.examples.shape[1]
     grid = make_grid(displayable(result.examples.flatten(0, 1)), nrow=per_row, pad_value=1.0)
     writer.add_image(f"attack/{name}/examples", grid, 0)
     writer.flush()
-    log.debug(f"attack/{name}/examples: {rows} rows (eps) of {per_row} images")

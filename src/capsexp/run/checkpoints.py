@@ -24,11 +24,12 @@ _UNPICKLER_CAUSE = "WeightsUnpickler error:"
 _LINE_LIMIT = 160  # characters of an underlying error quoted in a message
 
 
-def check_checkpoint(ckpt_path: str | Path, module: nn.Module | None = None) -> None:
+def check_checkpoint(ckpt_path: str | Path, module: nn.Module | None = None) -> dict | None:
     """Raise :class:`CheckpointError` unless ``ckpt_path`` is a Lightning checkpoint whose weights fit
-    ``module`` (same parameter names and shapes)."""
+    ``module`` (same parameter names and shapes); return the checkpoint, read (memory-mapped) on the CPU,
+    or None for an alias Lightning resolves itself."""
     if str(ckpt_path) in LIGHTNING_ALIASES:
-        return
+        return None
     path = Path(ckpt_path)
     where = f"ckpt_path={ckpt_path}"
     if path.is_dir():
@@ -70,6 +71,7 @@ def check_checkpoint(ckpt_path: str | Path, module: nn.Module | None = None) -> 
         )
     if module is not None:
         _check_weights_fit(where, checkpoint["state_dict"], module)
+    return checkpoint
 
 
 def _check_weights_fit(where: str, saved: dict[str, torch.Tensor], module: nn.Module) -> None:
