@@ -16,11 +16,9 @@ import argparse
 import sys
 from pathlib import Path
 
-import yaml
-
 from capsexp.events import read_scalars
 from capsexp.timing import Stopwatch
-from studylib import parse_args, run_main
+from studylib import best_checkpoint, job_folders, job_overrides, parse_args, run_main
 
 STUDY = "adversarial"
 
@@ -37,20 +35,8 @@ QUICK_IMAGES = 1000  # test images attacked in quick mode
 RESET_FOR_ATTACK = ("task_name=", "callbacks.progress_bar=", "hydra.", "ckpt_path=", "train=")
 
 
-def job_folders(multirun: Path) -> list[Path]:
-    return sorted((p for p in multirun.iterdir() if (p / ".hydra").is_dir()), key=lambda p: int(p.name))
-
-
-def job_overrides(job: Path) -> list[str]:
-    return [str(o) for o in yaml.safe_load((job / ".hydra" / "overrides.yaml").read_text()) or []]
-
-
 def model_of(job: Path) -> str:
     return next(o.split("=", 1)[1] for o in job_overrides(job) if o.startswith("model="))
-
-
-def best_checkpoint(job: Path) -> Path:
-    return next(p for p in sorted((job / "checkpoints").glob("*.ckpt")) if p.name != "last.ckpt")
 
 
 def accuracy_curves(folder: Path) -> dict[tuple[str, str], dict[str, list[float]]]:

@@ -21,13 +21,11 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import yaml
-
 from capsexp import PROJECT_ROOT
 from capsexp.errors import CapsexpError
 from capsexp.events import last_scalar
 from capsexp.timing import Stopwatch
-from studylib import parse_args, run_main
+from studylib import best_checkpoint, job_folders, job_overrides, parse_args, run_main
 
 STUDY = "em_smallnorb"
 
@@ -67,7 +65,7 @@ def smallnorb_problem(data_dir: Path, overrides: list[str]) -> str | None:
 
 
 def overrides_of(job: Path) -> dict[str, str]:
-    return dict(o.split("=", 1) for o in yaml.safe_load((job / ".hydra" / "overrides.yaml").read_text()))
+    return dict(o.split("=", 1) for o in job_overrides(job))
 
 
 def novel_viewpoint_table(jobs: list[Path], novel_accuracy: dict[Path, float], thresholds: dict[str, float]) -> str:
@@ -98,11 +96,6 @@ def novel_viewpoint_table(jobs: list[Path], novel_accuracy: dict[Path, float], t
             f"{100 * (1 - novel_accuracy[job]):.2f} | {familiar_paper}; {cnn_paper} / {capsules_paper} |"
         )
     return "\n".join(lines) + "\n\n"
-
-
-def job_folders(multirun: Path) -> list[Path]:
-    """The jobs of a multirun folder, in job order."""
-    return sorted((p for p in multirun.iterdir() if (p / ".hydra").is_dir()), key=lambda p: int(p.name))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -150,14 +143,13 @@ def main(argv: list[str] | None = None) -> int:
             jobs += job_folders(capsule_folder)
         novel_accuracy = {}
         for job in jobs:
-            job_overrides = yaml.safe_load((job / ".hydra" / "overrides.yaml").read_text())
-            best = next(p for p in (job / "checkpoints").glob("*.ckpt") if p.name != "last.ckpt")
+            best = best_checkpoint(job)
             # Beside the study's folder, not in it: capsexp.compare of that folder lists training runs.
             novel_dir = study_folder.with_name(f"{study_folder.name}_novel_viewpoints") / job.parent.name / job.name
             commands.append(
                 study.run_capsexp(
                     [
-                        *[o for o in job_overrides if not o.startswith(RESET_FOR_NOVEL_TEST)],
+                        *[o for o in job_overrides(job) if not o.startswith(RESET_FOR_NOVEL_TEST)],
                         "data.familiar=false",
                         "train=false",
                         f"ckpt_path={best}",

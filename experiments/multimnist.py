@@ -22,11 +22,9 @@ import csv
 import sys
 from pathlib import Path
 
-import yaml
-
 from capsexp.events import load_events
 from capsexp.timing import Stopwatch
-from studylib import parse_args, run_main, run_row, test_error_cell
+from studylib import job_overrides, parse_args, run_main, run_row, test_error_cell
 
 STUDY = "multimnist"
 
@@ -85,12 +83,6 @@ def save_reconstructions(run: Path, output: Path) -> str:
         "pair) above the two digits reconstructed each from its own capsule (the two longest), in red and "
         "green, overlaid.\n\n![reconstructions](reconstructions.png)\n\n"
     )
-
-
-def job_overrides(job: Path) -> list[str]:
-    """A multirun job's overrides (empty for what is not a job folder)."""
-    path = job / ".hydra" / "overrides.yaml"
-    return yaml.safe_load(path.read_text()) if path.exists() else []
 
 
 def main(argv: list[str] | None = None) -> None:

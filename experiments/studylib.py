@@ -129,6 +129,24 @@ class Study:
         return output
 
 
+def job_folders(multirun: Path) -> list[Path]:
+    """The jobs of a multirun folder, in job order."""
+    return sorted((p for p in multirun.iterdir() if (p / ".hydra").is_dir()), key=lambda p: int(p.name))
+
+
+def job_overrides(job: Path) -> list[str]:
+    """A run's or a multirun job's command-line overrides (empty for a folder that is neither)."""
+    import yaml
+
+    path = job / ".hydra" / "overrides.yaml"
+    return [str(o) for o in yaml.safe_load(path.read_text()) or []] if path.exists() else []
+
+
+def best_checkpoint(run: Path) -> Path:
+    """A run's best checkpoint by validation accuracy (the one beside last.ckpt)."""
+    return next(p for p in sorted((run / "checkpoints").glob("*.ckpt")) if p.name != "last.ckpt")
+
+
 def row_runs(folder: Path) -> list:
     """The runs under a study row's folder (none when it does not exist)."""
     from capsexp.compare import find_runs
@@ -138,13 +156,10 @@ def row_runs(folder: Path) -> list:
 
 def missing_seeds(folder: Path, seeds: Sequence[int], finished: str = "val/acc") -> list[int]:
     """The seeds of ``seeds`` without a finished run (one that logged ``finished``) under ``folder``."""
-    import yaml
-
     done = set()
     for run in row_runs(folder):
-        overrides = yaml.safe_load((run.path / ".hydra" / "overrides.yaml").read_text()) or []
         if run.final(finished) is not None:
-            done.update(int(o.split("=", 1)[1]) for o in overrides if o.startswith("seed="))
+            done.update(int(o.split("=", 1)[1]) for o in job_overrides(run.path) if o.startswith("seed="))
     return [seed for seed in seeds if seed not in done]
 
 
