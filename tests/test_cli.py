@@ -119,5 +119,8 @@ def test_capsnet_on_rotated_mnist_logs_each_angle_and_the_figures(mnist_dir, tmp
     hparams = hparams_summary(tmp_path)
     assert hparams["hparams"]["model/net/routing/iterations"] == 3
     assert hparams["hparams"]["data/_target_"].endswith("MNISTDataModule")
+    # Locations are not hyperparameters: no machine's paths in a run's event files.
+    assert not [k for k in hparams["hparams"] if k.endswith(("data_dir", "default_root_dir", "dirpath"))]
+    assert not [v for v in hparams["hparams"].values() if str(tmp_path) in str(v)]
     assert {"val/acc_best", "test/acc", "test/acc_rot0", "test/acc_rot45"} <= set(hparams["metrics"])
     assert set(hparams["metrics"]) <= set(logged), "every HParams column must have its scalar"

@@ -9,6 +9,7 @@ the tags alone.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -20,6 +21,9 @@ from capsexp.evaluation_sets import PLAIN, metrics_of_test_sets
 
 # Config groups that say where things go, not what was run: left out of the HParams tab.
 NOT_HYPERPARAMETERS = ("paths", "logger", "hydra")
+# Keys elsewhere that only locate files (data/data_dir, trainer/default_root_dir, a checkpoint
+# callback's dirpath, ckpt_path): left out too, so that event files carry no machine's paths.
+LOCATION_KEY = re.compile(r"(^|/|_)(dir|dirpath|path)$")
 
 
 def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, int | float | str | bool]:
@@ -47,7 +51,8 @@ def metric_names(test_set_names: Iterable[str] = (PLAIN,)) -> list[str]:
 def log_hyperparameters(loggers: Iterable[Logger], config: Mapping[str, Any], metrics: Iterable[str]) -> None:
     """Give every logger the whole config (TensorBoard's ``hparams.yaml``, CSV's ...); write the
     HParams session summary into each TensorBoard run, naming ``metrics``."""
-    tensorboard_params = flatten({k: v for k, v in config.items() if k not in NOT_HYPERPARAMETERS})
+    flat = flatten({k: v for k, v in config.items() if k not in NOT_HYPERPARAMETERS})
+    tensorboard_params = {k: v for k, v in flat.items() if not LOCATION_KEY.search(k)}
     for logger in loggers:
         logger.log_hyperparams(dict(config))
         if isinstance(logger, TensorBoardLogger):
