@@ -94,14 +94,31 @@ def test_the_routing_trace_records_each_iterations_couplings_and_changes(iterati
     trace = dynamic_routing_trace(votes, iterations)
     assert trace.couplings.shape == (iterations, 2, 6, 4)
     assert torch.allclose(trace.couplings.sum(dim=-1), torch.ones(iterations, 2, 6, dtype=torch.float64))
+    agreements = []
     for r in range(1, iterations + 1):  # each iteration's couplings are those of a run stopped there
-        _, couplings = procedure_1(votes, r)
+        parents, couplings = procedure_1(votes, r)
         assert torch.allclose(trace.couplings[r - 1], couplings)
-        parents, _ = procedure_1(votes, r)
-        agreement = torch.einsum("bijd,bjd->bij", votes, parents)  # the update b_ij += u_hat_j|i . v_j
-        assert trace.logit_changes[r - 1].item() == pytest.approx(agreement.abs().mean().item(), rel=1e-5)
+        agreements.append(torch.einsum("bijd,bjd->bij", votes, parents))  # the update b_ij += u_hat_j|i . v_j
+        assert trace.logit_changes[r - 1].item() == pytest.approx(agreements[-1].abs().mean().item(), rel=1e-5)
+    updates = [(agreements[r] - agreements[r - 1]).abs().mean().item() for r in range(1, iterations)]
+    assert trace.update_changes.tolist() == pytest.approx(updates, rel=1e-5)
     expected = [(trace.couplings[r] - trace.couplings[r - 1]).abs().mean().item() for r in range(1, iterations)]
     assert trace.coupling_changes.tolist() == pytest.approx(expected, rel=1e-5)
+
+
+def test_routing_settles_when_the_children_agree_on_a_parent():
+    """Appendix A's observation: once the children's votes agree on one parent (an entity present),
+    the change that each iteration's logit update makes falls from iteration 2 on, about
+    geometrically (the paper: almost linearly in log scale). The logit change itself, the agreement
+    u_hat . v added each time, tends to a constant, not to 0."""
+    torch.manual_seed(0)
+    votes = 0.05 * torch.randn(4, 64, 10, 16, dtype=torch.float64)
+    votes[:, :, 0] += 0.2 * torch.randn(4, 1, 16, dtype=torch.float64)  # every child agrees on parent 0
+    trace = dynamic_routing_trace(votes, 8)
+    updates = trace.update_changes
+    assert (updates[1:] < 0.7 * updates[:-1]).all(), updates
+    assert updates[-1] < 0.05 * updates[0]
+    assert trace.logit_changes[-1] > 0.9 * trace.logit_changes[1]
 
 
 def test_one_iteration_is_the_squashed_mean_vote_exactly_in_float64():

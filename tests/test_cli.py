@@ -114,6 +114,7 @@ def test_capsnet_on_rotated_mnist_logs_each_angle_and_the_figures(mnist_dir, tmp
     assert (couplings.height, couplings.width) == (6 * 8 + 4, 10 * (6 * 8 + 2) + 2)
     assert all(logged[f"routing/digits/logit_change_iter{r}"][-1].value > 0 for r in (1, 2, 3))
     assert all(0 <= logged[f"routing/digits/coupling_change_iter{r}"][-1].value < 1 for r in (2, 3))
+    assert all(logged[f"routing/digits/update_change_iter{r}"][-1].value >= 0 for r in (2, 3))
 
     # TensorBoard's HParams tab: the run's hyperparameters, and every test set among its metrics.
     hparams = hparams_summary(tmp_path)

@@ -363,3 +363,22 @@ def test_adversarial_attacks_each_net_white_box_and_the_capsule_nets_from_lenet5
     assert rows >= {("| lenet5", "fgsm"), ("| lenet5", "bim"), ("| capsnet", "fgsm"), ("| capsnet", "bim")}
     assert {("| capsnet", "fgsm_blackbox"), ("| capsnet", "bim_blackbox")} <= rows
     assert ("| lenet5", "fgsm_blackbox") not in rows  # the source is not attacked with its own examples
+
+
+@pytest.mark.slow  # a training run and the driver (about 20 s): make test-all
+def test_routing_convergence_traces_a_trained_capsnets_routing_for_more_iterations(mnist_dir, tmp_path):
+    env = {**os.environ, "CAPSEXP_DATA_DIR": str(mnist_dir)}
+    train = [sys.executable, "-m", "capsexp", "model=capsnet", "data=mnist", *TINY_CAPSNET, *TINY_RUN]
+    train += ["trainer.max_steps=2", "test=false", f"paths.log_dir={tmp_path}"]
+    assert subprocess.run(train, cwd=PROJECT_ROOT, env=env, capture_output=True, timeout=300).returncode == 0
+    (run,) = (tmp_path / "train" / "runs").iterdir()
+    page = tmp_path / "page.md"
+    command = [sys.executable, "experiments/routing_convergence.py", str(run), "--iterations", "5", "--images", "30"]
+    result = subprocess.run(
+        [*command, "--output", str(page)], cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = [line.split(" | ") for line in page.read_text().splitlines() if re.match(r"\| \d+ \|", line)]
+    assert [row[0] for row in rows] == [f"| {r}" for r in range(1, 6)]  # iterations 1 .. 5, a row each
+    assert all(float(row[1]) > 0 for row in rows)  # the logit change: the agreement added after each
+    assert rows[0][2] == "" and all(float(row[2]) >= 0 for row in rows[1:])  # update changes from iteration 2

@@ -5,8 +5,11 @@ On the first ``num_images`` images of the validation set, after the validation (
 Dynamic routing (each :class:`~capsexp.nn.RoutingCapsules` layer, e.g. CapsNet's ``digits``):
 
 - ``routing/<layer>/logit_change_iter<r>``: the mean absolute change of the routing logits b_ij made by
-  iteration r's agreement update (Sabour et al. 2017, Appendix A, follows the logits' change), and
-  ``coupling_change_iter<r>``: the mean absolute change of the couplings c_ij from iteration r - 1 to r;
+  iteration r's agreement update u_hat . v (Sabour et al. 2017, Appendix A, follows the logits'
+  change); ``update_change_iter<r>``: the mean absolute difference between iteration r's update and
+  iteration r - 1's, which falls to 0 as the parents settle; ``coupling_change_iter<r>``: the mean
+  absolute change of the couplings c_ij from iteration r - 1 to r
+  (:func:`capsexp.nn.functional.dynamic_routing_trace`);
 - image ``routing/<layer>/couplings``: one heat map per class over the primary capsules' grid: the
   coupling coefficient c_ij of each primary capsule to that class's capsule (last iteration), averaged
   over the capsule types and over the images of that class. Mid-grey is the uniform coupling 1/J; white
@@ -84,6 +87,8 @@ class RoutingFigures(L.Callback):
             trace = dynamic_routing_trace(layer.votes(captured[name][0]), layer.iterations)
             for r, change in enumerate(trace.logit_changes.tolist(), start=1):
                 writer.add_scalar(f"routing/{name}/logit_change_iter{r}", change, step)
+            for r, change in enumerate(trace.update_changes.tolist(), start=2):
+                writer.add_scalar(f"routing/{name}/update_change_iter{r}", change, step)
             for r, change in enumerate(trace.coupling_changes.tolist(), start=2):
                 writer.add_scalar(f"routing/{name}/coupling_change_iter{r}", change, step)
             if primary is not None:

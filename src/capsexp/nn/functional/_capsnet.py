@@ -124,22 +124,38 @@ class RoutingTrace(NamedTuple):
 
     couplings: torch.Tensor  # (R, B, I, J): c_ij used by iteration r
     logit_changes: torch.Tensor  # (R,): mean |u_hat_j|i . v_j^(r)|, the change of b_ij made after iteration r
+    update_changes: torch.Tensor  # (R - 1,): mean |u_hat_j|i . (v_j^(r) - v_j^(r-1))| for r = 2 .. R
     coupling_changes: torch.Tensor  # (R - 1,): mean |c_ij^(r) - c_ij^(r-1)| for r = 2 .. R
 
 
 @torch.no_grad()
 def dynamic_routing_trace(votes: torch.Tensor, iterations: int = 3) -> RoutingTrace:
     """Procedure 1 on votes (B, I, J, D) as :func:`dynamic_routing` runs it, recording every
-    iteration's couplings, the mean absolute change of the routing logits b_ij its agreement update
-    makes (including the update after the last iteration, which Procedure 1 performs but whose
-    result is not used; the paper's Appendix A follows the logits' change), and the mean absolute
-    change of the couplings from one iteration to the next."""
+    iteration's couplings and three measures of how routing settles (means over images, children
+    and parents):
+
+    - the absolute change of the routing logits b_ij that iteration r's agreement update makes
+      (including the update after the last iteration, which Procedure 1 performs but whose result
+      is not used). It is the agreement itself, which tends to u_hat . v*, not to 0, as the parents
+      settle on v*.
+    - the absolute difference between iteration r's update and iteration r - 1's: 0 once the
+      parents no longer move, so it falls as routing converges (Appendix A reports a logit change
+      that falls log-linearly with the iterations: this is the logit change that can).
+    - the absolute change of the couplings c_ij from iteration r - 1 to r.
+    """
     parent_major = votes.transpose(1, 2).contiguous()
     couplings, _, parents = _route(parent_major, iterations)
-    logit_changes = torch.stack([_dot_each_child(parent_major, v).abs().mean() for v in parents])
+    agreements = [_dot_each_child(parent_major, v) for v in parents]
+    logit_changes = torch.stack([a.abs().mean() for a in agreements])
+    none = logit_changes.new_zeros(0)
+    updates = [(a - previous).abs().mean() for previous, a in itertools.pairwise(agreements)]
     steps = [(c - previous).abs().mean() for previous, c in itertools.pairwise(couplings)]
-    coupling_changes = torch.stack(steps) if steps else logit_changes.new_zeros(0)
-    return RoutingTrace(torch.stack(couplings).transpose(2, 3), logit_changes.float(), coupling_changes.float())
+    return RoutingTrace(
+        torch.stack(couplings).transpose(2, 3),
+        logit_changes.float(),
+        torch.stack(updates).float() if updates else none,
+        torch.stack(steps).float() if steps else none,
+    )
 
 
 def _dot_each_child(votes: torch.Tensor, parent_vectors: torch.Tensor) -> torch.Tensor:
