@@ -16,6 +16,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from omegaconf import OmegaConf
+
 from capsexp.events import read_scalars
 from capsexp.timing import Stopwatch
 from studylib import best_checkpoint, job_folders, job_overrides, parse_args, run_main
@@ -33,6 +35,10 @@ FULL = ["data=smallnorb", "trainer.max_epochs=50", "seed=1"]
 QUICK_IMAGES = 1000  # test images attacked in quick mode
 # A training job's overrides that its attack runs set anew.
 RESET_FOR_ATTACK = ("task_name=", "callbacks.progress_bar=", "hydra.", "ckpt_path=", "train=")
+
+
+def num_classes(job: Path) -> int:
+    return int(OmegaConf.load(job / ".hydra" / "config.yaml").geometry.num_classes)
 
 
 def model_of(job: Path) -> str:
@@ -66,6 +72,54 @@ def attack_table(curves: dict, eps: tuple[float, ...]) -> str:
         cells = [f"{100 * value:.2f}" for value in curve["acc"]]
         zero = f"{100 * curve['zero'][0]:.2f}" if curve["zero"] else ""
         lines.append(f"| {model} | {name} | {' | '.join(cells)} | {zero} |")
+    return "\n".join(lines) + "\n"
+
+
+def findings(curves: dict, eps: tuple[float, ...], num_classes: int, at: float = 0.2) -> str:
+    """What the curves say about the paper's three claims, and the gradient-masking checks, in
+    sentences computed from them: capsule nets against the CNN under white-box FGSM (at ``at``, where
+    the paper's Fig. 3 is read, and whether they stay above chance), under BIM, and under black-box
+    examples crafted on the CNN."""
+    column, chance = eps.index(at), 1 / num_classes
+
+    def acc(model: str, name: str, i: int = column) -> float | None:
+        curve = curves.get((model, name))
+        return 100 * curve["acc"][i] if curve else None
+
+    lines, capsules = [], sorted({m for m, _ in curves if m in CAPSULE_MODELS})
+    for attack in ATTACKS:
+        cnn = acc(CNN, attack)
+        for model in capsules:
+            ours = acc(model, attack)
+            if ours is None or cnn is None:
+                continue
+            floor = min(curves[(model, attack)]["acc"])
+            verdict = "above" if ours > cnn else "not above"
+            lines.append(
+                f"- White-box {attack.upper()} at eps {at:g}: {model} {ours:.2f}% against {CNN} {cnn:.2f}% "
+                f"({verdict} the CNN); lowest over eps {100 * floor:.2f}%, "
+                f"{'above' if floor > chance else 'not above'} chance ({100 * chance:.0f}%)."
+            )
+    for model in capsules:
+        transfer, own = acc(model, "fgsm_blackbox"), acc(model, "fgsm")
+        if transfer is not None and own is not None:
+            lines.append(
+                f"- Black-box FGSM at eps {at:g} (crafted on {CNN}): {model} {transfer:.2f}% against "
+                f"{own:.2f}% under its own white-box examples and {acc(CNN, 'fgsm'):.2f}% for {CNN} under its own."
+            )
+    masked = []
+    for (model, name), curve in sorted(curves.items()):
+        fgsm = curves.get((model, name.replace("bim", "fgsm")))
+        if name.startswith("bim") and fgsm:
+            worse = [f"{e:g}" for e, b, f in zip(eps, curve["acc"], fgsm["acc"], strict=True) if b > f]
+            if worse:
+                masked.append(f"{model} {name} above FGSM at eps {', '.join(worse)}")
+        if curve["zero"] and curve["zero"][0] > 0:
+            masked.append(f"{model} {name}: {100 * curve['zero'][0]:.2f}% of input gradients exactly zero")
+    lines.append(
+        "- Gradient masking checks: "
+        + ("; ".join(masked) if masked else "BIM never above FGSM at the same eps; no input gradient exactly zero.")
+    )
     return "\n".join(lines) + "\n"
 
 
@@ -119,7 +173,13 @@ CNN; black-box examples crafted on a CNN hurt the capsule net about as much as t
         train_folder,
         watch.seconds,
         notes,
-        extra_section=lambda output: "## Accuracy (%) under attack\n\n" + attack_table(curves, EPS) + "\n",
+        extra_section=lambda output: (
+            "## Accuracy (%) under attack\n\n"
+            + attack_table(curves, EPS)
+            + "\n## What it shows\n\n"
+            + findings(curves, EPS, num_classes(next(iter(trained.values()))))
+            + "\nOne training seed per net: differences of a few points between nets are not evidence.\n\n"
+        ),
     )
 
 

@@ -363,6 +363,9 @@ def test_adversarial_attacks_each_net_white_box_and_the_capsule_nets_from_lenet5
     assert rows >= {("| lenet5", "fgsm"), ("| lenet5", "bim"), ("| capsnet", "fgsm"), ("| capsnet", "bim")}
     assert {("| capsnet", "fgsm_blackbox"), ("| capsnet", "bim_blackbox")} <= rows
     assert ("| lenet5", "fgsm_blackbox") not in rows  # the source is not attacked with its own examples
+    shows = page[page.index("## What it shows") :]
+    assert "White-box FGSM at eps 0.2: capsnet" in shows and "Black-box FGSM at eps 0.2" in shows
+    assert "Gradient masking checks:" in shows
 
 
 @pytest.mark.slow  # a training run and the driver (about 20 s): make test-all
