@@ -4,6 +4,7 @@ with FGSM and BIM, white-box and black-box (examples crafted on LeNet5, shown to
 
     python experiments/adversarial.py --quick      # MNIST, one epoch per net, 1,000 test images attacked
     python experiments/adversarial.py              # smallNORB (the paper's setting), 50 epochs, all test images
+    python experiments/adversarial.py --quick --folder logs/adversarial/multiruns/<time>   # complete a study
 
 Every attack is ``python -m capsexp train=false ckpt_path=<best checkpoint> attack=fgsm,bim`` with the
 training run's own options (docs/attacks.md). Writes experiments/results/adversarial_<mode>/: the
@@ -20,7 +21,7 @@ from omegaconf import OmegaConf
 
 from capsexp.events import read_scalars
 from capsexp.timing import Stopwatch
-from studylib import best_checkpoint, job_folders, job_overrides, parse_args, run_main
+from studylib import best_checkpoint, checkpoint_test_overrides, job_overrides, parse_args, run_main
 
 STUDY = "adversarial"
 
@@ -33,8 +34,6 @@ CAPSULE_MODELS = ("capsnet", "em_caps_small", "em_caps")
 QUICK = ["data=mnist", "trainer.max_epochs=1", "seed=1"]
 FULL = ["data=smallnorb", "trainer.max_epochs=50", "seed=1"]
 QUICK_IMAGES = 1000  # test images attacked in quick mode
-# A training job's overrides that its attack runs set anew.
-RESET_FOR_ATTACK = ("task_name=", "callbacks.progress_bar=", "hydra.", "ckpt_path=", "train=")
 
 
 def num_classes(job: Path) -> int:
@@ -45,10 +44,16 @@ def model_of(job: Path) -> str:
     return next(o.split("=", 1)[1] for o in job_overrides(job) if o.startswith("model="))
 
 
+def trained_runs(folder: Path) -> dict[str, Path]:
+    """{model: its training job} of the finished training runs under ``folder`` (none if absent)."""
+    jobs = sorted(p.parent for p in folder.rglob(".hydra")) if folder.is_dir() else []
+    return {model_of(job): job for job in jobs if "test/acc" in read_scalars(job)}
+
+
 def accuracy_curves(folder: Path) -> dict[tuple[str, str], dict[str, list[float]]]:
     """{(model, attack name): {"acc": [...], "zero": [fraction]}} of every attack run under ``folder``."""
     curves = {}
-    for job in sorted(folder.rglob(".hydra")):
+    for job in sorted(folder.rglob(".hydra")) if folder.is_dir() else []:
         run = job.parent
         model, logged = model_of(run), read_scalars(run)
         for tag, points in logged.items():
@@ -126,6 +131,11 @@ def findings(curves: dict, eps: tuple[float, ...], num_classes: int, at: float =
 def add_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--models", help="comma-separated model options (default: all of the mode)")
     parser.add_argument("--images", type=int, default=None, help="test images attacked (default: the mode's)")
+    parser.add_argument(
+        "--folder",
+        type=Path,
+        help="study folder to run into (default: a new one); nets trained and attacks run there are kept",
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -133,26 +143,29 @@ def main(argv: list[str] | None = None) -> None:
     models = args.models.split(",") if args.models else (QUICK_MODELS if study.quick else FULL_MODELS)
     budget = QUICK if study.quick else FULL
     images = args.images or (QUICK_IMAGES if study.quick else None)
-    study_folder = study.new_folder()
+    study_folder = (args.folder or study.new_folder()).resolve()
     # ++: keys of a group that the sweep chooses (docs/attacks.md)
     sweep = ["attack=" + ",".join(ATTACKS), "++attack.eps=[" + ",".join(f"{e:g}" for e in EPS) + "]"]
     if images:
         sweep.append(f"++attack.max_images={images}")
-    commands = []
+    train_folder, attacks_folder = study_folder / "train", study_folder.with_name(f"{study_folder.name}_attacks")
     with Stopwatch() as watch:
-        train_folder, command = study.multirun([f"model={','.join(models)}", *budget], folder=study_folder / "train")
-        commands.append(command)
-        trained = {model_of(job): job for job in job_folders(train_folder)}
-        attacks_folder = study_folder.with_name(f"{study_folder.name}_attacks")
+        missing = [model for model in models if model not in trained_runs(train_folder)]
+        if missing:  # into the study's train folder, or beside the runs of an earlier sitting
+            folder = train_folder / "_".join(missing) if train_folder.exists() else train_folder
+            study.multirun([f"model={','.join(missing)}", *budget], folder=folder)
+        commands = [study.command_text([f"model={','.join(models)}", *budget], train_folder)]
+        trained = {model: job for model, job in trained_runs(train_folder).items() if model in models}
         for model, job in trained.items():
-            options = [o for o in job_overrides(job) if not o.startswith(RESET_FOR_ATTACK)]
-            common = [*options, "train=false", f"ckpt_path={best_checkpoint(job)}", *sweep]
-            _, command = study.multirun(common, folder=attacks_folder / model / "whitebox")
-            commands.append(command)
+            common = [*checkpoint_test_overrides(job), *sweep]
+            runs = {"whitebox": common}
             if model in CAPSULE_MODELS and CNN in trained:
-                source = f"++attack.source={best_checkpoint(trained[CNN])}"
-                _, command = study.multirun([*common, source], folder=attacks_folder / model / f"from_{CNN}")
-                commands.append(command)
+                runs[f"from_{CNN}"] = [*common, f"++attack.source={best_checkpoint(trained[CNN])}"]
+            for name, overrides in runs.items():
+                folder = attacks_folder / model / name
+                if not accuracy_curves(folder):  # not attacked in an earlier sitting
+                    study.multirun(overrides, folder=folder)
+                commands.append(study.command_text(overrides, folder))
     curves = accuracy_curves(attacks_folder)
     attacked = f"the first {images:,} test images" if images else "every test image"
     notes = f"""

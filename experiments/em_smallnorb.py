@@ -25,7 +25,7 @@ from capsexp import PROJECT_ROOT
 from capsexp.errors import CapsexpError
 from capsexp.events import last_scalar
 from capsexp.timing import Stopwatch
-from studylib import best_checkpoint, job_folders, job_overrides, parse_args, run_main
+from studylib import checkpoint_test_overrides, job_folders, job_overrides, parse_args, run_main
 
 STUDY = "em_smallnorb"
 
@@ -47,8 +47,6 @@ VIEWPOINTS = ("azimuth", "elevation")
 PAPER_TABLE_2 = {"azimuth": (3.7, 20.0, 13.5), "elevation": (4.3, 17.8, 12.3)}
 # EarlyStopping stops above its threshold (strictly): just below the CNN's accuracy, so that reaching it counts.
 MATCH_TOLERANCE = 1e-6
-# A training job's overrides that its test on the novel viewpoints sets anew.
-RESET_FOR_NOVEL_TEST = ("data.familiar=", "task_name=", "callbacks.progress_bar=", "hydra.")
 
 
 def smallnorb_problem(data_dir: Path, overrides: list[str]) -> str | None:
@@ -143,16 +141,13 @@ def main(argv: list[str] | None = None) -> int:
             jobs += job_folders(capsule_folder)
         novel_accuracy = {}
         for job in jobs:
-            best = best_checkpoint(job)
             # Beside the study's folder, not in it: capsexp.compare of that folder lists training runs.
             novel_dir = study_folder.with_name(f"{study_folder.name}_novel_viewpoints") / job.parent.name / job.name
             commands.append(
                 study.run_capsexp(
                     [
-                        *[o for o in job_overrides(job) if not o.startswith(RESET_FOR_NOVEL_TEST)],
+                        *checkpoint_test_overrides(job, "data.familiar="),
                         "data.familiar=false",
-                        "train=false",
-                        f"ckpt_path={best}",
                         f"task_name={STUDY}",
                         "callbacks.progress_bar=null",
                         f"hydra.run.dir={novel_dir}",

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import itertools
 import sys
 from pathlib import Path
 
@@ -84,6 +85,28 @@ def table(traces: dict[str, RoutingTrace]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def findings(traces: dict[str, RoutingTrace]) -> str:
+    """Per traced layer: does the update change fall from iteration 2 to the last, and by how much;
+    what the logit change and the coupling change do meanwhile."""
+    lines = []
+    for name, trace in traces.items():
+        updates, logits, couplings = (
+            t.tolist() for t in (trace.update_changes, trace.logit_changes, trace.coupling_changes)
+        )
+        if not updates:
+            continue
+        falls = all(b < a for a, b in itertools.pairwise(updates))
+        verdict = "falls at every iteration" if falls else "does not fall at every iteration"
+        factor = updates[0] / updates[-1]
+        lines.append(
+            f"- {name}: the update change {verdict} from iteration 2 to {len(logits)} "
+            f"({updates[0]:.3g} to {updates[-1]:.3g}, a factor {factor:.3g}); "
+            f"the logit change goes from {logits[1]:.3g} to {logits[-1]:.3g} and the coupling change from "
+            f"{couplings[0]:.3g} to {couplings[-1]:.3g}."
+        )
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python experiments/routing_convergence.py", description=__doc__)
     parser.add_argument("runs", nargs="+", type=Path, help="folders of trained CapsNet runs")
@@ -108,7 +131,15 @@ Per iteration r, means over images, primary capsules i and digit capsules j: the
 |u_hat_j|i . (v_j^(r) - v_j^(r-1))| (how much that addition differs from the previous one: 0 once
 the digit capsules stop moving) and the coupling change |c_ij^(r) - c_ij^(r-1)|.
 
-{table(traces)}"""
+{table(traces)}
+{findings(traces)}
+The paper (Appendix A, a CapsNet trained 500 epochs on MNIST) reports an average logit change of
+about 0.007 at iteration 2 that falls almost linearly in log scale, to about 1e-5 at iteration 5.
+Procedure 1 adds the agreement u_hat . v to b_ij at every iteration, so the logit change itself
+tends to the agreement of the settled digit capsules, not to 0; what can fall that way is the update
+change, as it does on votes that agree on one parent (tests/test_capsule_ops.py). A net trained
+for far fewer epochs than the paper's need not settle as fast.
+"""
     args.output.write_text(page)
     print(page)
 

@@ -147,6 +147,15 @@ def best_checkpoint(run: Path) -> Path:
     return next(p for p in sorted((run / "checkpoints").glob("*.ckpt")) if p.name != "last.ckpt")
 
 
+def checkpoint_test_overrides(job: Path, *changed: str) -> list[str]:
+    """The overrides of a test-only run of a training job's best checkpoint: the job's own, less those
+    a study sets anew (task name, progress bar, Hydra's folders, the checkpoint, training) and those
+    starting with ``changed``, then ``train=false ckpt_path=<best checkpoint>``."""
+    reset = ("task_name=", "callbacks.progress_bar=", "hydra.", "ckpt_path=", "train=", *changed)
+    kept = [o for o in job_overrides(job) if not o.startswith(reset)]
+    return [*kept, "train=false", f"ckpt_path={best_checkpoint(job)}"]
+
+
 def row_runs(folder: Path) -> list:
     """The runs under a study row's folder (none when it does not exist)."""
     from capsexp.compare import find_runs

@@ -367,6 +367,21 @@ def test_adversarial_attacks_each_net_white_box_and_the_capsule_nets_from_lenet5
     assert "White-box FGSM at eps 0.2: capsnet" in shows and "Black-box FGSM at eps 0.2" in shows
     assert "Gradient masking checks:" in shows
 
+    # --folder completes a study: with every net trained and attacked, nothing runs again.
+    (study,) = (p for p in (tmp_path / "adversarial" / "multiruns").iterdir() if not p.name.endswith("_attacks"))
+    tiny = (*TINY_RUN, "trainer.max_steps=3", "trainer.val_check_interval=3")
+    again = run_quick(
+        "adversarial",
+        str(mnist_dir),
+        str(tmp_path),
+        str(output),
+        *tiny,
+        options=("--models", "lenet5,capsnet", "--images", "20", "--folder", str(study)),
+    )
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "$ python -m capsexp" not in again.stdout
+    assert (output / "README.md").read_text().count("| capsnet |") == page.count("| capsnet |")
+
 
 @pytest.mark.slow  # a training run and the driver (about 20 s): make test-all
 def test_routing_convergence_traces_a_trained_capsnets_routing_for_more_iterations(mnist_dir, tmp_path):
