@@ -98,6 +98,12 @@ def test_the_attacks_run_on_every_model(model, extra, method):
     assert (result.examples[1] - pixels[:3]).abs().max() <= 0.2 + 1e-6
     assert (result.target_rate is not None) == (method == "bim")
     assert (result.fgsm_accuracy is None) == (method == "fgsm")
+    assert 0 <= result.unseen_input_fraction <= result.zero_gradient_fraction
+    # Positions no output depends on: none for LeNet5 (padded 5x5 convolutions, pooling by 2);
+    # CapsNet's 9x9 convolutions (the second of stride 2) never reach the last row and column.
+    never_seen = {"lenet5": 0.0, "capsnet": (28 * 28 - 27 * 27) / (28 * 28)}
+    if model in never_seen:
+        assert result.unseen_input_fraction == pytest.approx(never_seen[model])
 
 
 def test_a_source_outside_a_run_folder_or_of_other_data_is_refused(attacked_run, tmp_path):

@@ -119,6 +119,7 @@ def log_to_tensorboard(result: AttackResult, name: str, trainer: L.Trainer) -> N
         if result.target_rate is not None:
             writer.add_scalar(f"attack/{name}/target_rate", result.target_rate[i], eps_step(eps))
     writer.add_scalar(f"attack/{name}/zero_gradient_fraction", result.zero_gradient_fraction, 0)
+    writer.add_scalar(f"attack/{name}/unseen_input_fraction", result.unseen_input_fraction, 0)
     per_row = result.examples.shape[1]
     grid = make_grid(displayable(result.examples.flatten(0, 1)), nrow=per_row, pad_value=1.0)
     writer.add_image(f"attack/{name}/examples", grid, 0)
