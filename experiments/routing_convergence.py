@@ -22,13 +22,14 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
+from capsexp.events import read_scalars
 from capsexp.hydra_setup import register
 from capsexp.nn import RoutingCapsules
 from capsexp.nn.functional import RoutingTrace, dynamic_routing_trace
 from capsexp.run.attack import RUN_CONFIG
 from capsexp.run.checkpoints import check_checkpoint
 from capsexp.run.train import instantiate
-from studylib import RESULTS, best_checkpoint, display_path, machine, run_main
+from studylib import RESULTS, best_checkpoint, display_path, job_overrides, machine, run_main
 
 OUTPUT = RESULTS / "routing_convergence.md"
 
@@ -67,11 +68,21 @@ def votes_of(run: Path, images: int) -> dict[str, torch.Tensor]:
     return {name: torch.cat(votes)[:images] for name, votes in captured.items()}
 
 
+def label(run: Path) -> str:
+    """A run by what it was asked to do: its overrides, less where things went."""
+    where = ("task_name=", "callbacks.progress_bar=", "hydra.")
+    best = read_scalars(run).get("val/acc_best")
+    accuracy = f" (validation accuracy {100 * best[-1].value:.2f}%)" if best else ""
+    return " ".join(o for o in job_overrides(run) if not o.startswith(where)) + accuracy
+
+
 def table(traces: dict[str, RoutingTrace]) -> str:
     """A row per iteration r: each run's mean |delta b| (the agreement added after iteration r),
     mean |update r - update r-1| and mean |c^(r) - c^(r-1)|."""
     names = list(traces)
     head = " | ".join(f"{n}: logit change | update change | coupling change" for n in names)
+    if len(names) == 1:
+        head = "logit change | update change | coupling change"
     lines = [f"| iteration | {head} |", "| ---: |" + " ---: | ---: | ---: |" * len(names)]
     iterations = len(next(iter(traces.values())).logit_changes)
     for r in range(iterations):
@@ -117,7 +128,7 @@ def main(argv: list[str] | None = None) -> None:
     traces = {}
     for run in args.runs:
         for layer, votes in votes_of(run, args.images).items():
-            traces[f"{run.name}/{layer}"] = dynamic_routing_trace(votes, args.iterations)
+            traces[f"{label(run)}, {layer}"] = dynamic_routing_trace(votes, args.iterations)
     runs = " ".join(display_path(run) for run in args.runs)
     page = f"""# How dynamic routing settles in a trained CapsNet
 
@@ -130,6 +141,8 @@ Per iteration r, means over images, primary capsules i and digit capsules j: the
 |u_hat_j|i . v_j^(r)| (the agreement Procedure 1 adds to b_ij after iteration r), the update change
 |u_hat_j|i . (v_j^(r) - v_j^(r-1))| (how much that addition differs from the previous one: 0 once
 the digit capsules stop moving) and the coupling change |c_ij^(r) - c_ij^(r-1)|.
+
+{"Run: `" + next(iter(traces)) + "`." if len(traces) == 1 else ""}
 
 {table(traces)}
 {findings(traces)}
