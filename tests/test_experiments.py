@@ -364,8 +364,9 @@ def test_adversarial_attacks_each_net_white_box_and_the_capsule_nets_from_lenet5
     assert {("| capsnet", "fgsm_blackbox"), ("| capsnet", "bim_blackbox")} <= rows
     assert ("| lenet5", "fgsm_blackbox") not in rows  # the source is not attacked with its own examples
     shows = page[page.index("## What it shows") :]
-    assert "White-box FGSM at eps 0.2: capsnet" in shows and "Black-box FGSM at eps 0.2" in shows
-    assert "Gradient masking checks:" in shows
+    assert "White-box FGSM, capsnet: above lenet5 at eps" in shows and "Black-box FGSM at eps 0.2" in shows
+    assert "The paper's claim (above the CNN at every eps and above chance): " in shows
+    assert "Gradient masking checks (white-box): " in shows and "input positions never seen: " in shows
 
     # --folder completes a study: with every net trained and attacked, nothing runs again.
     (study,) = (p for p in (tmp_path / "adversarial" / "multiruns").iterdir() if not p.name.endswith("_attacks"))
