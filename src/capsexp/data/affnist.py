@@ -21,7 +21,7 @@ from urllib.error import URLError
 import numpy as np
 import torch
 
-from capsexp.data.base import md5sum
+from capsexp.data.base import md5sum, partial_path
 from capsexp.errors import CorruptDatasetError, DatasetNotFoundError
 
 log = logging.getLogger(__name__)
@@ -45,7 +45,7 @@ def download_affnist(data_dir: Path, url: str = AFFNIST_URL) -> None:
     target = affnist_folder(data_dir).parent
     target.mkdir(parents=True, exist_ok=True)
     archive = target / "test_batches.zip"
-    partial = archive.with_name(archive.name + ".partial")
+    partial = partial_path(archive)
     if not archive.exists():
         log.info("downloading %s (about 100 MB)", url)
         try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -40,6 +41,12 @@ def data_folder_errors(method: Method) -> Method:
             ) from None
 
     return wrapper  # type: ignore[return-value]
+
+
+def partial_path(path: Path) -> Path:
+    """Where a file is written before it is renamed to ``path``: a name of this process's own, so that
+    processes preparing the same data folder at once (a multirun's jobs) never rename each other's."""
+    return path.with_name(f"{path.name}.{os.getpid()}.partial")
 
 
 def md5sum(path: Path, chunk_size: int = 1 << 20) -> str:

@@ -26,7 +26,7 @@ from torchvision.datasets.utils import download_and_extract_archive
 from capsexp.arguments import NonNegativeInt, PositiveInt, checked
 from capsexp.data.affnist import AFFNIST_SIZE, TEST_BATCHES, ensure_affnist_files, read_affnist_test
 from capsexp.data.augment import random_affine, random_placement, random_shift, rotate
-from capsexp.data.base import InMemoryDataModule, data_folder_errors, evaluation_generator, md5sum
+from capsexp.data.base import InMemoryDataModule, data_folder_errors, evaluation_generator, md5sum, partial_path
 from capsexp.data.tensor_dataset import ImageTensorDataset
 from capsexp.errors import CorruptDatasetError
 from capsexp.evaluation_sets import PLAIN, rotation_set_name
@@ -80,7 +80,7 @@ def check_idx_file(path: Path, magic: int, max_label: int = 9) -> int:
 
 def _unpack(gz_path: Path, path: Path) -> None:
     """gunzip to a temporary name, then rename, so that an interrupted unpack leaves nothing behind."""
-    partial = path.with_name(path.name + ".partial")
+    partial = partial_path(path)
     try:
         with gzip.open(gz_path, "rb") as source, open(partial, "wb") as target:
             while chunk := source.read(1 << 20):

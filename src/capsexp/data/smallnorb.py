@@ -24,7 +24,7 @@ import torch.nn.functional as F
 
 from capsexp.arguments import NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, checked
 from capsexp.data.augment import center_crop, random_brightness_contrast, random_crop, standardize
-from capsexp.data.base import InMemoryDataModule, data_folder_errors, md5sum
+from capsexp.data.base import InMemoryDataModule, data_folder_errors, md5sum, partial_path
 from capsexp.data.norb_format import SMALLNORB_FILES, read_matrix
 from capsexp.data.tensor_dataset import ImageTensorDataset
 from capsexp.errors import CorruptDatasetError
@@ -128,7 +128,7 @@ class SmallNORBDataModule(InMemoryDataModule):
         cache = {"version": CACHE_VERSION, "fingerprint": repr(fingerprint)}
         for split, prefix in PREFIX.items():
             cache[split] = self._read_split(sources, prefix)
-        partial = self.cache_path.with_suffix(".partial")
+        partial = partial_path(self.cache_path)
         torch.save(cache, partial)
         partial.replace(self.cache_path)
 
