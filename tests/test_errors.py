@@ -86,7 +86,7 @@ def test_every_shipped_option_passes_the_check(extra):
         (["model=em_caps_small", "model.margin.unit=epochs"], "model.margin.unit=epochs: must be 'epoch' or 'step'"),
         (["model=baseline_cnn", "model.net.conv_layers=[]"], "model.net.conv_layers=[]: must have at least 1 item"),
         (["model=baseline_cnn", "model.net.dropout=1.0"], "model.net.dropout=1.0: must be less than 1"),
-        (["model=em_caps_small", "model.lr_scheduler.scheduler.decay_rate=0"], "decay_rate=0: must be greater than 0"),
+        (["model=capsnet", "model.lr_scheduler.scheduler.decay_rate=0"], "decay_rate=0: must be greater than 0"),
         (["data=rotated_mnist", "data.test_rotations=[0,abc]"], "data.test_rotations=[0,abc]: must be a valid number"),
         (["data=smallnorb", "data.stereo=top"], "data.stereo=top: must be 'both', 'left' or 'split'"),
         (["data=smallnorb", "data.crop_size=64"], "data.crop_size=64: must be at most data.resize=48"),
