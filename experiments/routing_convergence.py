@@ -20,14 +20,12 @@ import sys
 from pathlib import Path
 
 import torch
-from omegaconf import OmegaConf
 
 from capsexp.events import read_scalars
 from capsexp.hydra_setup import register
 from capsexp.nn import RoutingCapsules
 from capsexp.nn.functional import RoutingTrace, dynamic_routing_trace
-from capsexp.run.attack import RUN_CONFIG
-from capsexp.run.checkpoints import check_checkpoint
+from capsexp.run.checkpoints import model_of_run
 from capsexp.run.train import instantiate
 from studylib import RESULTS, best_checkpoint, display_path, job_overrides, machine, run_main
 
@@ -38,12 +36,9 @@ def votes_of(run: Path, images: int) -> dict[str, torch.Tensor]:
     """{layer name: the votes (B, I, J, D) of each dynamic-routing layer} on the first ``images``
     validation images, from the run's best checkpoint."""
     register()
-    cfg = OmegaConf.load(run / RUN_CONFIG)
-    module = instantiate("model", cfg.model, _convert_="partial")
-    checkpoint = (
-        best_checkpoint(run) if len(list(run.glob("checkpoints/*.ckpt"))) > 1 else run / "checkpoints/last.ckpt"
-    )
-    module.load_state_dict(check_checkpoint(checkpoint, module)["state_dict"])
+    saved = list(run.glob("checkpoints/*.ckpt"))
+    checkpoint = best_checkpoint(run) if len(saved) > 1 else run / "checkpoints" / "last.ckpt"
+    module, cfg = model_of_run(checkpoint, f"{run}")
     datamodule = instantiate("data", cfg.data)
     datamodule.prepare_data()
     datamodule.setup("fit")

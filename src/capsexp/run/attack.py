@@ -22,12 +22,10 @@ from capsexp.attacks.evaluation import (
     write_results,
 )
 from capsexp.callbacks.image_logging import displayable, tensorboard_writer
-from capsexp.errors import CheckpointError, ConfigError
-from capsexp.run.checkpoints import check_checkpoint
+from capsexp.errors import ConfigError
+from capsexp.run.checkpoints import model_of_run
 
 log = logging.getLogger(__name__)
-
-RUN_CONFIG = Path(".hydra") / "config.yaml"  # a run folder's composed config
 
 
 def attack_tested_model(
@@ -80,25 +78,14 @@ def pixel_batches(datamodule: L.LightningDataModule, device: torch.device) -> It
 def source_classifier(ckpt_path: str, cfg: DictConfig) -> L.LightningModule:
     """The model a black-box attack crafts on: built from the config of the run that saved
     ``ckpt_path`` (``<run>/checkpoints/<file>.ckpt``), with the checkpoint's weights."""
-    from capsexp.run.train import instantiate
-
     where = f"attack.source={ckpt_path}"
-    checkpoint = Path(ckpt_path)
-    config_file = checkpoint.resolve().parent.parent / RUN_CONFIG
-    if not config_file.is_file():
-        raise CheckpointError(
-            f"{where}: no run config at {config_file}. The source must be a checkpoint inside the folder of "
-            "the run that wrote it (<run>/checkpoints/*.ckpt): its .hydra/config.yaml builds its model."
-        )
-    source_cfg = OmegaConf.load(config_file)
+    module, source_cfg = model_of_run(ckpt_path, where)
     ours, theirs = (OmegaConf.to_container(c.geometry, resolve=True) for c in (cfg, source_cfg))
     if ours != theirs:
         raise ConfigError(
             f"{where} was trained on other data ({_geometry(theirs)}) than this run's ({_geometry(ours)}): "
             "a black-box attack needs a source trained on the same inputs"
         )
-    module = instantiate("attack.source", source_cfg.model, _convert_="partial")
-    module.load_state_dict(check_checkpoint(checkpoint, module)["state_dict"])
     return module
 
 

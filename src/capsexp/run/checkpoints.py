@@ -11,12 +11,14 @@ from __future__ import annotations
 import pickle
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
 
 from capsexp.errors import CheckpointError
 
+RUN_CONFIG = Path(".hydra") / "config.yaml"  # a run folder's composed config
 # ckpt_path values that Lightning resolves itself ("last" checkpoint of this run, ...).
 LIGHTNING_ALIASES = ("last", "best", "hpc", "registry")
 # torch.load(weights_only=True) puts the cause of an unpickling failure after this.
@@ -107,3 +109,23 @@ def _first_line(text: str, error: Exception) -> str:
     error's type when the text is blank."""
     lines = text.strip().splitlines()
     return lines[0][:_LINE_LIMIT] if lines else type(error).__name__
+
+
+def model_of_run(ckpt_path: str | Path, where: str) -> tuple[Any, Any]:
+    """The model of the run that saved ``ckpt_path`` (``<run>/checkpoints/<file>.ckpt``), built from the
+    run's ``.hydra/config.yaml`` (``where`` names the key in messages) with the checkpoint's weights,
+    and that config."""
+    from omegaconf import OmegaConf
+
+    from capsexp.run.train import instantiate
+
+    config_file = Path(ckpt_path).resolve().parent.parent / RUN_CONFIG
+    if not config_file.is_file():
+        raise CheckpointError(
+            f"{where}: no run config at {config_file}. The checkpoint must sit inside the folder of the run "
+            "that wrote it (<run>/checkpoints/*.ckpt): its .hydra/config.yaml builds its model."
+        )
+    cfg = OmegaConf.load(config_file)
+    module = instantiate(where, cfg.model, _convert_="partial")
+    module.load_state_dict(check_checkpoint(ckpt_path, module)["state_dict"])
+    return module, cfg
