@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from pydantic import PositiveInt
 
 from capsexp import CONFIG_DIR
 from capsexp.__main__ import check_group_overrides
-from capsexp.arguments import PositiveInt
 from capsexp.callbacks.progress_log import ProgressLog
 from capsexp.data import SmallNORBDataModule
 from capsexp.errors import CheckpointError, ConfigError, InputShapeError

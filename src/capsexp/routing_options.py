@@ -11,7 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from capsexp.arguments import PositiveFloat, PositiveInt, checked
+from pydantic import PositiveFloat, PositiveInt
+
+from capsexp.arguments import checked
 
 # How em_routing normalises the costs before the activations (capsexp.nn.functional.em_routing).
 CostNormalization = Literal["none", "data", "standardize", "layer"]

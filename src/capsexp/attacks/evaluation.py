@@ -29,9 +29,10 @@ from typing import Annotated, Any, Literal
 import torch
 import torch.nn.functional as F
 from annotated_types import MinLen
+from pydantic import PositiveInt
 from torch import nn
 
-from capsexp.arguments import PositiveFraction, PositiveInt, UnitInterval, checked
+from capsexp.arguments import PositiveFraction, UnitInterval, checked
 from capsexp.lit.objectives import class_scores
 
 log = logging.getLogger(__name__)

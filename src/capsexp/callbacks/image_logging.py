@@ -12,9 +12,10 @@ import lightning as L
 import torch
 import torch.nn.functional as F
 from lightning.pytorch.loggers import TensorBoardLogger
+from pydantic import PositiveFloat, PositiveInt
 from torchvision.utils import make_grid
 
-from capsexp.arguments import PositiveFloat, PositiveInt, checked
+from capsexp.arguments import checked
 
 
 def tensorboard_writer(trainer: L.Trainer) -> Any | None:

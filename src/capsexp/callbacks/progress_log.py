@@ -16,8 +16,9 @@ from typing import Any, Literal
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
+from pydantic import PositiveFloat
 
-from capsexp.arguments import PositiveFloat, checked
+from capsexp.arguments import checked
 
 log = logging.getLogger("capsexp.progress")
 

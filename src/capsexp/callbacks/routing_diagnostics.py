@@ -25,8 +25,9 @@ import functools
 
 import lightning as L
 import torch
+from pydantic import PositiveInt
 
-from capsexp.arguments import PositiveInt, checked
+from capsexp.arguments import checked
 from capsexp.callbacks.image_logging import tensorboard_writer
 from capsexp.nn import ClassMatrixCapsules, ConvMatrixCapsules
 from capsexp.nn.functional import responsibility_entropy

@@ -19,11 +19,12 @@ from urllib.error import URLError
 
 import torch
 from annotated_types import Ge, Le, MinLen
+from pydantic import NonNegativeInt, PositiveInt
 from torch.utils.data import DataLoader
 from torchvision.datasets import MNIST
 from torchvision.datasets.utils import download_and_extract_archive
 
-from capsexp.arguments import NonNegativeInt, PositiveInt, checked
+from capsexp.arguments import checked
 from capsexp.data.affnist import AFFNIST_SIZE, TEST_BATCHES, ensure_affnist_files, read_affnist_test
 from capsexp.data.augment import random_affine, random_placement, random_shift, rotate
 from capsexp.data.base import InMemoryDataModule, data_folder_errors, evaluation_generator, md5sum, partial_path

@@ -14,9 +14,10 @@ from collections.abc import Sequence
 from typing import Literal, NamedTuple
 
 import torch
+from pydantic import NonNegativeInt, PositiveInt
 from torch.utils.data import Dataset
 
-from capsexp.arguments import NonNegativeInt, PositiveInt, checked
+from capsexp.arguments import checked
 from capsexp.data.base import data_folder_errors, evaluation_generator
 from capsexp.data.mnist import DIGIT_SIZE, MNISTFiles
 

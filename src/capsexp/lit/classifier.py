@@ -20,10 +20,10 @@ from typing import Any
 
 import lightning as L
 import torch
+from pydantic import PositiveFloat, PositiveInt
 from torchmetrics import CatMetric, MaxMetric, MeanMetric
 from torchmetrics.classification import MultilabelExactMatch
 
-from capsexp.arguments import PositiveFloat, PositiveInt
 from capsexp.errors import ConfigError
 from capsexp.evaluation_sets import PLAIN, metric_suffix
 from capsexp.lit.margin import MarginSchedule

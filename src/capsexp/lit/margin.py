@@ -11,7 +11,9 @@ from __future__ import annotations
 import math
 from typing import Literal
 
-from capsexp.arguments import PositiveFloat, UnitInterval, checked
+from pydantic import PositiveFloat
+
+from capsexp.arguments import UnitInterval, checked
 
 
 class MarginSchedule:

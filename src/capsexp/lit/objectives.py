@@ -19,8 +19,9 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from pydantic import NonNegativeFloat
 
-from capsexp.arguments import NonNegativeFloat, PositiveFraction, UnitInterval, checked
+from capsexp.arguments import PositiveFraction, UnitInterval, checked
 from capsexp.nn.functional import margin_loss, spread_loss
 
 

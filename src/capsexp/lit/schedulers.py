@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from pydantic import PositiveInt
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import CosineAnnealingLR, ExponentialLR, LRScheduler, StepLR
 
-from capsexp.arguments import PositiveFraction, PositiveInt, checked
+from capsexp.arguments import PositiveFraction, checked
 
 
 @checked

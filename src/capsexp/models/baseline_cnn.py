@@ -15,9 +15,10 @@ from typing import Annotated
 
 import torch
 from annotated_types import Interval, MinLen
+from pydantic import PositiveInt
 from torch import nn
 
-from capsexp.arguments import PositiveInt, checked
+from capsexp.arguments import checked
 from capsexp.models.input_check import check_images
 
 

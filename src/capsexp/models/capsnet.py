@@ -14,9 +14,10 @@ from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
+from pydantic import PositiveInt
 from torch import nn
 
-from capsexp.arguments import PositiveInt, checked
+from capsexp.arguments import checked
 from capsexp.models.input_check import check_images
 from capsexp.nn import DynamicRouting, PrimaryCapsules, RoutingCapsules
 

@@ -11,10 +11,11 @@ from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
+from pydantic import PositiveFloat, PositiveInt
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from capsexp.arguments import PositiveFloat, PositiveInt, checked
+from capsexp.arguments import checked
 from capsexp.models.input_check import check_images
 from capsexp.nn import ClassMatrixCapsules, ConvMatrixCapsules, EMRouting, PrimaryMatrixCapsules
 

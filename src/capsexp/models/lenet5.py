@@ -9,9 +9,10 @@ trainable subsampling, as every modern baseline does.
 from __future__ import annotations
 
 import torch
+from pydantic import PositiveInt
 from torch import nn
 
-from capsexp.arguments import PositiveInt, checked
+from capsexp.arguments import checked
 from capsexp.models.input_check import check_images
 
 
