@@ -62,14 +62,16 @@ def _plain(value: Any) -> Any:
     return {k: _plain(v) for k, v in value.items()} if isinstance(value, Mapping) else value
 
 
-def value_problem(adapter: TypeAdapter | None, value: Any) -> str | None:
+def _value_problem(adapter: TypeAdapter | None, value: Any) -> str | None:
     """``must be ...`` when ``value`` does not fit, else None. YAML gives lists where a hint may say
     tuple (Adam's betas): a list whose items fit as a tuple fits."""
+    if adapter is None:  # a hint pydantic cannot read: not checked
+        return None
     value = _plain(value)
     try:
-        adapter and adapter.validate_python(value)
+        adapter.validate_python(value)
     except ValidationError as error:
-        if isinstance(value, list) and value_problem(adapter, tuple(value)) is None:
+        if isinstance(value, list) and _value_problem(adapter, tuple(value)) is None:
             return None
         requirements = []  # "Input should be greater than 0" -> "be greater than 0 (item 1)"
         for e in error.errors():
@@ -87,7 +89,7 @@ def argument_problems(target: Callable, arguments: Mapping[str, Any], prefix: st
     adapters, takes_any = _parameters(target)
     problems = []
     for name, value in arguments.items():
-        if name in adapters and (problem := value_problem(adapters[name], value)):
+        if name in adapters and (problem := _value_problem(adapters[name], value)):
             problems.append(f"{prefix}{name}={shown(value)}: {problem}")
         elif name not in adapters and not takes_any and name not in _HYDRA_KEYS:
             problems.append(
