@@ -24,7 +24,7 @@ from pathlib import Path
 
 from capsexp.events import load_events
 from capsexp.timing import Stopwatch
-from studylib import job_overrides, parse_args, run_main, run_row, test_error_cell
+from studylib import SIGNIFICANCE, job_overrides, parse_args, row_runs, run_main, run_row, test_error_cell, welch_p
 
 STUDY = "multimnist"
 
@@ -68,6 +68,41 @@ def paper_table(comparison_csv: Path) -> str:
             name = net_name(row["configuration"])
             lines.append(f"| {name} | {row['runs']} | {test_error_cell(row)} | {PAPER_ERROR.get(name, '')} |")
     return "\n".join(lines) + "\n"
+
+
+# Comparisons the page reports, each (row, row it is compared with, the paper's direction).
+COMPARISONS = [
+    ("capsnet_3", "capsnet_1", "the paper has 3 iterations below 1 (5.2% against 7.5%)"),
+    ("capsnet_3", "baseline_cnn", "the paper has CapsNet below its CNN (5.2% against 8.1%)"),
+    ("capsnet_1", "baseline_cnn", "the paper has CapsNet below its CNN (7.5% against 8.1%)"),
+    ("baseline_cnn", "lenet5", "not in the paper"),
+]
+
+
+def what_it_shows(study_folder: Path) -> str:
+    """Each comparison of :data:`COMPARISONS`: test errors, difference, Welch's p over the seeds."""
+    errors = {row: [100 * (1 - run.final("test/acc")) for run in row_runs(study_folder / row)] for row in ROWS}
+    lines = ["## What it shows", ""]
+    for row, other, paper in COMPARISONS:
+        if not (errors[row] and errors[other]):
+            continue
+        mean, other_mean = (sum(errors[name]) / len(errors[name]) for name in (row, other))
+        name, other_name = (net_name(" ".join(ROWS[key])) for key in (row, other))
+        p_value = welch_p(errors[row], errors[other])
+        significance = "fewer than 2 runs a side: no test"
+        if p_value is not None:
+            significance = f"Welch p = {p_value:.3f}, {'' if p_value < SIGNIFICANCE else 'not '}significant"
+        lines.append(
+            f"- {name} against {other_name}: test error {mean:.2f}% against {other_mean:.2f}% "
+            f"({mean - other_mean:+.2f} points; {significance}); {paper}."
+        )
+    lines += [
+        "",
+        f"{len(SEEDS)} seeds per net: only large differences can be significant, and one that is not is no "
+        "evidence that the nets are equal.",
+        "",
+    ]
+    return "\n".join(lines)
 
 
 def save_reconstructions(run: Path, output: Path) -> str:
@@ -128,6 +163,7 @@ independent sigmoids, top two.
             + paper_table(output / "comparison.csv")
             + "\n"
             + save_reconstructions(figure_run, output)
+            + what_it_shows(study_folder)
         ),
     )
 

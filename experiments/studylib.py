@@ -111,7 +111,7 @@ class Study:
             [
                 f"# {title} ({self.mode} mode)",
                 "",
-                f"- Machine: {machine()}; {datetime.date.today().isoformat()}; {wall_s / 60:.1f} min in all.",
+                f"- Machine: {machine()}; {datetime.date.today().isoformat()}; {wall_s / 60:.1f} min this sitting.",
                 f"- Runs: `{display_path(runs_folder)}` (rebuild the tables: "
                 "`python -m capsexp.compare <that folder>`).",
                 "- Commands:",
