@@ -317,6 +317,9 @@ def test_multimnist_compares_capsnet_with_the_cnns_beside_the_paper_and_keeps_a_
     ]:
         assert re.search(rf"^\| {net} \| 2 \| [\d.]+ ± [\d.]+ \| {re.escape(paper)} \|$", page, re.M), page
     assert (output / "reconstructions.png").stat().st_size > 0 and "![reconstructions]" in page
+    shows = page[page.index("## What it shows") :]
+    assert re.search(r"^- capsnet, 3 iterations against baseline_cnn: test error [\d.]+% against [\d.]+% ", shows, re.M)
+    assert "Welch p = " in shows or "no test" in shows
 
 
 @pytest.mark.slow  # two runs on 40x40 canvases and their three test sets (about a minute): make test-all
