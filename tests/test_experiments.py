@@ -340,6 +340,9 @@ def test_affnist_trains_both_nets_to_the_threshold_and_tests_them_on_new_viewpoi
     rows = [line for line in page.splitlines() if line.startswith(("| capsnet |", "| baseline_cnn |"))]
     assert len(rows) == 2 and all(" of 1 |" in row for row in rows), page
     assert "not the official affNIST test set" in page
+    # Quick mode: the baseline CNN's row under bf16 autocast, CapsNet's in float32.
+    assert "model=baseline_cnn " in page and "trainer.precision=bf16-mixed" in page
+    assert not any("model=capsnet " in line and "bf16" in line for line in page.splitlines()), page
     with open(output / "comparison.csv") as handle:
         assert all(row["test/acc_affine_mnist mean"] for row in csv.DictReader(handle))
 
