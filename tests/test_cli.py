@@ -49,6 +49,7 @@ def test_the_baseline_cnn_trains_from_the_command_line_and_stops_at_the_threshol
         *TINY_RUN,
         "model=baseline_cnn",
         *widths,
+        "model.optimizer.lr=0.001",  # a small net's rate: the default suits the paper's widths
         f"paths.data_dir={mnist_dir}",
         "trainer.max_epochs=5",
         "callbacks=[default,stop_at_accuracy]",
