@@ -343,6 +343,10 @@ def test_affnist_trains_both_nets_to_the_threshold_and_tests_them_on_new_viewpoi
     # Quick mode: the baseline CNN's row under bf16 autocast, CapsNet's in float32.
     assert "model=baseline_cnn " in page and "trainer.precision=bf16-mixed" in page
     assert not any("model=capsnet " in line and "bf16" in line for line in page.splitlines()), page
+    shows = page[page.index("## What it shows") :]
+    assert re.search(r"^- (Matched|Not matched): ", shows, re.M), shows
+    assert re.search(r"^- Generated affine test set: CapsNet [\d.]+% against the baseline CNN [\d.]+% ", shows, re.M)
+    assert "one run per net: no test" in shows
     with open(output / "comparison.csv") as handle:
         assert all(row["test/acc_affine_mnist mean"] for row in csv.DictReader(handle))
 
