@@ -45,8 +45,8 @@ QUICK = [
 ]
 FULL = ["trainer.max_epochs=100", "trainer.val_check_interval=0.25"]
 NETS = ("capsnet", "baseline_cnn")  # a row each: <study folder>/<net>/
-# Quick: the baseline CNN trains and tests under bf16 autocast, 1.8x its float32 speed on a 2-core CPU
-# (7.4 against 13.4 img/s, batch 32 at 40x40); CapsNet stays float32.
+# Quick: the baseline CNN trains and tests under bf16 autocast, which nearly halves its time on a CPU
+# with bf16 instructions (experiments/results/baseline_cnn.md); CapsNet stays float32.
 QUICK_NET = {"baseline_cnn": ["trainer.precision=bf16-mixed"]}
 
 
