@@ -2,7 +2,7 @@
 on MNIST digits placed at random on a 40x40 canvas until both reach the same validation accuracy, then
 tested on digits under affine maps they never saw.
 
-    python experiments/affnist.py --quick      # CPU: stop at 97% validation accuracy (at most 1,500 steps)
+    python experiments/affnist.py --quick      # CPU: stop at QUICK_THRESHOLD (at most 1,500 steps)
     python experiments/affnist.py              # full (GPU): stop at 99.2%, as the paper, seeds 1-3
 
 Training stops at the threshold (``callbacks=[default,stop_at_accuracy]``, Lightning's EarlyStopping
@@ -25,13 +25,15 @@ from capsexp import PROJECT_ROOT
 from capsexp.compare import find_runs
 from capsexp.errors import CapsexpError
 from capsexp.timing import Stopwatch
-from studylib import mean_std, p_value_text, parse_args, run_main, run_row, welch_p
+from studylib import QUICK_NET_OPTIONS, mean_std, p_value_text, parse_args, run_main, run_row, welch_p
 
 STUDY = "affnist"
 
 # Section 5.2: both nets trained to about 99.2% on the translated MNIST test set; affNIST accuracy.
 PAPER_ACCURACY = {"capsnet": "79", "baseline_cnn": "66"}
-QUICK_THRESHOLD, FULL_THRESHOLD = 0.97, 0.992
+# Quick: a threshold both nets pass within the quick budget (the baseline CNN is the slower to climb:
+# see the quick page's validation curves), so that they are compared at matched accuracy.
+QUICK_THRESHOLD, FULL_THRESHOLD = 0.94, 0.992
 
 QUICK_SEEDS, FULL_SEEDS = (1,), (1, 2, 3)
 # Quick: validated and tested on the first 64 batches (2,048 images) of each set, as the baseline CNN
@@ -45,9 +47,6 @@ QUICK = [
 ]
 FULL = ["trainer.max_epochs=100", "trainer.val_check_interval=0.25"]
 NETS = ("capsnet", "baseline_cnn")  # a row each: <study folder>/<net>/
-# Quick: the baseline CNN trains and tests under bf16 autocast, which nearly halves its time on a CPU
-# with bf16 instructions (experiments/results/baseline_cnn.md); CapsNet stays float32.
-QUICK_NET = {"baseline_cnn": ["trainer.precision=bf16-mixed"]}
 
 
 def affnist_present(data_dir: Path) -> bool:
@@ -119,6 +118,19 @@ def what_it_shows(by_model: dict[str, list], threshold: float, with_affnist: boo
             f"- {name[0].upper()}{name[1:]}: CapsNet {capsnet_mean:.2f}% against the baseline CNN "
             f"{cnn_mean:.2f}% ({capsnet_mean - cnn_mean:+.2f} points; {test})."
         )
+    kept = (
+        statistics.fmean(run.final("test/acc_affine_mnist") for run in by_model[net])
+        / statistics.fmean(run.final("test/acc") for run in by_model[net])
+        for net in NETS
+    )
+    lines.append(
+        "- The generated affine accuracy as a share of the translated one (how much of what a net learnt "
+        "survives the affine maps): "
+        + ", ".join(f"{net} {100 * share:.1f}%" for net, share in zip(NETS, kept, strict=True))
+        + "."
+    )
+    if any(len(runs) < 2 for runs in by_model.values()):
+        lines.append("- One run per net: a difference here is a lead, not evidence; the full mode runs three seeds.")
     paper = " against ".join(f"{PAPER_ACCURACY[net]}%" for net in NETS)
     lines += ["", f"The paper, on affNIST after both nets reached about 99.2%: {paper}.", "", ""]
     return "\n".join(lines)
@@ -145,7 +157,7 @@ def main(argv: list[str] | None = None) -> None:
     seeds = QUICK_SEEDS if study.quick else FULL_SEEDS
 
     def net_overrides(net: str) -> list[str]:
-        return QUICK_NET.get(net, []) if study.quick else []
+        return QUICK_NET_OPTIONS.get(net, []) if study.quick else []
 
     folder = (args.folder or study.new_folder()).resolve()
     with Stopwatch() as watch:

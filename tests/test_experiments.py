@@ -317,6 +317,10 @@ def test_multimnist_compares_capsnet_with_the_cnns_beside_the_paper_and_keeps_a_
     ]:
         assert re.search(rf"^\| {net} \| 2 \| [\d.]+ ± [\d.]+ \| {re.escape(paper)} \|$", page, re.M), page
     assert (output / "reconstructions.png").stat().st_size > 0 and "![reconstructions]" in page
+    # Quick mode: the baseline CNN's row under bf16 autocast, the other nets' in float32.
+    commands = [line for line in page.splitlines() if line.startswith("  - `python -m capsexp")]
+    assert [("trainer.precision=bf16-mixed" in c) for c in commands] == [("model=baseline_cnn" in c) for c in commands]
+    assert len(commands) == 4, page
     shows = page[page.index("## What it shows") :]
     assert re.search(r"^- capsnet, 3 iterations against baseline_cnn: test error [\d.]+% against [\d.]+% ", shows, re.M)
     assert "Welch p = " in shows or "no test" in shows
@@ -347,6 +351,7 @@ def test_affnist_trains_both_nets_to_the_threshold_and_tests_them_on_new_viewpoi
     assert re.search(r"^- (Matched|Not matched): ", shows, re.M), shows
     assert re.search(r"^- Generated affine test set: CapsNet [\d.]+% against the baseline CNN [\d.]+% ", shows, re.M)
     assert "one run per net: no test" in shows
+    assert re.search(r"survives the affine maps\): capsnet [\d.]+%, baseline_cnn [\d.]+%\.$", shows, re.M), shows
     with open(output / "comparison.csv") as handle:
         assert all(row["test/acc_affine_mnist mean"] for row in csv.DictReader(handle))
 
