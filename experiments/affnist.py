@@ -25,7 +25,7 @@ from capsexp import PROJECT_ROOT
 from capsexp.compare import find_runs
 from capsexp.errors import CapsexpError
 from capsexp.timing import Stopwatch
-from studylib import QUICK_NET_OPTIONS, mean_std, p_value_text, parse_args, run_main, run_row, welch_p
+from studylib import mean_std, p_value_text, parse_args, run_main, run_row, welch_p
 
 STUDY = "affnist"
 
@@ -156,13 +156,10 @@ def main(argv: list[str] | None = None) -> None:
     ]
     seeds = QUICK_SEEDS if study.quick else FULL_SEEDS
 
-    def net_overrides(net: str) -> list[str]:
-        return QUICK_NET_OPTIONS.get(net, []) if study.quick else []
-
     folder = (args.folder or study.new_folder()).resolve()
     with Stopwatch() as watch:
         commands = [
-            run_row(study, [f"model={net}", *common, *net_overrides(net)], seeds, folder / net, "test/acc")
+            run_row(study, [f"model={net}", *common, *study.net_options(net)], seeds, folder / net, "test/acc")
             for net in NETS
         ]
     affnist_text = (

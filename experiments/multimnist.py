@@ -25,7 +25,6 @@ from pathlib import Path
 from capsexp.events import load_events
 from capsexp.timing import Stopwatch
 from studylib import (
-    QUICK_NET_OPTIONS,
     SIGNIFICANCE,
     job_overrides,
     parse_args,
@@ -144,8 +143,7 @@ def main(argv: list[str] | None = None) -> None:
     commands = []
     with Stopwatch() as watch:
         for name, options in ROWS.items():
-            net_options = QUICK_NET_OPTIONS.get(options[0].removeprefix("model="), []) if study.quick else []
-            sweep = [*options, "data=multi_mnist", *budget, *net_options]
+            sweep = [*options, "data=multi_mnist", *budget, *study.net_options(options[0].removeprefix("model="))]
             command = run_row(study, sweep, SEEDS, study_folder / name, "test/acc")
             commands.append(command)
     figure_run = next(

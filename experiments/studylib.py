@@ -49,6 +49,10 @@ class Study:
     def mode(self) -> str:
         return "quick" if self.quick else "full"
 
+    def net_options(self, model: str) -> list[str]:
+        """The overrides a study adds for ``model=<model>`` in this mode (:data:`QUICK_NET_OPTIONS`)."""
+        return QUICK_NET_OPTIONS.get(model, []) if self.quick else []
+
     def environment(self) -> dict[str, str]:
         """The runs' environment: the data and log folders the study was given."""
         env = dict(os.environ)
