@@ -109,19 +109,19 @@ def what_it_shows(by_model: dict[str, list], threshold: float, with_affnist: boo
     tests = {"test/acc": "translated test digits", "test/acc_affine_mnist": "generated affine test set"}
     if with_affnist:
         tests["test/acc_affnist"] = "affNIST test set"
+    means = {}  # test set -> (CapsNet's mean, the CNN's)
     for tag, name in tests.items():
         capsnet, cnn = ([100 * run.final(tag) for run in by_model[net]] for net in NETS)
         p_value = welch_p(capsnet, cnn)
         test = f"Welch p = {p_value_text(p_value)}" if p_value is not None else "one run per net: no test"
-        capsnet_mean, cnn_mean = statistics.fmean(capsnet), statistics.fmean(cnn)
+        capsnet_mean, cnn_mean = means[tag] = statistics.fmean(capsnet), statistics.fmean(cnn)
         lines.append(
             f"- {name[0].upper()}{name[1:]}: CapsNet {capsnet_mean:.2f}% against the baseline CNN "
             f"{cnn_mean:.2f}% ({capsnet_mean - cnn_mean:+.2f} points; {test})."
         )
     kept = (
-        statistics.fmean(run.final("test/acc_affine_mnist") for run in by_model[net])
-        / statistics.fmean(run.final("test/acc") for run in by_model[net])
-        for net in NETS
+        affine / translated
+        for affine, translated in zip(means["test/acc_affine_mnist"], means["test/acc"], strict=True)
     )
     lines.append(
         "- The generated affine accuracy as a share of the translated one (how much of what a net learnt "
@@ -167,18 +167,12 @@ def main(argv: list[str] | None = None) -> None:
         if with_affnist
         else "not the official affNIST test set: its files were not in the data folder"
     )
-    precision_text = (
-        "; the baseline CNN runs under bf16 autocast (`trainer.precision=bf16-mixed`) to fit a CPU sitting, "
-        "CapsNet in float32"
-        if study.quick
-        else ""
-    )
     tested = f"the first {QUICK_BATCHES} batches of each test set" if study.quick else "each whole test set"
     notes = f"""
 Training: MNIST digits at a random position on a 40x40 canvas (a new one at every step), until the
 validation accuracy (validation digits placed once) passes {100 * threshold:g}%, checked at every
 validation, or the budget ends (`{" ".join(QUICK if study.quick else FULL)}`). Each net keeps its own
-optimiser recipe{precision_text}. Tested ({tested}) with the best checkpoint by validation
+optimiser recipe. {study.net_options_text()} Tested ({tested}) with the best checkpoint by validation
 accuracy on the translated test digits, on the generated affine set (each MNIST test digit once, under
 a random map: rotation within ±20°, shear within ±0.2, each axis scaled 0.8-1.2, placed anywhere on the
 canvas; seeded) and {affnist_text}.

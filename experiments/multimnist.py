@@ -24,16 +24,7 @@ from pathlib import Path
 
 from capsexp.events import load_events
 from capsexp.timing import Stopwatch
-from studylib import (
-    SIGNIFICANCE,
-    job_overrides,
-    parse_args,
-    row_runs,
-    run_main,
-    run_row,
-    test_error_cell,
-    welch_p,
-)
+from studylib import SIGNIFICANCE, job_overrides, parse_args, row_runs, run_main, run_row, test_error_cell, welch_p
 
 STUDY = "multimnist"
 
@@ -155,19 +146,13 @@ def main(argv: list[str] | None = None) -> None:
         if study.quick
         else "30 epochs of 32 pairs a step, the test on 10M pairs (1,000 per test digit)"
     )
-    precision_text = (
-        " The baseline CNN runs under bf16 autocast (`trainer.precision=bf16-mixed`) to fit a CPU sitting, "
-        "the other nets in float32."
-        if study.quick
-        else ""
-    )
     notes = f"""
 MultiMNIST as the paper builds it (section 6.1): a digit over a digit of another class from the same
 split, each shifted by up to 4 pixels on a 36x36 canvas, pixels summed and clipped. Training: {budget_text};
 seeds 1 and 2. Tested with the best checkpoint by validation accuracy. Error: an image is right only
 when both of its digits are the two highest scores. CapsNet: margin loss with both classes present, each
 digit reconstructed from its own capsule (the reconstruction loss of both); LeNet5 and the baseline CNN:
-independent sigmoids, top two.{precision_text}
+independent sigmoids, top two. {study.net_options_text()}
 {QUICK_CAVEAT if study.quick else ""}
 """
     study.write_results(

@@ -53,6 +53,13 @@ class Study:
         """The overrides a study adds for ``model=<model>`` in this mode (:data:`QUICK_NET_OPTIONS`)."""
         return QUICK_NET_OPTIONS.get(model, []) if self.quick else []
 
+    def net_options_text(self) -> str:
+        """The sentence a results page gives :data:`QUICK_NET_OPTIONS` in quick mode; empty otherwise."""
+        if not self.quick:
+            return ""
+        nets = "; ".join(f"{net} with `{' '.join(options)}`" for net, options in QUICK_NET_OPTIONS.items())
+        return f"To fit a CPU sitting, quick mode runs {nets} (bf16 autocast); the other nets in float32."
+
     def environment(self) -> dict[str, str]:
         """The runs' environment: the data and log folders the study was given."""
         env = dict(os.environ)
