@@ -211,9 +211,16 @@ def _uniform_assignment(votes: torch.Tensor, activations: torch.Tensor, options:
         num_children = options.num_children or int(flat_index.max()) + 1
         slot_activations = activations[:, flat_index].view(batch, positions, 1, slots)
         # Parents receiving each child: (positions whose field holds it) x (parent types).
-        counts = torch.bincount(flat_index, minlength=num_children).to(votes.dtype)
+        counts = _children_counts(flat_index, num_children, votes.dtype)
         fan_out = (counts[flat_index] * parents).view(1, positions, 1, slots)
     return slot_activations, (votes.new_ones(()) / fan_out).expand(batch, positions, parents, slots)
+
+
+def _children_counts(flat_index: torch.Tensor, num_children: int, dtype: torch.dtype) -> torch.Tensor:
+    """How often each child's index occurs in ``flat_index``: (num_children,). Not torch.bincount, whose
+    output length depends on the data: torch.compile breaks the graph there, once per layer and step."""
+    ones = torch.ones(flat_index.numel(), dtype=dtype, device=flat_index.device)
+    return torch.zeros(num_children, dtype=dtype, device=flat_index.device).index_add_(0, flat_index, ones)
 
 
 def _sum_over_children(weights: torch.Tensor, big: torch.Tensor) -> torch.Tensor:
@@ -378,7 +385,7 @@ def responsibility_entropy(
     flat_index = child_index.reshape(-1)
     batch = responsibilities.shape[0]
     per_child = plogp.new_zeros(batch, num_children).index_add_(1, flat_index, plogp.sum(dim=-1).reshape(batch, -1))
-    fan_out = torch.bincount(flat_index, minlength=num_children).to(plogp.dtype) * parents
+    fan_out = _children_counts(flat_index, num_children, plogp.dtype) * parents
     return -per_child / torch.log(fan_out).clamp_min(1e-8)
 
 
