@@ -90,6 +90,36 @@ def run_cli(*overrides: str, timeout: int = 300, env: dict | None = None) -> sub
     )
 
 
+def run_cli_in_process(*overrides: str) -> subprocess.CompletedProcess:
+    """``python -m capsexp`` run in this process: what it prints and its exit status, as :func:`run_cli`
+    gives them, without the seconds a new process spends importing torch and Lightning. For commands
+    that end in an error before training; Hydra's global state and the root logger are restored."""
+    import contextlib
+    import io
+    import logging
+
+    from hydra.core.global_hydra import GlobalHydra
+
+    from capsexp.__main__ import cli
+
+    stdout, stderr = io.StringIO(), io.StringIO()
+    root = logging.getLogger()
+    handlers, level, argv = list(root.handlers), root.level, sys.argv
+    sys.argv = ["capsexp", *overrides]
+    returncode = 0
+    try:
+        with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+            cli()
+    except SystemExit as stop:  # sys.exit(status) as the process would exit
+        returncode = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
+    finally:
+        sys.argv = argv
+        GlobalHydra.instance().clear()
+        root.handlers[:] = handlers
+        root.setLevel(level)
+    return subprocess.CompletedProcess(["capsexp", *overrides], returncode, stdout.getvalue(), stderr.getvalue())
+
+
 # Overrides for a tiny, fast CLI run on synthetic data.
 TINY_RUN = [
     "data.batch_size=20",

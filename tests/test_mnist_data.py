@@ -11,7 +11,7 @@ import torch
 from capsexp.data import MNISTDataModule
 from capsexp.data.mnist import md5sum
 from capsexp.errors import CorruptDatasetError, DatasetNotFoundError
-from tests.helpers import MNIST_FILES, TINY_RUN, FakeTrainer, run_cli, write_mnist
+from tests.helpers import MNIST_FILES, FakeTrainer, write_mnist
 
 RAW = Path("MNIST") / "raw"
 
@@ -151,12 +151,3 @@ def test_real_mnist_checksums(real_mnist_dir):
         1009,
     ]
     assert md5sum(real_mnist_dir / RAW / "t10k-images-idx3-ubyte") == "2646ac647ad5339dbf082846283269ea"
-
-
-def test_cli_prints_a_short_message_not_a_traceback(tmp_path):
-    result = run_cli(
-        *TINY_RUN, f"paths.data_dir={tmp_path}", "data.download=false", f"hydra.run.dir={tmp_path / 'run'}"
-    )
-    assert result.returncode == 1
-    assert "error: MNIST not found in" in result.stderr
-    assert "Traceback" not in result.stderr
