@@ -25,7 +25,7 @@ from capsexp import PROJECT_ROOT
 from capsexp.compare import find_runs
 from capsexp.errors import CapsexpError
 from capsexp.timing import Stopwatch
-from studylib import mean_std, p_value_text, parse_args, run_main, run_row, welch_p
+from studylib import mean_std, parse_args, run_main, run_row, significance_text, welch_p
 
 STUDY = "affnist"
 
@@ -112,8 +112,7 @@ def what_it_shows(by_model: dict[str, list], threshold: float, with_affnist: boo
     means = {}  # test set -> (CapsNet's mean, the CNN's)
     for tag, name in tests.items():
         capsnet, cnn = ([100 * run.final(tag) for run in by_model[net]] for net in NETS)
-        p_value = welch_p(capsnet, cnn)
-        test = f"Welch p = {p_value_text(p_value)}" if p_value is not None else "one run per net: no test"
+        test = significance_text(welch_p(capsnet, cnn))
         capsnet_mean, cnn_mean = means[tag] = statistics.fmean(capsnet), statistics.fmean(cnn)
         lines.append(
             f"- {name[0].upper()}{name[1:]}: CapsNet {capsnet_mean:.2f}% against the baseline CNN "

@@ -31,6 +31,7 @@ from studylib import (
     run_main,
     run_row,
     run_seconds,
+    significance_text,
     welch_p,
 )
 
@@ -112,13 +113,7 @@ def findings(runs: dict[str, list]) -> str:
             better.append(name)
         lines.append(
             f"- {name}: {mean_std(values, 100)}% against {mean_std(reference, 100)}%, "
-            f"{abs(difference):.2f} points {'higher' if difference > 0 else 'lower'}; "
-            + ("no spread across the seeds to test." if p_value is None else "")
-            + (
-                f"{'significant' if significant else 'not significant'} (p = {p_value:.3f})."
-                if p_value is not None
-                else ""
-            )
+            f"{abs(difference):.2f} points {'higher' if difference > 0 else 'lower'}; {significance_text(p_value)}."
         )
     routing_rows = [name for name in better if name != "1 iteration"]
     if routing_rows:

@@ -24,7 +24,16 @@ from pathlib import Path
 
 from capsexp.events import load_events
 from capsexp.timing import Stopwatch
-from studylib import SIGNIFICANCE, job_overrides, parse_args, row_runs, run_main, run_row, test_error_cell, welch_p
+from studylib import (
+    job_overrides,
+    parse_args,
+    row_runs,
+    run_main,
+    run_row,
+    significance_text,
+    test_error_cell,
+    welch_p,
+)
 
 STUDY = "multimnist"
 
@@ -90,10 +99,7 @@ def what_it_shows(study_folder: Path) -> str:
         name, other_name = (net_name(" ".join(ROWS[key])) for key in (row, other))
         papers = [PAPER_ERROR.get(key) for key in (name, other_name)]
         paper = f"the paper: {papers[0]}% against {papers[1]}%" if all(papers) else "not in the paper"
-        p_value = welch_p(errors[row], errors[other])
-        significance = "fewer than 2 runs a side: no test"
-        if p_value is not None:
-            significance = f"Welch p = {p_value:.3f}, {'' if p_value < SIGNIFICANCE else 'not '}significant"
+        significance = significance_text(welch_p(errors[row], errors[other]))
         lines.append(
             f"- {name} against {other_name}: test error {mean:.2f}% against {other_mean:.2f}% "
             f"({mean - other_mean:+.2f} points; {significance}); {paper}."

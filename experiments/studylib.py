@@ -309,6 +309,16 @@ def welch_p(a: list[float], b: list[float]) -> float | None:
     return float(ttest_ind(a, b, equal_var=False).pvalue)
 
 
+def significance_text(p_value: float | None) -> str:
+    """A Welch test's verdict in words, for a page's prose: "Welch p = 0.009, significant" (below
+    :data:`SIGNIFICANCE`), "... not significant", or why there is no test."""
+    if p_value is None:
+        return "fewer than 2 runs a side: no test"
+    if math.isnan(p_value):
+        return "every run of both sides gave the same value: no test"
+    return f"Welch p = {p_value:.3f}, {'' if p_value < SIGNIFICANCE else 'not '}significant"
+
+
 def p_value_text(p_value: float | None) -> str:
     """A table cell for a p-value: blank without one, "n/a (no spread)" when every run of both sides
     gave the same value, marked "(significant)" below :data:`SIGNIFICANCE`."""

@@ -294,6 +294,18 @@ def test_em_training_summarises_seeds_with_welchs_test(tmp_path, monkeypatch):
     assert reference == "| default | 3 | 91.00 ± 1.00 | 91.00 ± 1.00 |  | 0.41 ± 0.01 |  |"  # no p against itself
 
 
+def test_the_pages_word_a_welch_test_alike(monkeypatch):
+    """One wording of a verdict for every study page: significant below 0.05, else not; no test without
+    2 runs a side or without any spread (scipy gives nan)."""
+    monkeypatch.syspath_prepend(str(PROJECT_ROOT / "experiments"))
+    from studylib import significance_text, welch_p
+
+    assert significance_text(welch_p([1.0, 1.2, 1.1], [1.3, 1.5, 1.4])) == "Welch p = 0.021, significant"
+    assert significance_text(welch_p([1.0, 2.0], [1.5, 2.5])) == "Welch p = 0.553, not significant"
+    assert significance_text(welch_p([1.0], [2.0, 3.0])) == "fewer than 2 runs a side: no test"
+    assert significance_text(welch_p([1.0, 1.0], [1.0, 1.0])).endswith(": no test")
+
+
 @pytest.mark.slow  # six runs, two of the 35M-parameter baseline CNN (about a minute): make test-all
 def test_multimnist_compares_capsnet_with_the_cnns_beside_the_paper_and_keeps_a_fig5(mnist_dir, tmp_path):
     output = tmp_path / "results"
@@ -350,7 +362,7 @@ def test_affnist_trains_both_nets_to_the_threshold_and_tests_them_on_new_viewpoi
     shows = page[page.index("## What it shows") :]
     assert re.search(r"^- (Matched|Not matched): ", shows, re.M), shows
     assert re.search(r"^- Generated affine test set: CapsNet [\d.]+% against the baseline CNN [\d.]+% ", shows, re.M)
-    assert "one run per net: no test" in shows
+    assert "fewer than 2 runs a side: no test" in shows  # one run per net
     assert re.search(r"survives the affine maps\): capsnet [\d.]+%, baseline_cnn [\d.]+%\.$", shows, re.M), shows
     with open(output / "comparison.csv") as handle:
         assert all(row["test/acc_affine_mnist mean"] for row in csv.DictReader(handle))
