@@ -257,7 +257,7 @@ BAD_COMMANDS = {
     ),
     "unknown strategy": (["trainer.accelerator=cpu", "trainer.strategy=bogus"], 2, "trainer.strategy=bogus"),
     # One bad checkpoint file: the message of each kind (empty, noise, not Lightning, pickled objects, a
-    # folder) is checked in-process below (check_checkpoint); each would cost this suite a process.
+    # folder) is checked word for word below (check_checkpoint); the command line reports them alike.
     "checkpoint missing": (["train=false", "ckpt_path={missing}"], 1, "{missing}"),
     "run folder without state": (["ckpt_path={stateless_run}"], 1, "checkpoints/last.ckpt is missing"),
     "data dir is a file": (["data.data_dir={noise}"], 1, "{noise}"),
@@ -274,7 +274,7 @@ def test_bad_command_lines_get_a_short_error(name, tmp_path):
     overrides, status, named = BAD_COMMANDS[name]
     files = {key: str(path) for key, path in _corrupt_checkpoints(tmp_path / "files").items()}
     # In this process: each command would otherwise spend seconds importing torch and Lightning. The
-    # tests below run the real process (exit status, stderr) for errors raised at every stage.
+    # tests below run real processes, so an error's way to the exit status and stderr stays tested.
     result = run_cli_in_process(
         *(o.format(**files) for o in overrides),
         f"hydra.run.dir={tmp_path / 'run'}",

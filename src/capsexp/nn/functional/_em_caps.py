@@ -218,7 +218,7 @@ def _uniform_assignment(votes: torch.Tensor, activations: torch.Tensor, options:
 
 def _children_counts(flat_index: torch.Tensor, num_children: int, dtype: torch.dtype) -> torch.Tensor:
     """How often each child's index occurs in ``flat_index``: (num_children,). Not torch.bincount, whose
-    output length depends on the data: torch.compile breaks the graph there, once per layer and step."""
+    output length depends on the data: torch.compile breaks the graph at each call."""
     ones = torch.ones(flat_index.numel(), dtype=dtype, device=flat_index.device)
     return torch.zeros(num_children, dtype=dtype, device=flat_index.device).index_add_(0, flat_index, ones)
 
