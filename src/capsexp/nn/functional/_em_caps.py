@@ -129,7 +129,7 @@ def em_routing(
             iterations, final_lambda, child_index, num_children, sigma_eps, cost_normalization, inplace or copied
         )
         scale = votes.new_ones(()) if inverse_temperature_scale is None else inverse_temperature_scale
-        mu, parent_activations, responsibilities = _EMRouting.apply(
+        mu, parent_activations, responsibilities = _route(
             parent_major, activations.to(dtype), beta_u.to(dtype), beta_a.to(dtype), scale.to(dtype), options
         )
 
@@ -225,6 +225,14 @@ def _children_counts(flat_index: torch.Tensor, num_children: int, dtype: torch.d
 
 def _sum_over_children(weights: torch.Tensor, big: torch.Tensor) -> torch.Tensor:
     return torch.matmul(weights.unsqueeze(-2), big).squeeze(-2)
+
+
+@torch.compiler.disable
+def _route(*inputs):
+    """:class:`_EMRouting`, left out of torch.compile's graphs: its backward pass records factors in a
+    Python list, which dynamo cannot trace; it tried at every layer and fell back to this anyway, at
+    twice the compile time of a MatrixCapsNet."""
+    return _EMRouting.apply(*inputs)
 
 
 class _EMRouting(torch.autograd.Function):
