@@ -30,6 +30,7 @@ def plain_em_routing(
     cost_normalization: str = "none",
     return_responsibilities: bool = False,
     inverse_temperature_scale: torch.Tensor | None = None,
+    detach_responsibilities: bool = False,
 ):
     """The same arguments and results as :func:`capsexp.nn.functional.em_routing`, computed the obvious way:
     every (V - mu)^2 materialised, plain autograd."""
@@ -87,6 +88,8 @@ def plain_em_routing(
             ).sum(dim=-1)  # (B, Q, M, J)
             log_r = F.logsigmoid(logit).unsqueeze(2) + log_p
             responsibilities = _plain_normalise(log_r, child_index, num_children)
+            if detach_responsibilities:
+                responsibilities = responsibilities.detach()
 
     if dense:
         mu, parent_activations, responsibilities = mu[:, 0], parent_activations[:, 0], responsibilities[:, 0]

@@ -40,9 +40,12 @@ def test_inverse_temperature_schedule():
     )
 
 
+@pytest.mark.parametrize("detach_responsibilities", [False, True])
 @pytest.mark.parametrize("convolutional", [False, True])
 @pytest.mark.parametrize("cost_normalization", COST_NORMALIZATIONS)
-def test_matches_the_plain_transcription_values_and_gradients(convolutional, cost_normalization):
+def test_matches_the_plain_transcription_values_and_gradients(
+    convolutional, cost_normalization, detach_responsibilities
+):
     """The optimised em_routing (expanded Gaussian, matrix-vector products) against the plain one."""
     torch.manual_seed(1)
     if convolutional:
@@ -62,6 +65,7 @@ def test_matches_the_plain_transcription_values_and_gradients(convolutional, cos
         cost_normalization=cost_normalization,
         return_responsibilities=True,
         inverse_temperature_scale=scale,
+        detach_responsibilities=detach_responsibilities,
     )
     fast = em_routing(votes, activations.double(), beta_u, beta_a, **options)
     plain = plain_em_routing(votes, activations.double(), beta_u, beta_a, **options)
@@ -169,6 +173,24 @@ def test_learned_inverse_temperature_gets_a_gradient_in_every_layer():
     fixed = EMRouting(learn_inverse_temperature=False)
     tiny = dict(conv_channels=8, primary_types=4, conv_caps1_types=4, conv_caps2_types=4)
     assert MatrixCapsNet(**tiny, routing=fixed).class_caps.log_inverse_temperature is None
+
+
+def test_detached_responsibilities_change_the_gradients_of_a_net_not_its_scores():
+    """routing.detach_responsibilities reaches every layer: the same forward pass, a gradient that
+    no longer flows through the E-steps."""
+
+    def scores_and_gradient(detach: bool):
+        torch.manual_seed(0)
+        routing = EMRouting(detach_responsibilities=detach)
+        net = MatrixCapsNet(conv_channels=8, primary_types=4, conv_caps1_types=4, conv_caps2_types=4, routing=routing)
+        scores = net(torch.rand(3, 1, 28, 28)).scores
+        spread_loss(scores, torch.tensor([0, 1, 2]), 0.5).backward()
+        return scores.detach(), net.primary.pose.weight.grad
+
+    scores, gradient = scores_and_gradient(False)
+    detached_scores, detached_gradient = scores_and_gradient(True)
+    torch.testing.assert_close(detached_scores, scores)
+    assert torch.isfinite(detached_gradient).all() and not torch.allclose(detached_gradient, gradient)
 
 
 def test_recomputed_routing_gives_the_same_scores_and_gradients():
@@ -591,6 +613,7 @@ def test_paper_recipe_is_one_override_away(small):
         cost_normalization="none",
         route_per_window=False,
         learn_inverse_temperature=False,
+        detach_responsibilities=False,
     )
     assert paper.model.net.routing == expected_paper and not paper.model.net.conv1_norm
     # capsexp's recipe: the defaults of EMRouting, not restated in YAML

@@ -60,3 +60,8 @@ class EMRouting:
     route_per_window: bool = True
     # A learned factor s = exp(log_inverse_temperature) on each layer's lambda_t, from 1 (not in the paper).
     learn_inverse_temperature: bool = True
+    # false (paper: "backpropagating through the unrolled iterations of EM") lets the gradient of the votes
+    # flow through the E-steps' responsibilities too; true treats the responsibilities as constants of
+    # the last M-step, as detach_agreement does for dynamic routing. Compared in
+    # experiments/results/em_routing_ablation_quick/.
+    detach_responsibilities: bool = False

@@ -55,6 +55,7 @@ class EMRouter(nn.Module):
             final_lambda=self.routing.final_lambda,
             sigma_eps=self.routing.sigma_eps,
             cost_normalization=self.routing.cost_normalization,
+            detach_responsibilities=self.routing.detach_responsibilities,
             return_responsibilities=True,
             **kwargs,
         )

@@ -43,6 +43,7 @@ def em_routing(
     return_responsibilities: bool = False,
     inplace: bool = False,
     inverse_temperature_scale: torch.Tensor | None = None,
+    detach_responsibilities: bool = False,
 ):
     """Procedure 1 of the paper: parent poses and activations from votes and child activations.
 
@@ -77,6 +78,10 @@ def em_routing(
         return_responsibilities: also return R, shape of ``votes`` without H.
         inverse_temperature_scale: a scalar tensor s multiplying every lambda_t (default 1): a
             learned inverse temperature (log-parametrised by the layers), not in the paper.
+        detach_responsibilities: if False (the paper: the transformation matrices are trained "by
+            backpropagating through the unrolled iterations of EM"), gradients flow through every
+            E-step; if True, the responsibilities each E-step computes are constants to the backward
+            pass, so the gradient reaches the votes through the M-steps' weighted sums alone.
         inplace: centre ``votes`` in place (see Computation below): the caller's tensor then holds
             V - c afterwards, and no vote-sized copy is made. For callers whose votes are a temporary
             nothing else reads, as the matrix-capsule layers'. Gradients are unchanged.
@@ -126,7 +131,14 @@ def em_routing(
         copied = parent_major.dtype != dtype or not parent_major.is_contiguous()
         parent_major = parent_major.to(dtype).contiguous()
         options = _EMOptions(
-            iterations, final_lambda, child_index, num_children, sigma_eps, cost_normalization, inplace or copied
+            iterations,
+            final_lambda,
+            child_index,
+            num_children,
+            sigma_eps,
+            cost_normalization,
+            inplace or copied,
+            detach_responsibilities,
         )
         scale = votes.new_ones(()) if inverse_temperature_scale is None else inverse_temperature_scale
         mu, parent_activations, responsibilities = _route(
@@ -149,6 +161,7 @@ class _EMOptions(NamedTuple):
     sigma_eps: float
     cost_normalization: str
     centre_in_place: bool
+    detach_responsibilities: bool
 
 
 def _em_iterations(
@@ -196,6 +209,8 @@ def _em_iterations(
         constant = (mu.square() * precision + log_variance).sum(dim=-1, keepdim=True) + elements * LOG_2PI
         log_r = F.logsigmoid(logit).unsqueeze(-1) - 0.5 * (quadratic + constant)
         responsibilities = _normalise_per_child(log_r, child_index, num_children)
+        if options.detach_responsibilities:  # the backward pass (run on a graph) then skips the E-step
+            responsibilities = responsibilities.detach()
     return mu, parent_activations, responsibilities
 
 
