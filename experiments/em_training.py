@@ -396,6 +396,7 @@ options.
         wall_s,
         notes,
         extra_section=extra_section,
+        rebuilt=bool(args.rebuild),
     )
     return 0
 

@@ -116,9 +116,11 @@ class Study:
         wall_s: float,
         notes: str,
         extra_section: Callable[[Path], str] | None = None,
+        rebuilt: bool = False,
     ) -> Path:
         """``capsexp.compare`` of ``runs_folder`` into the study's output folder, with a README.md around
-        its table; ``extra_section(output)`` may add Markdown above the table, from the files written there."""
+        its table; ``extra_section(output)`` may add Markdown above the table, from the files written there.
+        ``rebuilt``: the page is written from earlier runs, ``wall_s`` the sum of their durations."""
         output = self.output
         compare(runs_folder, output)
         table = (output / "comparison.md").read_text().replace("# Run comparison", "## Run comparison", 1)
@@ -127,7 +129,8 @@ class Study:
             [
                 f"# {title} ({self.mode} mode)",
                 "",
-                f"- Machine: {machine()}; {datetime.date.today().isoformat()}; {wall_s / 60:.1f} min this sitting.",
+                f"- Machine: {machine()}; {datetime.date.today().isoformat()}; {wall_s / 60:.1f} min "
+                + ("in all (the runs' own durations)." if rebuilt else "this sitting."),
                 f"- Runs: `{display_path(runs_folder)}` (rebuild the tables: "
                 "`python -m capsexp.compare <that folder>`).",
                 "- Commands:",
