@@ -191,6 +191,11 @@ def test_em_routing_ablation_runs_each_row_with_every_seed_and_resumes(mnist_dir
     assert "seed=2" in (folder / "1_iteration" / "1" / ".hydra" / "overrides.yaml").read_text()
     assert (output / "README.md").exists()
     assert len(list(folder.glob("*/[0-9]/.hydra"))) == 6
+    # The page written again from the folder alone: nothing runs, the time is the runs' own.
+    result = run_quick("em_routing_ablation", *common, options=("--rebuild", str(folder)))
+    assert result.returncode == 0 and "$ python" not in result.stdout, result.stdout[-2000:]
+    page = (output / "README.md").read_text()
+    assert "min in all (the runs' own durations)" in page and "| 2 iterations | 3 |" in page
 
 
 def test_bench_gpu_runs_its_code_path_on_the_cpu(tmp_path):
