@@ -62,7 +62,7 @@ class EMRouting:
     # A learned factor s = exp(log_inverse_temperature) on each layer's lambda_t, from 1 (not in the paper).
     learn_inverse_temperature: bool = True
     # false (paper: "backpropagating through the unrolled iterations of EM") lets the gradient of the votes
-    # flow through the E-steps' responsibilities too; true treats the responsibilities as constants of
-    # the last M-step, as detach_agreement does for dynamic routing. Compared in
+    # flow through the E-steps' responsibilities too; true makes each E-step's responsibilities constants
+    # to the backward pass, as detach_agreement does for dynamic routing. true trained far worse:
     # experiments/results/em_routing_ablation_quick/.
     detach_responsibilities: bool = False
