@@ -50,6 +50,12 @@ ROWS: dict[str, list[str]] = {
         "model.net.routing.iterations=2",
         "model.net.routing.detach_responsibilities=true",
     ],
+    # A warmer E-step (log-likelihood divided by 4): assignments between uniform (1 iteration) and the paper's.
+    "2 iterations, E-step at T=4": [
+        "model=em_caps_small",
+        "model.net.routing.iterations=2",
+        "model.net.routing.e_step_temperature=4",
+    ],
     "paper recipe": ["model=em_caps_small_paper"],
 }
 # The paper's Table 1: smallNORB test error (%) by number of EM iterations (another dataset and far

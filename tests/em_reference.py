@@ -31,6 +31,7 @@ def plain_em_routing(
     return_responsibilities: bool = False,
     inverse_temperature_scale: torch.Tensor | None = None,
     detach_responsibilities: bool = False,
+    e_step_temperature: float = 1.0,
 ):
     """The same arguments and results as :func:`capsexp.nn.functional.em_routing`, computed the obvious way:
     every (V - mu)^2 materialised, plain autograd."""
@@ -86,7 +87,7 @@ def plain_em_routing(
             log_p = -0.5 * (
                 (votes - mu.unsqueeze(2)).pow(2) / variance.unsqueeze(2) + torch.log(variance.unsqueeze(2)) + LOG_2PI
             ).sum(dim=-1)  # (B, Q, M, J)
-            log_r = F.logsigmoid(logit).unsqueeze(2) + log_p
+            log_r = F.logsigmoid(logit).unsqueeze(2) + log_p / e_step_temperature
             responsibilities = _plain_normalise(log_r, child_index, num_children)
             if detach_responsibilities:
                 responsibilities = responsibilities.detach()

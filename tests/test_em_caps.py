@@ -40,11 +40,11 @@ def test_inverse_temperature_schedule():
     )
 
 
-@pytest.mark.parametrize("detach_responsibilities", [False, True])
+@pytest.mark.parametrize(("detach_responsibilities", "e_step_temperature"), [(False, 1.0), (True, 1.0), (False, 4.0)])
 @pytest.mark.parametrize("convolutional", [False, True])
 @pytest.mark.parametrize("cost_normalization", COST_NORMALIZATIONS)
 def test_matches_the_plain_transcription_values_and_gradients(
-    convolutional, cost_normalization, detach_responsibilities
+    convolutional, cost_normalization, detach_responsibilities, e_step_temperature
 ):
     """The optimised em_routing (expanded Gaussian, matrix-vector products) against the plain one."""
     torch.manual_seed(1)
@@ -66,6 +66,7 @@ def test_matches_the_plain_transcription_values_and_gradients(
         return_responsibilities=True,
         inverse_temperature_scale=scale,
         detach_responsibilities=detach_responsibilities,
+        e_step_temperature=e_step_temperature,
     )
     fast = em_routing(votes, activations.double(), beta_u, beta_a, **options)
     plain = plain_em_routing(votes, activations.double(), beta_u, beta_a, **options)
@@ -463,6 +464,7 @@ def test_em_routing_rejects_bad_input():
     refused("EM routing needs at least one iteration, got 0", *dense, iterations=0)
     refused("cost_normalization must be one of none, data, standardize, layer, got 'z'", *dense, cost_normalization="z")
     refused("sigma_eps must be > 0 (it is added to every variance), got 0.0", *dense, sigma_eps=0.0)
+    refused("e_step_temperature must be > 0 (it divides the log-likelihood), got 0.0", *dense, e_step_temperature=0.0)
 
 
 def test_em_routing_defaults_are_the_papers():
@@ -514,6 +516,22 @@ def test_routing_entropy_of_a_real_layer_lies_in_the_unit_interval_and_falls_wit
         entropies.append(responsibility_entropy(responsibilities).mean().item())
     assert entropies[0] == pytest.approx(1.0)  # before any E-step R is uniform
     assert 0 <= entropies[2] <= entropies[1] < 1
+
+
+def test_a_warmer_e_step_softens_the_assignments_towards_the_parent_activations():
+    """R_ij proportional to a_j N(V_ij)^(1/T): entropy rises with T, and as T grows R tends to a_j
+    normalised over the parents (the votes no longer matter)."""
+    torch.manual_seed(0)
+    votes, activations = torch.randn(4, 40, 8, 16), torch.rand(4, 40)
+    entropies = []
+    for temperature in (1.0, 4.0, 16.0):
+        *_, responsibilities = routed(votes, activations, 8, iterations=2, e_step_temperature=temperature)
+        entropies.append(responsibility_entropy(responsibilities).mean().item())
+    assert entropies[0] < entropies[1] < entropies[2] < 1
+    *_, responsibilities = routed(votes, activations, 8, iterations=2, e_step_temperature=1e6)
+    first_m_step = routed(votes, activations, 8, iterations=1)[1]  # the activations the E-step weighs by
+    expected = (first_m_step / first_m_step.sum(-1, keepdim=True)).unsqueeze(1).expand_as(responsibilities)
+    torch.testing.assert_close(responsibilities, expected, rtol=1e-3, atol=1e-5)
 
 
 def test_net_options_batchnorm_and_weight_scale():
@@ -614,6 +632,7 @@ def test_paper_recipe_is_one_override_away(small):
         route_per_window=False,
         learn_inverse_temperature=False,
         detach_responsibilities=False,
+        e_step_temperature=1.0,
     )
     assert paper.model.net.routing == expected_paper and not paper.model.net.conv1_norm
     # capsexp's recipe: the defaults of EMRouting, not restated in YAML

@@ -66,3 +66,6 @@ class EMRouting:
     # to the backward pass, as detach_agreement does for dynamic routing. true trained far worse:
     # experiments/results/em_routing_ablation_quick/.
     detach_responsibilities: bool = False
+    # 1 (paper): R_ij proportional to a_j N(V_ij; mu_j, sigma_j^2). T > 1 divides the log-likelihood by T,
+    # softening the assignments that each E-step sharpens (every pose element adds its own term).
+    e_step_temperature: PositiveFloat = 1.0

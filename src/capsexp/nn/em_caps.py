@@ -56,6 +56,7 @@ class EMRouter(nn.Module):
             sigma_eps=self.routing.sigma_eps,
             cost_normalization=self.routing.cost_normalization,
             detach_responsibilities=self.routing.detach_responsibilities,
+            e_step_temperature=self.routing.e_step_temperature,
             return_responsibilities=True,
             **kwargs,
         )

@@ -44,6 +44,7 @@ def em_routing(
     inplace: bool = False,
     inverse_temperature_scale: torch.Tensor | None = None,
     detach_responsibilities: bool = False,
+    e_step_temperature: float = 1.0,
 ):
     """Procedure 1 of the paper: parent poses and activations from votes and child activations.
 
@@ -82,6 +83,10 @@ def em_routing(
             backpropagating through the unrolled iterations of EM"), gradients flow through every
             E-step; if True, the responsibilities each E-step computes are constants to the backward
             pass, so the gradient reaches the votes through the M-steps' weighted sums alone.
+        e_step_temperature: T > 0 dividing the E-step's log-likelihood, R_ij proportional to
+            a_j N(V_ij; mu_j, sigma_j^2)^(1/T). 1: the paper. T > 1 softens the assignments (each of the
+            H pose elements adds its own log-likelihood ratio, so T = H weighs a vote as one observation);
+            not in the paper.
         inplace: centre ``votes`` in place (see Computation below): the caller's tensor then holds
             V - c afterwards, and no vote-sized copy is made. For callers whose votes are a temporary
             nothing else reads, as the matrix-capsule layers'. Gradients are unchanged.
@@ -120,6 +125,8 @@ def em_routing(
     if not sigma_eps > 0:
         # With no floor, votes that agree exactly give sigma = 0: log sigma = -inf and NaN gradients.
         raise ValueError(f"sigma_eps must be > 0 (it is added to every variance), got {sigma_eps}")
+    if not e_step_temperature > 0:
+        raise ValueError(f"e_step_temperature must be > 0 (it divides the log-likelihood), got {e_step_temperature}")
     if cost_normalization not in COST_NORMALIZATIONS:
         raise ValueError(
             f"cost_normalization must be one of {', '.join(COST_NORMALIZATIONS)}, got {cost_normalization!r}"
@@ -139,6 +146,7 @@ def em_routing(
             cost_normalization,
             inplace or copied,
             detach_responsibilities,
+            e_step_temperature,
         )
         scale = votes.new_ones(()) if inverse_temperature_scale is None else inverse_temperature_scale
         mu, parent_activations, responsibilities = _route(
@@ -162,6 +170,7 @@ class _EMOptions(NamedTuple):
     cost_normalization: str
     centre_in_place: bool
     detach_responsibilities: bool
+    e_step_temperature: float
 
 
 def _em_iterations(
@@ -207,7 +216,7 @@ def _em_iterations(
         precision = 1.0 / variance
         quadratic = over_elements(squares, precision) - 2 * over_elements(votes, mu * precision)  # (B, Q, J, M)
         constant = (mu.square() * precision + log_variance).sum(dim=-1, keepdim=True) + elements * LOG_2PI
-        log_r = F.logsigmoid(logit).unsqueeze(-1) - 0.5 * (quadratic + constant)
+        log_r = F.logsigmoid(logit).unsqueeze(-1) - (0.5 / options.e_step_temperature) * (quadratic + constant)
         responsibilities = _normalise_per_child(log_r, child_index, num_children)
         if options.detach_responsibilities:  # the backward pass (run on a graph) then skips the E-step
             responsibilities = responsibilities.detach()
