@@ -89,6 +89,7 @@ def recipe_routing_options(model: str) -> dict:
         final_lambda=routing.final_lambda,
         sigma_eps=routing.sigma_eps,
         cost_normalization=routing.cost_normalization,
+        e_step_temperature=routing.e_step_temperature,
     )
 
 
@@ -269,6 +270,7 @@ def test_conv_layer_with_kernel_covering_the_input_is_the_dense_layer():
         final_lambda=routing.final_lambda,
         sigma_eps=routing.sigma_eps,
         cost_normalization=routing.cost_normalization,
+        e_step_temperature=routing.e_step_temperature,
         inverse_temperature_scale=layer.log_inverse_temperature.exp(),
     )
     assert torch.allclose(conv_poses.view(2, 3, 16), mu, atol=1e-5)

@@ -231,7 +231,7 @@ def test_each_model_trains_on_smallnorb_through_the_cli(norb_dir, tmp_path, mode
         *extra,
         "data.val_size=12",
         "data.batch_size=12",
-        "trainer.max_epochs=3",
+        "trainer.max_epochs=6",
         "trainer.limit_train_batches=3",
         "trainer.limit_test_batches=2",
         f"hydra.run.dir={tmp_path}",
@@ -239,4 +239,5 @@ def test_each_model_trains_on_smallnorb_through_the_cli(norb_dir, tmp_path, mode
     assert result.returncode == 0, result.stderr[-3000:]
     assert (tmp_path / "checkpoints" / "last.ckpt").exists()
     losses = [event.value for event in scalars(tmp_path)["train/loss_step"]]
-    assert len(losses) == 9 and sum(losses[-3:]) < sum(losses[:3]), losses  # it learns
+    # 18 steps: over 9, batch noise (12 images) can hide em_caps' learning.
+    assert len(losses) == 18 and sum(losses[-3:]) < sum(losses[:3]), losses  # it learns
