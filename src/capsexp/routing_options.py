@@ -35,7 +35,7 @@ class DynamicRouting:
 @dataclass(frozen=True)
 class EMRouting:
     """How the EM capsule layers route: the options of Procedure 1 (:func:`~capsexp.nn.functional.em_routing`)
-    and two of capsexp's. The defaults are capsexp's recipe (docs/em_training.md), the one place it is
+    and capsexp's own. The defaults are capsexp's recipe (docs/em_training.md), the one place it is
     declared; ``model/routing=em_paper`` (conf/model/routing/em_paper.yaml) is the paper's."""
 
     # Paper: 3. Here 2, the fewest that route (1 is a single M-step): after one MNIST epoch neither 1 nor 3
