@@ -260,8 +260,6 @@ def float32_errors(recipe: str, spread: float, inactive_far: bool = False, em_ro
         e_step_temperature=routing.e_step_temperature,
         return_responsibilities=True,
     )
-    # A baseline from before an option existed computes as if it had the paper's value.
-    options = {k: v for k, v in options.items() if k in inspect.signature(em_routing).parameters}
     generator = torch.Generator().manual_seed(0)
     votes = 20 + spread * torch.randn(2, 50, 8, 16, generator=generator, dtype=torch.float64)
     activations = torch.rand(2, 50, generator=generator, dtype=torch.float64)
