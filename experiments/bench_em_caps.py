@@ -417,8 +417,12 @@ def main() -> None:
         baseline_name = args.baseline_name or f"`{args.baseline}`"
         command = ["python", "experiments/bench_em_caps.py", "--batch-sizes", *map(str, args.batch_sizes)]
         command += ["--repeats", str(args.repeats), "--recipes", *args.recipes, "--baseline", "REV"]
-        if args.output.resolve() != RESULTS.resolve():
-            command += ["--output", str(args.output.resolve().relative_to(PROJECT_ROOT))]
+        output = args.output.resolve()
+        if output != RESULTS.resolve():  # relative where it can be: the page outlives this machine
+            command += [
+                "--output",
+                str(output.relative_to(PROJECT_ROOT) if output.is_relative_to(PROJECT_ROOT) else output),
+            ]
         text += "\n" + "\n".join(
             [
                 f"## This tree's EM routing against {baseline_name}",
