@@ -66,6 +66,8 @@ ROWS: dict[str, list[str]] = {
     ],
     "paper recipe": ["model=em_caps_small_paper"],
 }
+# The committed study whose T=1 runs predate the e_step_temperature option (its page says so).
+PREDATING_TEMPERATURE = "experiments/results/em_routing_ablation_quick/runs"
 # The paper's Table 1: smallNORB test error (%) by number of EM iterations (another dataset and far
 # longer training: a direction to compare with, not a number to match).
 PAPER_SMALLNORB_ERROR = {"1 iteration": "9.7", "2 iterations": "2.2", "3 iterations": "1.8"}
@@ -276,9 +278,13 @@ recipe: `model=em_caps_small_paper`. Runs under `{display_path(study_folder)}/<r
 column is its Table 1 (smallNORB, trained far longer): the direction routing should take, not
 numbers to match. On MNIST, YuxianMeng/Matrix-Capsules-pytorch's README reports its 97.6% test
 accuracy after one epoch (A, B, C, D = 64, 8, 16, 16) with one iteration, and warns that with two or
-three its default schedules do not converge. The rows at T=1 were run before the temperature was an
-option (the same computation); `model.net.routing.e_step_temperature=1` was added to their
-`.hydra/overrides.yaml`, so that `capsexp.compare` names them as they run today.
+three its default schedules do not converge.
+"""
+    if display_path(study_folder) == PREDATING_TEMPERATURE:
+        notes += f"""
+In `{PREDATING_TEMPERATURE}` the rows at T=1 were run before the temperature was an option (the same
+computation); `model.net.routing.e_step_temperature=1` was added to their `.hydra/overrides.yaml`, so
+that `capsexp.compare` names them as they run today.
 """
     # Rebuilt, the runs' own durations (the same figure a fresh execution reports, less start-ups).
     durations = [run_seconds(run) for found in runs.values() for run in found]
