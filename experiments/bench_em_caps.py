@@ -67,6 +67,16 @@ def net_options(recipe: str) -> dict:
     return {key: value for key, value in arguments.items() if key not in ("in_channels", "image_size", "num_classes")}
 
 
+def recipe_text(recipe: str) -> str:
+    """What sets a recipe's routing apart, read from its composed config."""
+    options = net_options(recipe)
+    routing = options["routing"]
+    return (
+        f"{RECIPES[recipe]}: {routing.iterations} EM iterations, E-step temperature {routing.e_step_temperature:g}, "
+        f"{'' if options['conv1_norm'] else 'no '}BatchNorm after conv1"
+    )
+
+
 ROUTING_FILE = "src/capsexp/nn/functional/_em_caps.py"
 RSS_PROCESSES = 5  # per routing, with --baseline
 RSS_STEPS = 6  # training steps per peak-RSS process: past the second, the peak grows by under 1%
@@ -369,7 +379,7 @@ def main() -> None:
             f"Written by `experiments/bench_em_caps.py` on {datetime.date.today()}: {cpu}, "
             f"{torch.get_num_threads()} threads, torch {torch.__version__}.",
             "A=B=C=D=32, K=3, 4x4 poses, 2x32x32 inputs, 5 classes, Adam; each model config's own routing options "
-            "(em_caps: 2 EM iterations, BatchNorm after conv1; em_caps_paper: 3 iterations);",
+            f"({'; '.join(recipe_text(recipe) for recipe in RECIPES)});",
             f"medians of {args.repeats} steps; each row in its own process. On a shared machine step times vary",
             "between runs (by up to 40% seen here): compare the rows of one page, not figures across pages.",
             "",

@@ -239,10 +239,12 @@ def test_bench_em_caps_measures_each_recipe_as_its_model_config_sets_it():
 
     sys.path.insert(0, str(PROJECT_ROOT / "experiments"))
     try:
-        from bench_em_caps import float32_errors, net_options
+        from bench_em_caps import float32_errors, net_options, recipe_text
     finally:
         sys.path.remove(str(PROJECT_ROOT / "experiments"))
     assert net_options("default")["routing"].iterations == 2 and net_options("paper")["routing"].iterations == 3
+    # The page's header says what each recipe routes with, as its config sets it.
+    assert recipe_text("paper") == "em_caps_paper: 3 EM iterations, E-step temperature 1, no BatchNorm after conv1"
     errors = float32_errors("paper", 0.01)  # the page's float32 table
     assert set(errors) == {"poses", "activations", "responsibilities", "vote_gradient"}
     assert 0 < max(errors.values()) < 1e-3
