@@ -105,20 +105,24 @@ RECIPES: dict[str, tuple[list[str], str]] = {
         "as cost: layer, with the learned factor on the inverse temperatures",
     ),
     "margin over 500 steps": (
-        ["model.margin.duration=500"],
+        ["model/margin=linear_steps", "model.margin.duration=500"],
         "the margin reaches 0.9 at step 500: the whole gap asked for before the end of the quick budget",
     ),
     "margin over 600 steps": (
-        ["model.margin.duration=600"],
-        "the margin reaches 0.9 at step 600, the end of the quick budget (the default's ramp)",
+        ["model/margin=linear_steps", "model.margin.duration=600"],
+        "the margin reaches 0.9 at step 600, the end of the quick budget",
     ),
     "margin over 1,000 steps": (
-        ["model.margin.duration=1000"],
+        ["model/margin=linear_steps", "model.margin.duration=1000"],
         "the margin reaches 0.9 at step 1,000 (0.62 at step 600)",
     ),
     "margin over 750 steps": (
-        ["model.margin.duration=750"],
+        ["model/margin=linear_steps", "model.margin.duration=750"],
         "the margin reaches 0.9 at step 750 (0.76 at step 600)",
+    ),
+    "margin over 35% of the run": (
+        ["model/margin=linear_run"],
+        "the margin reaches 0.9 after 35% of the run's steps (210 of 600; 602 of a 1,719-step epoch)",
     ),
     "temperature lr x10": (
         ["model.lr_multipliers={log_inverse_temperature:10}"],

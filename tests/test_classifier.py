@@ -246,10 +246,10 @@ class WithMargin(LossAndPixels):
 
 class RecordingSchedule(MarginSchedule):
     def __init__(self):
-        self.seen: list[tuple[int, float]] = []
+        self.seen: list[tuple[int, float, float]] = []
 
-    def margin(self, step, epoch):
-        self.seen.append((step, epoch))
+    def margin(self, step, epoch, total_steps):
+        self.seen.append((step, epoch, total_steps))
         return 0.5 * step + 0.25 * epoch
 
 
@@ -334,8 +334,9 @@ def test_logged_names_values_and_progress_bar_of_a_run(tmp_path):
     net = module.net
     assert set(net.calls) == {(True, True), (False, False)}
     assert net.calls.count((True, True)) == 3
-    # The margin schedule sees the global step and the fractional epoch before each training step.
-    assert module.margin_schedule.seen == [(0, 0.0), (1, pytest.approx(1 / 3)), (2, pytest.approx(2 / 3))]
+    # The margin schedule sees the global step, the fractional epoch and the run's length in steps
+    # before each training step.
+    assert module.margin_schedule.seen == [(0, 0.0, 3), (1, pytest.approx(1 / 3), 3), (2, pytest.approx(2 / 3), 3)]
     last = 1.0 + 0.25 * 2 / 3
     assert module.objective.margins == pytest.approx([0.0, 0.5 + 0.25 / 3, last, last, last])  # then 2 val batches
     assert metrics["train/margin"].item() == pytest.approx(last)
@@ -349,7 +350,7 @@ def test_a_margin_schedule_over_an_epoch_of_unknown_length_sees_whole_epochs(tmp
     module = fixed_module(objective=WithMargin(), margin=schedule)
     trainer = make_trainer(tmp_path, max_steps=3, limit_val_batches=0)
     trainer.fit(module, datamodule=TensorData(iterable=True))
-    assert schedule.seen == [(0, 0.0), (1, 0.0), (2, 0.0)]
+    assert schedule.seen == [(0, 0.0, 3), (1, 0.0, 3), (2, 0.0, 3)]  # the run's length: max_steps
 
 
 def test_each_test_set_has_its_accuracy_and_loss_means_also_after_fitting_on_other_data(tmp_path):

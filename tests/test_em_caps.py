@@ -352,6 +352,10 @@ def test_margin_schedules_at_given_points():
     linear = LinearMargin(0.2, 0.9, duration=10, unit="epoch")
     assert [linear.margin(0, e) for e in (0, 5, 10, 20)] == pytest.approx([0.2, 0.55, 0.9, 0.9])
     assert LinearMargin(duration=1000, unit="step").margin(250, 0) == pytest.approx(0.375)
+    # Over a fraction of the run: the same ramp in steps whatever the run's length, scaled to it.
+    over_run = LinearMargin(duration=0.25, unit="run")
+    assert [over_run.margin(s, 0, 1000) for s in (0, 125, 250, 900)] == pytest.approx([0.2, 0.55, 0.9, 0.9])
+    assert over_run.margin(25, 0, 200) == pytest.approx(0.55)
     sigmoid = SigmoidMargin()
     assert sigmoid.margin(200_000, 0) == pytest.approx(0.2 + 0.79 * 0.5)
     assert sigmoid.margin(0, 0) == pytest.approx(0.2 + 0.79 / (1 + math.exp(4)))

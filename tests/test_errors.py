@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import math
 import zipfile
 from pathlib import Path
 
@@ -83,7 +84,10 @@ def test_every_shipped_option_passes_the_check(extra):
             ["model=em_caps_small", "model/routing=dynamic"],
             "model.net.routing=DynamicRouting: must be an instance of EMRouting",
         ),
-        (["model=em_caps_small", "model.margin.unit=epochs"], "model.margin.unit=epochs: must be 'epoch' or 'step'"),
+        (
+            ["model=em_caps_small", "model.margin.unit=epochs"],
+            "model.margin.unit=epochs: must be 'epoch', 'step' or 'run'",
+        ),
         (["model=baseline_cnn", "model.net.conv_layers=[]"], "model.net.conv_layers=[]: must have at least 1 item"),
         (["model=baseline_cnn", "model.net.dropout=1.0"], "model.net.dropout=1.0: must be less than 1"),
         (["model=capsnet", "model.lr_scheduler.scheduler.decay_rate=0"], "decay_rate=0: must be greater than 0"),
@@ -138,6 +142,10 @@ def test_constructors_check_their_arguments_when_built_from_python():
     with pytest.raises(ValueError, match=r"when=sometimes: must be 'auto', 'always' or 'never'"):
         ProgressLog(when="sometimes")
     assert LinearMargin(unit="step", duration=600).margin(300, 0.0) == pytest.approx(0.55)
+    with pytest.raises(ValueError, match=r"^LinearMargin: duration=1.5: must be at most 1 with unit=run"):
+        LinearMargin(unit="run", duration=1.5)
+    with pytest.raises(ConfigError, match=r"model.margin.unit=run: .* needs the run's length; set trainer.max_steps"):
+        LinearMargin(unit="run", duration=0.5).margin(10, 0.0, math.inf)  # a run with no end
 
 
 def test_group_options_are_checked_before_hydra_composes():

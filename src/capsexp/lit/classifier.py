@@ -203,7 +203,8 @@ class Classifier(L.LightningModule):
             return
         batches = self.trainer.num_training_batches
         epoch = self.trainer.current_epoch + (batch_idx / batches if batches and math.isfinite(batches) else 0.0)
-        self.objective.margin = self.margin_schedule.margin(self.trainer.global_step, epoch)
+        total_steps = self.trainer.estimated_stepping_batches
+        self.objective.margin = self.margin_schedule.margin(self.trainer.global_step, epoch, total_steps)
         self.log("train/margin", float(self.objective.margin))  # per step: the hook's default
 
     def training_step(self, batch: Batch, batch_idx: int) -> torch.Tensor:
