@@ -36,7 +36,7 @@ RECIPES: dict[str, tuple[list[str], str]] = {
         [],
         "capsexp's recipe: 2 EM iterations with the E-step's log-likelihood divided by 4, final lambda 10 "
         "with a learned factor per layer, standardised costs, sigma_eps 1e-2, ConvCaps routed per window, "
-        "BatchNorm after conv1, margin 0.2 -> 0.9 over 600 steps, Adam's lr decayed to 0 by a cosine",
+        "BatchNorm after conv1, margin 0.2 -> 0.9 over the first 35% of the run, Adam's lr decayed to 0 by a cosine",
     ),
     "paper": (
         ["model=em_caps_small_paper"],
@@ -269,7 +269,7 @@ def plot_curves(curves: dict[str, list[tuple[int, float]]], path: Path) -> None:
     axes.set_ylim(0, 100)
     axes.grid(alpha=0.3)
     axes.legend(fontsize=8, ncol=2, loc="lower right")
-    axes.set_title("em_caps_small on MNIST: recipes against LeNet5 and CapsNet")
+    axes.set_title("em_caps_small on MNIST: recipes against the baselines")
     figure.tight_layout()
     figure.savefig(path, dpi=110)
     plt.close(figure)
@@ -381,9 +381,11 @@ def main(argv: list[str] | None = None) -> int:
         if study.quick
         else f"2 epochs of batch 32, {seeds_text}"
     )
+    baselines_text = " and ".join(name for name in BASELINES if name in runs)
+    if baselines_text:
+        baselines_text = f"; {baselines_text}, each under its own default recipe, trained the same way alongside"
     notes = f"""
-em_caps_small (A=64, B=8, C=D=16) on MNIST under each recipe, {budget_text}; LeNet5 and CapsNet
-(their own default recipes) trained the same way in the same study. Runs under
+em_caps_small (A=64, B=8, C=D=16) on MNIST under each recipe, {budget_text}{baselines_text}. Runs under
 `{display_path(study_folder)}/<recipe>/`. Every recipe but "1 iteration" routes every capsule layer with EM.
 """
     if args.rebuild:

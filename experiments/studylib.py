@@ -329,4 +329,5 @@ def p_value_text(p_value: float | None) -> str:
         return ""
     if math.isnan(p_value):
         return "n/a (no spread)"
-    return f"{p_value:.3f}" + (" (significant)" if p_value < SIGNIFICANCE else "")
+    text = "< 0.001" if p_value < 0.001 else f"{p_value:.3f}"
+    return text + (" (significant)" if p_value < SIGNIFICANCE else "")

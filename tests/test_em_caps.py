@@ -645,5 +645,5 @@ def test_paper_recipe_is_one_override_away(small):
     assert default.model.net.routing == {"_target_": "capsexp.nn.EMRouting", **dataclasses.asdict(EMRouting())}
     assert (paper.model.margin.duration, paper.model.margin.unit) == (10, "epoch")
     assert default.model.net.routing.iterations >= 2  # the default still routes (at least one E-step)
-    assert (default.model.margin.duration, default.model.margin.unit) == (600, "step")
+    assert (default.model.margin.duration, default.model.margin.unit) == (0.35, "run")
     assert paper.model.optimizer.lr == default.model.optimizer.lr == 0.003
