@@ -19,6 +19,7 @@ from capsexp.data import MNISTDataModule
 from capsexp.data.resumable import EpochSampler, ResumableDataLoader, step_generator
 from capsexp.errors import CheckpointError
 from capsexp.lit import Classifier, CrossEntropy
+from capsexp.lit.schedulers import cosine_decay
 from capsexp.models import LeNet5
 from capsexp.run.resume import expand_run_folder
 from tests.helpers import PROJECT_ROOT, TINY_EM_CAPS, TINY_RUN, run_cli, scalars
@@ -94,10 +95,23 @@ def interrupt_resume_and_compare(common: list[str], folder: Path, signum: signal
     return stopped_at
 
 
-def test_a_run_stopped_mid_epoch_and_resumed_ends_with_the_uninterrupted_runs_weights(mnist_dir, tmp_path):
+@pytest.mark.parametrize(
+    "lr_scheduler",
+    [
+        {"scheduler": functools.partial(torch.optim.lr_scheduler.ExponentialLR, gamma=0.9)},
+        # A schedule over the run reads trainer.estimated_stepping_batches in configure_optimizers,
+        # which sets up the training data before the checkpoint restores its position.
+        {"scheduler": cosine_decay, "interval": "step"},
+    ],
+    ids=["exponential", "cosine"],
+)
+def test_a_run_stopped_twice_mid_epoch_and_resumed_ends_with_the_uninterrupted_runs_weights(
+    lr_scheduler, mnist_dir, tmp_path
+):
     """In one process, LeNet5 on shifted MNIST (random shifts, shuffled batches, 12 steps an epoch):
-    stopped as a signal stops it during step 17, resumed from last.ckpt, against a run never stopped.
-    The same through the command line with real signals: test_every_model_resumes_exactly (slow)."""
+    stopped as a signal stops it during step 17, resumed from last.ckpt and stopped again during step
+    21 of the same epoch, resumed again, against a run never stopped. The same through the command
+    line with real signals: test_every_model_resumes_exactly (slow)."""
 
     losses: dict[str, dict[int, float]] = {}
 
@@ -117,7 +131,7 @@ def test_a_run_stopped_mid_epoch_and_resumed_ends_with_the_uninterrupted_runs_we
             LeNet5(),
             CrossEntropy(),
             functools.partial(torch.optim.Adam, lr=3e-3),
-            {"scheduler": functools.partial(torch.optim.lr_scheduler.ExponentialLR, gamma=0.9)},
+            lr_scheduler,
         )
         checkpoints = BestAndLastCheckpoint(dirpath=tmp_path / folder, monitor="val/acc", mode="max", save_last=True)
         if stop_at is not None:
@@ -134,7 +148,9 @@ def test_a_run_stopped_mid_epoch_and_resumed_ends_with_the_uninterrupted_runs_we
     whole = train("whole")
     train("stopped", stop_at=16)
     assert torch.load(tmp_path / "stopped" / "last.ckpt", weights_only=True)["global_step"] == 17
-    resumed = train("resumed", ckpt_path=tmp_path / "stopped" / "last.ckpt")
+    train("stopped again", stop_at=20, ckpt_path=tmp_path / "stopped" / "last.ckpt")
+    assert torch.load(tmp_path / "stopped again" / "last.ckpt", weights_only=True)["global_step"] == 21
+    resumed = train("resumed", ckpt_path=tmp_path / "stopped again" / "last.ckpt")
     expected_weights, weights = whole.lightning_module.state_dict(), resumed.lightning_module.state_dict()
     for (name, expected), actual in zip(expected_weights.items(), weights.values(), strict=True):
         assert torch.allclose(actual, expected, atol=1e-5, rtol=0), name
@@ -146,8 +162,10 @@ def test_a_run_stopped_mid_epoch_and_resumed_ends_with_the_uninterrupted_runs_we
         assert float(optimizer["state"][index]["step"]) == float(expected["step"]) == 36
         for moment in ("exp_avg", "exp_avg_sq"):
             assert torch.allclose(optimizer["state"][index][moment], expected[moment], atol=1e-6, rtol=1e-4)
-    assert sorted(losses["resumed"]) == list(range(18, 37))
-    assert losses["resumed"] == pytest.approx({step: losses["whole"][step] for step in losses["resumed"]}, abs=1e-5)
+    assert sorted(losses["stopped again"]) == list(range(18, 22)) and sorted(losses["resumed"]) == list(range(22, 37))
+    for folder in ("stopped again", "resumed"):
+        expected_losses = {step: losses["whole"][step] for step in losses[folder]}
+        assert losses[folder] == pytest.approx(expected_losses, abs=1e-5), folder
 
 
 @pytest.mark.slow
@@ -202,6 +220,9 @@ def test_a_loader_resumes_at_the_image_it_stood_at_whatever_the_new_batch_size()
     assert torch.equal(torch.cat(list(resumed)), rest)  # the same images, in the same order
     assert sorted(torch.cat([*seen, rest]).tolist()) == data.tolist()  # each image once per epoch
     assert len(torch.cat(list(resumed))) == 20  # the next pass is a whole epoch again
+    resumed.load_state_dict(state)
+    next(iter(resumed))
+    assert resumed.state_dict() == {"epoch": 3, "images": 10}  # the images before the resume count too
 
 
 def test_the_training_order_is_shuffled_by_the_runs_seed_and_the_epoch(monkeypatch):

@@ -32,6 +32,7 @@ class EpochSampler(DistributedSampler):
     def __init__(self, dataset: Dataset, num_replicas: int = 1, rank: int = 0) -> None:
         super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=True, seed=run_seed())
         self._resume: tuple[int, int] | None = None  # (epoch, indices to skip)
+        self.skipped = 0  # indices the current pass left out
 
     def start_at(self, epoch: int, skip: int) -> None:
         """Make the next pass over ``epoch`` leave out its first ``skip`` indices."""
@@ -40,9 +41,8 @@ class EpochSampler(DistributedSampler):
     def __iter__(self) -> Iterator[int]:
         indices = super().__iter__()
         resume, self._resume = self._resume, None
-        if resume is not None and resume[0] == self.epoch:
-            return iter(list(indices)[resume[1] :])
-        return indices
+        self.skipped = resume[1] if resume is not None and resume[0] == self.epoch else 0
+        return iter(list(indices)[self.skipped :]) if self.skipped else indices
 
 
 class BatchCounter:
@@ -60,7 +60,10 @@ class BatchCounter:
 
     def state_dict(self) -> dict[str, int]:
         # Counted in images, not batches: a run resumed with another batch size goes on from the same image.
-        return {"epoch": self.sampler.epoch, "images": getattr(self, "_batches_this_epoch", 0) * self.batch_size}
+        # A resumed pass began after the images its epoch had already handed out: they count too, or a
+        # second stop in the same epoch would resume too early and repeat batches.
+        handed_out = getattr(self, "_batches_this_epoch", 0) * self.batch_size
+        return {"epoch": self.sampler.epoch, "images": self.sampler.skipped + handed_out}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         self.sampler.set_epoch(state["epoch"])

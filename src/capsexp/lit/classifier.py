@@ -198,6 +198,17 @@ class Classifier(L.LightningModule):
             add_dataloader_idx=False,
         )
 
+    def on_train_start(self) -> None:
+        # configure_optimizers reads trainer.estimated_stepping_batches for a schedule over the run,
+        # which sets up the training data before a resumed run's checkpoint is restored; Lightning
+        # then never gives the loaders their saved position (Lightning-AI/pytorch-lightning#20550)
+        # and the resumed run would start its epoch again. Here, after the restore, they get it, and
+        # the data fetcher, which already drew a batch, starts again from there.
+        fit_loop = self.trainer.fit_loop
+        if fit_loop.restarting and fit_loop._combined_loader_states_to_load and fit_loop._data_fetcher is not None:
+            fit_loop._load_combined_loader_states()
+            iter(fit_loop._data_fetcher)
+
     def on_train_batch_start(self, batch: Batch, batch_idx: int) -> None:
         if self.margin_schedule is None:
             return
