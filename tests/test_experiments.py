@@ -239,7 +239,7 @@ def test_bench_em_caps_measures_each_recipe_as_its_model_config_sets_it():
 
     sys.path.insert(0, str(PROJECT_ROOT / "experiments"))
     try:
-        from bench_em_caps import float32_errors, net_options, recipe_text
+        from bench_em_caps import float32_errors, float64_on_rounded_inputs, net_options, recipe_text
     finally:
         sys.path.remove(str(PROJECT_ROOT / "experiments"))
     assert net_options("default")["routing"].iterations == 2 and net_options("paper")["routing"].iterations == 3
@@ -248,6 +248,9 @@ def test_bench_em_caps_measures_each_recipe_as_its_model_config_sets_it():
     errors = float32_errors("paper", 0.01)  # the page's float32 table
     assert set(errors) == {"poses", "activations", "responsibilities", "vote_gradient"}
     assert 0 < max(errors.values()) < 1e-3
+    # The floor row: float64 on the rounded inputs. On these votes their rounding is all the error.
+    floor = float32_errors("paper", 0.01, em_routing=float64_on_rounded_inputs)
+    assert floor["vote_gradient"] > 0 and errors["vote_gradient"] < 1.5 * floor["vote_gradient"]
 
 
 def test_bench_em_caps_compares_with_the_routing_of_a_git_revision():
