@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 
 import hydra
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig
 
 from capsexp import CONFIG_DIR, hydra_setup
@@ -98,7 +100,7 @@ def cli() -> None:
     main()
 
 
-# ---- checks of the command line, before Hydra composes ------------------------------------------
+# ---- checks of the command line, before Hydra runs the job ---------------------------------------
 # Groups and keys that moved: the old spelling gets the new one in its error.
 RENAMED = {
     "optimizer": "model/optimizer",
@@ -127,109 +129,80 @@ RENAMED = {
 
 
 def check_group_overrides(arguments: list[str], config_dir: Path) -> None:
-    """Raise :class:`ConfigError` for ``group=option`` on the command line where ``conf/<group>/``
-    has no such option (sweeps ``model=a,b`` included), and for a group or key that was renamed;
-    anything else is left to Hydra."""
-    for argument in arguments:
-        key, sep, value = argument.partition("=")
-        key = key.lstrip("+~")
-        if not sep or argument.startswith("-") or key.split("/")[0] == "hydra":
-            continue
-        for old, new in RENAMED.items():
-            if key == old or (old.endswith(".") and key.startswith(old)):
-                renamed = new + key[len(old) :] if old.endswith(".") else new
-                raise ConfigError(f"{key}={value}: renamed; use {renamed}={value}")
-        if not all(part.isidentifier() for part in key.split("/")):
-            continue
-        folder = config_dir / key
-        if not folder.is_dir() or not value or "(" in value or value == "null":
-            continue
-        options = sorted({path.stem for path in folder.glob("*.yaml")} | _stored_options(key))
-        # A sweep a,b or a list [a,b] (several options of one group merged, e.g. callbacks).
-        for option in value.removeprefix("[").removesuffix("]").split(","):
-            if option not in options:
-                close = difflib.get_close_matches(option, options, n=1)
-                hint = f" (did you mean {key}={close[0]}?)" if close else ""
-                raise ConfigError(f"{key}={option}: no such option{hint}\n  {key} is one of: {', '.join(options)}")
-        if key.startswith("model/") and not argument.startswith("+"):
-            _check_model_has_group(key.removeprefix("model/"), value, arguments, config_dir)
-    _check_keys_of_swept_optional_groups(arguments, config_dir)
+    """Raise :class:`ConfigError` for ``group=option`` on the command line where the group has no such
+    option (sweeps ``model=a,b`` included), for a group or key that was renamed, for a model group the
+    chosen model's recipe lacks and for a plain key of a swept optional group; anything else is left to
+    Hydra, whose config loader answers what the groups hold and what each config chooses."""
+    with initialize_config_dir(config_dir=str(config_dir), version_base="1.3"):
+        loader = GlobalHydra.instance().config_loader()
+        for argument in arguments:
+            key, sep, value = argument.partition("=")
+            key = key.lstrip("+~")
+            if not sep or argument.startswith("-"):
+                continue
+            for old, new in RENAMED.items():
+                if key == old or (old.endswith(".") and key.startswith(old)):
+                    renamed = new + key[len(old) :] if old.endswith(".") else new
+                    raise ConfigError(f"{key}={value}: renamed; use {renamed}={value}")
+            # Only a group's options, not its subgroups (model/routing is no option of model).
+            options = [] if "." in key else loader.get_group_options(key)
+            if not options or not value or "(" in value or value == "null":
+                continue
+            # A sweep a,b or a list [a,b] (several options of one group merged, e.g. callbacks).
+            for option in value.removeprefix("[").removesuffix("]").split(","):
+                if option not in options:
+                    close = difflib.get_close_matches(option, options, n=1)
+                    hint = f" (did you mean {key}={close[0]}?)" if close else ""
+                    raise ConfigError(f"{key}={option}: no such option{hint}\n  {key} is one of: {', '.join(options)}")
+            if key.startswith("model/") and not argument.startswith("+"):
+                _check_model_has_group(key.removeprefix("model/"), value, arguments)
+        _check_keys_of_swept_optional_groups(arguments)
 
 
-def _check_keys_of_swept_optional_groups(arguments: list[str], config_dir: Path) -> None:
+def _choices(overrides: list[str]) -> dict[str, str | None]:
+    """``{group: option}`` as Hydra composes them with ``overrides`` (``model/margin: linear_run``; an
+    optional group left out: None)."""
+    return dict(compose("config", overrides=overrides, return_hydra_config=True).hydra.runtime.choices)
+
+
+def _check_keys_of_swept_optional_groups(arguments: list[str]) -> None:
     """``-m attack=fgsm,bim attack.eps=[0,0.1]``: Hydra applies the plain key to the sweep's base
     config, which has no attack (the group's default is null), and fails with "Key 'attack' is not in
     struct". ``++attack.eps=...`` is applied there and in every job."""
-    if not any(argument in ("-m", "--multirun") for argument in arguments):
-        return
-    defaults = [entry for entry in _yaml_defaults(config_dir / "config.yaml") if isinstance(entry, dict)]
-    optional = {name for entry in defaults for name, option in entry.items() if option is None}
 
     def is_sweep(value: str) -> bool:  # a,b (a list [a,b] is one value)
         return "," in value and not value.startswith("[")
 
+    if not any(argument in ("-m", "--multirun") for argument in arguments):
+        return
     swept = {a.split("=", 1)[0].lstrip("+") for a in arguments if "=" in a and is_sweep(a.split("=", 1)[1])}
     for argument in arguments:
         key, _, value = argument.partition("=")
         group = key.split(".", 1)[0]
-        if "." in key and not key.startswith("+") and group in optional & swept and not is_sweep(value):
+        plain = "." in key and not key.startswith("+") and not is_sweep(value)
+        # Last, as it composes: an optional group, of which the default config chooses no option.
+        if plain and group in swept and _choices([]).get(group, "") is None:
             raise ConfigError(
                 f"{argument}: in a sweep over {group} options, Hydra sets {key} before it chooses the {group} "
                 f"(the default has none); write ++{argument}"
             )
 
 
-def _stored_options(group: str) -> set[str]:
-    """The options of ``group`` held in Hydra's ConfigStore (``model/routing=em``: see capsexp.hydra_setup)."""
-    from hydra.core.config_store import ConfigStore
-
-    try:
-        # The store lists its subgroups too (model -> routing): only its options end in .yaml.
-        return {name.removesuffix(".yaml") for name in ConfigStore.instance().list(group) if name.endswith(".yaml")}
-    except OSError:  # no such group in the store
-        return set()
-
-
-def _check_model_has_group(group: str, value: str, arguments: list[str], config_dir: Path) -> None:
+def _check_model_has_group(group: str, value: str, arguments: list[str]) -> None:
     """``model/margin=linear`` with a model whose recipe has no margin (LeNet5's cross-entropy, CapsNet's
     margin loss): say so, instead of Hydra's "No match in the defaults list"."""
     if any(a.lstrip("+").startswith(("experiment=", "hparams_search=")) for a in arguments):
         return  # they choose the model themselves: left to Hydra
     chosen = [a.split("=", 1)[1] for a in arguments if a.startswith("model=")]
-    models = chosen[-1].split(",") if chosen else [_default_model(config_dir)]
-    for model in models:
-        groups = _model_config_groups(config_dir, model)
+    for model in chosen[-1].split(",") if chosen else [None]:
+        choices = _choices([f"model={model}"] if model else [])
+        groups = sorted(name.removeprefix("model/") for name in choices if name.startswith("model/"))
         if group not in groups:
             raise ConfigError(
-                f"model/{group}={value}: model={model} has no {group} in its recipe "
-                f"(it has: {', '.join(sorted(groups)) or 'none'})"
+                f"model/{group}={value}: model={choices['model']} has no {group} in its recipe "
+                f"(it has: {', '.join(groups) or 'none'})"
                 + ("; the margin schedule is for the spread loss of the EM-capsule models" if group == "margin" else "")
             )
-
-
-def _default_model(config_dir: Path) -> str:
-    """The model the main config's defaults list chooses."""
-    return next(
-        str(e["model"]) for e in _yaml_defaults(config_dir / "config.yaml") if isinstance(e, dict) and "model" in e
-    )
-
-
-def _model_config_groups(config_dir: Path, model: str) -> set[str]:
-    """The nested groups (optimizer, lr_scheduler, margin) a model config lists, its bases' included."""
-    path = config_dir / "model" / f"{model}.yaml"
-    groups: set[str] = set()
-    for entry in _yaml_defaults(path) if path.exists() else []:
-        if isinstance(entry, str) and entry != "_self_":
-            groups |= _model_config_groups(config_dir, entry)
-        elif isinstance(entry, dict):
-            groups |= {name.removeprefix("override ").strip() for name in entry}
-    return groups
-
-
-def _yaml_defaults(path: Path) -> list:
-    import yaml
-
-    return (yaml.safe_load(path.read_text()) or {}).get("defaults", [])
 
 
 if __name__ == "__main__":
