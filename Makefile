@@ -17,9 +17,10 @@ install:  ## create .venv and install capsexp (editable) with its dev extras
 train:  ## train with the default config (pass overrides with ARGS="model=lenet5 trainer.max_epochs=1")
 	$(BIN)/python -m capsexp $(ARGS)
 
-lint:  ## ruff: lint and check formatting (configured in pyproject.toml)
+lint:  ## ruff: lint and check formatting; import-linter: the package's layers (both configured in pyproject.toml)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports
 
 format:  ## ruff: fix what can be fixed, reformat
 	$(BIN)/ruff check --fix .

@@ -25,8 +25,8 @@ from capsexp.events import read_scalars
 from capsexp.hydra_setup import register
 from capsexp.nn import RoutingCapsules
 from capsexp.nn.functional import RoutingTrace, dynamic_routing_trace
+from capsexp.run.build import instantiate
 from capsexp.run.checkpoints import model_of_run
-from capsexp.run.train import instantiate
 from studylib import RESULTS, best_checkpoint, display_path, job_overrides, machine, run_main
 
 OUTPUT = RESULTS / "routing_convergence.md"

@@ -117,7 +117,7 @@ def model_of_run(ckpt_path: str | Path, where: str) -> tuple[Any, Any]:
     and that config."""
     from omegaconf import OmegaConf
 
-    from capsexp.run.train import instantiate
+    from capsexp.run.build import instantiate
 
     config_file = Path(ckpt_path).resolve().parent.parent / RUN_CONFIG
     if not config_file.is_file():

@@ -9,22 +9,20 @@ import sys
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 import lightning as L
 import torch
 from annotated_types import MinLen
 from hydra.core.hydra_config import HydraConfig
-from hydra.errors import InstantiationException
-from hydra.utils import instantiate as hydra_instantiate
-from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import Logger
 from omegaconf import DictConfig, OmegaConf
 
 from capsexp.callbacks.model_checkpoint import requeue_signal
-from capsexp.errors import ConfigError, Interrupted
+from capsexp.errors import Interrupted
 from capsexp.run import slurm
+from capsexp.run.build import instantiate, instantiate_all
 from capsexp.run.checkpoints import check_checkpoint
 from capsexp.run.distributed import DDPJob, ddp_job
 from capsexp.run.hparams import log_hyperparameters, metric_names
@@ -47,37 +45,6 @@ class JobOptions:
     # torch.set_float32_matmul_precision on GPUs
     float32_matmul_precision: Literal["highest", "high", "medium"]
     optimized_metric: Annotated[str, MinLen(1)] | None  # e.g. val/acc_best
-
-
-def instantiate(key: str, node: Any, **kwargs: Any) -> Any:
-    """``hydra.utils.instantiate`` of the config node at ``key``; a constructor's ValueError or
-    Lightning's MisconfigurationException (a value the config check cannot judge alone: an image too
-    small for a net, a GPU asked for on a machine without one) becomes a :class:`ConfigError` naming
-    the node. The constructors' own messages name their class and argument (:mod:`capsexp.arguments`)."""
-    try:
-        return hydra_instantiate(node, **kwargs)
-    except InstantiationException as error:
-        cause = error.__cause__
-        if isinstance(cause, (ValueError, MisconfigurationException)) and not isinstance(cause, ConfigError):
-            message = f"{cause}\n  raised building {key} ({node.get('_target_')})"
-            if key == "trainer":
-                message += "\n  " + " ".join(f"trainer.{name}={node.get(name)}" for name in TRAINER_DEVICE_KEYS)
-            raise ConfigError(message) from error
-        raise
-
-
-# What a trainer error is usually about.
-TRAINER_DEVICE_KEYS = ("accelerator", "devices", "num_nodes", "strategy", "precision")
-
-
-def instantiate_all(group_key: str, group: DictConfig | None) -> list[Any]:
-    """Instantiate every entry of a ``callbacks`` or ``logger`` node; ``null`` entries are skipped,
-    so ``callbacks.progress_bar=null`` removes one."""
-    return [
-        instantiate(f"{group_key}.{name}", node)
-        for name, node in (group or {}).items()
-        if node is not None and "_target_" in node
-    ]
 
 
 def _quiet_duplicate_console() -> None:

@@ -1,0 +1,44 @@
+"""Building a config node: ``hydra.utils.instantiate``, with the errors of a value the config check
+cannot judge alone turned into a :class:`~capsexp.errors.ConfigError` naming the node."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hydra.errors import InstantiationException
+from hydra.utils import instantiate as hydra_instantiate
+from lightning.fabric.utilities.exceptions import MisconfigurationException
+from omegaconf import DictConfig
+
+from capsexp.errors import ConfigError
+
+
+def instantiate(key: str, node: Any, **kwargs: Any) -> Any:
+    """``hydra.utils.instantiate`` of the config node at ``key``; a constructor's ValueError or
+    Lightning's MisconfigurationException (a value the config check cannot judge alone: an image too
+    small for a net, a GPU asked for on a machine without one) becomes a :class:`ConfigError` naming
+    the node. The constructors' own messages name their class and argument (:mod:`capsexp.arguments`)."""
+    try:
+        return hydra_instantiate(node, **kwargs)
+    except InstantiationException as error:
+        cause = error.__cause__
+        if isinstance(cause, (ValueError, MisconfigurationException)) and not isinstance(cause, ConfigError):
+            message = f"{cause}\n  raised building {key} ({node.get('_target_')})"
+            if key == "trainer":
+                message += "\n  " + " ".join(f"trainer.{name}={node.get(name)}" for name in TRAINER_DEVICE_KEYS)
+            raise ConfigError(message) from error
+        raise
+
+
+# What a trainer error is usually about.
+TRAINER_DEVICE_KEYS = ("accelerator", "devices", "num_nodes", "strategy", "precision")
+
+
+def instantiate_all(group_key: str, group: DictConfig | None) -> list[Any]:
+    """Instantiate every entry of a ``callbacks`` or ``logger`` node; ``null`` entries are skipped,
+    so ``callbacks.progress_bar=null`` removes one."""
+    return [
+        instantiate(f"{group_key}.{name}", node)
+        for name, node in (group or {}).items()
+        if node is not None and "_target_" in node
+    ]
