@@ -169,6 +169,14 @@ def test_group_options_are_checked_before_hydra_composes():
         ],
         CONFIG_DIR,
     )
+    # What a model's recipe holds is what Hydra composes for it (the bases' groups included).
+    check_group_overrides(["model=em_caps_small,em_caps", "model/margin=linear"], CONFIG_DIR)
+    with pytest.raises(
+        ConfigError, match=r"^model/margin=linear: model=lenet5 has no margin .*\(it has: lr_scheduler, optimizer\)"
+    ):
+        check_group_overrides(["model/margin=linear"], CONFIG_DIR)  # the default model
+    with pytest.raises(ConfigError, match=r"did you mean hydra/launcher=joblib\?"):
+        check_group_overrides(["hydra/launcher=jobllib"], CONFIG_DIR)  # Hydra's own groups too
 
 
 # ---- the CLI: exit status, no traceback, a few lines naming the culprit ----------------------------
