@@ -135,6 +135,7 @@ def check_group_overrides(arguments: list[str], config_dir: Path) -> None:
     Hydra, whose config loader answers what the groups hold and what each config chooses."""
     with initialize_config_dir(config_dir=str(config_dir), version_base="1.3"):
         loader = GlobalHydra.instance().config_loader()
+        model_groups = {}  # model/<group>=<value> overrides
         for argument in arguments:
             key, sep, value = argument.partition("=")
             key = key.lstrip("+~")
@@ -155,7 +156,8 @@ def check_group_overrides(arguments: list[str], config_dir: Path) -> None:
                     hint = f" (did you mean {key}={close[0]}?)" if close else ""
                     raise ConfigError(f"{key}={option}: no such option{hint}\n  {key} is one of: {', '.join(options)}")
             if key.startswith("model/") and not argument.startswith("+"):
-                _check_model_has_group(key.removeprefix("model/"), value, arguments)
+                model_groups[key.removeprefix("model/")] = value
+        _check_models_have_groups(model_groups, arguments)
         _check_keys_of_swept_optional_groups(arguments)
 
 
@@ -176,33 +178,42 @@ def _check_keys_of_swept_optional_groups(arguments: list[str]) -> None:
     if not any(argument in ("-m", "--multirun") for argument in arguments):
         return
     swept = {a.split("=", 1)[0].lstrip("+") for a in arguments if "=" in a and is_sweep(a.split("=", 1)[1])}
+    plain_keys = []  # key=value under a swept group, not itself swept
     for argument in arguments:
         key, _, value = argument.partition("=")
-        group = key.split(".", 1)[0]
-        plain = "." in key and not key.startswith("+") and not is_sweep(value)
-        # Last, as it composes: an optional group, of which the default config chooses no option.
-        if plain and group in swept and _choices([]).get(group, "") is None:
+        if "." in key and not key.startswith("+") and key.split(".", 1)[0] in swept and not is_sweep(value):
+            plain_keys.append((argument, key, key.split(".", 1)[0]))
+    if not plain_keys:
+        return
+    optional = {group for group, option in _choices([]).items() if option is None}  # the default chooses none
+    for argument, key, group in plain_keys:
+        if group in optional:
             raise ConfigError(
                 f"{argument}: in a sweep over {group} options, Hydra sets {key} before it chooses the {group} "
                 f"(the default has none); write ++{argument}"
             )
 
 
-def _check_model_has_group(group: str, value: str, arguments: list[str]) -> None:
+def _check_models_have_groups(model_groups: dict[str, str], arguments: list[str]) -> None:
     """``model/margin=linear`` with a model whose recipe has no margin (LeNet5's cross-entropy, CapsNet's
     margin loss): say so, instead of Hydra's "No match in the defaults list"."""
-    if any(a.lstrip("+").startswith(("experiment=", "hparams_search=")) for a in arguments):
+    if not model_groups or any(a.lstrip("+").startswith(("experiment=", "hparams_search=")) for a in arguments):
         return  # they choose the model themselves: left to Hydra
     chosen = [a.split("=", 1)[1] for a in arguments if a.startswith("model=")]
     for model in chosen[-1].split(",") if chosen else [None]:
         choices = _choices([f"model={model}"] if model else [])
         groups = sorted(name.removeprefix("model/") for name in choices if name.startswith("model/"))
-        if group not in groups:
-            raise ConfigError(
-                f"model/{group}={value}: model={choices['model']} has no {group} in its recipe "
-                f"(it has: {', '.join(groups) or 'none'})"
-                + ("; the margin schedule is for the spread loss of the EM-capsule models" if group == "margin" else "")
-            )
+        for group, value in model_groups.items():
+            if group not in groups:
+                raise ConfigError(
+                    f"model/{group}={value}: model={choices['model']} has no {group} in its recipe "
+                    f"(it has: {', '.join(groups) or 'none'})"
+                    + (
+                        "; the margin schedule is for the spread loss of the EM-capsule models"
+                        if group == "margin"
+                        else ""
+                    )
+                )
 
 
 if __name__ == "__main__":
