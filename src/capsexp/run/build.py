@@ -12,6 +12,9 @@ from omegaconf import DictConfig
 
 from capsexp.errors import ConfigError
 
+# What a trainer error is usually about.
+TRAINER_DEVICE_KEYS = ("accelerator", "devices", "num_nodes", "strategy", "precision")
+
 
 def instantiate(key: str, node: Any, **kwargs: Any) -> Any:
     """``hydra.utils.instantiate`` of the config node at ``key``; a constructor's ValueError or
@@ -28,10 +31,6 @@ def instantiate(key: str, node: Any, **kwargs: Any) -> Any:
                 message += "\n  " + " ".join(f"trainer.{name}={node.get(name)}" for name in TRAINER_DEVICE_KEYS)
             raise ConfigError(message) from error
         raise
-
-
-# What a trainer error is usually about.
-TRAINER_DEVICE_KEYS = ("accelerator", "devices", "num_nodes", "strategy", "precision")
 
 
 def instantiate_all(group_key: str, group: DictConfig | None) -> list[Any]:
