@@ -181,8 +181,9 @@ def _check_keys_of_swept_optional_groups(arguments: list[str]) -> None:
     plain_keys = []  # key=value under a swept group, not itself swept
     for argument in arguments:
         key, _, value = argument.partition("=")
-        if "." in key and not key.startswith("+") and key.split(".", 1)[0] in swept and not is_sweep(value):
-            plain_keys.append((argument, key, key.split(".", 1)[0]))
+        group = key.split(".", 1)[0]
+        if "." in key and not key.startswith("+") and group in swept and not is_sweep(value):
+            plain_keys.append((argument, key, group))
     if not plain_keys:
         return
     optional = {group for group, option in _choices([]).items() if option is None}  # the default chooses none
