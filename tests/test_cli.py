@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from capsexp.events import load_events
-from tests.helpers import TINY_RUN, hparams_summary, run_cli, scalars
+from tests.helpers import TINY_RUN, hparams_summary, run_cli, run_cli_in_process, scalars
 
 
 def test_train_test_and_resume(mnist_dir, tmp_path):
@@ -25,6 +25,12 @@ def test_train_test_and_resume(mnist_dir, tmp_path):
     # 24 steps of LeNet5 on the synthetic digits reach about 70% (chance: 10%).
     assert logged["test/acc"][-1].value > 0.4
     assert "val/acc_best = " in result.stderr + result.stdout
+    # The run's folder, said when it starts and when it ends (with the command that opens it).
+    said = [line for line in (result.stderr + result.stdout).splitlines() if "Run folder: " in line]
+    assert [line.split("Run folder: ")[1] for line in said] == [
+        str(first),
+        f"{first} (TensorBoard: tensorboard --logdir {first})",
+    ]
 
     last = first / "checkpoints" / "last.ckpt"
     assert torch.load(last, weights_only=True)["global_step"] == 24
@@ -129,3 +135,28 @@ def test_capsnet_on_rotated_mnist_logs_each_angle_and_the_figures(mnist_dir, tmp
     assert not [v for v in hparams["hparams"].values() if str(tmp_path) in str(v)]
     assert {"val/acc_best", "test/acc", "test/acc_rot0", "test/acc_rot45"} <= set(hparams["metrics"])
     assert set(hparams["metrics"]) <= set(logged), "every HParams column must have its scalar"
+
+
+@pytest.mark.parametrize(
+    ("problem", "status", "message"),
+    [
+        ([], 1, "MNIST"),  # no dataset in the data dir
+        (["data.val_size=999999999"], 2, "data.val_size=999999999: must be less than the 300 training images"),
+    ],
+    ids=["missing data", "validation set larger than the data"],
+)
+def test_a_run_that_fails_before_its_first_step_leaves_no_tensorboard_run(
+    mnist_dir, tmp_path, problem, status, message
+):
+    data_dir = mnist_dir if problem else tmp_path / "empty"
+    run = tmp_path / "run"
+    result = run_cli_in_process(
+        *TINY_RUN, f"paths.data_dir={data_dir}", "data.download=false", *problem, f"hydra.run.dir={run}"
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode == status, output[-3000:]
+    assert message in output and "Traceback" not in output
+    assert f"Run folder: {run}" in output
+    assert "failed before its first step: its logger files were removed" in output
+    assert (run / ".hydra" / "config.yaml").is_file()  # the record of what was asked
+    assert not (run / "tensorboard").exists()

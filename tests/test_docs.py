@@ -57,3 +57,24 @@ def test_a_documented_error_is_the_one_the_check_gives():
     assert transcripts
     for command, shown in transcripts:
         assert config_problems(compose_config(command.split())) == [line.strip() for line in shown.splitlines()]
+
+
+def relative_links() -> list[tuple[str, str]]:
+    """``(page, target)`` for every relative Markdown link of the README, docs/ and the results pages."""
+    pages = [*PAGES, *sorted((PROJECT_ROOT / "experiments").rglob("*.md"))]
+    links = []
+    for page in pages:
+        for target in re.findall(r"\]\(([^)\s]+)\)", page.read_text()):
+            if not re.match(r"[a-z]+:", target) and not target.startswith("#"):
+                links.append((str(page.relative_to(PROJECT_ROOT)), target))
+    return links
+
+
+def test_every_relative_link_of_the_docs_resolves():
+    assert len(relative_links()) >= 30
+    broken = []
+    for page, target in relative_links():
+        path = (PROJECT_ROOT / page).parent / target.split("#")[0]
+        if not path.exists():
+            broken.append(f"{page}: {target}")
+    assert broken == []

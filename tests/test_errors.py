@@ -494,6 +494,27 @@ def test_weights_that_do_not_fit_are_counted_and_the_first_named(tmp_path, saved
     )
 
 
+def test_an_unpickling_error_without_the_unpicklers_advice_is_quoted_whole(tmp_path, monkeypatch):
+    """torch's weights-only unpickler puts its advice before the cause; an UnpicklingError raised
+    elsewhere (another torch release, a plain pickle) has no such part and is quoted from its start."""
+    import pickle
+
+    import capsexp.run.checkpoints as checkpoints
+
+    torch.save(LIGHTNING_FILE, tmp_path / "good.ckpt")
+
+    def load(*args, **kwargs):
+        raise pickle.UnpicklingError("invalid load key, 'x'.\nmore")
+
+    monkeypatch.setattr(checkpoints.torch, "load", load)
+    with pytest.raises(CheckpointError) as error:
+        check_checkpoint(tmp_path / "good.ckpt")
+    assert (
+        str(error.value)
+        == f"ckpt_path={tmp_path / 'good.ckpt'} is a damaged PyTorch checkpoint (invalid load key, 'x'.)"
+    )
+
+
 def test_an_underlying_error_is_quoted_by_its_first_line_or_its_type():
     from capsexp.run.checkpoints import _first_line
 

@@ -127,7 +127,11 @@ class InMemoryDataModule(L.LightningDataModule):
         the run's seed), its first ``val_size`` for validation."""
         val_size = self.hparams.val_size
         if not 0 < val_size < len(indices):
-            raise ValueError(f"data.val_size={val_size} must lie in (0, {len(indices)})")
+            # Only the data knows its size: a config error found when it is read, before training.
+            raise ConfigError(
+                f"data.val_size={val_size}: must be less than the {len(indices):,} training images it is "
+                f"split from (e.g. data.val_size={max(1, len(indices) // 12)})"
+            )
         order = indices[torch.randperm(len(indices), generator=torch.Generator().manual_seed(self.hparams.split_seed))]
         return order[:val_size], order[val_size:]
 

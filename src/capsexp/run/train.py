@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import contextlib
 import logging
+import os
 import shlex
 import sys
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
 import lightning as L
 import torch
@@ -27,6 +27,10 @@ from capsexp.run.checkpoints import check_checkpoint
 from capsexp.run.distributed import DDPJob, ddp_job
 from capsexp.run.hparams import log_hyperparameters, metric_names
 from capsexp.run.resume import LAST_CHECKPOINT
+from capsexp.run.run_folder import StepSeen, no_files_left_if_failed_early, say_run_folder, shown_path
+
+if TYPE_CHECKING:
+    from capsexp.attacks.evaluation import AdversarialEvaluation
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +74,9 @@ def _run(cfg: DictConfig, job: DDPJob) -> dict[str, float]:
     _quiet_duplicate_console()
     # Raised inside Lightning 2.6 by torch 2.14 on every run; nothing a user can act on.
     warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)")
+    run_folder = _run_folder()
+    if run_folder is not None and int(os.environ.get("LOCAL_RANK", 0)) == 0:
+        say_run_folder(run_folder, finished=False)
     if cfg.get("seed") is not None:
         L.seed_everything(cfg.seed, workers=True)
     if torch.cuda.is_available():
@@ -85,9 +92,23 @@ def _run(cfg: DictConfig, job: DDPJob) -> dict[str, float]:
     attack = instantiate("attack", cfg.attack) if cfg.get("attack") else None
     callbacks: list[Callback] = instantiate_all("callbacks", cfg.get("callbacks"))
     loggers: list[Logger] = instantiate_all("logger", cfg.get("logger"))
-    trainer: L.Trainer = instantiate("trainer", cfg.trainer, callbacks=callbacks, logger=loggers or False)
+    step_seen = StepSeen()
+    trainer: L.Trainer = instantiate("trainer", cfg.trainer, callbacks=[*callbacks, step_seen], logger=loggers or False)
     job.watch(trainer)
+    with no_files_left_if_failed_early(loggers, trainer, step_seen):
+        metrics = _fit_and_test(cfg, datamodule, module, attack, trainer)
+    if run_folder is not None and trainer.is_global_zero:
+        say_run_folder(run_folder, finished=True)
+    return metrics
 
+
+def _fit_and_test(
+    cfg: DictConfig,
+    datamodule: L.LightningDataModule,
+    module: L.LightningModule,
+    attack: AdversarialEvaluation | None,
+    trainer: L.Trainer,
+) -> dict[str, float]:
     hparams = OmegaConf.to_container(cfg, resolve=True)
     hparams["model/params"] = sum(p.numel() for p in module.parameters())
     log.info(f"{type(getattr(module, 'net', module)).__name__}: {hparams['model/params']:,} parameters")
@@ -137,23 +158,23 @@ def _raise_if_stopped_by_signal(trainer: L.Trainer) -> None:
     last = Path(stopped.last_model_path).resolve()
     run_folder = _run_folder()
     if run_folder is not None and last == run_folder / LAST_CHECKPOINT:
-        resume = ["python", "-m", "capsexp", f"ckpt_path={_shown_path(run_folder)}"]  # capsexp.run.resume
+        resume = ["python", "-m", "capsexp", f"ckpt_path={shown_path(run_folder)}"]  # capsexp.run.resume
     else:  # a checkpoint outside the run folder: the run's overrides, then the file
         overrides = HydraConfig.get().overrides.task if run_folder is not None else []
         resume = ["python", "-m", "capsexp", *(o for o in overrides if not o.lstrip("+").startswith("ckpt_path="))]
-        resume.append(f"ckpt_path={_shown_path(last)}")
+        resume.append(f"ckpt_path={shown_path(last)}")
     next_step = f"resume with: {shlex.join(resume)}"
     job = slurm.job_id()
     if stopped.stopped_by == requeue_signal(trainer) and job is not None:
         if run_folder is None or not _single_run():
             next_step = f"SLURM job {job} not requeued (only a single run resumes in its folder); {next_step}"
         elif (status := slurm.requeue(job)) == 0:
-            next_step = f"SLURM job {job} requeued: it resumes in {_shown_path(run_folder)}"
+            next_step = f"SLURM job {job} requeued: it resumes in {shown_path(run_folder)}"
         else:
             next_step = f"requeuing SLURM job {job} failed (scontrol requeue: exit status {status}); {next_step}"
     raise Interrupted(
         f"{stopped.stopped_by.name}: training stopped at step {trainer.global_step}, its state saved in "
-        f"{_shown_path(last)}; {next_step}",
+        f"{shown_path(last)}; {next_step}",
         stopped.stopped_by,
     )
 
@@ -168,10 +189,3 @@ def _single_run() -> bool:
     from hydra.types import RunMode
 
     return not HydraConfig.initialized() or HydraConfig.get().mode == RunMode.RUN
-
-
-def _shown_path(path: Path) -> Path:
-    """``path`` relative to the working directory when inside it."""
-    with contextlib.suppress(ValueError):
-        return path.relative_to(Path.cwd().resolve())
-    return path
