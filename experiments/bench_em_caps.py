@@ -20,6 +20,7 @@ working tree's, on the same net and batch; its peak RSS comes from a process of 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import importlib.util
 import inspect
@@ -84,7 +85,7 @@ RSS_STEPS = 6  # training steps per peak-RSS process: past the second, the peak 
 
 def routing_at(revision: str):
     """``em_routing`` as ``ROUTING_FILE`` defines it at a git revision (the file alone, imported
-    under a private name). Keyword arguments it does not know (options added since) are dropped."""
+    under a private name), called as today's is. Options it does not know (added since) are dropped."""
     source = subprocess.run(
         ["git", "show", f"{revision}:{ROUTING_FILE}"], cwd=PROJECT_ROOT, capture_output=True, text=True
     )
@@ -97,8 +98,12 @@ def routing_at(revision: str):
     spec.loader.exec_module(module)
     known = inspect.signature(module.em_routing).parameters
 
-    def em_routing(*args, **kwargs):
-        return module.em_routing(*args, **{key: value for key, value in kwargs.items() if key in known})
+    def em_routing(votes, activations, beta_u, beta_a, routing, **kwargs):
+        if "routing" in known:
+            return module.em_routing(votes, activations, beta_u, beta_a, routing, **kwargs)
+        # A revision whose em_routing took the options one by one.
+        options = {**dataclasses.asdict(routing), **kwargs}
+        return module.em_routing(votes, activations, beta_u, beta_a, **{k: v for k, v in options.items() if k in known})
 
     return em_routing
 
@@ -262,14 +267,6 @@ def float32_errors(recipe: str, spread: float, inactive_far: bool = False, em_ro
         from capsexp.nn.functional import em_routing
 
     routing = net_options(recipe)["routing"]
-    options = dict(
-        iterations=routing.iterations,
-        final_lambda=routing.final_lambda,
-        sigma_eps=routing.sigma_eps,
-        cost_normalization=routing.cost_normalization,
-        e_step_temperature=routing.e_step_temperature,
-        return_responsibilities=True,
-    )
     generator = torch.Generator().manual_seed(0)
     votes = 20 + spread * torch.randn(2, 50, 8, 16, generator=generator, dtype=torch.float64)
     activations = torch.rand(2, 50, generator=generator, dtype=torch.float64)
@@ -286,7 +283,7 @@ def float32_errors(recipe: str, spread: float, inactive_far: bool = False, em_ro
     for dtype in (torch.float64, torch.float32):
         leaf = votes.to(dtype).requires_grad_()
         mu, parent_activations, responsibilities = em_routing(
-            leaf, activations.to(dtype), beta_u.to(dtype), beta_a.to(dtype), **options
+            leaf, activations.to(dtype), beta_u.to(dtype), beta_a.to(dtype), routing, return_responsibilities=True
         )
         (grad,) = torch.autograd.grad((mu, parent_activations), leaf, [u.to(dtype) for u in upstream])
         results[dtype] = [t.detach().double() for t in (mu, parent_activations, responsibilities, grad)]
@@ -299,13 +296,13 @@ def float32_errors(recipe: str, spread: float, inactive_far: bool = False, em_ro
     }
 
 
-def float64_on_rounded_inputs(votes, activations, beta_u, beta_a, **options):
+def float64_on_rounded_inputs(votes, activations, beta_u, beta_a, routing, **options):
     """em_routing in float64 on inputs given in float32: their rounding is then the only error, the
     floor no float32 routing can go below (float32_errors measures it as another routing)."""
     from capsexp.nn.functional import em_routing
 
     inputs = (votes, activations, beta_u, beta_a)
-    outputs = em_routing(*(t.double() if t.dtype == torch.float32 else t for t in inputs), **options)
+    outputs = em_routing(*(t.double() if t.dtype == torch.float32 else t for t in inputs), routing, **options)
     return tuple(t.to(votes.dtype) for t in outputs)
 
 

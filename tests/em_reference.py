@@ -113,3 +113,28 @@ def _plain_normalise(log_r: torch.Tensor, child_index: torch.Tensor | None, num_
     child_sum = slot_sum.new_zeros(batch, num_children).scatter_add(1, flat_index, slot_sum)
     log_norm = torch.log(child_sum.gather(1, flat_index)).view(batch, positions, slots, 1)
     return torch.exp(shifted - log_norm)
+
+
+# The options of capsexp.nn.EMRouting that the layers apply, not em_routing itself.
+LAYER_OPTIONS = ("route_per_window", "learn_inverse_temperature")
+
+
+def plain_options(routing) -> dict:
+    """An :class:`capsexp.nn.EMRouting` as the keyword arguments of :func:`plain_em_routing`."""
+    import dataclasses
+
+    return {k: v for k, v in dataclasses.asdict(routing).items() if k not in LAYER_OPTIONS}
+
+
+def fast_em_routing(votes, activations, beta_u, beta_a, **options):
+    """``capsexp.nn.functional.em_routing`` called with :func:`plain_em_routing`'s keyword arguments:
+    the routing options among them as the paper's (``EM_PAPER``) with those replaced."""
+    import dataclasses
+
+    from capsexp.nn import EM_PAPER
+    from capsexp.nn.functional import em_routing
+
+    names = {field.name for field in dataclasses.fields(EM_PAPER)}
+    routing = dataclasses.replace(EM_PAPER, **{k: v for k, v in options.items() if k in names})
+    rest = {k: v for k, v in options.items() if k not in names}
+    return em_routing(votes, activations, beta_u, beta_a, routing, **rest)

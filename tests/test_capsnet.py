@@ -11,7 +11,7 @@ import torch
 from capsexp.data import MNISTDataModule
 from capsexp.lit import CapsuleLoss, Classifier
 from capsexp.models import CapsNet
-from capsexp.nn import PrimaryCapsules, RoutingCapsules, dynamic_routing, fully_connected_routing
+from capsexp.nn import DynamicRouting, PrimaryCapsules, RoutingCapsules, dynamic_routing, fully_connected_routing
 
 
 def test_primary_capsules_group_32_types_of_8_dims():
@@ -45,17 +45,17 @@ def test_votes_are_w_ij_times_u_i():
 def test_fused_layer_equals_routing_its_votes(detach_agreement):
     """RoutingCapsules fuses the vote matmul with routing: same values and gradients as the two steps."""
     torch.manual_seed(0)
-    layer = RoutingCapsules(7, 8, 5, 4, iterations=3, detach_agreement=detach_agreement).double()
+    layer = RoutingCapsules(7, 8, 5, 4, DynamicRouting(3, detach_agreement)).double()
     inputs = torch.randn(3, 7, 8, dtype=torch.float64, requires_grad=True)
     fused = layer(inputs)
-    two_steps = dynamic_routing(layer.votes(inputs), 3, detach_agreement=detach_agreement)
+    two_steps = dynamic_routing(layer.votes(inputs), DynamicRouting(3, detach_agreement))
     assert torch.allclose(fused, two_steps)
     upstream = torch.randn_like(fused)
     grads = torch.autograd.grad(fused, (inputs, layer.weight), upstream)
     reference = torch.autograd.grad(two_steps, (inputs, layer.weight), upstream)
     assert all(torch.allclose(a, b) for a, b in zip(grads, reference, strict=True))
     assert torch.autograd.gradcheck(
-        lambda x, w: fully_connected_routing(x, w, 5, 3, detach_agreement), (inputs, layer.weight)
+        lambda x, w: fully_connected_routing(x, w, 5, DynamicRouting(3, detach_agreement)), (inputs, layer.weight)
     )
 
 

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from capsexp.nn import RoutingCapsules
+from capsexp.nn import DynamicRouting, RoutingCapsules
 from capsexp.nn.functional import (
     dynamic_routing,
     dynamic_routing_trace,
@@ -77,7 +77,7 @@ def procedure_1(votes: torch.Tensor, iterations: int, detach_agreement: bool = F
 def test_routing_matches_procedure_1_values_and_gradients(iterations, detach_agreement):
     torch.manual_seed(iterations)
     votes = torch.randn(2, 6, 4, 3, dtype=torch.float64, requires_grad=True)
-    v, c = dynamic_routing(votes, iterations, return_couplings=True, detach_agreement=detach_agreement)
+    v, c = dynamic_routing(votes, DynamicRouting(iterations, detach_agreement), return_couplings=True)
     v_ref, c_ref = procedure_1(votes, iterations, detach_agreement)
     assert torch.allclose(v, v_ref) and torch.allclose(c, c_ref)
     upstream = torch.randn_like(v)
@@ -125,7 +125,9 @@ def test_one_iteration_is_the_squashed_mean_vote_exactly_in_float64():
     """c = softmax(0) = 1/J: with ten parents (1/10 is not exact in float32) a float64 run that
     passed through float32 would be off by 1e-8."""
     votes = torch.randn(2, 6, 10, 3, dtype=torch.float64)
-    torch.testing.assert_close(dynamic_routing(votes, 1), squash(votes.sum(dim=1) / 10), rtol=1e-12, atol=1e-15)
+    torch.testing.assert_close(
+        dynamic_routing(votes, DynamicRouting(1)), squash(votes.sum(dim=1) / 10), rtol=1e-12, atol=1e-15
+    )
 
 
 def test_defaults_are_the_papers_three_iterations_with_learning_couplings():
@@ -133,12 +135,14 @@ def test_defaults_are_the_papers_three_iterations_with_learning_couplings():
     votes = torch.randn(2, 6, 4, 3, dtype=torch.float64, requires_grad=True)
     upstream = torch.randn(2, 4, 3, dtype=torch.float64)
     (default,) = torch.autograd.grad(dynamic_routing(votes), votes, upstream)
-    (paper,) = torch.autograd.grad(dynamic_routing(votes, 3, detach_agreement=False), votes, upstream)
+    (paper,) = torch.autograd.grad(dynamic_routing(votes, DynamicRouting(3, False)), votes, upstream)
     assert torch.equal(default, paper)
     inputs = torch.randn(2, 6, 5, dtype=torch.float64, requires_grad=True)
     weight = torch.randn(6, 5, 4 * 3, dtype=torch.float64)
     (default,) = torch.autograd.grad(fully_connected_routing(inputs, weight, 4), inputs, upstream)
-    (paper,) = torch.autograd.grad(fully_connected_routing(inputs, weight, 4, 3, False), inputs, upstream)
+    (paper,) = torch.autograd.grad(
+        fully_connected_routing(inputs, weight, 4, DynamicRouting(3, False)), inputs, upstream
+    )
     assert torch.equal(default, paper)
 
 
@@ -148,9 +152,9 @@ def test_fused_routing_equals_votes_then_routing(iterations, detach_agreement):
     torch.manual_seed(iterations)
     inputs = torch.randn(3, 7, 5, dtype=torch.float64, requires_grad=True)
     weight = torch.randn(7, 5, 4 * 3, dtype=torch.float64, requires_grad=True)
-    fused = fully_connected_routing(inputs, weight, 4, iterations, detach_agreement)
+    fused = fully_connected_routing(inputs, weight, 4, DynamicRouting(iterations, detach_agreement))
     votes = torch.einsum("bip,ipq->biq", inputs, weight).view(3, 7, 4, 3)  # u_hat_j|i = W_ij u_i
-    unfused = dynamic_routing(votes, iterations, detach_agreement=detach_agreement)
+    unfused = dynamic_routing(votes, DynamicRouting(iterations, detach_agreement))
     torch.testing.assert_close(fused, unfused, rtol=1e-12, atol=1e-14)
     upstream = torch.randn_like(fused)
     got = torch.autograd.grad(fused, (inputs, weight), upstream)
@@ -159,11 +163,9 @@ def test_fused_routing_equals_votes_then_routing(iterations, detach_agreement):
         torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-12)
 
 
-def test_fused_routing_promotes_mixed_dtypes_and_rejects_zero_iterations():
+def test_fused_routing_promotes_mixed_dtypes():
     inputs, weight = torch.randn(2, 6, 5), torch.randn(6, 5, 12, dtype=torch.float64)
     assert fully_connected_routing(inputs, weight, 4).dtype == torch.float64
-    with pytest.raises(ValueError, match="at least one iteration, got 0"):
-        fully_connected_routing(inputs, weight, 4, iterations=0)
 
 
 def test_cpu_scratch_buffer_is_reused_not_reallocated():
@@ -183,35 +185,38 @@ def test_cpu_scratch_buffer_is_reused_not_reallocated():
 
 def test_routing_backward_passes_gradcheck():
     votes = torch.randn(2, 5, 3, 4, dtype=torch.float64, requires_grad=True)
-    assert torch.autograd.gradcheck(lambda x: dynamic_routing(x, 3), (votes,))
+    assert torch.autograd.gradcheck(lambda x: dynamic_routing(x, DynamicRouting(3)), (votes,))
 
 
 def test_couplings_sum_to_one_over_parents_and_start_uniform():
     votes = torch.randn(4, 30, 10, 16)
-    _, couplings = dynamic_routing(votes, 3, return_couplings=True)
+    _, couplings = dynamic_routing(votes, DynamicRouting(3), return_couplings=True)
     assert couplings.shape == (4, 30, 10)
     assert torch.allclose(couplings.sum(dim=2), torch.ones(4, 30), atol=1e-6)
     assert not torch.allclose(couplings, torch.full_like(couplings, 0.1))  # routing moved them
-    _, uniform = dynamic_routing(votes, 1, return_couplings=True)
+    _, uniform = dynamic_routing(votes, DynamicRouting(1), return_couplings=True)
     assert torch.allclose(uniform, torch.full_like(uniform, 0.1))
 
 
 def test_routing_is_invariant_to_permuting_the_children():
     votes = torch.randn(3, 40, 10, 16)
     permutation = torch.randperm(40)
-    assert torch.allclose(dynamic_routing(votes, 3), dynamic_routing(votes[:, permutation], 3), atol=1e-5)
+    assert torch.allclose(
+        dynamic_routing(votes, DynamicRouting(3)), dynamic_routing(votes[:, permutation], DynamicRouting(3)), atol=1e-5
+    )
 
 
 def test_routing_outputs_are_capsules():
-    v = dynamic_routing(torch.randn(2, 50, 10, 16) * 10, 3)
+    v = dynamic_routing(torch.randn(2, 50, 10, 16) * 10, DynamicRouting(3))
     assert v.shape == (2, 10, 16) and (v.norm(dim=-1) < 1).all()
 
 
 def test_routing_rejects_bad_input():
     with pytest.raises(ValueError, match="votes must have shape"):
-        dynamic_routing(torch.randn(2, 3, 4), 3)
-    with pytest.raises(ValueError, match="at least one iteration"):
-        dynamic_routing(torch.randn(2, 3, 4, 5), 0)
+        dynamic_routing(torch.randn(2, 3, 4), DynamicRouting(3))
+    # The options' ranges are DynamicRouting's, checked once, when it is built.
+    with pytest.raises(ValueError, match=r"^DynamicRouting: iterations=0: must be greater than 0$"):
+        DynamicRouting(iterations=0)
 
 
 def test_fused_layer_matches_votes_then_routing_with_interleaved_calls():
@@ -228,9 +233,9 @@ def test_fused_layer_matches_votes_then_routing_with_interleaved_calls():
 
     small.weight.grad = large.weight.grad = inputs[0].grad = inputs[1].grad = None
     reference = [
-        dynamic_routing(small.votes(inputs[0]), 3),
-        dynamic_routing(large.votes(inputs[1]), 3),
-        dynamic_routing(small.votes(inputs[0] * 2), 3),
+        dynamic_routing(small.votes(inputs[0]), DynamicRouting(3)),
+        dynamic_routing(large.votes(inputs[1]), DynamicRouting(3)),
+        dynamic_routing(small.votes(inputs[0] * 2), DynamicRouting(3)),
     ]
     for got, want in zip(parents, reference, strict=True):
         torch.testing.assert_close(got, want)
@@ -256,13 +261,13 @@ def test_bf16_votes_keep_their_dtype_and_route_with_a_float32_state():
     as the votes' own rounding allows (a bf16 state roughly triples the error)."""
     torch.manual_seed(0)
     votes = (0.3 * torch.randn(4, 64, 10, 16)).bfloat16().requires_grad_()
-    parents, couplings = dynamic_routing(votes, 3, return_couplings=True)
+    parents, couplings = dynamic_routing(votes, DynamicRouting(3), return_couplings=True)
     assert parents.dtype == torch.bfloat16
     torch.testing.assert_close(couplings.sum(dim=-1), torch.ones(4, 64), rtol=0, atol=1e-6)
-    _, uniform = dynamic_routing(votes, 1, return_couplings=True)  # 1/10, not bf16's 0.1001
+    _, uniform = dynamic_routing(votes, DynamicRouting(1), return_couplings=True)  # 1/10, not bf16's 0.1001
     torch.testing.assert_close(uniform.sum(dim=-1), torch.ones(4, 64), rtol=0, atol=1e-6)
     exact_votes = votes.detach().double().requires_grad_()
-    exact = dynamic_routing(exact_votes, 3)
+    exact = dynamic_routing(exact_votes, DynamicRouting(3))
     assert (parents.double() - exact).norm(dim=-1).max() < 0.007 * exact.norm(dim=-1).max()  # 0.004 here
     upstream = torch.randn(4, 10, 16).bfloat16()
     (grad,) = torch.autograd.grad(parents, votes, upstream)

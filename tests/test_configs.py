@@ -2,21 +2,31 @@
 
 from __future__ import annotations
 
+import inspect
 import subprocess
 import sys
 
 import pytest
 import torch
-from hydra.utils import instantiate
+from hydra.utils import get_object, instantiate
 from omegaconf import OmegaConf
 
 from capsexp import CONFIG_DIR
+from capsexp.hydra_setup import NETS, ROUTINGS
 from capsexp.lit import Classifier, class_scores
-from tests.helpers import compose_config, run_cli
+from tests.helpers import TINY_EM_CAPS, compose_config, run_cli
 
-# Every config group, nested ones too ("model/optimizer"), and its options.
-GROUPS = sorted(str(p.relative_to(CONFIG_DIR)) for p in CONFIG_DIR.rglob("*") if p.is_dir())
-OPTIONS = [(group, option.stem) for group in GROUPS for option in sorted((CONFIG_DIR / group).glob("*.yaml"))]
+# Every config group, nested ones too ("model/optimizer"), and its options: files under conf/, and the
+# nodes capsexp.hydra_setup generates from the code (the routing options, the nets).
+STORED = {"model/routing": sorted(ROUTINGS), "model/net": sorted(target.rpartition(".")[2] for target in NETS)}
+GROUPS = sorted({str(p.relative_to(CONFIG_DIR)) for p in CONFIG_DIR.rglob("*") if p.is_dir()} | set(STORED))
+OPTIONS = [
+    (group, option)
+    for group in GROUPS
+    for option in STORED.get(group) or sorted(path.stem for path in (CONFIG_DIR / group).glob("*.yaml"))
+]
+# The model config whose net each net class builds with its constructor's defaults.
+MODEL_OF_NET = {"LeNet5": "lenet5", "BaselineCNN": "baseline_cnn", "CapsNet": "capsnet", "MatrixCapsNet": "em_caps"}
 MODELS = sorted(p.stem for p in (CONFIG_DIR / "model").glob("*.yaml"))
 DATASETS = sorted(p.stem for p in (CONFIG_DIR / "data").glob("*.yaml"))
 
@@ -28,6 +38,8 @@ def test_groups_of_the_design_exist():
         "model/optimizer",
         "model/lr_scheduler",
         "model/margin",
+        "model/routing",
+        "model/net",
         "hparams_search",
         "trainer",
         "logger",
@@ -46,6 +58,8 @@ def test_groups_of_the_design_exist():
 def test_every_option_composes_and_resolves(group, option):
     # The groups under model/ belong to a model config that lists them (the margin: EM capsules).
     model = ["model=em_caps_small"] if group.startswith("model/") else []
+    if group == "model/net":
+        model = [f"model={MODEL_OF_NET[option]}"]
     cfg = compose_config([*model, f"{group}={option}"])
     # Resolve every interpolation, as the run does when it logs its hyperparameters (compose_config
     # has set paths.output_dir, the one value that comes from Hydra's run time).
@@ -93,3 +107,75 @@ def test_the_networks_and_capsule_ops_load_neither_lightning_nor_hydra():
     )
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]"
+
+
+def _plain(value):
+    """A constructor default or a built argument as config holds it: tuples as lists."""
+    return [_plain(v) for v in value] if isinstance(value, (list, tuple)) else value
+
+
+@pytest.mark.parametrize(("net_class", "model"), MODEL_OF_NET.items())
+def test_a_nets_constructor_defaults_build_its_default_model_config(net_class, model):
+    """``MatrixCapsNet()`` is ``model=em_caps``'s net, and so on: every argument the config passes is the
+    constructor's default (MNIST's geometry is the constructors' default geometry), and both build the
+    same modules."""
+    cfg = compose_config([f"model={model}", "data=mnist"])
+    target = get_object(cfg.model.net._target_)
+    assert target.__name__ == net_class
+    arguments = instantiate(cfg.model.net, _partial_=True, _convert_="all").keywords
+    defaults = {name: p.default for name, p in inspect.signature(target).parameters.items()}
+    assert arguments.keys() == defaults.keys()
+    for name, value in arguments.items():
+        assert _plain(value) == _plain(defaults[name]), name
+    torch.manual_seed(0)
+    from_config = instantiate(cfg.model.net)
+    torch.manual_seed(0)
+    from_python = target()
+    assert repr(from_config) == repr(from_python)
+    for (name, a), (_, b) in zip(from_config.state_dict().items(), from_python.state_dict().items(), strict=True):
+        assert torch.equal(a, b), name
+
+
+@pytest.mark.parametrize("path", sorted((CONFIG_DIR / "model").glob("*.yaml")), ids=lambda p: p.stem)
+def test_a_model_config_sets_only_what_differs_from_its_nets_defaults(path):
+    """A recipe's YAML holds its deviations (and the data's geometry), not a second copy of a default."""
+    cfg = compose_config([f"model={path.stem}"])
+    defaults = inspect.signature(get_object(cfg.model.net._target_)).parameters
+    own = OmegaConf.load(path).get("net") or {}
+    for name in own:
+        value = OmegaConf.to_container(own, resolve=False)[name]
+        if isinstance(value, str) and value.startswith("${geometry."):
+            continue
+        assert _plain(value) != _plain(defaults[name].default), f"{path.name}: net.{name}={value} is the default"
+
+
+@pytest.mark.parametrize(
+    ("model", "override", "expected"),
+    [("em_caps", "model.net.recompute=true", True), ("capsnet", "model.net.pose_dim=8", 8)],
+)
+def test_every_constructor_argument_of_a_net_is_settable_without_plus(model, override, expected):
+    """Arguments no model config names (MatrixCapsNet's recompute) are in the composed config all the same."""
+    key = override.split("=")[0]
+    assert OmegaConf.select(compose_config([f"model={model}"]), key) != expected
+    net = instantiate(compose_config([f"model={model}", override]).model.net)
+    assert getattr(net, key.rpartition(".")[2]) == expected  # each net keeps these as attributes
+
+
+def test_the_em_options_the_config_builds_reach_em_routing_as_that_object(monkeypatch):
+    import capsexp.nn.em_caps
+
+    cfg = compose_config(["model=em_caps", *TINY_EM_CAPS])
+    net = instantiate(cfg.model.net)
+    built = net.conv_caps1.router.routing
+    assert built is net.conv_caps2.router.routing and built is net.class_caps.router.routing
+    assert built == instantiate(cfg.model.net.routing) and built.iterations == cfg.model.net.routing.iterations
+    received = []
+    original = capsexp.nn.em_caps.em_routing
+
+    def spy(*args, **kwargs):
+        received.append(args[4])
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(capsexp.nn.em_caps, "em_routing", spy)
+    net(torch.rand(2, 1, 28, 28))
+    assert len(received) == 3 and all(routing is built for routing in received)

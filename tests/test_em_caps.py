@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 import math
 import re
 
@@ -16,7 +17,7 @@ from capsexp.events import load_events
 from capsexp.lit import Classifier, SpreadLoss
 from capsexp.lit.margin import LinearMargin, SigmoidMargin
 from capsexp.models import LeNet5, MatrixCapsNet
-from capsexp.nn import ClassMatrixCapsules, ConvMatrixCapsules, EMRouting, PrimaryMatrixCapsules
+from capsexp.nn import EM_PAPER, ClassMatrixCapsules, ConvMatrixCapsules, EMRouting, PrimaryMatrixCapsules
 from capsexp.nn.functional import (
     COST_NORMALIZATIONS,
     em_routing,
@@ -24,18 +25,18 @@ from capsexp.nn.functional import (
     responsibility_entropy,
     spread_loss,
 )
-from tests.em_reference import plain_em_routing
+from tests.em_reference import fast_em_routing, plain_em_routing, plain_options
 from tests.helpers import TINY_EM_CAPS, TINY_RUN, run_cli
 
 
 def routed(votes, activations, parents, **kwargs):
-    return em_routing(
+    return fast_em_routing(
         votes, activations, torch.zeros(parents), torch.zeros(parents), return_responsibilities=True, **kwargs
     )
 
 
 def test_inverse_temperature_schedule():
-    assert inverse_temperatures(3, 0.01) == pytest.approx(
+    assert inverse_temperatures(EM_PAPER) == pytest.approx(
         [0.01 * (1 - 0.95), 0.01 * (1 - 0.95**2), 0.01 * (1 - 0.95**3)]
     )
 
@@ -68,7 +69,7 @@ def test_matches_the_plain_transcription_values_and_gradients(
         detach_responsibilities=detach_responsibilities,
         e_step_temperature=e_step_temperature,
     )
-    fast = em_routing(votes, activations.double(), beta_u, beta_a, **options)
+    fast = fast_em_routing(votes, activations.double(), beta_u, beta_a, **options)
     plain = plain_em_routing(votes, activations.double(), beta_u, beta_a, **options)
     for a, b in zip(fast, plain, strict=True):
         assert torch.allclose(a, b, rtol=1e-7, atol=1e-9)
@@ -79,9 +80,13 @@ def test_matches_the_plain_transcription_values_and_gradients(
         assert torch.allclose(a, b, rtol=1e-6, atol=1e-8 * float(b.abs().max()))
 
 
-def recipe_routing_options(model: str) -> dict:
-    """em_routing's options as a model config sets them (read from the config, not restated)."""
+def recipe_routing(model: str) -> EMRouting:
+    """The routing options a model config builds (read from the config, not restated)."""
+    from hydra.utils import instantiate
+
     from tests.helpers import compose_config
+
+    return instantiate(compose_config([f"model={model}"]).model.net.routing)
 
     routing = compose_config([f"model={model}"]).model.net.routing
     return dict(
@@ -116,12 +121,14 @@ def test_float32_matches_float64_for_votes_far_from_zero(model, spread, convolut
         slot_inactive = inactive[child_index] if convolutional else inactive
         votes[:, slot_inactive] -= 20
     beta_u, beta_a = torch.randn(2, 8, generator=generator, dtype=torch.float64)
-    options = dict(recipe_routing_options(model), child_index=child_index)
+    routing = recipe_routing(model)
     upstream = None
     results = {}
     for dtype in (torch.float64, torch.float32):
         leaf = votes.to(dtype).requires_grad_()
-        mu, parent_activations = em_routing(leaf, activations.to(dtype), beta_u.to(dtype), beta_a.to(dtype), **options)
+        mu, parent_activations = em_routing(
+            leaf, activations.to(dtype), beta_u.to(dtype), beta_a.to(dtype), routing, child_index=child_index
+        )
         if upstream is None:
             upstream = (torch.randn_like(mu), torch.randn_like(parent_activations))
         (grad,) = torch.autograd.grad((mu, parent_activations), leaf, [u.to(dtype) for u in upstream])
@@ -136,7 +143,9 @@ def test_float32_matches_float64_for_votes_far_from_zero(model, spread, convolut
         assert (mu32 - mu64).abs().max() < 1e-3
         assert (grad32 - grad64).norm() / grad64.norm() < 1e-3
         # float64 itself agrees with the plain transcription (every (V - mu)^2 materialised).
-        plain_mu, plain_a = plain_em_routing(votes, activations, beta_u, beta_a, **options)
+        plain_mu, plain_a = plain_em_routing(
+            votes, activations, beta_u, beta_a, child_index=child_index, **plain_options(routing)
+        )
         assert torch.allclose(mu64, plain_mu, atol=1e-9) and torch.allclose(a64, plain_a, atol=1e-9)
 
 
@@ -159,8 +168,10 @@ def test_inverse_temperature_scale_multiplies_every_lambda():
     """A scale s on the inverse temperatures is the schedule of final_lambda * s."""
     torch.manual_seed(0)
     votes, activations, beta = torch.randn(2, 20, 5, 16), torch.rand(2, 20), torch.randn(5)
-    scaled = em_routing(votes, activations, beta, beta, final_lambda=2.0, inverse_temperature_scale=torch.tensor(3.0))
-    plain = em_routing(votes, activations, beta, beta, final_lambda=6.0)
+    scaled = fast_em_routing(
+        votes, activations, beta, beta, final_lambda=2.0, inverse_temperature_scale=torch.tensor(3.0)
+    )
+    plain = fast_em_routing(votes, activations, beta, beta, final_lambda=6.0)
     for a, b in zip(scaled, plain, strict=True):
         assert torch.allclose(a, b, atol=1e-5)
 
@@ -266,11 +277,7 @@ def test_conv_layer_with_kernel_covering_the_input_is_the_dense_layer():
         dense_activations,
         layer.beta_u,
         layer.beta_a,
-        iterations=routing.iterations,
-        final_lambda=routing.final_lambda,
-        sigma_eps=routing.sigma_eps,
-        cost_normalization=routing.cost_normalization,
-        e_step_temperature=routing.e_step_temperature,
+        routing,
         inverse_temperature_scale=layer.log_inverse_temperature.exp(),
     )
     assert torch.allclose(conv_poses.view(2, 3, 16), mu, atol=1e-5)
@@ -283,7 +290,7 @@ def test_finite_for_identical_tiny_and_huge_votes(identical, scale):
     votes = (torch.randn(shape) * scale).expand(2, 30, 4, 16).clone()
     votes.requires_grad_()
     beta_u, beta_a = torch.zeros(4, requires_grad=True), torch.zeros(4, requires_grad=True)
-    mu, activations = em_routing(votes, torch.rand(2, 30), beta_u, beta_a, iterations=3)
+    mu, activations = em_routing(votes, torch.rand(2, 30), beta_u, beta_a, EM_PAPER)
     (mu.sum() + activations.sum()).backward()
     for tensor in [mu, activations, votes.grad, beta_u.grad, beta_a.grad]:
         assert torch.isfinite(tensor).all()
@@ -326,11 +333,18 @@ def test_primary_capsules_shapes_and_activation_range():
 
 
 def test_model_geometry_and_parameter_count():
-    net = MatrixCapsNet(in_channels=2, num_classes=5, image_size=32, routing=EMRouting(learn_inverse_temperature=False))
+    net = MatrixCapsNet(
+        in_channels=2,
+        num_classes=5,
+        image_size=32,
+        conv1_norm=False,
+        routing=EMRouting(learn_inverse_temperature=False),
+    )
     # conv1 1,632 + primary 17,952 + two ConvCaps 147,520 each + class caps 2,570: the paper's ~310K.
     assert sum(p.numel() for p in net.parameters()) == 317_194
-    # capsexp's recipe adds a learned inverse temperature per capsule layer
-    assert sum(p.numel() for p in MatrixCapsNet(in_channels=2, num_classes=5, image_size=32).parameters()) == 317_197
+    # capsexp's recipe adds BatchNorm after conv1 (32 scales, 32 shifts) and a learned inverse
+    # temperature per capsule layer
+    assert sum(p.numel() for p in MatrixCapsNet(in_channels=2, num_classes=5, image_size=32).parameters()) == 317_261
     output = net(torch.rand(2, 2, 32, 32))
     assert output.scores.shape == (2, 5) and output.poses.shape == (2, 5, 16)
     # ConvCaps2 positions 0..3 sit at input pixels 8 + 4 h (centre 8.5 + 4 h of 32).
@@ -467,21 +481,28 @@ def test_em_routing_rejects_bad_input():
     )
     dense = (torch.randn(2, 5, 3, 16), torch.rand(2, 5), beta, beta)
     refused("child_index is for convolutional votes (B, Q, M, J, H)", *dense, child_index=torch.zeros(1, 5).long())
-    refused("EM routing needs at least one iteration, got 0", *dense, iterations=0)
-    refused("cost_normalization must be one of none, data, standardize, layer, got 'z'", *dense, cost_normalization="z")
-    refused("sigma_eps must be > 0 (it is added to every variance), got 0.0", *dense, sigma_eps=0.0)
-    refused("e_step_temperature must be > 0 (it divides the log-likelihood), got 0.0", *dense, e_step_temperature=0.0)
+    # The options' ranges are EMRouting's, checked once, when it is built.
+    for bad in ({"iterations": 0}, {"cost_normalization": "z"}, {"sigma_eps": 0.0}, {"e_step_temperature": 0.0}):
+        with pytest.raises(ValueError, match=f"^EMRouting: {next(iter(bad))}="):
+            EMRouting(**bad)
 
 
 def test_em_routing_defaults_are_the_papers():
-    """Procedure 1 as published: 3 iterations, final lambda 0.01, plain costs (the model configs set
-    capsexp's own recipe explicitly)."""
-    torch.manual_seed(0)
-    votes, activations, beta = torch.randn(2, 6, 3, 16), torch.rand(2, 6), torch.zeros(3)
-    paper = em_routing(votes, activations, beta, beta, 3, 0.01, cost_normalization="none")
-    for a, b in zip(em_routing(votes, activations, beta, beta), paper, strict=True):
-        assert torch.equal(a, b)
-    assert inverse_temperatures(3) == inverse_temperatures(3, 0.01)
+    """Procedure 1 as published (Hinton, Sabour & Frosst 2018 and the authors' OpenReview answers): 3
+    iterations, final lambda 0.01, plain costs, shared children, no learned temperature, gradients
+    through the E-steps, T = 1; the model configs choose capsexp's recipe (EMRouting()) or this."""
+    assert inspect.signature(em_routing).parameters["routing"].default is EM_PAPER
+    assert dataclasses.asdict(EM_PAPER) == {
+        "iterations": 3,
+        "final_lambda": 0.01,
+        "sigma_eps": 1e-4,
+        "cost_normalization": "none",
+        "route_per_window": False,
+        "learn_inverse_temperature": False,
+        "detach_responsibilities": False,
+        "e_step_temperature": 1.0,
+    }
+    assert recipe_routing("em_caps_paper") == EM_PAPER and recipe_routing("em_caps") == EMRouting()
 
 
 def test_inplace_centres_the_callers_votes_instead_of_copying_them():
@@ -555,7 +576,9 @@ def test_net_options_batchnorm_and_weight_scale():
     assert 1.5 < net.conv_caps1.weight.std().item() < 2.5
     assert net(torch.rand(3, 1, 28, 28)).scores.shape == (3, 10)
     assert isinstance(
-        MatrixCapsNet(conv_channels=8, primary_types=4, conv_caps1_types=4, conv_caps2_types=4).conv1_norm,
+        MatrixCapsNet(
+            conv_channels=8, primary_types=4, conv_caps1_types=4, conv_caps2_types=4, conv1_norm=False
+        ).conv1_norm,
         torch.nn.Identity,
     )
 

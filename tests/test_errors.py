@@ -172,7 +172,8 @@ def test_group_options_are_checked_before_hydra_composes():
     # What a model's recipe holds is what Hydra composes for it (the bases' groups included).
     check_group_overrides(["model=em_caps_small,em_caps", "model/margin=linear"], CONFIG_DIR)
     with pytest.raises(
-        ConfigError, match=r"^model/margin=linear: model=lenet5 has no margin .*\(it has: lr_scheduler, optimizer\)"
+        ConfigError,
+        match=r"^model/margin=linear: model=lenet5 has no margin .*\(it has: lr_scheduler, net, optimizer\)",
     ):
         check_group_overrides(["model/margin=linear"], CONFIG_DIR)  # the default model
     with pytest.raises(ConfigError, match=r"did you mean hydra/launcher=joblib\?"):

@@ -6,14 +6,16 @@ Every expected value is computed here from the papers' formulas, not by the pack
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from capsexp.nn import RoutingCapsules
+from capsexp.nn import EM_PAPER, DynamicRouting, RoutingCapsules
 from capsexp.nn.functional import dynamic_routing, em_routing, squash
+from tests.em_reference import fast_em_routing
 
 # Enough cases to cover the ranges, few enough for `make test`; no deadline (first calls warm up torch).
 CASES = settings(max_examples=30, deadline=None)
@@ -51,7 +53,7 @@ def test_routing_couplings_sum_to_one_and_outputs_are_finite_capsules(
 ):
     votes = random_tensor(seed, 2, 1 if identical else children, parents, 4, dtype=torch.float32) * scale
     votes = votes.expand(2, children, parents, 4).clone().requires_grad_()
-    outputs, couplings = dynamic_routing(votes, iterations, return_couplings=True)
+    outputs, couplings = dynamic_routing(votes, DynamicRouting(iterations), return_couplings=True)
     assert torch.allclose(couplings.sum(dim=-1), torch.ones(2, children), atol=1e-5)
     assert ((couplings >= 0) & (couplings <= 1)).all()
     assert torch.isfinite(outputs).all() and (outputs.norm(dim=-1) <= 1 + 1e-6).all()
@@ -94,8 +96,14 @@ def test_em_responsibilities_sum_to_one_activations_in_unit_interval_everything_
     activations = torch.rand(2, children, generator=torch.Generator().manual_seed(seed))
     beta_u = torch.zeros(parents, requires_grad=True)
     beta_a = torch.zeros(parents, requires_grad=True)
-    mu, parent_activations, responsibilities = em_routing(
-        votes, activations, beta_u, beta_a, iterations, final_lambda, return_responsibilities=True
+    mu, parent_activations, responsibilities = fast_em_routing(
+        votes,
+        activations,
+        beta_u,
+        beta_a,
+        iterations=iterations,
+        final_lambda=final_lambda,
+        return_responsibilities=True,
     )
     # Each child's vote is shared out over the parents: R sums to 1 over them.
     assert torch.allclose(responsibilities.sum(dim=-1), torch.ones(2, children), atol=1e-5)
@@ -127,7 +135,7 @@ def test_em_float32_matches_float64(seed, offset, spread, cost_normalization, fi
     results = {}
     for dtype in (torch.float64, torch.float32):
         leaf = votes.to(dtype).requires_grad_()
-        mu, a = em_routing(leaf, activations.to(dtype), beta_u.to(dtype), beta_a.to(dtype), **options)
+        mu, a = fast_em_routing(leaf, activations.to(dtype), beta_u.to(dtype), beta_a.to(dtype), **options)
         (grad,) = torch.autograd.grad((mu, a), leaf, [u.to(dtype) for u in upstream])
         results[dtype] = [t.detach().double() for t in (mu, a, grad)]
     (mu64, a64, grad64), (mu32, a32, grad32) = results[torch.float64], results[torch.float32]
@@ -148,9 +156,7 @@ def test_em_inverse_temperature_follows_the_schedule_transcribed_here():
         torch.ones(1, 1, dtype=torch.float64),
         torch.tensor([beta_u], dtype=torch.float64),
         torch.tensor([beta_a], dtype=torch.float64),
-        iterations,
-        final_lambda,
-        sigma_eps=sigma_eps,
+        replace(EM_PAPER, iterations=iterations, final_lambda=final_lambda, sigma_eps=sigma_eps),
     )
     final_inverse_temperature = final_lambda * (1 - 0.95**iterations)
     cost = (beta_u + 0.5 * math.log(sigma_eps)) * 16

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import logging
 import os
@@ -20,8 +21,9 @@ from capsexp.run.slurm import resume_if_restarted
 
 log = logging.getLogger("capsexp")
 
-# Before Hydra composes (here, and in the processes of a launcher, which import this module).
-hydra_setup.register()
+# Before Hydra composes (here, and in the processes of a launcher, which import this module; those of
+# Hydra's launchers also get the ConfigStore of the process that started them, nets included).
+hydra_setup.register_routing()
 
 
 def report(error: CapsexpError) -> None:
@@ -97,6 +99,7 @@ def cli() -> None:
         sys.argv[1:] = expand_run_folder(resume_if_restarted(sys.argv[1:]))
     except CapsexpError as error:
         report(error)
+    hydra_setup.register()  # the nets' nodes: imports torch, after the checks that answer without it
     main()
 
 
@@ -110,20 +113,12 @@ RENAMED = {
     "lr_scheduler.": "model.lr_scheduler.",
     "callbacks.margin.": "model.margin.",
     "dataset.": "geometry.",
-    "model.net.iterations": "model.net.routing.iterations",
-    # The routing options of the capsule nets: one object, model.net.routing (capsexp.nn.EMRouting,
-    # capsexp.nn.DynamicRouting).
+    # The routing options of the capsule nets: one object, model.net.routing.
     "model.net.routing_iterations": "model.net.routing.iterations",
     **{
-        f"model.net.{key}": f"model.net.routing.{key}"
-        for key in (
-            "detach_agreement",
-            "final_lambda",
-            "sigma_eps",
-            "cost_normalization",
-            "route_per_window",
-            "learn_inverse_temperature",
-        )
+        f"model.net.{field.name}": f"model.net.routing.{field.name}"
+        for options in hydra_setup.ROUTINGS.values()
+        for field in dataclasses.fields(options)
     },
 }
 
@@ -145,6 +140,8 @@ def check_group_overrides(arguments: list[str], config_dir: Path) -> None:
                 if key == old or (old.endswith(".") and key.startswith(old)):
                     renamed = new + key[len(old) :] if old.endswith(".") else new
                     raise ConfigError(f"{key}={value}: renamed; use {renamed}={value}")
+            if key == "model/net":
+                hydra_setup.register()
             # Only a group's options, not its subgroups (model/routing is no option of model).
             options = [] if "." in key else loader.get_group_options(key)
             if not options or not value or "(" in value or value == "null":
@@ -164,6 +161,7 @@ def check_group_overrides(arguments: list[str], config_dir: Path) -> None:
 def _choices(overrides: list[str]) -> dict[str, str | None]:
     """``{group: option}`` as Hydra composes them with ``overrides`` (``model/margin: linear_run``; an
     optional group left out: None)."""
+    hydra_setup.register()  # a model config chooses its net
     return dict(compose("config", overrides=overrides, return_hydra_config=True).hydra.runtime.choices)
 
 

@@ -8,16 +8,25 @@ Hydra nor OmegaConf."""
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 from collections.abc import Sequence
-from dataclasses import asdict
+from typing import Any
 
 from hydra import compose as hydra_compose
 from hydra import initialize_config_dir
 from hydra.core.config_store import ConfigStore
-from omegaconf import DictConfig, OmegaConf
+from hydra.utils import get_object
+from omegaconf import MISSING, DictConfig, OmegaConf
 
 from capsexp import CONFIG_DIR, PROJECT_ROOT
-from capsexp.routing_options import DynamicRouting, EMRouting
+from capsexp.routing_options import EM_PAPER, DynamicRouting, EMRouting
+
+# model/routing=<name>: how the capsule layers route (model.net.routing).
+ROUTINGS = {"em": EMRouting(), "em_paper": EM_PAPER, "dynamic": DynamicRouting()}
+# model/net=<class name>: the nets a model config builds (model.net), each node made from its
+# constructor's signature. A model config chooses one and sets only what differs from its defaults.
+NETS = ("capsexp.models.LeNet5", "capsexp.models.BaselineCNN", "capsexp.models.CapsNet", "capsexp.models.MatrixCapsNet")
 
 
 def smallnorb_channels(stereo: str) -> int:
@@ -25,18 +34,52 @@ def smallnorb_channels(stereo: str) -> int:
     return 2 if stereo == "both" else 1
 
 
-def register() -> None:
-    """Register the resolvers (``${project_root:}``, ``${stereo_channels:...}``) and the routing
-    options ``model/routing=em`` and ``model/routing=dynamic``; calling it again does nothing more.
+def config_value(value: Any) -> Any:
+    """A constructor's default as config: an options dataclass (:class:`capsexp.nn.EMRouting`) as a node
+    that builds it, a tuple as a list."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        target = f"capsexp.nn.{type(value).__name__}"  # where the options are imported from
+        return {"_target_": target, **{f.name: config_value(getattr(value, f.name)) for f in dataclasses.fields(value)}}
+    if isinstance(value, (tuple, list)):
+        return [config_value(item) for item in value]
+    return value
 
-    The routing options are taken from the defaults of :class:`capsexp.nn.EMRouting` and
-    :class:`capsexp.nn.DynamicRouting` (their one home), not restated in YAML files."""
+
+def signature_node(target: str) -> dict[str, Any]:
+    """``{_target_: target, argument: default, ...}`` for every keyword argument of ``target``'s
+    constructor (``???`` where it has no default): every argument is then settable on the command
+    line, and its default is declared only in the constructor. An options object (``routing``) is
+    left to its own group (``model/routing``), which a model config chooses: merged over a node of
+    other options, another algorithm's node would keep their keys."""
+    parameters = inspect.signature(get_object(target)).parameters.values()
+    keywords = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    arguments = [p for p in parameters if p.kind in keywords and not dataclasses.is_dataclass(p.default)]
+    return {
+        "_target_": target,
+        **{p.name: MISSING if p.default is p.empty else config_value(p.default) for p in arguments},
+    }
+
+
+def register_routing() -> None:
+    """The resolvers (``${project_root:}``, ``${stereo_channels:...}``) and the routing options
+    (:data:`ROUTINGS`), without importing torch: what the command-line checks need."""
     for name, resolver in (("project_root", lambda: str(PROJECT_ROOT)), ("stereo_channels", smallnorb_channels)):
         if not OmegaConf.has_resolver(name):
             OmegaConf.register_new_resolver(name, resolver)
-    for name, options in (("em", EMRouting), ("dynamic", DynamicRouting)):
-        node = {"_target_": f"capsexp.nn.{options.__name__}", **asdict(options())}
-        ConfigStore.instance().store(group="model/routing", name=name, node=node, package="model.net.routing")
+    for name, options in ROUTINGS.items():
+        ConfigStore.instance().store(
+            group="model/routing", name=name, node=config_value(options), package="model.net.routing"
+        )
+
+
+def register() -> None:
+    """Register everything ``conf/`` composes with: :func:`register_routing` and the nets (:data:`NETS`,
+    which imports torch); calling it again stores the same nodes again."""
+    register_routing()
+    for target in NETS:
+        ConfigStore.instance().store(
+            group="model/net", name=target.rpartition(".")[2], node=signature_node(target), package="model.net"
+        )
 
 
 def compose(overrides: Sequence[str] = ()) -> DictConfig:

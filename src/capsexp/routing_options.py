@@ -1,9 +1,9 @@
 """The routing options of the capsule layers: one frozen dataclass per routing algorithm, built from
 ``model.net.routing`` and passed down unchanged to the routing functions.
 
-Plain data, no torch: ``import capsexp`` registers their defaults in Hydra's ConfigStore
-(``model/routing=em``, ``model/routing=dynamic``) without importing the layers, so that ``--help`` and
-the command-line checks answer quickly. Import them from :mod:`capsexp.nn`.
+Plain data, no torch: :mod:`capsexp.hydra_setup` registers them in Hydra's ConfigStore
+(``model/routing=em``, ``em_paper``, ``dynamic``) without importing the layers, so that the command-line
+checks answer quickly. Import them from :mod:`capsexp.nn`.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ class DynamicRouting:
 class EMRouting:
     """How the EM capsule layers route: the options of Procedure 1 (:func:`~capsexp.nn.functional.em_routing`)
     and capsexp's own. The defaults are capsexp's recipe (docs/em_training.md), the one place it is
-    declared; ``model/routing=em_paper`` (conf/model/routing/em_paper.yaml) is the paper's."""
+    declared; :data:`EM_PAPER` (``model/routing=em_paper``) is the paper's."""
 
     # Paper: 3. Here 2, the fewest that route (1 is a single M-step): after one MNIST epoch neither 1 nor 3
     # does significantly better, 3 seeds each (experiments/results/em_routing_ablation_quick/).
@@ -71,3 +71,18 @@ class EMRouting:
     # assignments until 2 iterations trail 1 and 3 trail 2, significantly; at 4 they still route
     # (entropy below 1) without a significant cost (experiments/results/em_routing_ablation_quick/).
     e_step_temperature: PositiveFloat = 4.0
+
+
+# EM routing as the paper has it (Hinton, Sabour & Frosst 2018, Procedure 1, and the authors' OpenReview
+# answers): model/routing=em_paper, and the default of capsexp.nn.functional.em_routing. The paper gives
+# no variance floor; 1e-4 keeps log sigma finite when votes agree exactly.
+EM_PAPER = EMRouting(
+    iterations=3,
+    final_lambda=0.01,
+    sigma_eps=1e-4,
+    cost_normalization="none",
+    route_per_window=False,
+    learn_inverse_temperature=False,
+    detach_responsibilities=False,
+    e_step_temperature=1.0,
+)

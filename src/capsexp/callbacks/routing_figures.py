@@ -85,7 +85,7 @@ class RoutingFigures(L.Callback):
         step = trainer.global_step
         primary = next((m for m in net.modules() if isinstance(m, PrimaryCapsules)), None)
         for name, layer in dynamic.items():
-            trace = dynamic_routing_trace(layer.votes(captured[name][0]), layer.iterations)
+            trace = dynamic_routing_trace(layer.votes(captured[name][0]), layer.routing.iterations)
             for r, change in enumerate(trace.logit_changes.tolist(), start=1):
                 writer.add_scalar(f"routing/{name}/logit_change_iter{r}", change, step)
             for r, change in enumerate(trace.update_changes.tolist(), start=2):

@@ -67,9 +67,7 @@ class CapsNet(nn.Module):
         if feature_size < 9:
             raise ValueError(f"CapsNet: image_size={image_size} is too small for two 9x9 convolutions (needs >= 17)")
         num_primary = self.primary.output_size(feature_size, feature_size)
-        self.digits = RoutingCapsules(
-            num_primary, primary_dim, num_classes, pose_dim, routing.iterations, routing.detach_agreement
-        )
+        self.digits = RoutingCapsules(num_primary, primary_dim, num_classes, pose_dim, routing)
         self.decoder = (
             nn.Sequential(
                 nn.Linear(num_classes * pose_dim, 512),

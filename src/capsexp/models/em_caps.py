@@ -27,7 +27,8 @@ class MatrixCapsNetOutput(NamedTuple):
 
 @checked
 class MatrixCapsNet(nn.Module):
-    """The paper's network; defaults A=B=C=D=32 (about 310K parameters on 2x32x32 smallNORB).
+    """The paper's network; defaults A=B=C=D=32 (about 310K parameters on 2x32x32 smallNORB). The
+    defaults are ``model=em_caps``'s net (its config sets only the data's geometry).
 
     Args:
         in_channels, image_size, num_classes: input and output geometry.
@@ -41,7 +42,9 @@ class MatrixCapsNet(nn.Module):
             routing during the backward pass (activation checkpointing). The vote tensors of all
             layers are then never held at once: about a third less peak memory for a quarter more
             time. Same results.
-        conv1_norm: BatchNorm after conv1 (before its ReLU).
+        conv1_norm: BatchNorm after conv1 (before its ReLU), as yl-1993/Matrix-Capsules-EM-PyTorch has;
+            not in the paper (model=em_caps_paper: false). It helped with final_lambda 10 and was
+            neutral with 3 in the em_training study (experiments/results/em_training_quick/).
         weight_std: initial std of the transformation matrices (None: 1/sqrt(P)).
     """
 
@@ -59,7 +62,7 @@ class MatrixCapsNet(nn.Module):
         routing: EMRouting = EMRouting(),
         coordinate_addition: bool = True,
         recompute: bool = False,
-        conv1_norm: bool = False,
+        conv1_norm: bool = True,
         weight_std: PositiveFloat | None = None,
     ) -> None:
         super().__init__()

@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from capsexp.nn.functional import fully_connected_routing, squash
+from capsexp.routing_options import DynamicRouting
 
 
 class PrimaryCapsules(nn.Module):
@@ -51,13 +52,12 @@ class RoutingCapsules(nn.Module):
         in_dim: int,
         out_caps: int,
         out_dim: int,
-        iterations: int = 3,
-        detach_agreement: bool = False,
+        routing: DynamicRouting = DynamicRouting(),
         init_std: float = 0.01,
     ) -> None:
         super().__init__()
         self.in_caps, self.in_dim, self.out_caps, self.out_dim = in_caps, in_dim, out_caps, out_dim
-        self.iterations, self.detach_agreement = iterations, detach_agreement
+        self.routing = routing
         # Stored (I, in_dim, J * out_dim): the votes are then one batched matmul over the inputs i.
         self.weight = nn.Parameter(torch.randn(in_caps, in_dim, out_caps * out_dim) * init_std)
 
@@ -79,10 +79,10 @@ class RoutingCapsules(nn.Module):
                 f"expected input capsules of shape (B, {self.in_caps}, {self.in_dim}), got {tuple(inputs.shape)}"
             )
         # Same as dynamic_routing(self.votes(inputs), ...), with the vote matmul fused into the backward.
-        return fully_connected_routing(inputs, self.weight, self.out_caps, self.iterations, self.detach_agreement)
+        return fully_connected_routing(inputs, self.weight, self.out_caps, self.routing)
 
     def extra_repr(self) -> str:
         return (
             f"in_caps={self.in_caps}, in_dim={self.in_dim}, out_caps={self.out_caps}, "
-            f"out_dim={self.out_dim}, iterations={self.iterations}"
+            f"out_dim={self.out_dim}, routing={self.routing}"
         )

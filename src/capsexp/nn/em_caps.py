@@ -46,20 +46,7 @@ class EMRouter(nn.Module):
         self, votes: torch.Tensor, activations: torch.Tensor, beta_u: torch.Tensor, beta_a: torch.Tensor, **kwargs
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(mu, parent activations, responsibilities)``; ``kwargs`` as :func:`em_routing` takes them."""
-        return em_routing(
-            votes,
-            activations,
-            beta_u,
-            beta_a,
-            iterations=self.routing.iterations,
-            final_lambda=self.routing.final_lambda,
-            sigma_eps=self.routing.sigma_eps,
-            cost_normalization=self.routing.cost_normalization,
-            detach_responsibilities=self.routing.detach_responsibilities,
-            e_step_temperature=self.routing.e_step_temperature,
-            return_responsibilities=True,
-            **kwargs,
-        )
+        return em_routing(votes, activations, beta_u, beta_a, self.routing, return_responsibilities=True, **kwargs)
 
     def extra_repr(self) -> str:
         return repr(self.routing)

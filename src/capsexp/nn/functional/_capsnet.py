@@ -15,6 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
+from capsexp.routing_options import DynamicRouting
+
 SQUASH_EPS = 1e-8
 
 _scratch_buffers = threading.local()
@@ -55,10 +57,7 @@ def squash(s: torch.Tensor, dim: int = -1, eps: float = SQUASH_EPS) -> torch.Ten
 
 
 def dynamic_routing(
-    votes: torch.Tensor,
-    iterations: int = 3,
-    return_couplings: bool = False,
-    detach_agreement: bool = False,
+    votes: torch.Tensor, routing: DynamicRouting = DynamicRouting(), return_couplings: bool = False
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Procedure 1 (routing-by-agreement): parent capsules v (B, J, D) from votes (B, I, J, D).
 
@@ -70,12 +69,13 @@ def dynamic_routing(
         votes: u_hat, shape (B, I, J, D). Laid out in memory as (B, J, I, D) (i.e. a
             ``transpose(1, 2)`` view of a contiguous tensor, as :class:`~capsexp.nn.RoutingCapsules`
             makes them), the routing sums are contiguous matrix-vector products and no copy is made.
-        iterations: routing iterations r >= 1 (the paper uses 3).
+        routing: the options (:class:`~capsexp.nn.DynamicRouting`, checked when built; its defaults
+            are the paper's): ``iterations`` r >= 1 (the paper uses 3), and ``detach_agreement``: if
+            false (the paper, and the official code), the loss differentiates through the agreement
+            updates b += u_hat . v, so the couplings themselves learn; if true, the couplings are
+            constants in the backward pass and gradients reach the votes only through the last
+            s_j = sum_i c_ij u_hat_j|i (as some public ports do); cheaper.
         return_couplings: also return the last coupling coefficients c, shape (B, I, J).
-        detach_agreement: if False (the paper, and the official code), the loss differentiates
-            through the agreement updates b += u_hat . v, so the couplings themselves learn. If True,
-            the couplings are treated as constants in the backward pass and gradients reach the votes
-            only through the last s_j = sum_i c_ij u_hat_j|i (as some public ports do); cheaper.
 
     The backward pass is written out (derivation in ``_routing_gradient_factors``), not left to autograd:
     the gradient of the votes is a sum of 2r - 1 outer products, written into one tensor by one batched
@@ -83,13 +83,11 @@ def dynamic_routing(
     """
     if votes.ndim != 4:
         raise ValueError(f"votes must have shape (batch, in_caps, out_caps, out_dim), got {tuple(votes.shape)}")
-    if iterations < 1:
-        raise ValueError(f"routing needs at least one iteration, got {iterations}")
     # (B, J, I, D): per (example, parent), the votes of all children form one I x D matrix.
     parent_major_votes = votes.transpose(1, 2)
     if not parent_major_votes.is_contiguous():
         parent_major_votes = parent_major_votes.contiguous()
-    parents, couplings = _DynamicRouting.apply(parent_major_votes, iterations, detach_agreement)
+    parents, couplings = _DynamicRouting.apply(parent_major_votes, routing.iterations, routing.detach_agreement)
     if return_couplings:
         return parents, couplings.transpose(1, 2)
     return parents
@@ -129,7 +127,7 @@ class RoutingTrace(NamedTuple):
 
 
 @torch.no_grad()
-def dynamic_routing_trace(votes: torch.Tensor, iterations: int = 3) -> RoutingTrace:
+def dynamic_routing_trace(votes: torch.Tensor, iterations: int) -> RoutingTrace:
     """Procedure 1 on votes (B, I, J, D) as :func:`dynamic_routing` runs it, recording every
     iteration's couplings and three measures of how routing settles (means over images, children
     and parents):
@@ -233,24 +231,24 @@ class _DynamicRouting(torch.autograd.Function):
 
 
 def fully_connected_routing(
-    inputs: torch.Tensor, weight: torch.Tensor, out_caps: int, iterations: int = 3, detach_agreement: bool = False
+    inputs: torch.Tensor, weight: torch.Tensor, out_caps: int, routing: DynamicRouting = DynamicRouting()
 ) -> torch.Tensor:
     """Votes u_hat_j|i = W_ij u_i, then :func:`dynamic_routing`: a DigitCaps layer in one call.
 
     ``inputs`` (B, I, in_dim); ``weight`` (I, in_dim, out_caps * out_dim), W_ij = weight[i, :, j].T;
     returns the parents (B, out_caps, out_dim). Same result as
-    ``dynamic_routing(votes, iterations)``, but fused: the backward pass writes the gradient of the
+    ``dynamic_routing(votes, routing)``, but fused: the backward pass writes the gradient of the
     votes straight into the layout of the vote matmul, (I, B, J*D), where the input and weight gradients
     are plain batched matmuls (autograd would permute a second full-size copy of it).
     """
-    if iterations < 1:
-        raise ValueError(f"routing needs at least one iteration, got {iterations}")
     device_type = inputs.device.type
     if torch.is_autocast_enabled(device_type):  # autocast would have run the vote matmul in this dtype
         dtype = torch.get_autocast_dtype(device_type)
     else:
         dtype = torch.result_type(inputs, weight)
-    return _VotesAndRouting.apply(inputs.to(dtype), weight.to(dtype), out_caps, iterations, detach_agreement)
+    return _VotesAndRouting.apply(
+        inputs.to(dtype), weight.to(dtype), out_caps, routing.iterations, routing.detach_agreement
+    )
 
 
 class _VotesAndRouting(torch.autograd.Function):

@@ -18,15 +18,15 @@ import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
-from capsexp.routing_options import CostNormalization
+from capsexp.routing_options import EM_PAPER, CostNormalization, EMRouting
 
 LOG_2PI = math.log(2 * math.pi)
 COST_NORMALIZATIONS: tuple[str, ...] = get_args(CostNormalization)
 
 
-def inverse_temperatures(iterations: int, final_lambda: float = 0.01) -> list[float]:
+def inverse_temperatures(routing: EMRouting) -> list[float]:
     """lambda_t = final_lambda * (1 - 0.95^(t+1)) for t = 0..iterations-1 (the authors' schedule)."""
-    return [final_lambda * (1.0 - 0.95 ** (t + 1)) for t in range(iterations)]
+    return [routing.final_lambda * (1.0 - 0.95 ** (t + 1)) for t in range(routing.iterations)]
 
 
 def em_routing(
@@ -34,17 +34,12 @@ def em_routing(
     activations: torch.Tensor,
     beta_u: torch.Tensor,
     beta_a: torch.Tensor,
-    iterations: int = 3,
-    final_lambda: float = 0.01,
+    routing: EMRouting = EM_PAPER,
     child_index: torch.Tensor | None = None,
     num_children: int | None = None,
-    sigma_eps: float = 1e-4,
-    cost_normalization: str = "none",
     return_responsibilities: bool = False,
     inplace: bool = False,
     inverse_temperature_scale: torch.Tensor | None = None,
-    detach_responsibilities: bool = False,
-    e_step_temperature: float = 1.0,
 ):
     """Procedure 1 of the paper: parent poses and activations from votes and child activations.
 
@@ -60,39 +55,40 @@ def em_routing(
             matrix-capsule layers make them), no copy is made.
         activations: child activations a_i: (B, I) dense; (B, num_children) with ``child_index``.
         beta_u, beta_a: learned per parent type, shape (J,) (broadcast over positions).
-        iterations: EM iterations (the paper: 3).
-        final_lambda: inverse temperature at the last iteration; see :func:`inverse_temperatures`.
+        routing: the routing options (:class:`~capsexp.nn.EMRouting`, where each is explained with its
+            source and checked when built): iterations, the inverse temperatures' final_lambda (see
+            :func:`inverse_temperatures`), the variance floor sigma_eps, cost_normalization, whether
+            the E-steps' responsibilities are constants to the backward pass (detach_responsibilities)
+            and the E-step's temperature. The default, :data:`~capsexp.nn.EM_PAPER`, is the paper's.
         child_index: (Q, M) long, the child in each receptive-field slot (convolutional layers).
         num_children: number of distinct children (default: ``child_index.max() + 1``).
-        sigma_eps: added to every variance sigma_h^2, > 0: keeps log sigma and 1/sigma^2 finite when
-            all votes agree exactly (sigma -> 0). Not in the paper; 1e-4 by default.
-        cost_normalization: how the cost enters the sigmoid. ``"none"``: as in the paper. ``"data"``:
-            the amount of data sum_i R'_ij in the cost is divided by its mean over the parent types of
-            the position, so that the cost no longer grows with the number of children a layer has
-            (Gritzman 2019, pitfall 2, "normalising the amount of data assigned to parent capsules",
-            in a scale-free form). ``"standardize"``: the costs are standardised over the parent types
-            of each position (as some public ports do, e.g. www0wwwjs1/Matrix-Capsules-EM-Tensorflow).
-            ``"layer"``: the amount of data is divided by the number of children per parent in a
-            receptive field, M / J, a constant of the layer, so that one lambda and one scale of
-            beta_u, beta_a fit every layer while a parent that receives more data still costs more
-            (IBM/matrix-capsules-with-em-routing's layer normalisation factor, less its constant 100).
         return_responsibilities: also return R, shape of ``votes`` without H.
         inverse_temperature_scale: a scalar tensor s multiplying every lambda_t (default 1): a
             learned inverse temperature (log-parametrised by the layers), not in the paper.
-        detach_responsibilities: if False (the paper: the transformation matrices are trained "by
-            backpropagating through the unrolled iterations of EM"), gradients flow through every
-            E-step; if True, the responsibilities each E-step computes are constants to the backward
-            pass, so the gradient reaches the votes through the M-steps' weighted sums alone.
-        e_step_temperature: T > 0 dividing the E-step's log-likelihood, R_ij proportional to
-            a_j N(V_ij; mu_j, sigma_j^2)^(1/T). 1: the paper. T > 1 softens the assignments (each of the
-            H pose elements adds its own log-likelihood ratio, so T = H weighs a vote as one observation);
-            not in the paper.
         inplace: centre ``votes`` in place (see Computation below): the caller's tensor then holds
             V - c afterwards, and no vote-sized copy is made. For callers whose votes are a temporary
             nothing else reads, as the matrix-capsule layers'. Gradients are unchanged.
 
     Returns:
         poses mu (B, J, H) or (B, Q, J, H); activations a_j (B, J) or (B, Q, J) [; R].
+
+    How the options of ``routing`` enter Procedure 1 (the paper's values in brackets):
+
+    - ``sigma_eps`` is added to every variance sigma_h^2 [none given]: it keeps log sigma and
+      1/sigma^2 finite when all votes agree exactly (sigma -> 0).
+    - ``cost_normalization``, how the cost enters the sigmoid [``"none"``]. ``"data"``: the amount
+      of data sum_i R'_ij in the cost is divided by its mean over the parent types of the position,
+      so that the cost no longer grows with the number of children a layer has (Gritzman 2019,
+      pitfall 2, in a scale-free form). ``"standardize"``: the costs are standardised over the parent
+      types of each position. ``"layer"``: the amount of data is divided by the children per parent
+      in a receptive field, M / J, a constant of the layer (IBM/matrix-capsules-with-em-routing's
+      layer normalisation factor, less its constant 100).
+    - ``detach_responsibilities`` [false: "backpropagating through the unrolled iterations of EM"]:
+      if true, the responsibilities each E-step computes are constants to the backward pass, so the
+      gradient reaches the votes through the M-steps' weighted sums alone.
+    - ``e_step_temperature`` T divides the E-step's log-likelihood [1]: R_ij proportional to
+      a_j N(V_ij; mu_j, sigma_j^2)^(1/T); T > 1 softens the assignments (each of the H pose elements
+      adds its own log-likelihood ratio, so T = H weighs a vote as one observation).
 
     Computation: the votes are first centred, V' = V - c with c each parent's mean vote weighted by
     R a_i at the start (the first M-step's mu; detached: routing is translation-equivariant, mu(V) =
@@ -120,37 +116,22 @@ def em_routing(
         votes, activations = votes.unsqueeze(1), activations.unsqueeze(1)  # Q = 1, children = slots
     elif child_index is None:
         raise ValueError("convolutional votes (B, Q, M, J, H) need child_index (Q, M)")
-    if iterations < 1:
-        raise ValueError(f"EM routing needs at least one iteration, got {iterations}")
-    if not sigma_eps > 0:
-        # With no floor, votes that agree exactly give sigma = 0: log sigma = -inf and NaN gradients.
-        raise ValueError(f"sigma_eps must be > 0 (it is added to every variance), got {sigma_eps}")
-    if not e_step_temperature > 0:
-        raise ValueError(f"e_step_temperature must be > 0 (it divides the log-likelihood), got {e_step_temperature}")
-    if cost_normalization not in COST_NORMALIZATIONS:
-        raise ValueError(
-            f"cost_normalization must be one of {', '.join(COST_NORMALIZATIONS)}, got {cost_normalization!r}"
-        )
-
     with torch.autocast(device_type=votes.device.type, enabled=False):
         dtype = torch.promote_types(votes.dtype, torch.float32)  # float32 at least
         parent_major = votes.transpose(2, 3)  # (B, Q, J, M, H)
         copied = parent_major.dtype != dtype or not parent_major.is_contiguous()
         parent_major = parent_major.to(dtype).contiguous()
-        options = _EMOptions(
-            iterations,
-            final_lambda,
-            child_index,
-            num_children,
-            sigma_eps,
-            cost_normalization,
-            inplace or copied,
-            detach_responsibilities,
-            e_step_temperature,
-        )
+        children = _Children(child_index, num_children)
         scale = votes.new_ones(()) if inverse_temperature_scale is None else inverse_temperature_scale
         mu, parent_activations, responsibilities = _route(
-            parent_major, activations.to(dtype), beta_u.to(dtype), beta_a.to(dtype), scale.to(dtype), options
+            parent_major,
+            activations.to(dtype),
+            beta_u.to(dtype),
+            beta_a.to(dtype),
+            scale.to(dtype),
+            routing,
+            children,
+            inplace or copied,
         )
 
     responsibilities = responsibilities.transpose(2, 3)  # (B, Q, M, J)
@@ -161,20 +142,24 @@ def em_routing(
     return mu, parent_activations
 
 
-class _EMOptions(NamedTuple):
-    iterations: int
-    final_lambda: float
-    child_index: torch.Tensor | None
-    num_children: int | None
-    sigma_eps: float
-    cost_normalization: str
-    centre_in_place: bool
-    detach_responsibilities: bool
-    e_step_temperature: float
+class _Children(NamedTuple):
+    """Which child sits in each receptive-field slot: see em_routing's ``child_index``, ``num_children``."""
+
+    index: torch.Tensor | None
+    count: int | None
 
 
 def _em_iterations(
-    votes, squares, activations, beta_u, beta_a, temperature_scale, options: _EMOptions, over_children, over_elements
+    votes,
+    squares,
+    activations,
+    beta_u,
+    beta_a,
+    temperature_scale,
+    routing: EMRouting,
+    children: _Children,
+    over_children,
+    over_elements,
 ):
     """Procedure 1 on parent-major votes V (B, Q, J, M, H) and V^2 (centred ones: see em_routing).
 
@@ -183,12 +168,12 @@ def _em_iterations(
     Returns mu (B, Q, J, H), a (B, Q, J), R (B, Q, J, M).
     """
     _, _, parents, slots, elements = votes.shape
-    child_index, num_children = options.child_index, options.num_children
+    child_index, num_children = children
     if child_index is not None:
         num_children = num_children or int(child_index.max()) + 1
-    slot_activations, responsibilities = _uniform_assignment(votes, activations, options)
+    slot_activations, responsibilities = _uniform_assignment(votes, activations, children)
 
-    for t, inverse_temperature in enumerate(inverse_temperatures(options.iterations, options.final_lambda)):
+    for t, inverse_temperature in enumerate(inverse_temperatures(routing)):
         # M-step: R'_ij = R_ij a_i; mu_j and sigma_j^2 weighted by R'; cost; a_j.
         weighted = responsibilities * slot_activations  # (B, Q, J, M)
         weight_sum = weighted.sum(dim=-1, keepdim=True)  # (B, Q, J, 1)
@@ -198,41 +183,41 @@ def _em_iterations(
         mu = first / denominator
         # sum_i R' (V - mu)^2 / denominator, expanded (exact also where the floor shrinks mu).
         variance = ((second - 2 * mu * first + mu.square() * weight_sum) / denominator).clamp_min(0)
-        variance = variance + options.sigma_eps
+        variance = variance + routing.sigma_eps
         log_variance = torch.log(variance)
         amount = weight_sum  # sum_i R'_ij
-        if options.cost_normalization == "data":
+        if routing.cost_normalization == "data":
             amount = weight_sum / (weight_sum.mean(dim=2, keepdim=True) + 1e-8)
-        elif options.cost_normalization == "layer":
+        elif routing.cost_normalization == "layer":
             amount = weight_sum * (parents / slots)
         cost = ((beta_u.view(-1, 1) + 0.5 * log_variance) * amount).sum(dim=-1)  # (B, Q, J)
-        if options.cost_normalization == "standardize":
+        if routing.cost_normalization == "standardize":
             cost = (cost - cost.mean(dim=-1, keepdim=True)) / (cost.std(dim=-1, keepdim=True) + 1e-8)
         logit = inverse_temperature * temperature_scale * (beta_a - cost)
         parent_activations = torch.sigmoid(logit)
-        if t == options.iterations - 1:
+        if t == routing.iterations - 1:
             break
         # E-step: log N(V_ij; mu_j, sigma_j^2), summed over h with two matrix-vector products.
         precision = 1.0 / variance
         quadratic = over_elements(squares, precision) - 2 * over_elements(votes, mu * precision)  # (B, Q, J, M)
         constant = (mu.square() * precision + log_variance).sum(dim=-1, keepdim=True) + elements * LOG_2PI
-        log_r = F.logsigmoid(logit).unsqueeze(-1) - (0.5 / options.e_step_temperature) * (quadratic + constant)
+        log_r = F.logsigmoid(logit).unsqueeze(-1) - (0.5 / routing.e_step_temperature) * (quadratic + constant)
         responsibilities = _normalise_per_child(log_r, child_index, num_children)
-        if options.detach_responsibilities:  # the backward pass (run on a graph) then skips the E-step
+        if routing.detach_responsibilities:  # the backward pass (run on a graph) then skips the E-step
             responsibilities = responsibilities.detach()
     return mu, parent_activations, responsibilities
 
 
-def _uniform_assignment(votes: torch.Tensor, activations: torch.Tensor, options: _EMOptions):
+def _uniform_assignment(votes: torch.Tensor, activations: torch.Tensor, children: _Children):
     """a_i in each receptive-field slot, (B, Q or 1, 1, M), and the uniform R (B, Q, J, M) routing
     starts from: 1 / the number of parents receiving the child."""
     batch, positions, parents, slots, _ = votes.shape
-    if options.child_index is None:
+    if children.index is None:
         slot_activations = activations.view(batch, 1, 1, slots)  # (B, 1, 1, M)
         fan_out = float(parents)
     else:
-        flat_index = options.child_index.reshape(-1)
-        num_children = options.num_children or int(flat_index.max()) + 1
+        flat_index = children.index.reshape(-1)
+        num_children = children.count or int(flat_index.max()) + 1
         slot_activations = activations[:, flat_index].view(batch, positions, 1, slots)
         # Parents receiving each child: (positions whose field holds it) x (parent types).
         counts = _children_counts(flat_index, num_children, votes.dtype)
@@ -270,10 +255,10 @@ class _EMRouting(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, votes, activations, beta_u, beta_a, temperature_scale, options: _EMOptions):
+    def forward(ctx, votes, activations, beta_u, beta_a, temperature_scale, routing, children, centre_in_place):
         # c (B, Q, J, 1, H): the first M-step's mu, the mean vote weighted by R a_i. Weighted, it sits
         # among the votes that carry data, also where inactive children vote far from the active ones.
-        slot_activations, uniform = _uniform_assignment(votes, activations, options)
+        slot_activations, uniform = _uniform_assignment(votes, activations, children)
         weighted = uniform * slot_activations
         weight_sum = weighted.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(votes.dtype).tiny)
         centre = (_sum_over_children(weighted, votes) / weight_sum).unsqueeze(-2)
@@ -281,7 +266,7 @@ class _EMRouting(torch.autograd.Function):
         # carries none, see em_routing), and the callers that allow it read the votes nowhere else):
         # here, after autograd has taken the votes' grad_fn, an in-place change of a view costs no
         # vote-sized as_strided scatter in the backward pass.
-        centred = votes.sub_(centre) if options.centre_in_place else votes - centre
+        centred = votes.sub_(centre) if centre_in_place else votes - centre
         mu, parent_activations, responsibilities = _em_iterations(
             centred,
             centred.square(),
@@ -289,11 +274,12 @@ class _EMRouting(torch.autograd.Function):
             beta_u,
             beta_a,
             temperature_scale,
-            options,
+            routing,
+            children,
             _sum_over_children,
             _dot_pose,
         )
-        ctx.options = options
+        ctx.routing, ctx.children = routing, children
         ctx.save_for_backward(centred, activations, beta_u, beta_a, temperature_scale)
         ctx.mark_non_differentiable(responsibilities)
         return mu + centre.squeeze(-2), parent_activations, responsibilities
@@ -321,7 +307,7 @@ class _EMRouting(torch.autograd.Function):
 
         with torch.enable_grad():
             mu, parent_activations, _ = _em_iterations(
-                votes, squares, *leaves, ctx.options, over_children, over_elements
+                votes, squares, *leaves, ctx.routing, ctx.children, over_children, over_elements
             )
             wanted = [leaf for leaf in leaves if leaf.requires_grad]
             grads = torch.autograd.grad(
@@ -337,7 +323,7 @@ class _EMRouting(torch.autograd.Function):
             left, right = factors["votes"]
             flat = grad_votes.view(-1, *votes.shape[-2:])
             flat.baddbmm_(torch.stack(left, -1).flatten(0, -3), torch.stack(right, -2).flatten(0, -3))
-        return grad_votes, *leaf_grads, None
+        return grad_votes, *leaf_grads, None, None, None
 
 
 def _outer_sum(left: list[torch.Tensor], right: list[torch.Tensor], shape: torch.Size) -> torch.Tensor:
