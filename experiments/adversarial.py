@@ -19,9 +19,10 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from capsexp.events import read_scalars
-from capsexp.timing import Stopwatch
+from capsexp.results.events import read_scalars
+from capsexp.results.metric_names import TEST_ACC
 from studylib import best_checkpoint, checkpoint_test_overrides, job_overrides, parse_args, run_main
+from timing import Stopwatch
 
 STUDY = "adversarial"
 
@@ -47,7 +48,7 @@ def model_of(job: Path) -> str:
 def trained_runs(folder: Path) -> dict[str, Path]:
     """{model: its training job} of the finished training runs under ``folder`` (none if absent)."""
     jobs = sorted(p.parent for p in folder.rglob(".hydra")) if folder.is_dir() else []
-    return {model_of(job): job for job in jobs if "test/acc" in read_scalars(job)}
+    return {model_of(job): job for job in jobs if TEST_ACC in read_scalars(job)}
 
 
 def accuracy_curves(folder: Path) -> dict[tuple[str, str], dict[str, list[float]]]:

@@ -22,10 +22,11 @@ import sys
 from pathlib import Path
 
 from capsexp import PROJECT_ROOT
-from capsexp.compare import find_runs
 from capsexp.errors import CapsexpError
-from capsexp.timing import Stopwatch
+from capsexp.results.compare import find_runs
+from capsexp.results.metric_names import TEST_ACC, VAL_ACC_BEST, test_accuracy
 from studylib import mean_std, parse_args, run_main, run_row, significance_text, welch_p
+from timing import Stopwatch
 
 STUDY = "affnist"
 
@@ -70,16 +71,16 @@ def runs_by_model(folder: Path) -> dict[str, list]:
 
 def results_table(by_model: dict[str, list], threshold: float, with_affnist: bool) -> str:
     """Per net: how many runs passed the threshold, and the test accuracies (mean ± std over seeds)."""
-    tests = {"test/acc": "translated test (%)", "test/acc_affine_mnist": "generated affine test (%)"}
+    tests = {TEST_ACC: "translated test (%)", test_accuracy("affine_mnist"): "generated affine test (%)"}
     if with_affnist:
-        tests["test/acc_affnist"] = "affNIST test (%)"
+        tests[test_accuracy("affnist")] = "affNIST test (%)"
     lines = [
         f"| net | runs | best val acc (%) | passed {100 * threshold:g}% | {' | '.join(tests.values())} "
         "| paper: affNIST (%) |",
         "| --- | ---: | ---: | ---: |" + " ---: |" * len(tests) + " ---: |",
     ]
     for model, runs in sorted(by_model.items()):
-        best = [run.final("val/acc_best") for run in runs]
+        best = [run.final(VAL_ACC_BEST) for run in runs]
         cells = [mean_std([run.final(tag) for run in runs], scale=100) for tag in tests]
         lines.append(
             f"| {model} | {len(runs)} | {mean_std(best, scale=100)} | {sum(b > threshold for b in best)} of "
@@ -94,9 +95,9 @@ def what_it_shows(by_model: dict[str, list], threshold: float, with_affnist: boo
     if not set(NETS) <= by_model.keys():
         return ""
     short = [
-        f"{net} (best {mean_std([run.final('val/acc_best') for run in by_model[net]], scale=100)}%)"
+        f"{net} (best {mean_std([run.final(VAL_ACC_BEST) for run in by_model[net]], scale=100)}%)"
         for net in NETS
-        if not all(run.final("val/acc_best") > threshold for run in by_model[net])
+        if not all(run.final(VAL_ACC_BEST) > threshold for run in by_model[net])
     ]
     lines = ["## What it shows", ""]
     if short:
@@ -106,9 +107,9 @@ def what_it_shows(by_model: dict[str, list], threshold: float, with_affnist: boo
         )
     else:
         lines.append(f"- Matched: every run of both nets passed {100 * threshold:g}% validation accuracy.")
-    tests = {"test/acc": "translated test digits", "test/acc_affine_mnist": "generated affine test set"}
+    tests = {TEST_ACC: "translated test digits", test_accuracy("affine_mnist"): "generated affine test set"}
     if with_affnist:
-        tests["test/acc_affnist"] = "affNIST test set"
+        tests[test_accuracy("affnist")] = "affNIST test set"
     means = {}  # test set -> (CapsNet's mean, the CNN's)
     for tag, name in tests.items():
         capsnet, cnn = ([100 * run.final(tag) for run in by_model[net]] for net in NETS)
@@ -120,7 +121,7 @@ def what_it_shows(by_model: dict[str, list], threshold: float, with_affnist: boo
         )
     kept = (
         affine / translated
-        for affine, translated in zip(means["test/acc_affine_mnist"], means["test/acc"], strict=True)
+        for affine, translated in zip(means[test_accuracy("affine_mnist")], means[TEST_ACC], strict=True)
     )
     lines.append(
         "- The generated affine accuracy as a share of the translated one (how much of what a net learnt "
@@ -158,7 +159,7 @@ def main(argv: list[str] | None = None) -> None:
     folder = (args.folder or study.new_folder()).resolve()
     with Stopwatch() as watch:
         commands = [
-            run_row(study, [f"model={net}", *common, *study.net_options(net)], seeds, folder / net, "test/acc")
+            run_row(study, [f"model={net}", *common, *study.net_options(net)], seeds, folder / net, TEST_ACC)
             for net in NETS
         ]
     affnist_text = (

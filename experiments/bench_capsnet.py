@@ -28,7 +28,7 @@ from benchlib import cli_test_accuracy, cpu_name
 from capsexp import PROJECT_ROOT
 from capsexp.lit import CapsuleLoss
 from capsexp.models import CapsNet
-from capsexp.timing import Stopwatch
+from timing import Stopwatch
 
 RESULTS = PROJECT_ROOT / "experiments" / "results" / "bench.md"
 ACCURACY_COMMAND = ["model=capsnet", "data=shifted_mnist", "trainer.max_epochs=1", "trainer.accelerator=cpu"]

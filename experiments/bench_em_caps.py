@@ -36,7 +36,7 @@ import torch
 
 from benchlib import cli_test_accuracy, cpu_name
 from capsexp import PROJECT_ROOT
-from capsexp.timing import Stopwatch
+from timing import Stopwatch
 
 RESULTS = PROJECT_ROOT / "experiments" / "results" / "bench_em.md"
 # A whole epoch of MNIST takes hours on 2 CPU cores: a fixed number of steps, then the full test set.
@@ -61,7 +61,7 @@ def net_options(recipe: str) -> dict:
     (``routing`` an EMRouting), less the data geometry."""
     from hydra.utils import instantiate
 
-    from capsexp.hydra_setup import compose
+    from capsexp.config.hydra_setup import compose
 
     net = compose([f"model={RECIPES[recipe]}"]).model.net
     arguments = instantiate(net, _partial_=True, _convert_="all").keywords
@@ -93,6 +93,10 @@ def routing_at(revision: str):
         sys.exit(f"--baseline {revision}: git cannot show {ROUTING_FILE} there: {source.stderr.strip()}")
     path = Path(tempfile.mkdtemp()) / "baseline_em_routing.py"
     path.write_text(source.stdout)
+    # Revisions from before the routing options moved into capsexp.config import them by their old name.
+    import capsexp.config.routing_options
+
+    sys.modules.setdefault("capsexp.routing_options", capsexp.config.routing_options)
     spec = importlib.util.spec_from_file_location("baseline_em_routing", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

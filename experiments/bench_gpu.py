@@ -30,8 +30,8 @@ import numpy as np
 
 from benchlib import cpu_name
 from capsexp import PROJECT_ROOT
-from capsexp.events import read_scalars
-from capsexp.timing import Stopwatch
+from capsexp.results.events import read_scalars
+from timing import Stopwatch
 
 MNIST = ["data=mnist", "data.batch_size=128"]
 RUNS = {

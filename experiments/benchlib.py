@@ -9,8 +9,9 @@ import sys
 from pathlib import Path
 
 from capsexp import PROJECT_ROOT
-from capsexp.events import last_scalar
-from capsexp.timing import Stopwatch
+from capsexp.results.events import last_scalar
+from capsexp.results.metric_names import TEST_ACC
+from timing import Stopwatch
 
 
 def cpu_name() -> str:
@@ -36,4 +37,4 @@ def cli_test_accuracy(overrides: list[str], task: str, data_dir: str | None = No
     ] + ([f"paths.data_dir={data_dir}"] if data_dir else [])
     with Stopwatch() as watch:
         subprocess.run(command, cwd=PROJECT_ROOT, check=True)
-    return {"test_acc": last_scalar(run_dir, "test/acc"), "wall_s": watch.seconds}
+    return {"test_acc": last_scalar(run_dir, TEST_ACC), "wall_s": watch.seconds}

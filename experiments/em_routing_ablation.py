@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 from capsexp.nn import EMRouting
-from capsexp.timing import Stopwatch
+from capsexp.results.metric_names import PRESENCE_GAP, VAL_ACC, VAL_ACC_BEST, presence_metric
 from em_training import routing_summary, slug, val_curve
 from studylib import (
     SIGNIFICANCE,
@@ -37,8 +37,10 @@ from studylib import (
     significance_text,
     welch_p,
 )
+from timing import Stopwatch
 
 STUDY = "em_routing_ablation"
+TARGET, LARGEST_OTHER = presence_metric("target"), presence_metric("largest_other")
 SEEDS = (1, 2, 3)
 DEFAULT_ROW = "2 iterations"
 # name: overrides (each row runs with every seed)
@@ -87,9 +89,7 @@ def results_table(study_folder: Path) -> tuple[str, dict[str, list]]:
     """One line per row: final and best validation accuracy and the presence gap, mean ± std over
     seeds; Welch's p-value of the final accuracy against the default row."""
     runs = {name: row_runs(study_folder / slug(name)) for name in ROWS}
-    final = {
-        name: [r.final("val/acc") for r in found if r.final("val/acc") is not None] for name, found in runs.items()
-    }
+    final = {name: [r.final(VAL_ACC) for r in found if r.final(VAL_ACC) is not None] for name, found in runs.items()}
     reference = final.get(DEFAULT_ROW, [])
     lines = [
         "| row | runs | val acc, final (%) | val acc, best (%) | p vs 2 iterations | presence gap "
@@ -100,12 +100,10 @@ def results_table(study_folder: Path) -> tuple[str, dict[str, list]]:
     for name, found in runs.items():
         if not found:
             continue
-        best = [r.final("val/acc_best") for r in found if r.final("val/acc_best") is not None]
-        gaps = [r.final("val/presence_gap") for r in found if r.final("val/presence_gap") is not None]
-        targets = [r.final("val/presence_target") for r in found if r.final("val/presence_target") is not None]
-        others = [
-            r.final("val/presence_largest_other") for r in found if r.final("val/presence_largest_other") is not None
-        ]
+        best = [r.final(VAL_ACC_BEST) for r in found if r.final(VAL_ACC_BEST) is not None]
+        gaps = [r.final(PRESENCE_GAP) for r in found if r.final(PRESENCE_GAP) is not None]
+        targets = [r.final(TARGET) for r in found if r.final(TARGET) is not None]
+        others = [r.final(LARGEST_OTHER) for r in found if r.final(LARGEST_OTHER) is not None]
         p_text = p_value_text(welch_p(final[name], reference) if name != DEFAULT_ROW else None)
         entropy, _, across_inputs = routing_summary(found[0])
         lines.append(
@@ -119,9 +117,7 @@ def results_table(study_folder: Path) -> tuple[str, dict[str, list]]:
 def findings(runs: dict[str, list]) -> str:
     """What the table shows and does not, worded from its own figures: each row against the default,
     and whether the default's number of iterations still follows the table."""
-    final = {
-        name: [r.final("val/acc") for r in found if r.final("val/acc") is not None] for name, found in runs.items()
-    }
+    final = {name: [r.final(VAL_ACC) for r in found if r.final(VAL_ACC) is not None] for name, found in runs.items()}
     reference = final.get(DEFAULT_ROW, [])
     if len(reference) < len(SEEDS):
         return ""
@@ -169,7 +165,7 @@ def gap_table(runs: dict[str, list]) -> str:
         margins: dict[int, float] = {}
         for run in found:
             margin_curve = run.scalars.get("train/margin", [])
-            for step, gap in run.scalars.get("val/presence_gap", []):
+            for step, gap in run.scalars.get(PRESENCE_GAP, []):
                 gaps.setdefault(step + 1, []).append(gap)
                 earlier = [value for logged, value in margin_curve if logged <= step]
                 if earlier:

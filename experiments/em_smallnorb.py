@@ -23,9 +23,10 @@ from pathlib import Path
 
 from capsexp import PROJECT_ROOT
 from capsexp.errors import CapsexpError
-from capsexp.events import last_scalar
-from capsexp.timing import Stopwatch
+from capsexp.results.events import last_scalar
+from capsexp.results.metric_names import TEST_ACC, VAL_ACC_BEST
 from studylib import checkpoint_test_overrides, job_folders, job_overrides, parse_args, run_main
+from timing import Stopwatch
 
 STUDY = "em_smallnorb"
 
@@ -83,7 +84,7 @@ def novel_viewpoint_table(jobs: list[Path], novel_accuracy: dict[Path, float], t
         overrides = overrides_of(job)
         viewpoint, is_cnn = overrides["data.viewpoint"], overrides["model"] == CNN
         threshold = thresholds[viewpoint]
-        best = last_scalar(job, "val/acc_best")
+        best = last_scalar(job, VAL_ACC_BEST)
         matched = (
             "(the CNN)" if is_cnn else ("yes" if best >= threshold - MATCH_TOLERANCE else "no: budget ended first")
         )
@@ -124,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         commands.append(command)
         jobs = job_folders(cnn_folder)
-        thresholds = {overrides_of(job)["data.viewpoint"]: last_scalar(job, "val/acc_best") for job in jobs}
+        thresholds = {overrides_of(job)["data.viewpoint"]: last_scalar(job, VAL_ACC_BEST) for job in jobs}
         for viewpoint, threshold in thresholds.items():
             capsule_folder, command = study.multirun(
                 [
@@ -154,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
                     ],
                 )
             )
-            novel_accuracy[job] = last_scalar(novel_dir, "test/acc")
+            novel_accuracy[job] = last_scalar(novel_dir, TEST_ACC)
     notes = f"""
 smallNORB: 5 categories, stereo pairs downsampled to 48x48, random 32x32 crops with brightness and
 contrast jitter in training, centre crops in testing. Model `{model}`; training budget

@@ -18,11 +18,12 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from capsexp.timing import Stopwatch
+from capsexp.results.metric_names import PRESENCE_GAP, VAL_ACC, VAL_ACC_BEST, presence_metric
 from studylib import SIGNIFICANCE, display_path, mean_std, p_value_text, parse_args, run_main, run_seconds, welch_p
+from timing import Stopwatch
 
 if TYPE_CHECKING:
-    from capsexp.compare import Run
+    from capsexp.results.compare import Run
 
 STUDY = "em_training"
 
@@ -150,7 +151,7 @@ CURVE_STEPS = (200, 400, 600)
 
 def val_curve(run: Run) -> list[tuple[int, float]]:
     """(training steps done, val/acc): Lightning logs a validation after step N at step N - 1."""
-    return [(step + 1, value) for step, value in run.scalars.get("val/acc", [])]
+    return [(step + 1, value) for step, value in run.scalars.get(VAL_ACC, [])]
 
 
 def routing_summary(run: Run) -> tuple[str, str, str]:
@@ -173,7 +174,7 @@ def routing_summary(run: Run) -> tuple[str, str, str]:
 def presence_summary(run: Run) -> str:
     """At the last validation: medians over the validation digits of the target class's score minus
     the largest other's, of the target's score and of the largest other's."""
-    values = [run.scalars.get(f"val/presence_{key}") for key in ("gap", "target", "largest_other")]
+    values = [run.scalars.get(presence_metric(key)) for key in ("gap", "target", "largest_other")]
     if not all(values):
         return ""
     gap, target, other = (series[-1][1] for series in values)
@@ -182,7 +183,7 @@ def presence_summary(run: Run) -> str:
 
 def curve_table(folder: Path, names: list[str], descriptions: dict[str, str]) -> tuple[str, dict]:
     """Markdown table of validation accuracy at fixed steps, one row per recipe (its first seed's run)."""
-    from capsexp.compare import find_runs
+    from capsexp.results.compare import find_runs
 
     header = " | ".join(f"step {s}" for s in CURVE_STEPS)
     lines = [
@@ -215,7 +216,7 @@ def curve_table(folder: Path, names: list[str], descriptions: dict[str, str]) ->
 def seeds_table(folder: Path, names: list[str], reference: str) -> str:
     """One line per recipe, over all its runs (seeds): final and best validation accuracy and the
     presence gap, mean ± std, with Welch's p-value against the ``reference`` recipe."""
-    from capsexp.compare import find_runs
+    from capsexp.results.compare import find_runs
 
     runs = {name: find_runs(folder / slug(name)) for name in names if (folder / slug(name)).is_dir()}
 
@@ -233,11 +234,11 @@ def seeds_table(folder: Path, names: list[str], reference: str) -> str:
 
     for name in runs:
         cells = [
-            mean_std(finals(name, "val/acc"), 100),
-            mean_std(finals(name, "val/acc_best"), 100),
-            p_text(name, "val/acc"),
-            mean_std(finals(name, "val/presence_gap")),
-            p_text(name, "val/presence_gap"),
+            mean_std(finals(name, VAL_ACC), 100),
+            mean_std(finals(name, VAL_ACC_BEST), 100),
+            p_text(name, VAL_ACC),
+            mean_std(finals(name, PRESENCE_GAP)),
+            p_text(name, PRESENCE_GAP),
         ]
         lines.append(f"| {name} | {len(runs[name])} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
@@ -278,7 +279,7 @@ def plot_curves(curves: dict[str, list[tuple[int, float]]], path: Path) -> None:
 def rebuilt_wall_time(folder: Path) -> float:
     """The runs' summed durations (from their event times, which survive copying): the training time
     of an earlier execution, without the start-up of each run."""
-    from capsexp.compare import find_runs
+    from capsexp.results.compare import find_runs
 
     return sum(seconds for run in find_runs(folder) if (seconds := run_seconds(run)) is not None)
 

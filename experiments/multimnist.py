@@ -22,8 +22,8 @@ import csv
 import sys
 from pathlib import Path
 
-from capsexp.events import load_events
-from capsexp.timing import Stopwatch
+from capsexp.results.events import load_events
+from capsexp.results.metric_names import TEST_ACC
 from studylib import (
     job_overrides,
     parse_args,
@@ -34,6 +34,7 @@ from studylib import (
     test_error_cell,
     welch_p,
 )
+from timing import Stopwatch
 
 STUDY = "multimnist"
 
@@ -90,7 +91,7 @@ COMPARISONS = [
 
 def what_it_shows(study_folder: Path) -> str:
     """Each comparison of :data:`COMPARISONS`: test errors, difference, Welch's p over the seeds."""
-    errors = {row: [100 * (1 - run.final("test/acc")) for run in row_runs(study_folder / row)] for row in ROWS}
+    errors = {row: [100 * (1 - run.final(TEST_ACC)) for run in row_runs(study_folder / row)] for row in ROWS}
     lines = ["## What it shows", ""]
     for row, other in COMPARISONS:
         if not (errors[row] and errors[other]):
@@ -141,7 +142,7 @@ def main(argv: list[str] | None = None) -> None:
     with Stopwatch() as watch:
         for name, options in ROWS.items():
             sweep = [*options, "data=multi_mnist", *budget, *study.net_options(options[0].removeprefix("model="))]
-            command = run_row(study, sweep, SEEDS, study_folder / name, "test/acc")
+            command = run_row(study, sweep, SEEDS, study_folder / name, TEST_ACC)
             commands.append(command)
     figure_run = next(
         job for job in sorted((study_folder / "capsnet_3").iterdir()) if "seed=1" in set(job_overrides(job))

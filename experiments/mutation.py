@@ -27,7 +27,7 @@ import yaml
 
 from benchlib import cpu_name
 from capsexp import PROJECT_ROOT
-from capsexp.timing import Stopwatch
+from timing import Stopwatch
 
 RESULTS = PROJECT_ROOT / "experiments" / "results" / "mutation.md"
 EQUIVALENTS = PROJECT_ROOT / "experiments" / "mutation_equivalents.yaml"

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import sys
 
-from capsexp.timing import Stopwatch
 from studylib import parse_args, run_main
+from timing import Stopwatch
 
 STUDY = "rotation_robustness"
 ANGLES = list(range(0, 91, 15))

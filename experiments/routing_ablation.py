@@ -14,8 +14,8 @@ import csv
 import sys
 from pathlib import Path
 
-from capsexp.timing import Stopwatch
 from studylib import parse_args, run_main, test_error_cell
+from timing import Stopwatch
 
 STUDY = "routing_ablation"
 

@@ -21,10 +21,11 @@ from pathlib import Path
 
 import torch
 
-from capsexp.events import read_scalars
-from capsexp.hydra_setup import register
+from capsexp.config.hydra_setup import register
 from capsexp.nn import RoutingCapsules
 from capsexp.nn.functional import RoutingTrace, dynamic_routing_trace
+from capsexp.results.events import read_scalars
+from capsexp.results.metric_names import VAL_ACC_BEST
 from capsexp.run.build import instantiate
 from capsexp.run.checkpoints import model_of_run
 from studylib import RESULTS, best_checkpoint, display_path, job_overrides, machine, run_main
@@ -66,7 +67,7 @@ def votes_of(run: Path, images: int) -> dict[str, torch.Tensor]:
 def label(run: Path) -> str:
     """A run by what it was asked to do: its overrides, less where things went."""
     where = ("task_name=", "callbacks.progress_bar=", "hydra.")
-    best = read_scalars(run).get("val/acc_best")
+    best = read_scalars(run).get(VAL_ACC_BEST)
     accuracy = f" (validation accuracy {100 * best[-1].value:.2f}%)" if best else ""
     return " ".join(o for o in job_overrides(run) if not o.startswith(where)) + accuracy
 

@@ -16,7 +16,8 @@ from pathlib import Path
 
 from benchlib import cpu_name
 from capsexp import PROJECT_ROOT
-from capsexp.compare import compare
+from capsexp.results.compare import compare
+from capsexp.results.metric_names import VAL_ACC
 
 RESULTS = PROJECT_ROOT / "experiments" / "results"
 
@@ -177,12 +178,12 @@ def checkpoint_test_overrides(job: Path, *changed: str) -> list[str]:
 
 def row_runs(folder: Path) -> list:
     """The runs under a study row's folder (none when it does not exist)."""
-    from capsexp.compare import find_runs
+    from capsexp.results.compare import find_runs
 
     return find_runs(folder) if folder.is_dir() else []
 
 
-def missing_seeds(folder: Path, seeds: Sequence[int], finished: str = "val/acc") -> list[int]:
+def missing_seeds(folder: Path, seeds: Sequence[int], finished: str = VAL_ACC) -> list[int]:
     """The seeds of ``seeds`` without a finished run (one that logged ``finished``) under ``folder``."""
     done = set()
     for run in row_runs(folder):
@@ -191,9 +192,7 @@ def missing_seeds(folder: Path, seeds: Sequence[int], finished: str = "val/acc")
     return [seed for seed in seeds if seed not in done]
 
 
-def run_row(
-    study: Study, sweep: list[str], seeds: Sequence[int], folder: Path, finished: str = "val/acc"
-) -> str | None:
+def run_row(study: Study, sweep: list[str], seeds: Sequence[int], folder: Path, finished: str = VAL_ACC) -> str | None:
     """One row of a study: ``sweep`` (without a seed) for every seed, into ``folder``; seeds with a
     finished run there from an earlier sitting are not run again, the others go into the job folder the
     whole sweep would give them. Returns the row's command (the whole sweep), or None if nothing is there."""
@@ -275,7 +274,7 @@ def machine() -> str:
 def run_seconds(run) -> float | None:
     """A run's duration, first to last scalar event (survives copying the event files); None when
     its events carry no times of their own (all within a second: a file rewritten after the run)."""
-    from capsexp.events import load_events
+    from capsexp.results.events import load_events
 
     events = load_events(run.path)
     times = [event.wall_time for tag in events.Tags()["scalars"] for event in events.Scalars(tag)]

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from capsexp import hydra_setup
+from capsexp.config import hydra_setup
 from tests.helpers import real_data_dir, write_mnist, write_norb
 
 # Tests compose configs and resolve saved ones (${project_root:}) outside the command line.

@@ -17,10 +17,10 @@ from omegaconf import DictConfig, open_dict
 from tensorboard.plugins.hparams import plugin_data_pb2
 
 from capsexp import PROJECT_ROOT
+from capsexp.config.hydra_setup import compose
 from capsexp.data.norb_format import write_matrix
 from capsexp.data.smallnorb import PREFIX
-from capsexp.events import Scalar, load_events, read_scalars
-from capsexp.hydra_setup import compose
+from capsexp.results.events import Scalar, load_events, read_scalars
 
 MNIST_FILES = {
     "train-images-idx3-ubyte": ("images", True),
@@ -91,12 +91,16 @@ def run_cli(*overrides: str, timeout: int = 300, env: dict | None = None) -> sub
 
 
 def run_cli_in_process(*overrides: str) -> subprocess.CompletedProcess:
-    """``python -m capsexp`` run in this process: what it prints and its exit status, as :func:`run_cli`
-    gives them, without the seconds a new process spends importing torch and Lightning. For commands
-    that end in an error before training; Hydra's global state and the root logger are restored."""
+    """``python -m capsexp`` run in this process, training included: what it prints and its exit status,
+    as :func:`run_cli` gives them, without the seconds a new process spends importing torch and
+    Lightning. What a run changes in its process is put back afterwards: Hydra's global state, the root
+    logger, the environment (the seed Lightning exports), signal handlers, torch's thread count and
+    float32 matmul precision. :func:`run_cli` remains for what needs a process of its own: DDP, signals
+    sent to a run, launchers."""
     import contextlib
     import io
     import logging
+    import signal
 
     from hydra.core.global_hydra import GlobalHydra
 
@@ -104,7 +108,10 @@ def run_cli_in_process(*overrides: str) -> subprocess.CompletedProcess:
 
     stdout, stderr = io.StringIO(), io.StringIO()
     root = logging.getLogger()
-    handlers, level, argv = list(root.handlers), root.level, sys.argv
+    handlers, level, argv, environment = list(root.handlers), root.level, sys.argv, dict(os.environ)
+    signals = [signal.SIGINT, signal.SIGTERM, signal.SIGUSR1]
+    signal_handlers = {signum: signal.getsignal(signum) for signum in signals}
+    threads, precision = torch.get_num_threads(), torch.get_float32_matmul_precision()
     sys.argv = ["capsexp", *overrides]
     returncode = 0
     try:
@@ -115,8 +122,17 @@ def run_cli_in_process(*overrides: str) -> subprocess.CompletedProcess:
     finally:
         sys.argv = argv
         GlobalHydra.instance().clear()
+        for handler in root.handlers:
+            if handler not in handlers:
+                handler.close()  # the run's log file
         root.handlers[:] = handlers
         root.setLevel(level)
+        os.environ.clear()
+        os.environ.update(environment)
+        for signum, handler in signal_handlers.items():
+            signal.signal(signum, handler)
+        torch.set_num_threads(threads)
+        torch.set_float32_matmul_precision(precision)
     return subprocess.CompletedProcess(["capsexp", *overrides], returncode, stdout.getvalue(), stderr.getvalue())
 
 

@@ -11,9 +11,9 @@ from hydra.utils import instantiate
 
 from capsexp.attacks import AdversarialEvaluation, PixelClassifier
 from capsexp.errors import CheckpointError, ConfigError
-from capsexp.events import load_events
+from capsexp.results.events import load_events
 from capsexp.run.attack import source_classifier
-from tests.helpers import TINY_EM_CAPS, TINY_RUN, compose_config, run_cli, scalars
+from tests.helpers import TINY_EM_CAPS, TINY_RUN, compose_config, run_cli_in_process, scalars
 
 EPS = "attack.eps=[0,0.1,0.3]"
 
@@ -25,13 +25,13 @@ def attacked_run(tmp_path_factory) -> Path:
 
     root = tmp_path_factory.mktemp("attack")
     data_dir = write_mnist(root / "data")
-    result = run_cli(
+    result = run_cli_in_process(
         *TINY_RUN,
         f"paths.data_dir={data_dir}",
         "trainer.max_epochs=3",
         "attack=bim",
         EPS,
-        env={"CAPSEXP_LOG_DIR": str(root / "logs")},
+        f"paths.log_dir={root / 'logs'}",
     )
     assert result.returncode == 0, result.stderr[-3000:]
     (run_dir,) = (root / "logs" / "train" / "runs").iterdir()

@@ -5,14 +5,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from capsexp.events import load_events
-from tests.helpers import TINY_RUN, hparams_summary, run_cli, run_cli_in_process, scalars
+from capsexp.results.events import load_events
+from tests.helpers import TINY_RUN, hparams_summary, run_cli_in_process, scalars
 
 
 def test_train_test_and_resume(mnist_dir, tmp_path):
     first, second = tmp_path / "first", tmp_path / "second"
     # 240 training images / batch 20 = 12 steps per epoch.
-    result = run_cli(*TINY_RUN, f"paths.data_dir={mnist_dir}", "trainer.max_epochs=2", f"hydra.run.dir={first}")
+    result = run_cli_in_process(
+        *TINY_RUN, f"paths.data_dir={mnist_dir}", "trainer.max_epochs=2", f"hydra.run.dir={first}"
+    )
     assert result.returncode == 0, result.stderr[-3000:]
 
     assert (first / ".hydra" / "config.yaml").exists() and (first / ".hydra" / "overrides.yaml").exists()
@@ -34,7 +36,7 @@ def test_train_test_and_resume(mnist_dir, tmp_path):
 
     last = first / "checkpoints" / "last.ckpt"
     assert torch.load(last, weights_only=True)["global_step"] == 24
-    result = run_cli(
+    result = run_cli_in_process(
         *TINY_RUN, f"paths.data_dir={mnist_dir}", "trainer.max_epochs=3", f"ckpt_path={last}", f"hydra.run.dir={second}"
     )
     assert result.returncode == 0, result.stderr[-3000:]
@@ -44,14 +46,16 @@ def test_train_test_and_resume(mnist_dir, tmp_path):
 
 
 def test_debug_fast_runs_one_batch_of_each_loop(mnist_dir, tmp_path):
-    result = run_cli(*TINY_RUN, f"paths.data_dir={mnist_dir}", "debug=fast", f"hydra.run.dir={tmp_path / 'run'}")
+    result = run_cli_in_process(
+        *TINY_RUN, f"paths.data_dir={mnist_dir}", "debug=fast", f"hydra.run.dir={tmp_path / 'run'}"
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "testing the current weights" in result.stderr + result.stdout
 
 
 def test_the_baseline_cnn_trains_from_the_command_line_and_stops_at_the_threshold(mnist_dir, tmp_path):
     widths = ["model.net.conv_layers=[4,4]", "model.net.hidden_sizes=[16]"]  # the paper's is 35.4M parameters
-    result = run_cli(
+    result = run_cli_in_process(
         *TINY_RUN,
         "model=baseline_cnn",
         *widths,
@@ -75,7 +79,7 @@ def test_the_baseline_cnn_trains_from_the_command_line_and_stops_at_the_threshol
 @pytest.mark.slow  # one real MNIST epoch (about 30 s): make test-all
 def test_lenet5_reaches_97_5_percent_on_real_mnist_in_one_epoch(real_mnist_dir, tmp_path):
     """The README's first command; about 20 s on 2 CPU cores."""
-    result = run_cli(
+    result = run_cli_in_process(
         "model=lenet5",
         "data=mnist",
         "trainer.max_epochs=1",
@@ -90,7 +94,7 @@ def test_lenet5_reaches_97_5_percent_on_real_mnist_in_one_epoch(real_mnist_dir, 
 
 
 def test_capsnet_on_rotated_mnist_logs_each_angle_and_the_figures(mnist_dir, tmp_path):
-    result = run_cli(
+    result = run_cli_in_process(
         *TINY_RUN,
         f"paths.data_dir={mnist_dir}",
         "model=capsnet",

@@ -10,8 +10,9 @@ import pytest
 import yaml
 from torch.utils.tensorboard import SummaryWriter
 
-from capsexp.compare import compare, main
+from capsexp.compare import main
 from capsexp.errors import NoRunsError
+from capsexp.results.compare import compare
 
 RUNS = {  # run folder: (overrides, val/acc curve, test/acc, rotations)
     "0": (["model=lenet5", "seed=1", "data=rotated_mnist"], [0.90, 0.95], 0.96, {0: 0.96, 45: 0.70}),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import re
 import subprocess
 import sys
 
@@ -12,12 +13,12 @@ from hydra.utils import get_object, instantiate
 from omegaconf import OmegaConf
 
 from capsexp import CONFIG_DIR
-from capsexp.hydra_setup import NETS, ROUTINGS
+from capsexp.config.hydra_setup import NETS, ROUTINGS
 from capsexp.lit import Classifier, class_scores
-from tests.helpers import TINY_EM_CAPS, compose_config, run_cli
+from tests.helpers import TINY_EM_CAPS, compose_config, run_cli_in_process
 
 # Every config group, nested ones too ("model/optimizer"), and its options: files under conf/, and the
-# nodes capsexp.hydra_setup generates from the code (the routing options, the nets).
+# nodes capsexp.config.hydra_setup generates from the code (the routing options, the nets).
 STORED = {"model/routing": sorted(ROUTINGS), "model/net": sorted(target.rpartition(".")[2] for target in NETS)}
 GROUPS = sorted({str(p.relative_to(CONFIG_DIR)) for p in CONFIG_DIR.rglob("*") if p.is_dir()} | set(STORED))
 OPTIONS = [
@@ -86,14 +87,14 @@ def test_every_model_data_pair_instantiates_and_runs_forward(model, data, tmp_pa
 
 
 def test_unknown_option_lists_the_available_ones():
-    result = run_cli("model=nope")
+    result = run_cli_in_process("model=nope")
     assert result.returncode == 2
     assert "error: model=nope: no such option" in result.stderr
     assert "model is one of: baseline_cnn, capsnet, em_caps," in result.stderr and "lenet5" in result.stderr
 
 
 def test_cfg_job_prints_the_composed_config_without_training():
-    result = run_cli("--cfg", "job", "model/optimizer=sgd", "trainer.max_epochs=3")
+    result = run_cli_in_process("--cfg", "job", "model/optimizer=sgd", "trainer.max_epochs=3")
     assert result.returncode == 0, result.stderr
     assert "torch.optim.SGD" in result.stdout and "max_epochs: 3" in result.stdout
 
@@ -179,3 +180,20 @@ def test_the_em_options_the_config_builds_reach_em_routing_as_that_object(monkey
     monkeypatch.setattr(capsexp.nn.em_caps, "em_routing", spy)
     net(torch.rand(2, 1, 28, 28))
     assert len(received) == 3 and all(routing is built for routing in received)
+
+
+def test_the_yaml_names_each_metric_as_the_code_declares_it():
+    """Every ``monitor:`` and ``optimized_metric:`` of conf/ is one of the names in
+    capsexp.results.metric_names, spelled as there; the default config's are val/acc and val/acc_best."""
+    from capsexp.results import metric_names
+
+    declared = {value for name, value in vars(metric_names).items() if name.isupper() and isinstance(value, str)}
+    named = [
+        (path.name, match)
+        for path in CONFIG_DIR.rglob("*.yaml")
+        for match in re.findall(r"^\s*(?:monitor|optimized_metric):\s*([^\s#]+)", path.read_text(), re.M)
+    ]
+    assert len(named) >= 4 and all(value in declared for _, value in named), named
+    cfg = compose_config(["callbacks=[default,stop_at_accuracy]"])
+    assert cfg.callbacks.model_checkpoint.monitor == cfg.callbacks.stop_at_accuracy.monitor == metric_names.VAL_ACC
+    assert cfg.optimized_metric == metric_names.VAL_ACC_BEST

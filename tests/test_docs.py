@@ -9,7 +9,7 @@ import shlex
 import pytest
 
 from capsexp import PROJECT_ROOT
-from capsexp.run.config_check import config_problems
+from capsexp.config.config_check import config_problems
 from tests.helpers import compose_config
 
 PAGES = [PROJECT_ROOT / "README.md", *sorted((PROJECT_ROOT / "docs").glob("*.md"))]

@@ -13,7 +13,6 @@ import pytest
 import torch
 
 from capsexp.data import MNISTDataModule
-from capsexp.events import load_events
 from capsexp.lit import Classifier, SpreadLoss
 from capsexp.lit.margin import LinearMargin, SigmoidMargin
 from capsexp.models import LeNet5, MatrixCapsNet
@@ -25,8 +24,9 @@ from capsexp.nn.functional import (
     responsibility_entropy,
     spread_loss,
 )
+from capsexp.results.events import load_events
 from tests.em_reference import fast_em_routing, plain_em_routing, plain_options
-from tests.helpers import TINY_EM_CAPS, TINY_RUN, run_cli
+from tests.helpers import TINY_EM_CAPS, TINY_RUN, run_cli_in_process
 
 
 def routed(votes, activations, parents, **kwargs):
@@ -420,7 +420,7 @@ def test_margin_continues_exactly_after_a_resume(mnist_dir, tmp_path):
 
 
 def test_em_caps_trains_through_the_cli(mnist_dir, tmp_path):
-    result = run_cli(
+    result = run_cli_in_process(
         *TINY_RUN,
         f"paths.data_dir={mnist_dir}",
         "model=em_caps",
@@ -584,7 +584,7 @@ def test_net_options_batchnorm_and_weight_scale():
 
 
 def test_routing_diagnostics_are_logged_for_em_layers_only(mnist_dir, tmp_path):
-    result = run_cli(
+    result = run_cli_in_process(
         *TINY_RUN,
         f"paths.data_dir={mnist_dir}",
         "model=em_caps_small",

@@ -15,6 +15,7 @@ from pydantic import PositiveInt
 from capsexp import CONFIG_DIR
 from capsexp.__main__ import check_group_overrides
 from capsexp.callbacks.progress_log import ProgressLog
+from capsexp.config.config_check import config_problems
 from capsexp.data import SmallNORBDataModule
 from capsexp.errors import CheckpointError, ConfigError, InputShapeError
 from capsexp.lit import Classifier, CrossEntropy
@@ -23,8 +24,7 @@ from capsexp.lit.schedulers import exponential_decay
 from capsexp.models import BaselineCNN, CapsNet, LeNet5, MatrixCapsNet
 from capsexp.nn import DynamicRouting, EMRouting
 from capsexp.run.checkpoints import _LINE_LIMIT, check_checkpoint
-from capsexp.run.config_check import config_problems
-from tests.helpers import TINY_RUN, compose_config, run_cli, run_cli_in_process
+from tests.helpers import TINY_RUN, compose_config, run_cli_in_process
 
 
 def _options(group: str) -> list[str]:
@@ -309,13 +309,13 @@ def test_bad_command_lines_get_a_short_error(name, tmp_path):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without a GPU")
 def test_a_gpu_asked_for_on_a_machine_without_one_is_a_usage_error(tmp_path):
-    result = run_cli("trainer.accelerator=gpu", f"hydra.run.dir={tmp_path}")
+    result = run_cli_in_process("trainer.accelerator=gpu", f"hydra.run.dir={tmp_path}")
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert "trainer.accelerator=gpu" in result.stderr
 
 
 def test_a_run_without_validation_exits_0_warns_and_logs_progress_when_piped(mnist_dir, tmp_path):
-    result = run_cli(
+    result = run_cli_in_process(
         *TINY_RUN,
         f"paths.data_dir={mnist_dir}",
         "trainer.max_steps=5",
@@ -332,7 +332,7 @@ def test_a_run_without_validation_exits_0_warns_and_logs_progress_when_piped(mni
 
 
 def test_an_optuna_job_that_never_validated_fails_and_says_how_to_validate(mnist_dir, tmp_path):
-    result = run_cli(
+    result = run_cli_in_process(
         *TINY_RUN,
         f"paths.data_dir={mnist_dir}",
         "hparams_search=em_caps_optuna",
@@ -350,7 +350,7 @@ def test_an_optuna_job_that_never_validated_fails_and_says_how_to_validate(mnist
 
 
 def test_a_misnamed_metric_is_an_error_for_a_sweeper_only(mnist_dir, tmp_path):
-    result = run_cli(
+    result = run_cli_in_process(
         *TINY_RUN, f"paths.data_dir={mnist_dir}", "debug=fast", "optimized_metric=val/nope", f"hydra.run.dir={tmp_path}"
     )
     assert result.returncode == 0

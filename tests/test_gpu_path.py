@@ -11,7 +11,7 @@ from capsexp.data import MNISTDataModule
 from capsexp.data.device_loader import DeviceBatchLoader
 from capsexp.models import CapsNet, LeNet5, MatrixCapsNet
 from capsexp.nn import EMRouting
-from tests.helpers import TINY_RUN, FakeTrainer, run_cli, scalars
+from tests.helpers import TINY_RUN, FakeTrainer, run_cli_in_process, scalars
 
 
 def test_device_loader_yields_the_samplers_order_in_batches():
@@ -63,7 +63,7 @@ def test_device_batches_are_sharded_like_the_dataloader_path(mnist_dir):
 
 
 def test_a_run_with_data_on_the_device_learns(mnist_dir, tmp_path):
-    result = run_cli(
+    result = run_cli_in_process(
         *TINY_RUN,
         f"paths.data_dir={mnist_dir}",
         "data.on_device=true",
@@ -79,7 +79,7 @@ def test_a_run_with_data_on_the_device_learns(mnist_dir, tmp_path):
 @pytest.mark.gpu
 def test_a_gpu_run_with_its_defaults_learns_in_bf16(mnist_dir, tmp_path):
     """On a GPU, data.on_device=auto holds the data there; bf16-mixed; peak GPU memory is logged."""
-    result = run_cli(
+    result = run_cli_in_process(
         *[o for o in TINY_RUN if not o.startswith("trainer.accelerator=")],
         f"paths.data_dir={mnist_dir}",
         "trainer.accelerator=gpu",
@@ -111,7 +111,7 @@ def test_a_gpu_run_with_its_defaults_learns_in_bf16(mnist_dir, tmp_path):
     ],
 )
 def test_every_model_trains_under_bf16_mixed_without_nan(mnist_dir, tmp_path, model, extra):
-    result = run_cli(
+    result = run_cli_in_process(
         *TINY_RUN,
         f"paths.data_dir={mnist_dir}",
         f"model={model}",

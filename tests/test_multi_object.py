@@ -15,12 +15,12 @@ from PIL import Image
 from capsexp.callbacks.image_logging import overlaid
 from capsexp.data import MultiMNISTDataModule
 from capsexp.errors import ConfigError
-from capsexp.events import load_events
 from capsexp.lit import CapsuleLoss, Classifier, CrossEntropy, SpreadLoss
 from capsexp.lit.classifier import target_and_largest_other
 from capsexp.models import CapsNet
 from capsexp.nn.functional import margin_loss
-from tests.helpers import TINY_RUN, run_cli, scalars
+from capsexp.results.events import load_events
+from tests.helpers import TINY_RUN, run_cli_in_process, scalars
 
 
 class FixedScores(torch.nn.Module):
@@ -106,7 +106,7 @@ def test_objects_are_overlaid_in_colours():
 
 
 def test_capsnet_trains_on_multi_mnist_from_the_command_line(mnist_dir, tmp_path):
-    result = run_cli(
+    result = run_cli_in_process(
         *TINY_RUN,
         "model=capsnet",
         "data=multi_mnist",

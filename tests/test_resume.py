@@ -22,7 +22,7 @@ from capsexp.lit import Classifier, CrossEntropy
 from capsexp.lit.schedulers import cosine_decay
 from capsexp.models import LeNet5
 from capsexp.run.resume import expand_run_folder
-from tests.helpers import PROJECT_ROOT, TINY_EM_CAPS, TINY_RUN, run_cli, scalars
+from tests.helpers import PROJECT_ROOT, TINY_EM_CAPS, TINY_RUN, run_cli_in_process, scalars
 
 
 def test_a_run_folder_expands_to_its_overrides_then_the_new_ones_its_state_and_its_folder(tmp_path):
@@ -66,7 +66,7 @@ def interrupt_resume_and_compare(common: list[str], folder: Path, signum: signal
     from its folder; assert the two end with the same weights and validation accuracies. Returns
     the step the signal stopped the second run at."""
     whole = folder / "whole"
-    result = run_cli(*common, f"hydra.run.dir={whole}")
+    result = run_cli_in_process(*common, f"hydra.run.dir={whole}")
     assert result.returncode == 0, result.stderr[-2000:]
     stopped = folder / "stopped"
     command = [sys.executable, "-m", "capsexp", *common, "callbacks.progress_log.interval_s=0.1"]
@@ -82,7 +82,7 @@ def interrupt_resume_and_compare(common: list[str], folder: Path, signum: signal
     assert 0 < stopped_at < max_step
     resume = shlex.split(stderr.strip().splitlines()[-1].split("resume with: ")[1])
     assert resume == ["python", "-m", "capsexp", f"ckpt_path={stopped}"]  # the line the run printed
-    resumed = run_cli(*resume[3:])
+    resumed = run_cli_in_process(*resume[3:])
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     overrides = yaml.safe_load((stopped / ".hydra" / "overrides.yaml").read_text())
     assert overrides == [*command[3:-1], f"ckpt_path={stopped / 'checkpoints' / 'last.ckpt'}"]  # in its folder

@@ -15,7 +15,16 @@ from capsexp.data import SmallNORBDataModule
 from capsexp.data.norb_format import SMALLNORB_FILES, write_matrix
 from capsexp.data.smallnorb import PREFIX
 from capsexp.errors import CorruptDatasetError, DatasetNotFoundError
-from tests.helpers import NORB_COUNT, TINY_EM_CAPS, TINY_RUN, FakeTrainer, norb_arrays, run_cli, scalars, write_norb
+from tests.helpers import (
+    NORB_COUNT,
+    TINY_EM_CAPS,
+    TINY_RUN,
+    FakeTrainer,
+    norb_arrays,
+    run_cli_in_process,
+    scalars,
+    write_norb,
+)
 
 COUNT = NORB_COUNT
 
@@ -225,7 +234,7 @@ def test_interrupted_download_is_not_left_behind(served, tmp_path):
     ],
 )
 def test_each_model_trains_on_smallnorb_through_the_cli(norb_dir, tmp_path, model, extra):
-    result = run_cli(
+    result = run_cli_in_process(
         *TINY_RUN,
         f"paths.data_dir={norb_dir}",
         "data=smallnorb",

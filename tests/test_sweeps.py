@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from tests.helpers import TINY_RUN, run_cli, scalars
+from tests.helpers import TINY_RUN, run_cli, run_cli_in_process, scalars
 
 
 @pytest.mark.parametrize("launcher", ["joblib", "submitit_local"])
@@ -30,7 +30,7 @@ def test_launchers_run_each_job_in_its_own_folder(mnist_dir, tmp_path, launcher)
 
 
 def test_optuna_sweep_of_two_trials(mnist_dir, tmp_path):
-    result = run_cli(
+    result = run_cli_in_process(
         "hparams_search=capsnet_optuna",
         "hydra.sweeper.n_trials=2",
         "hydra.sweeper.sampler.n_startup_trials=2",
@@ -39,7 +39,7 @@ def test_optuna_sweep_of_two_trials(mnist_dir, tmp_path):
         "trainer.max_epochs=1",
         "model.net.conv_channels=16",
         "model.net.primary_types=4",
-        env={"CAPSEXP_LOG_DIR": str(tmp_path)},
+        f"paths.log_dir={tmp_path}",
     )
     assert result.returncode == 0, result.stderr[-3000:]
     (sweep,) = (tmp_path / "train" / "multiruns").iterdir()

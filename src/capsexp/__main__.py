@@ -2,20 +2,17 @@
 
 from __future__ import annotations
 
-import dataclasses
-import difflib
 import logging
 import os
 import sys
-from pathlib import Path
 
 import hydra
-from hydra import compose, initialize_config_dir
-from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig
 
-from capsexp import CONFIG_DIR, hydra_setup
-from capsexp.errors import CapsexpError, ConfigError
+from capsexp import CONFIG_DIR
+from capsexp.config import hydra_setup
+from capsexp.config.command_line import check_group_overrides
+from capsexp.errors import CapsexpError
 from capsexp.run.resume import expand_run_folder
 from capsexp.run.slurm import resume_if_restarted
 
@@ -39,7 +36,7 @@ def report(error: CapsexpError) -> None:
 def main(cfg: DictConfig) -> float | None:
     """Run one job; return ``cfg.optimized_metric`` for Hydra sweepers (Optuna maximises it)."""
     # Imported here: `--help`, `--cfg job` and the command-line checks answer without importing torch.
-    from capsexp.run.config_check import check_config
+    from capsexp.config.config_check import check_config
     from capsexp.run.train import run
 
     try:
@@ -101,118 +98,6 @@ def cli() -> None:
         report(error)
     hydra_setup.register()  # the nets' nodes: imports torch, after the checks that answer without it
     main()
-
-
-# ---- checks of the command line, before Hydra runs the job ---------------------------------------
-# Groups and keys that moved: the old spelling gets the new one in its error.
-RENAMED = {
-    "optimizer": "model/optimizer",
-    "lr_scheduler": "model/lr_scheduler",
-    "margin": "model/margin",
-    "optimizer.": "model.optimizer.",
-    "lr_scheduler.": "model.lr_scheduler.",
-    "callbacks.margin.": "model.margin.",
-    "dataset.": "geometry.",
-    # The routing options of the capsule nets: one object, model.net.routing.
-    "model.net.routing_iterations": "model.net.routing.iterations",
-    **{
-        f"model.net.{field.name}": f"model.net.routing.{field.name}"
-        for options in hydra_setup.ROUTINGS.values()
-        for field in dataclasses.fields(options)
-    },
-}
-
-
-def check_group_overrides(arguments: list[str], config_dir: Path) -> None:
-    """Raise :class:`ConfigError` for ``group=option`` on the command line where the group has no such
-    option (sweeps ``model=a,b`` included), for a group or key that was renamed, for a model group the
-    chosen model's recipe lacks and for a plain key of a swept optional group; anything else is left to
-    Hydra, whose config loader answers what the groups hold and what each config chooses."""
-    with initialize_config_dir(config_dir=str(config_dir), version_base="1.3"):
-        loader = GlobalHydra.instance().config_loader()
-        model_groups = {}  # model/<group>=<value> overrides
-        for argument in arguments:
-            key, sep, value = argument.partition("=")
-            key = key.lstrip("+~")
-            if not sep or argument.startswith("-"):
-                continue
-            for old, new in RENAMED.items():
-                if key == old or (old.endswith(".") and key.startswith(old)):
-                    renamed = new + key[len(old) :] if old.endswith(".") else new
-                    raise ConfigError(f"{key}={value}: renamed; use {renamed}={value}")
-            if key == "model/net":
-                hydra_setup.register()
-            # Only a group's options, not its subgroups (model/routing is no option of model).
-            options = [] if "." in key else loader.get_group_options(key)
-            if not options or not value or "(" in value or value == "null":
-                continue
-            # A sweep a,b or a list [a,b] (several options of one group merged, e.g. callbacks).
-            for option in value.removeprefix("[").removesuffix("]").split(","):
-                if option not in options:
-                    close = difflib.get_close_matches(option, options, n=1)
-                    hint = f" (did you mean {key}={close[0]}?)" if close else ""
-                    raise ConfigError(f"{key}={option}: no such option{hint}\n  {key} is one of: {', '.join(options)}")
-            if key.startswith("model/") and not argument.startswith("+"):
-                model_groups[key.removeprefix("model/")] = value
-        _check_models_have_groups(model_groups, arguments)
-        _check_keys_of_swept_optional_groups(arguments)
-
-
-def _choices(overrides: list[str]) -> dict[str, str | None]:
-    """``{group: option}`` as Hydra composes them with ``overrides`` (``model/margin: linear_run``; an
-    optional group left out: None)."""
-    hydra_setup.register()  # a model config chooses its net
-    return dict(compose("config", overrides=overrides, return_hydra_config=True).hydra.runtime.choices)
-
-
-def _check_keys_of_swept_optional_groups(arguments: list[str]) -> None:
-    """``-m attack=fgsm,bim attack.eps=[0,0.1]``: Hydra applies the plain key to the sweep's base
-    config, which has no attack (the group's default is null), and fails with "Key 'attack' is not in
-    struct". ``++attack.eps=...`` is applied there and in every job."""
-
-    def is_sweep(value: str) -> bool:  # a,b (a list [a,b] is one value)
-        return "," in value and not value.startswith("[")
-
-    if not any(argument in ("-m", "--multirun") for argument in arguments):
-        return
-    swept = {a.split("=", 1)[0].lstrip("+") for a in arguments if "=" in a and is_sweep(a.split("=", 1)[1])}
-    plain_keys = []  # key=value under a swept group, not itself swept
-    for argument in arguments:
-        key, _, value = argument.partition("=")
-        group = key.split(".", 1)[0]
-        if "." in key and not key.startswith("+") and group in swept and not is_sweep(value):
-            plain_keys.append((argument, key, group))
-    if not plain_keys:
-        return
-    optional = {group for group, option in _choices([]).items() if option is None}  # the default chooses none
-    for argument, key, group in plain_keys:
-        if group in optional:
-            raise ConfigError(
-                f"{argument}: in a sweep over {group} options, Hydra sets {key} before it chooses the {group} "
-                f"(the default has none); write ++{argument}"
-            )
-
-
-def _check_models_have_groups(model_groups: dict[str, str], arguments: list[str]) -> None:
-    """``model/margin=linear`` with a model whose recipe has no margin (LeNet5's cross-entropy, CapsNet's
-    margin loss): say so, instead of Hydra's "No match in the defaults list"."""
-    if not model_groups or any(a.lstrip("+").startswith(("experiment=", "hparams_search=")) for a in arguments):
-        return  # they choose the model themselves: left to Hydra
-    chosen = [a.split("=", 1)[1] for a in arguments if a.startswith("model=")]
-    for model in chosen[-1].split(",") if chosen else [None]:
-        choices = _choices([f"model={model}"] if model else [])
-        groups = sorted(name.removeprefix("model/") for name in choices if name.startswith("model/"))
-        for group, value in model_groups.items():
-            if group not in groups:
-                raise ConfigError(
-                    f"model/{group}={value}: model={choices['model']} has no {group} in its recipe "
-                    f"(it has: {', '.join(groups) or 'none'})"
-                    + (
-                        "; the margin schedule is for the spread loss of the EM-capsule models"
-                        if group == "margin"
-                        else ""
-                    )
-                )
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ from annotated_types import MinLen
 from pydantic import PositiveInt
 from torch import nn
 
-from capsexp.arguments import PositiveFraction, UnitInterval, checked
+from capsexp.config.arguments import PositiveFraction, UnitInterval, checked
 from capsexp.lit.objectives import class_scores
 
 log = logging.getLogger(__name__)

@@ -15,7 +15,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from pydantic import PositiveFloat, PositiveInt
 from torchvision.utils import make_grid
 
-from capsexp.arguments import checked
+from capsexp.config.arguments import checked
 
 
 def tensorboard_writer(trainer: L.Trainer) -> Any | None:

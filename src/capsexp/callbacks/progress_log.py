@@ -18,7 +18,8 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from pydantic import PositiveFloat
 
-from capsexp.arguments import checked
+from capsexp.config.arguments import checked
+from capsexp.results.metric_names import VAL_ACC
 
 log = logging.getLogger("capsexp.progress")
 
@@ -89,10 +90,10 @@ class ProgressLog(Callback):
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if not self.active or trainer.sanity_checking:
             return
-        value = trainer.callback_metrics.get("val/acc")
+        value = trainer.callback_metrics.get(VAL_ACC)
         if value is not None:
             self.last_val_acc = float(value)
-            log.info(f"validation at step {trainer.global_step:,}: val/acc {self.last_val_acc:.4f}")
+            log.info(f"validation at step {trainer.global_step:,}: {VAL_ACC} {self.last_val_acc:.4f}")
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if not self.active:
@@ -120,6 +121,6 @@ class ProgressLog(Callback):
             parts.append(f"loss {float(self.loss_sum) / self.loss_count:.4f}")
             self.loss_sum, self.loss_count = None, 0
         if self.last_val_acc is not None:
-            parts.append(f"val/acc {self.last_val_acc:.4f}")
+            parts.append(f"{VAL_ACC} {self.last_val_acc:.4f}")
         log.info(" | ".join(parts))
         self.last_time, self.last_step = now, step

@@ -27,8 +27,8 @@ import lightning as L
 import torch
 from pydantic import PositiveInt
 
-from capsexp.arguments import checked
 from capsexp.callbacks.image_logging import tensorboard_writer
+from capsexp.config.arguments import checked
 from capsexp.nn import ClassMatrixCapsules, ConvMatrixCapsules
 from capsexp.nn.functional import responsibility_entropy
 

@@ -36,8 +36,8 @@ import torch.nn.functional as F
 from pydantic import PositiveInt
 from torchvision.utils import make_grid
 
-from capsexp.arguments import checked
 from capsexp.callbacks.image_logging import tensorboard_writer
+from capsexp.config.arguments import checked
 from capsexp.nn import ClassMatrixCapsules, PrimaryCapsules, RoutingCapsules
 from capsexp.nn.functional import dynamic_routing_trace
 

@@ -24,13 +24,13 @@ from torch.utils.data import DataLoader
 from torchvision.datasets import MNIST
 from torchvision.datasets.utils import download_and_extract_archive
 
-from capsexp.arguments import checked
+from capsexp.config.arguments import checked
 from capsexp.data.affnist import AFFNIST_SIZE, TEST_BATCHES, ensure_affnist_files, read_affnist_test
 from capsexp.data.augment import random_affine, random_placement, random_shift, rotate
 from capsexp.data.base import InMemoryDataModule, data_folder_errors, evaluation_generator, md5sum, partial_path
 from capsexp.data.tensor_dataset import ImageTensorDataset
 from capsexp.errors import CorruptDatasetError
-from capsexp.evaluation_sets import PLAIN, rotation_set_name
+from capsexp.results.metric_names import PLAIN, rotation_set_name
 
 IMAGES_MAGIC = 0x00000803  # IDX: unsigned bytes, 3 dimensions
 LABELS_MAGIC = 0x00000801  # IDX: unsigned bytes, 1 dimension
@@ -247,7 +247,7 @@ class MNISTDataModule(MNISTFiles):
 
     @property
     def test_set_names(self) -> list[str]:
-        """One name per test DataLoader (:mod:`capsexp.evaluation_sets`): the plain set, or one per angle."""
+        """One name per test DataLoader (:mod:`capsexp.results.metric_names`): the plain set, or one per angle."""
         if self.hparams.test_rotations is None:
             return [PLAIN, *self.hparams.extra_test_sets]
         return [rotation_set_name(angle) for angle in self.hparams.test_rotations]

@@ -17,7 +17,7 @@ import torch
 from pydantic import NonNegativeInt, PositiveInt
 from torch.utils.data import Dataset
 
-from capsexp.arguments import checked
+from capsexp.config.arguments import checked
 from capsexp.data.base import data_folder_errors, evaluation_generator
 from capsexp.data.mnist import DIGIT_SIZE, MNISTFiles
 

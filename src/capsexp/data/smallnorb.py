@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from pydantic import NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt
 
-from capsexp.arguments import checked
+from capsexp.config.arguments import checked
 from capsexp.data.augment import center_crop, random_brightness_contrast, random_crop, standardize
 from capsexp.data.base import InMemoryDataModule, data_folder_errors, md5sum, partial_path
 from capsexp.data.norb_format import SMALLNORB_FILES, read_matrix

@@ -25,9 +25,9 @@ from torchmetrics import CatMetric, MaxMetric, MeanMetric
 from torchmetrics.classification import MultilabelExactMatch
 
 from capsexp.errors import ConfigError
-from capsexp.evaluation_sets import PLAIN, metric_suffix
 from capsexp.lit.margin import MarginSchedule
 from capsexp.lit.objectives import class_scores, multi_hot
+from capsexp.results.metric_names import PLAIN, TEST_ACC, VAL_ACC, VAL_ACC_BEST, metric_suffix, presence_metric
 
 Batch = tuple[torch.Tensor, ...]  # (images, targets) or (images, targets, objects)
 
@@ -117,7 +117,7 @@ class Classifier(L.LightningModule):
 
     def setup(self, stage: str) -> None:
         """Lightning's hook before the module moves to its device: one accuracy and one set of loss
-        means per test set the DataModule declares (:mod:`capsexp.evaluation_sets`)."""
+        means per test set the DataModule declares (:mod:`capsexp.results.metric_names`)."""
         datamodule = self.trainer.datamodule if self._trainer is not None else None
         objects = getattr(datamodule, "objects_per_image", 1)
         if objects > 1 and not getattr(self.objective, "several_objects", False):
@@ -227,16 +227,16 @@ class Classifier(L.LightningModule):
     def validation_step(self, batch: Batch, batch_idx: int) -> None:
         _, predicted, present = self._step(batch, "val")
         self.val_acc(predicted, present)
-        self.log("val/acc", self.val_acc, prog_bar=True)  # per epoch: validation's default
+        self.log(VAL_ACC, self.val_acc, prog_bar=True)  # per epoch: validation's default
 
     def on_validation_epoch_end(self) -> None:
         presence = self._presence_medians()
         if self.trainer.sanity_checking:  # the sanity check must not count towards the best
             return
         self.val_acc_best(self.val_acc.compute())
-        self.log("val/acc_best", self.val_acc_best.compute(), prog_bar=True, sync_dist=True)
+        self.log(VAL_ACC_BEST, self.val_acc_best.compute(), prog_bar=True, sync_dist=True)
         for name, value in presence.items():
-            self.log(f"val/presence_{name}", value)  # the same on every process: CatMetric gathers
+            self.log(presence_metric(name), value)  # the same on every process: CatMetric gathers
 
     def _presence_medians(self) -> dict[str, torch.Tensor]:
         """Does a class score signal presence? The spread and margin losses ask for the target class
@@ -263,8 +263,8 @@ class Classifier(L.LightningModule):
         accuracy = self.test_accuracy["per_set"][dataloader_idx]
         accuracy(predicted, present)
         # test/acc: the first test set (for rotations, usually the unrotated one)
-        names = ["test/acc"] if dataloader_idx == 0 else []
-        names += [f"test/acc{suffix}"] if suffix else []
+        names = [TEST_ACC] if dataloader_idx == 0 else []
+        names += [f"{TEST_ACC}{suffix}"] if suffix else []
         for name in names:
             self.log(name, accuracy, add_dataloader_idx=False)  # per epoch: testing's default
 

@@ -13,7 +13,7 @@ from typing import Literal
 
 from pydantic import PositiveFloat
 
-from capsexp.arguments import UnitInterval, checked
+from capsexp.config.arguments import UnitInterval, checked
 from capsexp.errors import ConfigError
 
 

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from pydantic import NonNegativeFloat
 
-from capsexp.arguments import PositiveFraction, UnitInterval, checked
+from capsexp.config.arguments import PositiveFraction, UnitInterval, checked
 from capsexp.nn.functional import margin_loss, spread_loss
 
 

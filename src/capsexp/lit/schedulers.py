@@ -6,7 +6,7 @@ from pydantic import PositiveInt
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import CosineAnnealingLR, ExponentialLR, LRScheduler, StepLR
 
-from capsexp.arguments import PositiveFraction, checked
+from capsexp.config.arguments import PositiveFraction, checked
 
 
 @checked

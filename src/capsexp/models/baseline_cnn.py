@@ -18,7 +18,7 @@ from annotated_types import Interval, MinLen
 from pydantic import PositiveInt
 from torch import nn
 
-from capsexp.arguments import checked
+from capsexp.config.arguments import checked
 from capsexp.models.input_check import check_images
 
 

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from pydantic import PositiveInt
 from torch import nn
 
-from capsexp.arguments import checked
+from capsexp.config.arguments import checked
 from capsexp.models.input_check import check_images
 from capsexp.nn import DynamicRouting, PrimaryCapsules, RoutingCapsules
 

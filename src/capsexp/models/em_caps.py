@@ -15,7 +15,7 @@ from pydantic import PositiveFloat, PositiveInt
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from capsexp.arguments import checked
+from capsexp.config.arguments import checked
 from capsexp.models.input_check import check_images
 from capsexp.nn import ClassMatrixCapsules, ConvMatrixCapsules, EMRouting, PrimaryMatrixCapsules
 

@@ -12,7 +12,7 @@ import torch
 from pydantic import PositiveInt
 from torch import nn
 
-from capsexp.arguments import checked
+from capsexp.config.arguments import checked
 from capsexp.models.input_check import check_images
 
 

@@ -1,9 +1,9 @@
 """Capsule operations and layers (pure ``torch.nn``)."""
 
+from capsexp.config.routing_options import EM_PAPER, DynamicRouting, EMRouting
 from capsexp.nn.capsnet import PrimaryCapsules, RoutingCapsules
 from capsexp.nn.em_caps import ClassMatrixCapsules, ConvMatrixCapsules, EMRouter, PrimaryMatrixCapsules
 from capsexp.nn.functional import dynamic_routing, em_routing, fully_connected_routing, margin_loss, spread_loss, squash
-from capsexp.routing_options import EM_PAPER, DynamicRouting, EMRouting
 
 __all__ = [
     "EM_PAPER",

@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from capsexp.config.routing_options import DynamicRouting
 from capsexp.nn.functional import fully_connected_routing, squash
-from capsexp.routing_options import DynamicRouting
 
 
 class PrimaryCapsules(nn.Module):

@@ -12,8 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from capsexp.config.routing_options import EMRouting
 from capsexp.nn.functional import em_routing
-from capsexp.routing_options import EMRouting
 
 CapsuleMap = tuple[torch.Tensor, torch.Tensor]
 

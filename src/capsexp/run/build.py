@@ -20,7 +20,7 @@ def instantiate(key: str, node: Any, **kwargs: Any) -> Any:
     """``hydra.utils.instantiate`` of the config node at ``key``; a constructor's ValueError or
     Lightning's MisconfigurationException (a value the config check cannot judge alone: an image too
     small for a net, a GPU asked for on a machine without one) becomes a :class:`ConfigError` naming
-    the node. The constructors' own messages name their class and argument (:mod:`capsexp.arguments`)."""
+    the node. The constructors' own messages name their class and argument (:mod:`capsexp.config.arguments`)."""
     try:
         return hydra_instantiate(node, **kwargs)
     except InstantiationException as error:

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from capsexp.errors import CheckpointError
+from capsexp.results.metric_names import VAL_ACC
 
 RUN_CONFIG = Path(".hydra") / "config.yaml"  # a run folder's composed config
 # ckpt_path values that Lightning resolves itself ("last" checkpoint of this run, ...).
@@ -41,7 +42,7 @@ def check_checkpoint(ckpt_path: str | Path, module: nn.Module | None = None) -> 
     if not path.is_file():
         raise CheckpointError(
             f"{where}: no such file. A run's checkpoints are in "
-            "logs/<task_name>/runs/<time>/checkpoints/ (last.ckpt, and the best by val/acc)"
+            f"logs/<task_name>/runs/<time>/checkpoints/ (last.ckpt, and the best by {VAL_ACC})"
         )
     if path.stat().st_size == 0:
         raise CheckpointError(f"{where} is empty (0 bytes): the run that wrote it stopped while saving?")

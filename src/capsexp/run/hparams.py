@@ -17,7 +17,7 @@ from lightning.pytorch.loggers import Logger, TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_only
 from torch.utils.tensorboard.summary import hparams as hparams_summary
 
-from capsexp.evaluation_sets import PLAIN, metrics_of_test_sets
+from capsexp.results.metric_names import PLAIN, VAL_ACC, VAL_ACC_BEST, VAL_LOSS, metrics_of_test_sets
 
 # Config groups that say where things go, not what was run: left out of the HParams tab.
 NOT_HYPERPARAMETERS = ("paths", "logger", "hydra")
@@ -43,8 +43,8 @@ def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, int | floa
 
 def metric_names(test_set_names: Iterable[str] = (PLAIN,)) -> list[str]:
     """The metrics the HParams tab shows: validation accuracy and loss, and the test metrics of the
-    DataModule's test sets (:func:`capsexp.evaluation_sets.metrics_of_test_sets`)."""
-    return ["val/acc_best", "val/acc", "val/loss", *metrics_of_test_sets(test_set_names)]
+    DataModule's test sets (:func:`capsexp.results.metric_names.metrics_of_test_sets`)."""
+    return [VAL_ACC_BEST, VAL_ACC, VAL_LOSS, *metrics_of_test_sets(test_set_names)]
 
 
 @rank_zero_only

@@ -29,7 +29,7 @@ def task_folder(arguments: list[str], where: str) -> Path:
     :class:`CheckpointError` naming ``where`` when Hydra refuses an override."""
     from omegaconf import OmegaConf
 
-    from capsexp.hydra_setup import compose
+    from capsexp.config.hydra_setup import compose
 
     overrides = [a for a in arguments if "=" in a and not a.startswith("-") and not _is_ckpt_path(a)]
     overrides = [a for a in overrides if not a.lstrip("+~").startswith("hydra.")]

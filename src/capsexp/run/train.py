@@ -7,13 +7,11 @@ import os
 import shlex
 import sys
 import warnings
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Literal
+from typing import TYPE_CHECKING
 
 import lightning as L
 import torch
-from annotated_types import MinLen
 from hydra.core.hydra_config import HydraConfig
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import Logger
@@ -33,22 +31,6 @@ if TYPE_CHECKING:
     from capsexp.attacks.evaluation import AdversarialEvaluation
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class JobOptions:
-    """The values the top-level keys of ``conf/config.yaml`` allow (checked by :mod:`capsexp.run.config_check`;
-    the defaults are in the YAML)."""
-
-    train: bool
-    test: bool
-    ckpt_path: Annotated[str, MinLen(1)] | None
-    seed: int | None
-    task_name: Annotated[str, MinLen(1)]  # the folder under the log dir
-    tags: list[str] | None
-    # torch.set_float32_matmul_precision on GPUs
-    float32_matmul_precision: Literal["highest", "high", "medium"]
-    optimized_metric: Annotated[str, MinLen(1)] | None  # e.g. val/acc_best
 
 
 def _quiet_duplicate_console() -> None:

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
-from capsexp.routing_options import DynamicRouting
+from capsexp.config.routing_options import DynamicRouting
 
 SQUASH_EPS = 1e-8
 

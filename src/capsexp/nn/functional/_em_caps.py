@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
-from capsexp.routing_options import EM_PAPER, CostNormalization, EMRouting
+from capsexp.config.routing_options import EM_PAPER, CostNormalization, EMRouting
 
 LOG_2PI = math.log(2 * math.pi)
 COST_NORMALIZATIONS: tuple[str, ...] = get_args(CostNormalization)

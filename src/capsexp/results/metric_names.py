@@ -1,4 +1,4 @@
-"""The contract for a DataModule's test sets, and the names of their metrics.
+"""The names of the metrics a run logs, declared once, and the contract for a DataModule's test sets.
 
 A capsexp DataModule declares its test sets in ``test_set_names``: one name per test DataLoader, in
 order; ``""`` names the plain test set. :class:`capsexp.lit.Classifier` builds one accuracy and one
@@ -13,14 +13,36 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
+# What the Classifier logs and everything else reads back (checkpointing, early stopping, progress lines,
+# the HParams tab, comparisons, studies). The YAML that names them (the callbacks' monitor,
+# optimized_metric) spells them as here; tests/test_configs.py holds it to that.
+VAL_ACC = "val/acc"
+VAL_ACC_BEST = "val/acc_best"  # the best val/acc so far
+VAL_LOSS = "val/loss"
+TEST_ACC = "test/acc"  # the first test set's accuracy
+_PRESENCE = "val/presence_"  # + gap, target, largest_other: medians of the class scores (Classifier)
+PRESENCE_GAP = f"{_PRESENCE}gap"
+
 PLAIN = ""  # the name of the one unmodified test set
 
-_ROTATION_METRIC = re.compile(r"^test/acc_rot(-?[\d.]+)$")
+_ROTATION_METRIC = re.compile(rf"^{TEST_ACC}_rot(-?[\d.]+)$")
 
 
 def metric_suffix(name: str) -> str:
     """``"rot30"`` -> ``"_rot30"``; the plain test set has none."""
     return f"_{name}" if name else ""
+
+
+def test_accuracy(name: str) -> str:
+    """The accuracy logged for the test set ``name``: ``"affnist"`` -> ``"test/acc_affnist"``; the plain
+    set's is ``test/acc``."""
+    return f"{TEST_ACC}{metric_suffix(name)}"
+
+
+def presence_metric(name: str) -> str:
+    """``"gap"`` -> ``"val/presence_gap"``: a median of the class scores over the validation images
+    (``target``, ``largest_other``, ``gap``) that the Classifier logs for presence-score objectives."""
+    return f"{_PRESENCE}{name}"
 
 
 def rotation_set_name(angle: float) -> str:
@@ -36,7 +58,7 @@ def rotation_angle(metric: str) -> float | None:
 
 def metrics_of_test_sets(test_set_names: Iterable[str] = (PLAIN,)) -> list[str]:
     """The test metrics the Classifier logs for these sets: ``test/acc`` first, then per set."""
-    names = ["test/acc"]
+    names = [TEST_ACC]
     for name in test_set_names:
-        names += [f"test/acc{metric_suffix(name)}", f"test/loss{metric_suffix(name)}"]
+        names += [test_accuracy(name), f"test/loss{metric_suffix(name)}"]
     return list(dict.fromkeys(names))

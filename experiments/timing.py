@@ -1,4 +1,4 @@
-"""Wall-clock timing: the one timer of the package, the experiments and the tests."""
+"""Wall-clock timing: the one timer of the experiments and benchmarks."""
 
 from __future__ import annotations
 

@@ -1,21 +1,39 @@
 """The composed config, checked before anything is built or any data is read: each node with a
-``_target_`` against the hints of what it builds (:mod:`capsexp.arguments`), a torch optimizer by torch
-itself, the top-level keys against :class:`capsexp.run.train.JobOptions`; here only the rules that tie
+``_target_`` against the hints of what it builds (:mod:`capsexp.config.arguments`), a torch optimizer by torch
+itself, the top-level keys against :class:`JobOptions`; here only the rules that tie
 several keys together."""
 
 from __future__ import annotations
 
 import inspect
-from typing import Any
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
 
 import torch
+from annotated_types import MinLen
 from hydra.utils import get_object
 from omegaconf import DictConfig, MissingMandatoryValue, OmegaConf
 
-from capsexp.arguments import argument_problems, shown
+from capsexp.config.arguments import argument_problems, shown
 from capsexp.errors import ConfigError
 
 _SHOWN = 8  # problems listed; the rest are counted
+
+
+@dataclass(frozen=True)
+class JobOptions:
+    """The values the top-level keys of ``conf/config.yaml`` allow (checked here; the defaults
+    are in the YAML)."""
+
+    train: bool
+    test: bool
+    ckpt_path: Annotated[str, MinLen(1)] | None
+    seed: int | None
+    task_name: Annotated[str, MinLen(1)]  # the folder under the log dir
+    tags: list[str] | None
+    # torch.set_float32_matmul_precision on GPUs
+    float32_matmul_precision: Literal["highest", "high", "medium"]
+    optimized_metric: Annotated[str, MinLen(1)] | None  # e.g. val/acc_best
 
 
 def _value(cfg: DictConfig, key: str) -> Any:
@@ -78,8 +96,6 @@ def _unresolved(key: str, error: Exception) -> str:
 
 def config_problems(cfg: DictConfig) -> list[str]:
     """One line per key whose value is not allowed: ``key=value: must be ...``."""
-    from capsexp.run.train import JobOptions  # imports torch and Lightning, as the targets do
-
     tree = OmegaConf.to_container(cfg, resolve=False)
     job = {key: _value(cfg, key) for key in tree if key in inspect.signature(JobOptions).parameters}
     return argument_problems(JobOptions, job) + _node_problems(cfg, "", tree) + _combination_problems(cfg)

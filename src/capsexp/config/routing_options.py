@@ -1,7 +1,7 @@
 """The routing options of the capsule layers: one frozen dataclass per routing algorithm, built from
 ``model.net.routing`` and passed down unchanged to the routing functions.
 
-Plain data, no torch: :mod:`capsexp.hydra_setup` registers them in Hydra's ConfigStore
+Plain data, no torch: :mod:`capsexp.config.hydra_setup` registers them in Hydra's ConfigStore
 (``model/routing=em``, ``em_paper``, ``dynamic``) without importing the layers, so that the command-line
 checks answer quickly. Import them from :mod:`capsexp.nn`.
 """
@@ -13,7 +13,7 @@ from typing import Literal
 
 from pydantic import PositiveFloat, PositiveInt
 
-from capsexp.arguments import checked
+from capsexp.config.arguments import checked
 
 # How em_routing normalises the costs before the activations (capsexp.nn.functional.em_routing).
 CostNormalization = Literal["none", "data", "standardize", "layer"]

@@ -20,7 +20,7 @@ from hydra.utils import get_object
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from capsexp import CONFIG_DIR, PROJECT_ROOT
-from capsexp.routing_options import EM_PAPER, DynamicRouting, EMRouting
+from capsexp.config.routing_options import EM_PAPER, DynamicRouting, EMRouting
 
 # model/routing=<name>: how the capsule layers route (model.net.routing).
 ROUTINGS = {"em": EMRouting(), "em_paper": EM_PAPER, "dynamic": DynamicRouting()}
