@@ -1,0 +1,197 @@
+"""Every MNIST data mode, built from its config as a run builds it, against the raw IDX files it reads: the
+images and labels a model is given (after the on-device augmentation) are checked against the files'
+bytes, read here by a reader of its own, and against the transformation each mode documents,
+computed independently (numpy for shifts and placements, torchvision for rotations)."""
+
+from __future__ import annotations
+
+import gzip
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torchvision.transforms.functional as TF
+from hydra.utils import instantiate
+from torchvision.transforms import InterpolationMode
+
+from tests.helpers import FakeTrainer, compose_config
+
+
+def read_idx(path: Path) -> np.ndarray:
+    """An IDX file (gzipped), as its format defines it: zero bytes, type 0x08 (uint8), the number of
+    dimensions, each dimension as a big-endian int32, then the values."""
+    data = gzip.decompress(path.read_bytes())
+    assert data[:3] == b"\x00\x00\x08"
+    ndim = data[3]
+    shape = struct.unpack(f">{ndim}i", data[4 : 4 + 4 * ndim])
+    return np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim).reshape(shape)
+
+
+def raw_mnist(data_dir: Path, train: bool) -> tuple[np.ndarray, np.ndarray]:
+    prefix = "train" if train else "t10k"
+    raw = data_dir / "MNIST" / "raw"
+    return read_idx(raw / f"{prefix}-images-idx3-ubyte.gz"), read_idx(raw / f"{prefix}-labels-idx1-ubyte.gz")
+
+
+def datamodule_of(data: str, data_dir: Path, **overrides):
+    """The DataModule of ``data=<data>``, as the config builds it, on the test's files."""
+    cfg = compose_config([f"data={data}", f"paths.data_dir={data_dir}", "data.verify_checksums=false"])
+    cfg.data.update(val_size=60, batch_size=50, download=False, **overrides)
+    datamodule = instantiate(cfg.data)
+    datamodule.trainer = FakeTrainer()
+    datamodule.prepare_data()
+    datamodule.setup(None)
+    return datamodule
+
+
+def model_inputs(datamodule, loader, stage: str, dataloader_idx: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Every batch of ``loader`` as the model receives it in ``stage``: (the loader's stored uint8 images,
+    the model's float images, the labels), all batches concatenated."""
+    trainer = datamodule.trainer
+    trainer.training, trainer.testing = stage == "train", stage == "test"
+    stored, given, labels = [], [], []
+    for step, (images, targets) in enumerate(loader):
+        trainer.global_step = step  # training augmentations draw per step
+        model_images, model_targets = datamodule.on_after_batch_transfer((images, targets), dataloader_idx)
+        stored.append(images.numpy())
+        given.append(model_images.numpy())
+        labels.append(model_targets.numpy())
+    return np.concatenate(stored)[:, 0], np.concatenate(given)[:, 0], np.concatenate(labels)
+
+
+def raw_index(raw_images: np.ndarray) -> dict[bytes, int]:
+    """Each raw image's bytes -> its index in the file (the synthetic digits are all different)."""
+    index = {image.tobytes(): i for i, image in enumerate(raw_images)}
+    assert len(index) == len(raw_images)
+    return index
+
+
+def check_split_of_the_training_file(datamodule, data_dir: Path) -> np.ndarray:
+    """Validation and training images are the training file's, each with its own label, together every
+    one of them once, ``val_size`` of them for validation; returns the training images' indices in the file."""
+    raw_images, raw_labels = raw_mnist(data_dir, train=True)
+    index = raw_index(raw_images)
+    val_stored, _, val_labels = model_inputs(datamodule, datamodule.val_dataloader(), "validate")
+    train_stored, _, train_labels = model_inputs(datamodule, datamodule.train_dataloader(), "train")
+    val_at = np.array([index[image.tobytes()] for image in val_stored])
+    train_at = np.array([index[image.tobytes()] for image in train_stored])
+    assert len(val_at) == datamodule.hparams.val_size
+    assert sorted([*val_at, *train_at]) == list(range(len(raw_images)))
+    assert np.array_equal(val_labels, raw_labels[val_at]) and np.array_equal(train_labels, raw_labels[train_at])
+    return train_at
+
+
+def shifted(image: np.ndarray, dy: int, dx: int) -> np.ndarray:
+    """``image`` moved down by dy and right by dx pixels, zeros coming in (nothing wraps round)."""
+    height, width = image.shape
+    out = np.zeros_like(image)
+    out[max(dy, 0) : height + min(dy, 0), max(dx, 0) : width + min(dx, 0)] = image[
+        max(-dy, 0) : height + min(-dy, 0), max(-dx, 0) : width + min(-dx, 0)
+    ]
+    return out
+
+
+def test_mnist_gives_the_files_pixels_scaled_to_the_unit_range(mnist_dir):
+    datamodule = datamodule_of("mnist", mnist_dir)
+    train_at = check_split_of_the_training_file(datamodule, mnist_dir)
+    raw_train, _ = raw_mnist(mnist_dir, train=True)
+    _, train_given, _ = model_inputs(datamodule, datamodule.train_dataloader(), "train")
+    assert np.array_equal(train_given, raw_train[train_at].astype(np.float32) / 255)  # no augmentation
+    raw_test, raw_test_labels = raw_mnist(mnist_dir, train=False)
+    test_stored, test_given, test_labels = model_inputs(datamodule, datamodule.test_dataloader(), "test")
+    assert np.array_equal(test_stored, raw_test) and np.array_equal(test_labels, raw_test_labels)  # file order
+    assert np.array_equal(test_given, raw_test.astype(np.float32) / 255)
+
+
+def test_mnist_normalize_standardises_with_mnists_mean_and_std(mnist_dir):
+    datamodule = datamodule_of("mnist", mnist_dir, normalize=True)
+    raw_test, _ = raw_mnist(mnist_dir, train=False)
+    _, test_given, _ = model_inputs(datamodule, datamodule.test_dataloader(), "test")
+    # The mean and std of the 60,000 official training images' pixels in [0, 1] (torchvision's MNIST example).
+    expected = (raw_test.astype(np.float32) / 255 - 0.1307) / 0.3081
+    np.testing.assert_allclose(test_given, expected, rtol=0, atol=2e-4)
+
+
+def test_shifted_mnist_shifts_each_training_digit_by_up_to_2_pixels_and_nothing_else(mnist_dir):
+    datamodule = datamodule_of("shifted_mnist", mnist_dir)
+    raw_train, _ = raw_mnist(mnist_dir, train=True)
+    train_at = check_split_of_the_training_file(datamodule, mnist_dir)
+    _, train_given, _ = model_inputs(datamodule, datamodule.train_dataloader(), "train")
+    shifts = []
+    for given, at in zip(train_given, train_at, strict=True):
+        pixels = raw_train[at].astype(np.float32) / 255
+        found = [
+            (dy, dx) for dy in range(-2, 3) for dx in range(-2, 3) if np.array_equal(given, shifted(pixels, dy, dx))
+        ]
+        assert found, f"training image {at} is no shift of its digit by 2 pixels or fewer"
+        shifts.append(found[0])
+    assert len(set(shifts)) >= 20  # 25 shifts possible, over 240 images
+    # Validation and test digits as they are in the files.
+    _, val_given, _ = model_inputs(datamodule, datamodule.val_dataloader(), "validate")
+    val_stored, _, _ = model_inputs(datamodule, datamodule.val_dataloader(), "validate")
+    assert np.array_equal(val_given, val_stored.astype(np.float32) / 255)
+    raw_test, _ = raw_mnist(mnist_dir, train=False)
+    _, test_given, _ = model_inputs(datamodule, datamodule.test_dataloader(), "test")
+    assert np.array_equal(test_given, raw_test.astype(np.float32) / 255)
+
+
+def test_rotated_mnist_tests_the_test_file_at_each_angle_counter_clockwise(mnist_dir):
+    datamodule = datamodule_of("rotated_mnist", mnist_dir)
+    angles = [0, 15, 30, 45, 60, 75, 90]  # conf/data/rotated_mnist.yaml
+    assert datamodule.test_set_names == [f"rot{angle}" for angle in angles]
+    raw_test, raw_labels = raw_mnist(mnist_dir, train=False)
+    pixels = torch.from_numpy(raw_test.astype(np.float32) / 255)[:, None]
+    loaders = datamodule.test_dataloader()
+    assert len(loaders) == len(angles)
+    for index, (angle, loader) in enumerate(zip(angles, loaders, strict=True)):
+        _, given, labels = model_inputs(datamodule, loader, "test", dataloader_idx=index)
+        expected = TF.rotate(pixels, angle, interpolation=InterpolationMode.BILINEAR)[:, 0].numpy()
+        np.testing.assert_allclose(given, expected, rtol=0, atol=1e-5, err_msg=f"rot{angle}")
+        assert np.array_equal(labels, raw_labels)
+    # 90 degrees counter-clockwise is a rotation of the pixel grid: numpy's rot90 turns the same way.
+    _, quarter, _ = model_inputs(datamodule, loaders[-1], "test", dataloader_idx=len(angles) - 1)
+    np.testing.assert_allclose(quarter, np.rot90(raw_test.astype(np.float32) / 255, axes=(1, 2)), atol=1e-6)
+    # Training and validation digits are not rotated.
+    train_at = check_split_of_the_training_file(datamodule, mnist_dir)
+    _, train_given, _ = model_inputs(datamodule, datamodule.train_dataloader(), "train")
+    assert np.array_equal(train_given, raw_mnist(mnist_dir, train=True)[0][train_at].astype(np.float32) / 255)
+
+
+def placement(canvas: np.ndarray, digit: np.ndarray) -> tuple[int, int]:
+    """Where ``digit`` lies whole on an otherwise black ``canvas``: (top, left); fails if it does not."""
+    size = digit.shape[0]
+    assert canvas.sum() == pytest.approx(digit.sum(), rel=1e-6), "ink off the digit, or the digit cut"
+    found = [
+        (top, left)
+        for top in range(canvas.shape[0] - size + 1)
+        for left in range(canvas.shape[1] - size + 1)
+        if np.array_equal(canvas[top : top + size, left : left + size], digit)
+    ]
+    assert found, "the digit is not on the canvas whole"
+    return found[0]
+
+
+def test_translated_mnist_puts_each_whole_digit_on_a_40_pixel_black_canvas(mnist_dir):
+    datamodule = datamodule_of("translated_mnist", mnist_dir, extra_test_sets=[])
+    raw_train, _ = raw_mnist(mnist_dir, train=True)
+    raw_test, raw_labels = raw_mnist(mnist_dir, train=False)
+    index = raw_index(raw_train)
+    # Training digits: at a new random place at each step.
+    train_stored, train_given, _ = model_inputs(datamodule, datamodule.train_dataloader(), "train")
+    assert train_given.shape[1:] == (40, 40)
+    places = set()
+    for stored, given in zip(train_stored, train_given, strict=True):
+        digit = raw_train[index[stored.tobytes()]].astype(np.float32) / 255
+        places.add(placement(given, digit))
+    assert len(places) > 50  # 13 x 13 places possible, over 240 digits
+    # Test digits: the file's, in order, each at a place fixed by placement_seed: the same when built again.
+    _, test_given, test_labels = model_inputs(datamodule, datamodule.test_dataloader(), "test")
+    assert np.array_equal(test_labels, raw_labels)
+    test_places = [
+        placement(given, digit.astype(np.float32) / 255) for given, digit in zip(test_given, raw_test, strict=True)
+    ]
+    again = datamodule_of("translated_mnist", mnist_dir, extra_test_sets=[])
+    _, test_again, _ = model_inputs(again, again.test_dataloader(), "test")
+    assert np.array_equal(test_again, test_given) and len(set(test_places)) > 30

@@ -1,0 +1,188 @@
+"""Every model recipe, composed as ``python -m capsexp model=<name> data=mnist`` composes it, pinned whole:
+net, routing, objective, optimizer, schedule and margin. The expected values are written here from the
+sources the configs cite (the papers, the authors' code and answers, and capsexp's results pages for
+its own deviations), not read from the YAML or the constructors, so that a changed default anywhere
+(a YAML file, a constructor, a routing option, a group's option) fails here by name.
+
+MNIST's geometry: 1 channel, 28x28, 10 classes, one object per image."""
+
+from __future__ import annotations
+
+import pytest
+from omegaconf import OmegaConf
+
+from capsexp import CONFIG_DIR
+from tests.helpers import compose_config
+
+CLASSIFIER = {"_target_": "capsexp.lit.Classifier", "num_classes": 10, "compile": False}
+CONSTANT_LR: dict = {}  # model/lr_scheduler=none: the Classifier builds no scheduler
+
+
+def adam(lr: float) -> dict:
+    """torch's Adam with its own betas and no weight decay; only the rate differs between recipes."""
+    return {"_target_": "torch.optim.Adam", "_partial_": True, "lr": lr, "betas": [0.9, 0.999], "weight_decay": 0.0}
+
+
+def exponential_decay(decay_steps: int, staircase: bool) -> dict:
+    """lr x 0.96^(step / decay_steps), stepped every training step (tf.train.exponential_decay)."""
+    scheduler = {
+        "_target_": "capsexp.lit.schedulers.exponential_decay",
+        "_partial_": True,
+        "decay_rate": 0.96,
+        "decay_steps": decay_steps,
+        "staircase": staircase,
+    }
+    return {"scheduler": scheduler, "interval": "step", "frequency": 1}
+
+
+def linear_margin(duration: float, unit: str) -> dict:
+    """The spread loss's margin from 0.2 to 0.9 (Hinton et al. 2018, section 3.1), linearly."""
+    return {"_target_": "capsexp.lit.margin.LinearMargin", "start": 0.2, "end": 0.9, "duration": duration, "unit": unit}
+
+
+# Hinton, Sabour & Frosst 2018, Procedure 1 and the authors' OpenReview answers: 3 iterations, final
+# inverse temperature 0.01, costs as written; capsexp adds a variance floor of 1e-4 (no value given).
+EM_ROUTING_PAPER = {
+    "_target_": "capsexp.nn.EMRouting",
+    "iterations": 3,
+    "final_lambda": 0.01,
+    "sigma_eps": 1e-4,
+    "cost_normalization": "none",
+    "route_per_window": False,
+    "learn_inverse_temperature": False,
+    "detach_responsibilities": False,
+    "e_step_temperature": 1.0,
+}
+# capsexp's EM routing (docs/em_training.md): 2 iterations (em_routing_ablation_quick), standardised costs
+# with a learned factor on lambda, final lambda 10 (em_presence_quick), floor 0.01 (em_training_quick),
+# each window routed on its own, the E-step at temperature 4 (em_routing_ablation_quick).
+EM_ROUTING_CAPSEXP = {
+    **EM_ROUTING_PAPER,
+    "iterations": 2,
+    "final_lambda": 10.0,
+    "sigma_eps": 0.01,
+    "cost_normalization": "standardize",
+    "route_per_window": True,
+    "learn_inverse_temperature": True,
+    "e_step_temperature": 4.0,
+}
+
+
+def matrix_capsnet(a: int, b: int, c: int, d: int, routing: dict, conv1_norm: bool) -> dict:
+    """Hinton et al. 2018, section 4: conv1 A channels, B primary capsule types, ConvCaps1 C and ConvCaps2
+    D types, 3x3 kernels, 4x4 pose matrices, coordinate addition in the class capsules."""
+    return {
+        "_target_": "capsexp.models.MatrixCapsNet",
+        "in_channels": 1,
+        "num_classes": 10,
+        "conv_channels": a,
+        "primary_types": b,
+        "conv_caps1_types": c,
+        "conv_caps2_types": d,
+        "kernel_size": 3,
+        "pose_size": 4,
+        "image_size": 28,
+        "routing": routing,
+        "coordinate_addition": True,
+        "recompute": False,
+        "conv1_norm": conv1_norm,  # not in the paper; capsexp's recipe (em_caps_mnist_one_epoch.md)
+        "weight_std": None,
+    }
+
+
+def em_recipe(net: dict, lr: float, lr_scheduler: dict, margin: dict) -> dict:
+    return {
+        **CLASSIFIER,
+        "lr_multipliers": None,
+        "net": net,
+        "objective": {"_target_": "capsexp.lit.SpreadLoss", "margin": 0.2},  # the margin's start
+        "optimizer": adam(lr),
+        "lr_scheduler": lr_scheduler,
+        "margin": margin,
+    }
+
+
+# capsexp's EM training recipe: Adam at a peak of 1e-2 (3e-3 on the small net), cosine decay to 0 over
+# the run, the margin ramp over the first 35% of it (em_caps_mnist_one_epoch.md, em_margin_run_quick).
+COSINE = {
+    "scheduler": {"_target_": "capsexp.lit.schedulers.cosine_decay", "_partial_": True},
+    "interval": "step",
+    "frequency": 1,
+}
+# The authors' training recipe: Adam at 3e-3, lr x 0.96 every 20,000 steps, the margin over 10 epochs.
+PAPER_SCHEDULE = {"lr": 0.003, "lr_scheduler": exponential_decay(20000, staircase=True), "margin": linear_margin(10, "epoch")}
+CAPSEXP_SCHEDULE = {"lr_scheduler": COSINE, "margin": linear_margin(0.35, "run")}
+
+RECIPES = {
+    # LeCun et al. 1998's layers; capsexp trains it with Adam at 1e-3, constant.
+    "lenet5": {
+        **CLASSIFIER,
+        "net": {"_target_": "capsexp.models.LeNet5", "in_channels": 1, "num_classes": 10, "image_size": 28},
+        "objective": {"_target_": "capsexp.lit.CrossEntropy"},
+        "optimizer": adam(1e-3),
+        "lr_scheduler": CONSTANT_LR,
+    },
+    # Sabour et al. 2017, section 5: conv 256, 256, 128 (5x5, stride 1), fully connected 328, 192, dropout,
+    # softmax with cross-entropy. No optimiser given: Adam at 1e-4, constant (baseline_cnn.md).
+    "baseline_cnn": {
+        **CLASSIFIER,
+        "net": {
+            "_target_": "capsexp.models.BaselineCNN",
+            "in_channels": 1,
+            "num_classes": 10,
+            "image_size": 28,
+            "conv_layers": [256, 256, 128],
+            "hidden_sizes": [328, 192],
+            "dropout": 0.5,
+        },
+        "objective": {"_target_": "capsexp.lit.CrossEntropy"},
+        "optimizer": adam(1e-4),
+        "lr_scheduler": CONSTANT_LR,
+    },
+    # Sabour et al. 2017, sections 4-5: conv1 256@9x9, 32 PrimaryCaps types of 8D, 16D DigitCaps, 3 routing
+    # iterations, margin loss m+ 0.9, m- 0.1, lambda 0.5, reconstruction SSE x 0.0005; the official code's
+    # Adam at 1e-3 decayed by 0.96 every 2,000 steps, smoothly.
+    "capsnet": {
+        **CLASSIFIER,
+        "net": {
+            "_target_": "capsexp.models.CapsNet",
+            "in_channels": 1,
+            "image_size": 28,
+            "num_classes": 10,
+            "reconstruction": True,
+            "objects": 1,
+            "routing": {"_target_": "capsexp.nn.DynamicRouting", "iterations": 3, "detach_agreement": False},
+            "conv_channels": 256,
+            "primary_types": 32,
+            "primary_dim": 8,
+            "pose_dim": 16,
+        },
+        "objective": {
+            "_target_": "capsexp.lit.CapsuleLoss",
+            "m_pos": 0.9,
+            "m_neg": 0.1,
+            "lambda_": 0.5,
+            "recon_weight": 0.0005,
+        },
+        "optimizer": adam(1e-3),
+        "lr_scheduler": exponential_decay(2000, staircase=False),
+    },
+    # The large net (A=B=C=D=32) and the small one (A=64, B=8, C=D=16), each under capsexp's recipe and
+    # under the paper's.
+    "em_caps": em_recipe(matrix_capsnet(32, 32, 32, 32, EM_ROUTING_CAPSEXP, True), lr=0.01, **CAPSEXP_SCHEDULE),
+    "em_caps_small": em_recipe(matrix_capsnet(64, 8, 16, 16, EM_ROUTING_CAPSEXP, True), lr=0.003, **CAPSEXP_SCHEDULE),
+    "em_caps_paper": em_recipe(matrix_capsnet(32, 32, 32, 32, EM_ROUTING_PAPER, False), **PAPER_SCHEDULE),
+    "em_caps_small_paper": em_recipe(matrix_capsnet(64, 8, 16, 16, EM_ROUTING_PAPER, False), **PAPER_SCHEDULE),
+}
+
+
+def test_every_model_config_has_its_recipe_pinned():
+    assert sorted(RECIPES) == sorted(path.stem for path in (CONFIG_DIR / "model").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("model", sorted(RECIPES))
+def test_the_composed_recipe_is_the_one_its_sources_give(model):
+    composed = OmegaConf.to_container(compose_config([f"model={model}", "data=mnist"]).model, resolve=True)
+    expected = RECIPES[model]
+    for key in sorted(expected.keys() | composed.keys()):  # key by key, so a failure names the part
+        assert composed.get(key, "<absent>") == expected.get(key, "<absent>"), f"model={model}: {key}"
