@@ -110,7 +110,11 @@ COSINE = {
     "frequency": 1,
 }
 # The authors' training recipe: Adam at 3e-3, lr x 0.96 every 20,000 steps, the margin over 10 epochs.
-PAPER_SCHEDULE = {"lr": 0.003, "lr_scheduler": exponential_decay(20000, staircase=True), "margin": linear_margin(10, "epoch")}
+PAPER_SCHEDULE = {
+    "lr": 0.003,
+    "lr_scheduler": exponential_decay(20000, staircase=True),
+    "margin": linear_margin(10, "epoch"),
+}
 CAPSEXP_SCHEDULE = {"lr_scheduler": COSINE, "margin": linear_margin(0.35, "run")}
 
 RECIPES = {
