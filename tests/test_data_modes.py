@@ -1,7 +1,8 @@
-"""Every MNIST data mode, built from its config as a run builds it, against the raw IDX files it reads: the
+"""Every data mode, built from its config as a run builds it, against the raw IDX files it reads: the
 images and labels a model is given (after the on-device augmentation) are checked against the files'
 bytes, read here by a reader of its own, and against the transformation each mode documents,
-computed independently (numpy for shifts and placements, torchvision for rotations)."""
+computed independently (numpy for shifts, placements, downsampling and standardisation, torchvision for
+rotations)."""
 
 from __future__ import annotations
 
@@ -38,7 +39,7 @@ def raw_mnist(data_dir: Path, train: bool) -> tuple[np.ndarray, np.ndarray]:
 def datamodule_of(data: str, data_dir: Path, **overrides):
     """The DataModule of ``data=<data>``, as the config builds it, on the test's files."""
     cfg = compose_config([f"data={data}", f"paths.data_dir={data_dir}", "data.verify_checksums=false"])
-    cfg.data.update(val_size=60, batch_size=50, download=False, **overrides)
+    cfg.data.update({"val_size": 60, "batch_size": 50, "download": False, **overrides})
     datamodule = instantiate(cfg.data)
     datamodule.trainer = FakeTrainer()
     datamodule.prepare_data()
@@ -48,7 +49,7 @@ def datamodule_of(data: str, data_dir: Path, **overrides):
 
 def model_inputs(datamodule, loader, stage: str, dataloader_idx: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Every batch of ``loader`` as the model receives it in ``stage``: (the loader's stored uint8 images,
-    the model's float images, the labels), all batches concatenated."""
+    the model's float images, the labels), all batches concatenated; one-channel images as (N, H, W)."""
     trainer = datamodule.trainer
     trainer.training, trainer.testing = stage == "train", stage == "test"
     stored, given, labels = [], [], []
@@ -58,7 +59,10 @@ def model_inputs(datamodule, loader, stage: str, dataloader_idx: int = 0) -> tup
         stored.append(images.numpy())
         given.append(model_images.numpy())
         labels.append(model_targets.numpy())
-    return np.concatenate(stored)[:, 0], np.concatenate(given)[:, 0], np.concatenate(labels)
+    stored, given = np.concatenate(stored), np.concatenate(given)
+    if stored.shape[1] == 1:  # one channel: (N, H, W), as the IDX files hold them
+        stored, given = stored[:, 0], given[:, 0]
+    return stored, given, np.concatenate(labels)
 
 
 def raw_index(raw_images: np.ndarray) -> dict[bytes, int]:
@@ -195,3 +199,120 @@ def test_translated_mnist_puts_each_whole_digit_on_a_40_pixel_black_canvas(mnist
     again = datamodule_of("translated_mnist", mnist_dir, extra_test_sets=[])
     _, test_again, _ = model_inputs(again, again.test_dataloader(), "test")
     assert np.array_equal(test_again, test_given) and len(set(test_places)) > 30
+
+
+def placed_digit(canvas: np.ndarray, digits: dict[bytes, int], most: int) -> tuple[int, int, int]:
+    """The digit of ``digits`` (bytes -> index) lying whole at (top, left) within ``most`` pixels of the
+    canvas's corner, the rest of the canvas black: (index, top, left); fails if there is none."""
+    size = 28
+    for top in range(most + 1):
+        for left in range(most + 1):
+            window = canvas[top : top + size, left : left + size]
+            as_bytes = np.rint(window * 255).astype(np.uint8).tobytes()
+            if as_bytes in digits and np.isclose(canvas.sum(), window.sum(), rtol=1e-6):
+                return digits[as_bytes], top, left
+    raise AssertionError("no digit of the split lies whole on the canvas")
+
+
+def test_multi_mnist_overlays_two_digits_of_different_classes_from_one_split(mnist_dir):
+    datamodule = datamodule_of("multi_mnist", mnist_dir)
+    raw_train, train_labels = raw_mnist(mnist_dir, train=True)
+    raw_test, test_labels = raw_mnist(mnist_dir, train=False)
+    trainer = datamodule.trainer
+    splits = {}
+    for stage, loader, raw, raw_labels in (
+        ("train", datamodule.train_dataloader(), raw_train, train_labels),
+        ("validate", datamodule.val_dataloader(), raw_train, train_labels),
+        ("test", datamodule.test_dataloader(), raw_test, test_labels),
+    ):
+        trainer.training, trainer.testing = stage == "train", stage == "test"
+        index = raw_index(raw)
+        digits, shifts = [], set()
+        for step, batch in enumerate(loader):
+            trainer.global_step = step
+            images, targets, components = datamodule.on_after_batch_transfer(batch, 0)
+            assert images.shape[1:] == (1, 36, 36) and components.shape[1:] == (2, 1, 36, 36)
+            for image, pair, target in zip(images.numpy(), components.numpy(), targets.numpy(), strict=True):
+                # Each component one digit of the split, centred (4 pixels from the corner) and shifted by
+                # up to 4 pixels each way (the paper's MultiMNIST, section 6.1), the image their clipped sum.
+                found = [placed_digit(component[0], index, most=8) for component in pair]
+                assert [raw_labels[at] for at, _, _ in found] == list(target)
+                assert target[0] != target[1]
+                np.testing.assert_allclose(image[0], np.clip(pair[:, 0].sum(0), 0, 1), atol=1e-6)
+                digits.append([at for at, _, _ in found])
+                shifts.update((top - 4, left - 4) for _, top, left in found)
+        splits[stage] = np.array(digits)
+        assert len(shifts) > 40, stage  # 81 shifts possible
+    validation = set(splits["validate"][:, 0])
+    assert len(validation) == datamodule.hparams.val_size  # each validation digit first once
+    assert set(splits["validate"][:, 1]) <= validation  # partners from the validation digits
+    assert not (set(splits["train"].flat) & validation)  # training pairs never use them
+    assert sorted(splits["test"][:, 0]) == list(range(len(raw_test)))  # every test digit first, once
+
+
+def read_norb(path: Path) -> np.ndarray:
+    """A NORB matrix file as its format defines it: little-endian int32 magic (0x1E3D4C55 bytes,
+    0x1E3D4C54 int32), the number of dimensions, max(3, that number) dimensions, then the values."""
+    data = path.read_bytes() if path.suffix != ".gz" else gzip.decompress(path.read_bytes())
+    magic, ndim = struct.unpack("<ii", data[:8])
+    dtype = {0x1E3D4C55: np.uint8, 0x1E3D4C54: np.dtype("<i4")}[magic]
+    shape = struct.unpack(f"<{ndim}i", data[8 : 8 + 4 * ndim])
+    return np.frombuffer(data, dtype=dtype, offset=8 + 4 * max(3, ndim)).reshape(shape)
+
+
+def raw_norb(data_dir: Path, split: str) -> tuple[np.ndarray, np.ndarray]:
+    """(the stereo pairs downsampled 96 -> 48 by averaging 2x2 blocks, rounded to the nearest byte; the
+    categories) of the official ``training`` or ``testing`` files, in file order."""
+    (dat,) = (data_dir / "smallnorb").glob(f"*-{split}-dat.mat*")
+    (cat,) = (data_dir / "smallnorb").glob(f"*-{split}-cat.mat*")
+    pairs = read_norb(dat).astype(np.float64)
+    blocks = pairs.reshape(*pairs.shape[:2], 48, 2, 48, 2).mean(axis=(3, 5))
+    return np.rint(blocks).astype(np.uint8), read_norb(cat)
+
+
+def per_image_standardisation(images: np.ndarray) -> np.ndarray:
+    """tf.image.per_image_standardization: (x - mean) / max(std, 1 / sqrt(pixels)) over each image."""
+    flat = images.reshape(len(images), -1)
+    std = np.maximum(flat.std(axis=1), 1 / np.sqrt(flat.shape[1]))
+    return ((flat - flat.mean(axis=1, keepdims=True)) / std[:, None]).reshape(images.shape)
+
+
+@pytest.mark.parametrize("stereo", ["both", "left", "split"])
+def test_smallnorb_gives_the_files_downsampled_pairs_cropped_and_standardised(norb_dir, stereo):
+    datamodule = datamodule_of("smallnorb", norb_dir, stereo=stereo, val_size=12, batch_size=24)
+    views = {"both": [0, 1], "left": [0], "split": [0, 1]}[stereo]
+    as_samples = {  # a pair (2, 48, 48) -> the samples it gives
+        "both": lambda pair: [pair],
+        "left": lambda pair: [pair[:1]],
+        "split": lambda pair: [pair[:1], pair[1:]],  # the left view, then the right, each a sample
+    }[stereo]
+    # Test: every pair of the testing file in order, its category, the centre 32x32 of the 48x48 image.
+    raw_test, test_categories = raw_norb(norb_dir, "testing")
+    expected = np.stack([sample for pair in raw_test for sample in as_samples(pair)])
+    expected_labels = np.repeat(test_categories, len(as_samples(raw_test[0])))
+    stored, given, labels = model_inputs(datamodule, datamodule.test_dataloader(), "test")
+    stored = stored[:, None] if stored.ndim == 3 else stored
+    assert np.array_equal(stored, expected) and np.array_equal(labels, expected_labels)
+    centre = expected[..., 8:40, 8:40].astype(np.float64) / 255
+    given = given[:, None] if given.ndim == 3 else given
+    np.testing.assert_allclose(given, per_image_standardisation(centre), atol=1e-4)
+    # Training and validation: the training file's pairs, each with its category, every one once.
+    raw_train, train_categories = raw_norb(norb_dir, "training")
+    index = {pair[views].tobytes(): i for i, pair in enumerate(raw_train)}
+    seen = []
+    for loader, stage in ((datamodule.val_dataloader(), "validate"), (datamodule.train_dataloader(), "train")):
+        stored, given, labels = model_inputs(datamodule, loader, stage)
+        stored = stored[:, None] if stored.ndim == 3 else stored
+        if stereo == "split":  # a sample is one view: find its pair by either
+            left = {pair[0].tobytes(): i for i, pair in enumerate(raw_train)}
+            right = {pair[1].tobytes(): i for i, pair in enumerate(raw_train)}
+            at = [left.get(image[0].tobytes(), right.get(image[0].tobytes())) for image in stored]
+        else:
+            at = [index[image.tobytes()] for image in stored]
+        assert np.array_equal(labels, train_categories[at])
+        seen += at
+        if stage == "train":  # a random 32x32 crop, brightness and contrast jitter, then standardised
+            assert given.shape[-2:] == (32, 32)
+            flat = given.reshape(len(given), -1)
+            np.testing.assert_allclose(flat.mean(axis=1), 0, atol=1e-5)
+    assert sorted(seen) == sorted(list(range(len(raw_train))) * (2 if stereo == "split" else 1))
