@@ -27,6 +27,7 @@ from capsexp.nn.functional import (
 from capsexp.results.events import load_events
 from tests.em_reference import fast_em_routing, plain_em_routing, plain_options
 from tests.helpers import TINY_EM_CAPS, TINY_RUN, run_cli_in_process
+from tests.test_recipes import EM_ROUTING_PAPER
 
 
 def routed(votes, activations, parents, **kwargs):
@@ -492,16 +493,7 @@ def test_em_routing_defaults_are_the_papers():
     iterations, final lambda 0.01, plain costs, shared children, no learned temperature, gradients
     through the E-steps, T = 1; the model configs choose capsexp's recipe (EMRouting()) or this."""
     assert inspect.signature(em_routing).parameters["routing"].default is EM_PAPER
-    assert dataclasses.asdict(EM_PAPER) == {
-        "iterations": 3,
-        "final_lambda": 0.01,
-        "sigma_eps": 1e-4,
-        "cost_normalization": "none",
-        "route_per_window": False,
-        "learn_inverse_temperature": False,
-        "detach_responsibilities": False,
-        "e_step_temperature": 1.0,
-    }
+    assert {"_target_": "capsexp.nn.EMRouting", **dataclasses.asdict(EM_PAPER)} == EM_ROUTING_PAPER
     assert recipe_routing("em_caps_paper") == EM_PAPER and recipe_routing("em_caps") == EMRouting()
 
 
@@ -638,36 +630,3 @@ def test_route_per_window_only_differs_where_windows_overlap():
     slot_activations = activations.reshape(2, -1)[:, per_window.child_index(4, 4, poses.device).reshape(-1)]
     _, _, responsibilities = routed(votes, slot_activations, 4, iterations=2, child_index=torch.arange(108).view(9, 12))
     assert torch.allclose(responsibilities.sum(-1), torch.ones(2, 9, 12), atol=1e-5)
-
-
-@pytest.mark.parametrize("small", [False, True])
-def test_paper_recipe_is_one_override_away(small):
-    from tests.helpers import compose_config
-
-    suffix = "_small" if small else ""
-    default = compose_config([f"model=em_caps{suffix}"])
-    paper = compose_config([f"model=em_caps{suffix}_paper"])
-    assert (
-        (paper.model.net.conv_channels, paper.model.net.primary_types)
-        == (default.model.net.conv_channels, default.model.net.primary_types)
-        == ((64, 8) if small else (32, 32))
-    )
-    expected_paper = dict(
-        _target_="capsexp.nn.EMRouting",
-        iterations=3,
-        final_lambda=0.01,
-        sigma_eps=1e-4,
-        cost_normalization="none",
-        route_per_window=False,
-        learn_inverse_temperature=False,
-        detach_responsibilities=False,
-        e_step_temperature=1.0,
-    )
-    assert paper.model.net.routing == expected_paper and not paper.model.net.conv1_norm
-    # capsexp's recipe: the defaults of EMRouting, not restated in YAML
-    assert default.model.net.routing == {"_target_": "capsexp.nn.EMRouting", **dataclasses.asdict(EMRouting())}
-    assert (paper.model.margin.duration, paper.model.margin.unit) == (10, "epoch")
-    assert default.model.net.routing.iterations >= 2  # the default still routes (at least one E-step)
-    assert (default.model.margin.duration, default.model.margin.unit) == (0.35, "run")
-    # The authors' lr under the paper's recipe and on the small net; capsexp's 1e-2 on em_caps.
-    assert paper.model.optimizer.lr == 0.003 and default.model.optimizer.lr == (0.003 if small else 0.01)
