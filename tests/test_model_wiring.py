@@ -5,11 +5,13 @@ output. float64 throughout, so the comparison is tight."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn.functional as F
 
-from capsexp.models import BaselineCNN, CapsNet, LeNet5
-from capsexp.nn import DynamicRouting
+from capsexp.models import BaselineCNN, CapsNet, LeNet5, MatrixCapsNet
+from capsexp.nn import EM_PAPER, DynamicRouting, EMRouting
+from tests.em_reference import plain_em_routing, plain_options
 from tests.test_capsule_ops import paper_squash, procedure_1
 
 
@@ -123,3 +125,125 @@ def test_capsnet_is_conv1_primary_capsules_digit_capsules_routed_by_procedure_1_
         # One routing iteration is uniform coupling: another output, so the iterations are applied.
         net.digits.routing = DynamicRouting(iterations=1)
         assert not torch.allclose(net.eval()(images).poses, poses, atol=1e-6)
+
+
+def em_route_by_hand(layer, votes, activations, routing: EMRouting, **children):
+    """Procedure 1 as tests/em_reference.py transcribes it, with the layer's betas and, where it learns
+    one, its factor on the inverse temperatures."""
+    scale = layer.log_inverse_temperature.exp() if routing.learn_inverse_temperature else None
+    return plain_em_routing(
+        votes,
+        activations,
+        layer.beta_u,
+        layer.beta_a,
+        inverse_temperature_scale=scale,
+        **children,
+        **plain_options(routing),
+    )
+
+
+def conv_caps_by_hand(layer, poses, activations, stride: int, routing: EMRouting):
+    """ConvCaps (section 4), with loops: the parent at output position (y, x) gets, from child type i at
+    input position (y * stride + ky, x * stride + kx), the vote M_i W_(ky, kx, i, j); a child is shared by
+    every window holding it (the paper) or, with route_per_window, each window's slots are children of
+    their own. Poses (N, I, P, P, H, W) -> parents' poses (N, J, P, P, H', W'), activations (N, J, H', W')."""
+    batch, types, pose, _, height, width = poses.shape
+    k = layer.kernel_size
+    out_height, out_width = (height - k) // stride + 1, (width - k) // stride + 1
+    votes, child_ids = [], []  # per output position q = y * W' + x, its slots (ky, kx, i)
+    for y in range(out_height):
+        for x in range(out_width):
+            slots, ids = [], []
+            for ky in range(k):
+                for kx in range(k):
+                    for i in range(types):
+                        row, column = y * stride + ky, x * stride + kx
+                        matrix = poses[:, i, :, :, row, column]  # (N, P, P)
+                        slots.append(matrix[:, None] @ layer.weight[ky * k + kx, i])  # (N, J, P, P)
+                        ids.append(i * height * width + row * width + column)
+            votes.append(torch.stack(slots, dim=1))
+            child_ids.append(ids)
+    votes = torch.stack(votes, dim=1).flatten(-2)  # (N, Q, M, J, P*P)
+    child_index = torch.tensor(child_ids)
+    child_activations = activations.reshape(batch, -1)  # child i * H * W + row * W + column
+    if routing.route_per_window:
+        child_activations = child_activations[:, child_index.reshape(-1)]
+        child_index = torch.arange(child_index.numel()).view_as(child_index)
+    mu, parent_activations = em_route_by_hand(
+        layer, votes, child_activations, routing, child_index=child_index, num_children=child_activations.shape[1]
+    )
+    parents = mu.shape[2]
+    mu = mu.view(batch, out_height, out_width, parents, pose, pose).permute(0, 3, 4, 5, 1, 2)
+    return mu, parent_activations.view(batch, out_height, out_width, parents).permute(0, 3, 1, 2)
+
+
+def em_caps_by_hand(net: MatrixCapsNet, images: torch.Tensor, routing: EMRouting, pose: int, centres: torch.Tensor):
+    """Hinton et al. 2018, Fig. 1, with loops: conv1 5x5 stride 2, BatchNorm (evaluation: running
+    statistics), ReLU; PrimaryCaps, 1x1 convolutions, pose channel t * P*P + e is element e (row-major)
+    of type t's pose, a sigmoid activation per type; ConvCaps1 (stride 2), ConvCaps2 (stride 1); class
+    capsules, one W per child type, the receptive-field centre ``centres[h, w]`` (row, column) added to
+    the first two elements of the right-hand column of each vote (coordinate addition)."""
+    bn = net.conv1_norm
+    x = F.conv2d(images, net.conv1.weight, net.conv1.bias, stride=2)
+    x = (x - bn.running_mean[:, None, None]) / torch.sqrt(bn.running_var[:, None, None] + bn.eps)
+    x = F.relu(x * bn.weight[:, None, None] + bn.bias[:, None, None])
+    batch, _, height, width = x.shape
+    pose_maps = F.conv2d(x, net.primary.pose.weight, net.primary.pose.bias)
+    types = pose_maps.shape[1] // pose**2
+    poses = pose_maps.view(batch, types, pose, pose, height, width)
+    activations = torch.sigmoid(F.conv2d(x, net.primary.activation.weight, net.primary.activation.bias))
+    poses, activations = conv_caps_by_hand(net.conv_caps1, poses, activations, 2, routing)
+    poses, activations = conv_caps_by_hand(net.conv_caps2, poses, activations, 1, routing)
+    layer = net.class_caps
+    types, height, width = poses.shape[1], poses.shape[-2], poses.shape[-1]
+    votes = []  # children (h, w, i)
+    for h in range(height):
+        for w in range(width):
+            for i in range(types):
+                vote = poses[:, i, :, :, h, w][:, None] @ layer.weight[i]  # (N, J, P, P)
+                offset = torch.zeros(pose, pose, dtype=vote.dtype)
+                offset[0, -1], offset[1, -1] = centres[h, w, 0], centres[h, w, 1]
+                votes.append(vote + offset)
+    votes = torch.stack(votes, dim=1).flatten(-2)  # (N, children, J, P*P)
+    mu, class_activations = em_route_by_hand(layer, votes, activations.permute(0, 2, 3, 1).flatten(1), routing)
+    return mu, class_activations
+
+
+@pytest.mark.parametrize("recipe", ["capsexp", "paper"])
+def test_em_caps_is_conv1_primary_two_conv_capsule_layers_and_class_capsules_with_coordinate_addition(recipe):
+    torch.manual_seed(0)
+    routing = EMRouting() if recipe == "capsexp" else EM_PAPER
+    assert routing.route_per_window == (recipe == "capsexp")  # both ways of sharing children are covered
+    pose = 4
+    net = MatrixCapsNet(
+        in_channels=2,
+        num_classes=3,
+        image_size=24,  # conv1 -> 10x10, ConvCaps1 -> 4x4, ConvCaps2 -> 2x2
+        conv_channels=5,
+        primary_types=3,
+        conv_caps1_types=2,
+        conv_caps2_types=3,
+        pose_size=pose,
+        routing=routing,
+    ).double()
+    with torch.no_grad():  # no parameter at a value that hides a mix-up (betas, BatchNorm, temperatures)
+        for name, parameter in net.named_parameters():
+            if not name.endswith("weight") or "conv1_norm" in name:
+                parameter.copy_(torch.randn_like(parameter) * 0.5)
+        net.conv1_norm.running_mean.copy_(torch.randn(5) * 0.1)
+        net.conv1_norm.running_var.copy_(torch.rand(5) + 0.5)
+    # Receptive-field centres of ConvCaps2's 2x2 positions, by hand: conv1 output o is centred on pixel
+    # 2o + 2, ConvCaps1 output c on conv1 output 2c + 1 (pixel 4c + 4), ConvCaps2 output d on ConvCaps1
+    # output d + 1 (pixel 4d + 8); pixel p's centre is (p + 0.5) / 24.
+    rows = (torch.tensor([8.0, 12.0], dtype=torch.float64) + 0.5) / 24
+    centres = torch.stack(torch.meshgrid(rows, rows, indexing="ij"), dim=-1)
+    images = torch.rand(2, 2, 24, 24, dtype=torch.float64)
+    with torch.no_grad():
+        poses, scores = em_caps_by_hand(net, images, routing, pose, centres)
+        out = net.eval()(images)
+    # The paper's variance floor (1e-4) makes the E-step sharp: summation-order rounding grows to ~1e-8.
+    torch.testing.assert_close(out.scores, scores, rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(out.poses, poses, rtol=1e-6, atol=1e-7)
+    assert scores.std() > 1e-3 and poses.std() > 1e-3  # outputs that tell the wirings apart
+    with torch.no_grad():  # transposed centres give another output, beyond the tolerance above
+        assert not torch.allclose(em_caps_by_hand(net, images, routing, pose, centres.flip(-1))[0], poses, rtol=1e-5)
