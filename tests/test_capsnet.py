@@ -131,6 +131,9 @@ def test_capsule_loss_terms():
     )
     no_decoder = CapsNet(reconstruction=False)
     assert set(CapsuleLoss()(no_decoder(images), images, targets)) == {"loss", "margin_loss"}
+    # A figure or a user asking it to reconstruct is told why it cannot, in the option's own spelling.
+    with pytest.raises(RuntimeError, match=r"^this CapsNet was built with reconstruction=False: it has no decoder$"):
+        no_decoder.decode(torch.zeros(1, 10, 16), torch.tensor([0]))
 
 
 def test_a_small_capsnet_learns_real_format_digits(mnist_dir, tmp_path):

@@ -41,18 +41,19 @@ def test_lenet5_is_conv_pool_conv_pool_then_three_fully_connected_layers():
 
 def test_baseline_cnn_is_size_preserving_convolutions_then_fully_connected_layers():
     torch.manual_seed(0)
-    net = BaselineCNN(in_channels=2, num_classes=4, image_size=10, conv_layers=[3, 5], hidden_sizes=[7, 6])
-    net = net.double().eval()  # dropout off
-    images = torch.rand(3, 2, 10, 10, dtype=torch.float64)
-    w1, b1, w2, b2, w3, b3, w4, b4, w5, b5 = parameters(net)
-    # Sabour et al. 2017, section 5: 5x5 convolutions, stride 1 (padded to keep the size, no pooling),
-    # ReLU; fully connected layers with ReLU; dropout; the class layer.
-    x = F.relu(F.conv2d(images, w1, b1, padding=2))
-    x = F.relu(F.conv2d(x, w2, b2, padding=2))
-    assert x.shape == (3, 5, 10, 10)
-    x = F.relu(F.linear(x.flatten(1), w3, b3))
-    x = F.relu(F.linear(x, w4, b4))
-    torch.testing.assert_close(net(images), F.linear(x, w5, b5), rtol=0, atol=1e-12)
+    for image_size, (height, width) in ((10, (10, 10)), ((10, 7), (10, 7))):  # square, and (height, width)
+        net = BaselineCNN(in_channels=2, num_classes=4, image_size=image_size, conv_layers=[3, 5], hidden_sizes=[7, 6])
+        net = net.double().eval()  # dropout off
+        images = torch.rand(3, 2, height, width, dtype=torch.float64)
+        w1, b1, w2, b2, w3, b3, w4, b4, w5, b5 = parameters(net)
+        # Sabour et al. 2017, section 5: 5x5 convolutions, stride 1 (padded to keep the size, no pooling),
+        # ReLU; fully connected layers with ReLU; dropout; the class layer.
+        x = F.relu(F.conv2d(images, w1, b1, padding=2))
+        x = F.relu(F.conv2d(x, w2, b2, padding=2))
+        assert x.shape == (3, 5, height, width)
+        x = F.relu(F.linear(x.flatten(1), w3, b3))
+        x = F.relu(F.linear(x, w4, b4))
+        torch.testing.assert_close(net(images), F.linear(x, w5, b5), rtol=0, atol=1e-12)
 
 
 def capsnet_by_hand(net: CapsNet, images: torch.Tensor, types: int, dim: int, iterations: int):
