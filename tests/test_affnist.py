@@ -3,6 +3,9 @@ files (written here in the official format: MATLAB structs ``affNISTdata``)."""
 
 from __future__ import annotations
 
+import hashlib
+import logging
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -10,8 +13,8 @@ import pytest
 import torch
 from scipy.io import savemat
 
-from capsexp.data import MNISTDataModule
-from capsexp.data.affnist import read_batch
+from capsexp.data import MNISTDataModule, affnist
+from capsexp.data.affnist import download_affnist, ensure_affnist_files, read_affnist_test, read_batch
 from capsexp.data.augment import AffineRanges, random_affine
 from capsexp.errors import CorruptDatasetError, DatasetNotFoundError
 from tests.helpers import FakeTrainer
@@ -90,6 +93,30 @@ def test_translated_mnist_tests_on_generated_affine_digits_and_the_official_affn
     assert images.shape == (25, 1, 40, 40) and images.max() <= 1
 
 
+def test_the_affine_mnist_test_set_is_fixed_by_the_placement_seed_alone(mnist_dir):
+    """The same digits under the same affine maps in every run that shares the placement seed, whatever
+    the run's own seed; another placement seed, other maps."""
+
+    def affine_test_set(placement_seed: int, run_seed: int) -> torch.Tensor:
+        torch.manual_seed(run_seed)
+        datamodule = MNISTDataModule(
+            mnist_dir,
+            verify_checksums=False,
+            download=False,
+            canvas=40,
+            extra_test_sets=["affine_mnist"],
+            placement_seed=placement_seed,
+        )
+        datamodule.trainer = FakeTrainer(testing=True)
+        datamodule.prepare_data()
+        datamodule.setup("test")
+        return datamodule.extra_tests[0].images
+
+    first = affine_test_set(placement_seed=0, run_seed=1)
+    assert torch.equal(first, affine_test_set(placement_seed=0, run_seed=2))
+    assert not torch.equal(first, affine_test_set(placement_seed=1, run_seed=1))
+
+
 def test_affnist_problems_name_the_file(mnist_dir, tmp_path):
     write_affnist(mnist_dir, batches=1)
     datamodule = MNISTDataModule(
@@ -111,3 +138,66 @@ def test_affnist_problems_name_the_file(mnist_dir, tmp_path):
         MNISTDataModule(canvas=36, extra_test_sets=["affnist"])
     with pytest.raises(ValueError, match="needs a canvas"):
         MNISTDataModule(extra_test_sets=["affine_mnist"])
+
+
+def test_affnist_labels_are_checked_against_the_images_and_the_digit_range(tmp_path):
+    wrong = tmp_path / "wrong.mat"
+    images = np.zeros((1600, 5), np.uint8)
+    savemat(wrong, {"affNISTdata": {"image": images, "label_int": np.zeros((1, 4), np.uint8)}})
+    with pytest.raises(CorruptDatasetError, match=r"^\S*wrong\.mat: 4 labels \(label_int\) for 5 images$"):
+        read_batch(wrong)
+    for label in (10, 255):  # the upper end of the range is checked, whatever the lower end is
+        labels = np.array([[0, 3, label, 9, 1]], np.uint8)
+        savemat(wrong, {"affNISTdata": {"image": images, "label_int": labels}})
+        with pytest.raises(CorruptDatasetError, match=rf"wrong\.mat: label_int outside 0-9 \(0\.\.{label}\)$"):
+            read_batch(wrong)
+
+
+def test_the_affnist_test_set_logs_which_files_it_read_and_never_downloads(mnist_dir, monkeypatch, caplog):
+    written = write_affnist(mnist_dir, batches=2)
+    monkeypatch.setattr(affnist, "download_affnist", lambda *args: pytest.fail("reading the test set downloaded"))
+    with caplog.at_level(logging.INFO, logger="capsexp.data.affnist"):
+        images, labels = read_affnist_test(mnist_dir, 2)
+    assert images.shape == (40, 1, 40, 40) and labels.tolist() == [*written[0][1], *written[1][1]]
+    md5 = [hashlib.md5((mnist_dir / "affNIST" / "test_batches" / f"{i}.mat").read_bytes()).hexdigest() for i in (1, 2)]
+    assert caplog.messages == [f"affNIST test set: 40 images from 2 files; md5 1.mat {md5[0]}, 2.mat {md5[1]}"]
+    with pytest.raises(DatasetNotFoundError, match=r"1 of the 3 files asked for are missing"):
+        read_affnist_test(mnist_dir, 3)
+
+
+def test_missing_affnist_files_are_downloaded_where_allowed_and_unpacked(tmp_path, monkeypatch, caplog):
+    source = tmp_path / "source"
+    write_affnist(source, batches=2)
+    archive = tmp_path / "test_batches.zip"
+    with zipfile.ZipFile(archive, "w") as bundle:  # the official zip holds test_batches/1.mat ..
+        for index in (1, 2):
+            bundle.write(source / "affNIST" / "test_batches" / f"{index}.mat", f"test_batches/{index}.mat")
+    data_dir = tmp_path / "data"
+    with pytest.raises(DatasetNotFoundError, match="Downloading is off"):
+        ensure_affnist_files(data_dir, 2, download=False)
+    fetched = []
+    monkeypatch.setattr(
+        affnist, "download_affnist", lambda where: fetched.append(where) or real(where, archive.as_uri())
+    )
+    real = download_affnist
+    with caplog.at_level(logging.INFO, logger="capsexp.data.affnist"):
+        files = ensure_affnist_files(data_dir, 2, download=True)
+    assert fetched == [data_dir] and [path.name for path in files] == ["1.mat", "2.mat"]
+    assert caplog.messages == [f"downloading {archive.as_uri()} (about 100 MB)"]
+    assert files[1].read_bytes() == (source / "affNIST" / "test_batches" / "2.mat").read_bytes()
+    assert sorted(path.name for path in (data_dir / "affNIST").iterdir()) == ["test_batches", "test_batches.zip"]
+    # The zip, once downloaded, is unpacked again without a download (the URL is gone now).
+    files[0].unlink()
+    archive.unlink()
+    download_affnist(data_dir, archive.as_uri())
+    assert files[0].exists()
+    # A failed download leaves nothing behind and says what to do by hand; a damaged zip says so.
+    other = tmp_path / "other"
+    with pytest.raises(
+        DatasetNotFoundError, match=r"download of file://\S+ failed: (.|\n)*unpack it into \S+other/affNIST"
+    ):
+        download_affnist(other, (tmp_path / "nowhere.zip").as_uri())
+    assert list((other / "affNIST").iterdir()) == []
+    (other / "affNIST" / "test_batches.zip").write_bytes(b"not a zip")
+    with pytest.raises(CorruptDatasetError, match=r"test_batches\.zip: not a valid zip file; delete it and download"):
+        download_affnist(other, (tmp_path / "nowhere.zip").as_uri())

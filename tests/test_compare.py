@@ -13,6 +13,7 @@ from torch.utils.tensorboard import SummaryWriter
 from capsexp.compare import main
 from capsexp.errors import NoRunsError
 from capsexp.results.compare import compare
+from capsexp.results.events import last_scalar
 
 RUNS = {  # run folder: (overrides, val/acc curve, test/acc, rotations)
     "0": (["model=lenet5", "seed=1", "data=rotated_mnist"], [0.90, 0.95], 0.96, {0: 0.96, 45: 0.70}),
@@ -81,3 +82,18 @@ def test_command_line_and_empty_folder(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
         main([str(tmp_path / "empty")])
     assert exit_info.value.code == 1 and "error: no runs under" in capsys.readouterr().err
+
+
+def test_last_scalar_reads_the_last_value_logged_and_names_the_tags_a_run_has(tmp_path):
+    run = tmp_path / "run"
+    with SummaryWriter(run / "tensorboard") as writer:  # where a run writes its events
+        for step, value in enumerate([0.5, 0.9, 0.7]):  # the last value, not the best
+            writer.add_scalar("val/acc", value, step)
+        writer.add_scalar("test/acc", 0.8, 3)
+    assert last_scalar(run, "val/acc") == pytest.approx(0.7)
+    assert last_scalar(run / "tensorboard", "test/acc") == pytest.approx(0.8)  # the event folder itself
+    with pytest.raises(KeyError, match=r"val/loss was not logged in \S+run \(it has: test/acc, val/acc\)"):
+        last_scalar(run, "val/loss")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(KeyError, match=r"it has: no scalars"):
+        last_scalar(tmp_path / "empty", "val/acc")

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import lightning as L
 import pytest
 import yaml
+from hydra import compose, initialize_config_dir
+from hydra.conf import ConfigSourceInfo
+from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
-from omegaconf import OmegaConf
+from omegaconf import OmegaConf, open_dict
 
-from capsexp.run.distributed import LAUNCH_ENVIRONMENT
+from capsexp import CONFIG_DIR
+from capsexp.run.distributed import LAUNCH_ENVIRONMENT, child_process_command
 from tests.helpers import TINY_RUN, run_cli, scalars, write_mnist
 
 TWO_PROCESSES = ["trainer.accelerator=cpu", "trainer.devices=2"]
@@ -25,6 +30,36 @@ def uneven_mnist_dir(tmp_path: Path) -> Path:
 def clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in LAUNCH_ENVIRONMENT:
         monkeypatch.delenv(name, raising=False)
+
+
+def test_a_rank_is_started_as_this_job_alone_in_its_folder(tmp_path):
+    """What the DDP launcher runs for rank k: this job's config and overrides as a single run, in the
+    launching job's folder, with a log file of its own and no .hydra/ of its own, from the folder the
+    user started in."""
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=["model=lenet5", "seed=3"], return_hydra_config=True)
+    with open_dict(cfg):
+        cfg.hydra.runtime.output_dir = str(tmp_path / "run")
+        cfg.hydra.runtime.cwd = str(tmp_path)
+    with_config_dir = cfg.copy()  # as if started with --config-dir <tmp_path>/mine
+    with open_dict(with_config_dir):
+        source = ConfigSourceInfo(path=f"file://{tmp_path / 'mine'}", schema="file", provider="command-line")
+        with_config_dir.hydra.runtime.config_sources.append(source)
+    try:
+        HydraConfig.instance().set_config(cfg)
+        command, cwd = child_process_command(local_rank=1)
+        assert command == [
+            sys.executable, "-m", "capsexp", "--config-name", "config", "model=lenet5", "seed=3",
+            f'hydra.run.dir="{tmp_path / "run"}"', "hydra.job.name=capsexp_rank1", "hydra.output_subdir=null",
+        ]  # fmt: skip
+        assert cwd == str(tmp_path)
+        # A config folder given with --config-dir is passed on, and only that one.
+        HydraConfig.instance().set_config(with_config_dir)
+        command, _ = child_process_command(local_rank=0)
+        assert command[3:7] == ["--config-dir", str(tmp_path / "mine"), "--config-name", "config"]
+        assert command.count("--config-dir") == 1 and "hydra.job.name=capsexp_rank0" in command
+    finally:
+        HydraConfig.instance().cfg = None
 
 
 @pytest.mark.filterwarnings("ignore:Be aware that when using `ckpt_path`")

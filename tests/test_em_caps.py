@@ -7,6 +7,7 @@ import functools
 import inspect
 import math
 import re
+import warnings
 
 import lightning as L
 import pytest
@@ -319,7 +320,9 @@ def test_finite_under_bf16_autocast():
 def test_coordinate_addition_adds_scaled_centres_to_the_right_column():
     layer = ClassMatrixCapsules(in_types=2, num_classes=3)
     poses = torch.zeros(1, 2, 16, 3, 4)
-    votes = layer.votes(poses)  # M = 0: the votes are the offsets
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # nothing for the user to read (e.g. meshgrid's on indexing)
+        votes = layer.votes(poses)  # M = 0: the votes are the offsets
     assert votes.shape == (1, 3, 3, 4, 2, 4, 4)  # (N, J, H, W, I, P, P)
     assert votes[0, 0, 2, 1, 0, 0, 3].item() == pytest.approx(2.5 / 3)  # row centre of h = 2
     assert votes[0, 0, 2, 1, 0, 1, 3].item() == pytest.approx(1.5 / 4)  # column centre of w = 1

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import math
+import signal
 import zipfile
 from pathlib import Path
 
@@ -17,7 +18,7 @@ from capsexp.__main__ import check_group_overrides
 from capsexp.callbacks.progress_log import ProgressLog
 from capsexp.config.config_check import config_problems
 from capsexp.data import SmallNORBDataModule
-from capsexp.errors import CheckpointError, ConfigError, InputShapeError
+from capsexp.errors import CheckpointError, ConfigError, InputShapeError, Interrupted
 from capsexp.lit import Classifier, CrossEntropy
 from capsexp.lit.margin import LinearMargin
 from capsexp.lit.schedulers import exponential_decay
@@ -541,3 +542,9 @@ def test_an_underlying_error_is_quoted_by_its_first_line_or_its_type():
 def test_nets_name_both_sizes_for_images_of_another_size(net, name, built):
     with pytest.raises(InputShapeError, match=f"{name} was built for images of {built} .* got 1x40x40"):
         net(torch.rand(2, 1, 40, 40))
+
+
+def test_a_run_stopped_by_a_signal_exits_with_the_shells_status_for_it():
+    for signum, status in ((signal.SIGINT, 130), (signal.SIGTERM, 143)):
+        error = Interrupted("stopped: resume with ...", signum)
+        assert error.exit_code == status and str(error) == "stopped: resume with ..."

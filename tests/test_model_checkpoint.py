@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from types import SimpleNamespace
 
 import lightning as L
 import torch
@@ -188,3 +189,28 @@ def test_a_resumed_run_draws_from_the_global_generator_what_the_uninterrupted_on
     assert torch.load(tmp_path / "stopped" / "last.ckpt", weights_only=True)["global_step"] == 4  # mid-epoch
     resumed = train("resumed", ckpt_path=tmp_path / "stopped" / "last.ckpt")
     assert all(torch.equal(a, b) for a, b in zip(whole.parameters(), resumed.parameters(), strict=True))
+
+
+def test_a_signal_one_ddp_process_received_stops_every_process(tmp_path, monkeypatch):
+    """Under DDP each process offers the signal it received (0: none) to an all-reduce with MAX, here
+    played by a stand-in for the other process: a signal on either side stops both, and a process
+    that received one itself keeps its own."""
+    offered, other = [], {"signal": 0}
+
+    def all_reduce(tensor: torch.Tensor, op) -> None:
+        assert op == torch.distributed.ReduceOp.MAX and tensor.device == torch.device("cpu")
+        offered.append(int(tensor.item()))
+        tensor.copy_(torch.maximum(tensor, torch.tensor([other["signal"]])))
+
+    monkeypatch.setattr(torch.distributed, "all_reduce", all_reduce)
+    trainer = SimpleNamespace(strategy=SimpleNamespace(root_device=torch.device("cpu")))
+    callback = BestAndLastCheckpoint(dirpath=tmp_path)
+    callback._agree_on_signal(trainer)
+    assert callback.stopped_by is None and offered == [0]
+    other["signal"] = signal.SIGTERM
+    callback._agree_on_signal(trainer)
+    assert callback.stopped_by is signal.SIGTERM
+    interrupted = BestAndLastCheckpoint(dirpath=tmp_path)
+    interrupted.stopped_by = signal.SIGINT
+    interrupted._agree_on_signal(trainer)  # the other's SIGTERM is the larger number: its own is kept
+    assert interrupted.stopped_by is signal.SIGINT and offered[-1] == signal.SIGINT

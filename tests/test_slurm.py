@@ -108,3 +108,17 @@ def test_the_requeue_signal_saves_requeues_and_the_restarted_job_resumes_in_its_
     assert list((log_dir / "train" / "runs").iterdir()) == [run_folder]  # no new folder
     assert torch.load(run_folder / LAST_CHECKPOINT, weights_only=True)["global_step"] > first_step
     assert calls.read_text() == f"requeue {JOB}\n"  # SIGTERM does not requeue: SLURM does, for --requeue
+
+
+def test_requeue_asks_scontrol_to_requeue_the_job_and_returns_its_exit_status(tmp_path, monkeypatch):
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    calls = tmp_path / "calls"
+    scontrol = tools / "scontrol"
+    scontrol.write_text(f'#!/bin/sh\necho "$@" >> {calls}\nexit 3\n')
+    scontrol.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tools}{os.pathsep}{os.environ['PATH']}")
+    assert slurm.requeue("4242") == 3
+    assert calls.read_text() == "requeue 4242\n"
+    monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))
+    assert slurm.requeue("4242") == 127  # no scontrol: the shell's "command not found"
