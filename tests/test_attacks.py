@@ -3,13 +3,16 @@ every model, white-box and black-box, and the errors a user gets."""
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 from pathlib import Path
 
 import pytest
 import torch
 from hydra.utils import instantiate
 
-from capsexp.attacks import AdversarialEvaluation, PixelClassifier
+from capsexp.attacks import AdversarialEvaluation, AttackResult, PixelClassifier
+from capsexp.attacks.evaluation import eps_step, metric_name, results_table, write_results
 from capsexp.errors import CheckpointError, ConfigError
 from capsexp.results.events import load_events
 from capsexp.run.attack import source_classifier
@@ -132,3 +135,109 @@ def test_a_source_of_the_same_data_is_built_with_its_weights_when_the_geometry_i
     assert all(
         torch.equal(a, b) for a, b in zip(source.state_dict().values(), module.state_dict().values(), strict=True)
     )
+
+
+class LinearTwoClass(torch.nn.Module):
+    """Scores (s, -s), s = w . x over a 2x2 image: an L-inf step of eps against the true class moves s by
+    eps ||w||_1 (each pixel by eps against the sign of its weight), so every attack result is known in
+    advance. The last pixel has weight 0: its gradient is 0 on every image (an unseen input)."""
+
+    weight = torch.tensor([2.0, -1.0, 0.5, 0.0])
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        s = images.flatten(1) @ self.weight
+        return torch.stack([s, -s], dim=1)
+
+
+def test_attack_results_match_a_linear_model_worked_out_by_hand(caplog):
+    torch.manual_seed(0)
+    pixels = 0.35 + 0.3 * torch.rand(10, 1, 2, 2)  # eps <= 0.3 never reaches the pixel range's ends
+    standardise = lambda x: 2 * x - 1  # noqa: E731  (the DataModule's input transform)
+    w, norm = LinearTwoClass.weight, LinearTwoClass.weight.abs().sum()
+    s = standardise(pixels).flatten(1) @ w
+    labels = torch.tensor([0, 1, 0, 1, 0, 1, 0, 1, 1, 0])  # about half of them wrong before any attack
+    batches = [(pixels[i : i + 4], labels[i : i + 4]) for i in range(0, 10, 4)]  # batches of 4, 4, 2
+    eps = [0.0, 0.005, 0.05, 0.3]
+    model = PixelClassifier(LinearTwoClass(), standardise)
+    for method, targeted in (("fgsm", False), ("bim", False), ("bim", True)):
+        evaluation = AdversarialEvaluation(method=method, eps=eps, targeted=targeted, max_images=7, examples=3)
+        result = evaluation.run(model, None, batches, num_classes=2)
+        seen_s, seen_labels = s[:7], labels[:7]  # the first 7 images, across the batch boundary
+        margin = torch.where(seen_labels == 0, seen_s, -seen_s)  # > 0: right
+        # Through the transform 2x - 1 a pixel step of eps moves s by 2 eps ||w||_1.
+        expected = [(margin > 2 * e * norm).double().mean().item() for e in eps]
+        assert result.images == 7 and result.clean_accuracy == pytest.approx(expected[0])
+        assert result.accuracy == pytest.approx(expected)
+        assert expected == sorted(set(expected), reverse=True)  # 4/7, 3/7, 1/7, 0: the eps told apart
+        # The 10 BIM steps of 0.2 eps reach the ball's corner, where one FGSM step lands.
+        assert result.fgsm_accuracy == (None if method == "fgsm" else pytest.approx(expected))
+        # Two classes: the target is the other class, and every image not right is on it.
+        assert result.target_rate == (pytest.approx([1 - a for a in expected]) if targeted else None)
+        assert result.zero_gradient_fraction == result.unseen_input_fraction == 0.25
+        # The first 3 adversarial images at each eps: each pixel moved by eps against the true class.
+        away = torch.where(labels[:3, None] == 0, -1.0, 1.0) * w.sign()  # (3, 4)
+        moved = torch.stack([pixels[:3].flatten(1) + e * away for e in eps]).view(4, 3, 1, 2, 2)
+        torch.testing.assert_close(result.examples, moved)
+    assert evaluation.name == "bim_targeted"
+    assert not [r for r in caplog.records if r.levelname == "WARNING"]  # no masking here
+
+
+def test_the_attack_page_states_the_images_the_gradient_checks_and_each_eps(tmp_path):
+    result = AttackResult(
+        eps=[0.0, 0.1, 0.25],
+        accuracy=[0.9, 0.55, 0.125],
+        target_rate=[0.0, 0.3, 0.75],
+        fgsm_accuracy=[0.9, 0.6, 0.2],
+        clean_accuracy=0.9,
+        zero_gradient_fraction=0.0125,
+        unseen_input_fraction=0.005,
+        images=40,
+        examples=torch.zeros(3, 1, 1, 2, 2),
+    )
+    path = write_results(result, "bim_targeted", tmp_path, "BIM on run X.")
+    assert path == tmp_path / "attack_bim_targeted.md"
+    assert path.read_text() == (
+        "# Attack bim_targeted\n\nBIM on run X.\n\n"
+        "40 test images; clean accuracy 90.00%; 1.25% of the crafting model's input gradients are exactly 0; "
+        "0.50% of the input positions have a zero gradient on every image (the net never sees them).\n\n"
+        "| eps | bim_targeted accuracy (%) | FGSM accuracy (%) | classified as the target (%) |\n"
+        "| ---: | ---: | ---: | ---: |\n"
+        "| 0 | 90.00 | 90.00 | 0.00 |\n"
+        "| 0.1 | 55.00 | 60.00 | 30.00 |\n"
+        "| 0.25 | 12.50 | 20.00 | 75.00 |\n"
+    )
+    plain = dataclasses.replace(result, target_rate=None, fgsm_accuracy=None)
+    assert results_table(plain, "fgsm").splitlines() == [
+        "| eps | fgsm accuracy (%) |",
+        "| ---: | ---: |",
+        "| 0 | 90.00 |",
+        "| 0.1 | 55.00 |",
+        "| 0.25 | 12.50 |",
+    ]
+    assert metric_name("fgsm", 0.25) == "attack/fgsm/acc_eps0.25" and eps_step(0.25) == 250 and eps_step(0.0005) == 0
+
+
+def test_an_iterative_attack_weaker_than_fgsm_or_mostly_zero_gradients_warn(caplog):
+    evaluation = AdversarialEvaluation(method="pgd", eps=[0.0, 0.1, 0.2])
+    result = AttackResult(
+        eps=[0.0, 0.1, 0.2],
+        accuracy=[0.9, 0.5, 0.3],
+        target_rate=None,
+        fgsm_accuracy=[0.9, 0.4, 0.3],  # PGD worse than FGSM at 0.1 only (equal is fine)
+        clean_accuracy=0.9,
+        zero_gradient_fraction=0.75,
+        unseen_input_fraction=0.125,
+        images=10,
+        examples=torch.zeros(3, 1, 1, 2, 2),
+    )
+    with caplog.at_level(logging.WARNING, logger="capsexp.attacks.evaluation"):
+        evaluation._warn_if_masked(result)
+    assert caplog.messages == [
+        "pgd left more images right than FGSM at eps 0.1 (50.00% > 40.00%): an iterative attack weaker than one "
+        "step is a sign of masked gradients",
+        "75.0% of the input gradients are exactly zero: the attack's gradients may be masked (saturated scores)",
+    ]
+    caplog.clear()
+    # Zero gradients where the net never looks are no sign of masking: 0.75 - 0.25 is not above one half.
+    evaluation._warn_if_masked(dataclasses.replace(result, fgsm_accuracy=None, unseen_input_fraction=0.25))
+    assert caplog.messages == []
