@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import logging
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-from capsexp.callbacks import epoch_timer
+from capsexp.callbacks import epoch_timer, progress_log
 from capsexp.callbacks.epoch_timer import EpochTimer
-from capsexp.callbacks.progress_log import batch_size_of
+from capsexp.callbacks.progress_log import ProgressLog, batch_size_of
 
 
 class Clock:
@@ -75,3 +76,82 @@ def test_the_images_of_a_batch_are_the_first_dimension_of_its_first_tensor():
     assert batch_size_of([torch.zeros(3, 2)]) == 3
     assert batch_size_of(torch.zeros(5, 4)) == 5
     assert batch_size_of({"images": torch.zeros(2)}) == 0  # nothing it can count
+
+
+def progress_trainer(**state) -> SimpleNamespace:
+    defaults = dict(
+        global_step=100,
+        world_size=1,
+        is_global_zero=True,
+        estimated_stepping_batches=1100,
+        max_epochs=4,
+        current_epoch=1,
+        sanity_checking=False,
+        callback_metrics={},
+    )
+    return SimpleNamespace(**{**defaults, **state})
+
+
+def test_progress_lines_give_step_rate_elapsed_eta_mean_loss_and_validation(monkeypatch, caplog):
+    clock = Clock()
+    monkeypatch.setattr(progress_log.time, "perf_counter", clock)
+    trainer, module = progress_trainer(), None  # resumed at step 100 of 1,100
+    progress = ProgressLog(interval_s=30, when="always")
+    caplog.set_level(logging.INFO, logger="capsexp.progress")
+    clock.now = 1000.0
+    progress.on_train_start(trainer, module)
+    batch = (torch.zeros(300, 1, 1, 1), torch.zeros(300))
+    for step, (now, loss) in enumerate([(1010.0, 2.0), (1029.0, 1.0), (1030.0, 0.5)], start=101):
+        trainer.global_step, clock.now = step, now  # the line is due at 30 s, not before
+        progress.on_train_batch_end(trainer, module, {"loss": torch.tensor(loss)}, batch, 0)
+    trainer.callback_metrics = {"val/acc": torch.tensor(0.975)}
+    progress.on_validation_end(trainer, module)
+    trainer.sanity_checking, trainer.callback_metrics = True, {"val/acc": torch.tensor(0.1)}
+    progress.on_validation_end(trainer, module)  # the sanity check's figure is not reported
+    trainer.sanity_checking = False
+    trainer.global_step, clock.now, trainer.world_size = 104, 1061.0, 2
+    progress.on_train_batch_end(trainer, module, torch.tensor(4.0), batch, 0)
+    clock.now = 4725.0
+    progress.on_train_end(trainer, module)
+    assert caplog.messages == [
+        "training: 1,100 steps, a line every 30 s",
+        # 3 x 300 images in 30 s; 3 of the 1,000 steps left at the start in 30 s: 997 more take 9,970 s;
+        # the mean loss of the 3 steps since the start.
+        "epoch 2/4 | step 103/1,100 (9.4%) | 30 img/s | elapsed 0:30 | ETA 2:46:10 | loss 1.1667",
+        "validation at step 103: val/acc 0.9750",
+        # 900 + 2 x 300 images (2 processes now) in 61 s; 4 steps in 61 s: 996 more take 15,189 s; one
+        # step since the last line, so its loss alone.
+        "epoch 2/4 | step 104/1,100 (9.5%) | 25 img/s | elapsed 1:01 | ETA 4:13:09 | loss 4.0000 | val/acc 0.9750",
+        "training done: 4 steps in 1:02:05 (0 img/s)",
+    ]
+
+
+def test_progress_lines_without_a_step_limit_or_an_epoch_limit(monkeypatch, caplog):
+    clock = Clock()
+    monkeypatch.setattr(progress_log.time, "perf_counter", clock)
+    trainer = progress_trainer(estimated_stepping_batches=float("inf"), max_epochs=-1, current_epoch=0, global_step=0)
+    progress = ProgressLog(interval_s=5, when="always")
+    caplog.set_level(logging.INFO, logger="capsexp.progress")
+    progress.on_train_start(trainer, None)
+    trainer.global_step, clock.now = 7, 5.0
+    progress.on_train_batch_end(trainer, None, None, (torch.zeros(50, 1),), 0)
+    assert caplog.messages == [
+        "training: no step limit, a line every 5 s",
+        "epoch 1 | step 7 | 10 img/s | elapsed 0:05",
+    ]
+
+
+def test_progress_lines_are_written_where_asked_and_by_the_first_process_only(monkeypatch):
+    trainer = progress_trainer()
+    for when, terminal, first, active in [
+        ("auto", False, True, True),  # a file or a pipe: lines
+        ("auto", True, True, False),  # a terminal has the progress bar
+        ("always", True, True, True),
+        ("never", False, True, False),
+        ("always", False, False, False),  # other DDP processes stay quiet
+    ]:
+        monkeypatch.setattr(progress_log.sys.stdout, "isatty", lambda terminal=terminal: terminal)
+        trainer.is_global_zero = first
+        progress = ProgressLog(when=when)
+        progress.on_train_start(trainer, None)
+        assert progress.active is active, (when, terminal, first)
