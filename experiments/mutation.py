@@ -91,10 +91,25 @@ def results() -> dict[str, str]:
     return dict(found)
 
 
-def mutated_lines(mutant: str) -> list[str]:
-    """The lines the mutant adds (from ``mutmut show``), stripped."""
+def changed_lines(mutant: str) -> tuple[list[str], list[str]]:
+    """The lines the mutant removes and those it adds (from ``mutmut show``), stripped."""
     diff = subprocess.run([*MUTMUT, "show", mutant], cwd=PROJECT_ROOT, capture_output=True, text=True).stdout
-    return [line[1:].strip() for line in diff.splitlines() if line.startswith("+") and not line.startswith("+++")]
+    lines = diff.splitlines()
+    removed = [line[1:].strip() for line in lines if line.startswith("-") and not line.startswith("---")]
+    return removed, [line[1:].strip() for line in lines if line.startswith("+") and not line.startswith("+++")]
+
+
+# mutmut's string mutant "text" -> "XXtextXX".
+_WRAPPED = re.compile(r"""(["'])XX((?:(?!\1).)*)XX\1""")
+
+
+def wording_only(removed: list[str], added: list[str]) -> bool:
+    """Whether the mutant only puts "XX" at both ends of a piece of prose (a string with a space in it:
+    a message, a help text, a line of a page), which leaves what it says as it was."""
+    if len(removed) != 1 or len(added) != 1:
+        return False
+    wrapped = _WRAPPED.search(added[0])
+    return bool(wrapped and " " in wrapped[2] and _WRAPPED.sub(r"\1\2\1", added[0], count=1) == removed[0])
 
 
 def load_equivalents() -> dict[str, dict[str, str]]:
@@ -112,11 +127,17 @@ def short(area: str) -> str:
 def page(statuses: dict[str, str], equivalents: dict[str, dict[str, str]], wall: float | None) -> str:
     counts: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
     survivors: dict[str, list[tuple[str, str, str]]] = collections.defaultdict(list)  # area -> (mutant, line, reason)
+    wording: dict[str, list[tuple[str, str]]] = collections.defaultdict(list)  # area -> (mutant, line)
     stale = []
     for mutant, status in sorted(statuses.items()):
         area = area_of(mutant)
         if status in ("survived", "no tests"):
-            line = " / ".join(mutated_lines(mutant))
+            removed, added = changed_lines(mutant)
+            line = " / ".join(added)
+            if status == "survived" and wording_only(removed, added):
+                counts[area]["wording"] += 1
+                wording[area].append((mutant, line))
+                continue
             known = equivalents.get(mutant)
             if known and known.get("line", "").strip() == line:
                 counts[area]["equivalent"] += 1
@@ -132,9 +153,9 @@ def page(statuses: dict[str, str], equivalents: dict[str, dict[str, str]], wall:
         judged = sum(count[status] for status in COUNTED)
         killed = count["killed"] + count["timeout"]
         rows.append(
-            f"| `{short(area)}` | {description} | {judged + count['equivalent'] + count[NOT_RUN]} | {killed} | "
-            f"{count['equivalent']} | {count['survived']} | {count['no tests']} | {count[NOT_RUN]} | "
-            + (f"{100 * killed / judged:.1f}% |" if judged else "not run |")
+            f"| `{short(area)}` | {description} | {judged + count['equivalent'] + count['wording'] + count[NOT_RUN]} | "
+            f"{killed} | {count['equivalent']} | {count['wording']} | {count['survived']} | {count['no tests']} | "
+            f"{count[NOT_RUN]} | " + (f"{100 * killed / judged:.1f}% |" if judged else "not run |")
         )
     rows[-1] = rows[-1].replace("`all`", "**all**")
     unexplained = {area: [s for s in found if not s[2]] for area, found in survivors.items()}
@@ -151,11 +172,15 @@ def page(statuses: dict[str, str], equivalents: dict[str, dict[str, str]], wall:
         "over the mutants judged, leaving out the equivalent ones (listed with their reason in",
         "`experiments/mutation_equivalents.yaml`: edits that cannot change a result; those marked",
         '"GPU only" change a result only on a GPU, which the machine above lacks) and those not run',
-        "yet. A mutant no test reaches counts as survived. The goal in every area: each mutant killed or",
-        "explained. `python experiments/mutation.py --area AREA` runs one area (the first column).",
+        'yet, and those that only put "XX" at both ends of a piece of prose (a message, a help text, a line',
+        "of a page: a string with a space in it), which leaves what it says unchanged (column wording; the",
+        "tests check a message by what it says: the culprit, the allowed values). A mutant no test reaches",
+        "counts as survived. The goal in every area: each mutant killed or explained.",
+        "`python experiments/mutation.py --area AREA` runs one area (the first column).",
         "",
-        "| area | code | mutants | killed | equivalent | survived | no test reaches it | not run yet | score |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| area | code | mutants | killed | equivalent | wording | survived | no test reaches it | not run yet "
+        "| score |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
         *rows,
         "",
     ]
@@ -170,10 +195,16 @@ def page(statuses: dict[str, str], equivalents: dict[str, dict[str, str]], wall:
         lines += ["Listed as equivalent, but the mutant is now another edit (re-judge): ", ""]
         lines += [f"- `{mutant}`" for mutant in stale] + [""]
     lines += [f"## Equivalent mutants ({sum(map(len, explained.values()))})", ""]
+    lines += ["Each with the reason it cannot change a result.", ""]
     for area in AREAS:
         if explained.get(area):
             lines += [f"### `{short(area)}`", ""]
             lines += [f"- `{mutant}`: `{line}`: {reason}" for mutant, line, reason in explained[area]] + [""]
+    lines += [f"## Wording only ({sum(map(len, wording.values()))})", ""]
+    for area in AREAS:
+        if wording.get(area):
+            lines += [f"### `{short(area)}`", ""]
+            lines += [f"- `{mutant}`: `{line}`" for mutant, line in wording[area]] + [""]
     return "\n".join(lines).rstrip() + "\n"
 
 

@@ -14,7 +14,7 @@ import torch
 from scipy.io import savemat
 
 from capsexp.data import MNISTDataModule, affnist
-from capsexp.data.affnist import download_affnist, ensure_affnist_files, read_affnist_test, read_batch
+from capsexp.data.affnist import AFFNIST_URL, download_affnist, ensure_affnist_files, read_affnist_test, read_batch
 from capsexp.data.augment import AffineRanges, random_affine
 from capsexp.errors import CorruptDatasetError, DatasetNotFoundError
 from tests.helpers import FakeTrainer
@@ -117,6 +117,21 @@ def test_the_affine_mnist_test_set_is_fixed_by_the_placement_seed_alone(mnist_di
     assert not torch.equal(first, affine_test_set(placement_seed=1, run_seed=1))
 
 
+def test_missing_affnist_files_are_listed_five_at_most(tmp_path):
+    folder = tmp_path / "affNIST" / "test_batches"
+    for batches, listed in (
+        (5, "  1.mat\n  2.mat\n  3.mat\n  4.mat\n  5.mat\n"),
+        (6, "  1.mat\n  2.mat\n  3.mat\n  4.mat\n  5.mat\n  ...\n"),
+    ):
+        with pytest.raises(DatasetNotFoundError) as missing:
+            ensure_affnist_files(tmp_path, batches, download=False)
+        assert str(missing.value) == (
+            f"affNIST test set not found: {batches} of the {batches} files asked for are missing in {folder}:\n"
+            f"{listed}Downloading is off (data.download=false). Unpack {AFFNIST_URL} into {folder.parent}, or "
+            "test on fewer files (data.affnist_batches), or leave affnist out of data.extra_test_sets."
+        )
+
+
 def test_affnist_problems_name_the_file(mnist_dir, tmp_path):
     write_affnist(mnist_dir, batches=1)
     datamodule = MNISTDataModule(
@@ -183,6 +198,14 @@ def test_missing_affnist_files_are_downloaded_where_allowed_and_unpacked(tmp_pat
     with caplog.at_level(logging.INFO, logger="capsexp.data.affnist"):
         files = ensure_affnist_files(data_dir, 2, download=True)
     assert fetched == [data_dir] and [path.name for path in files] == ["1.mat", "2.mat"]
+    with pytest.raises(DatasetNotFoundError) as missing:  # downloaded, and still one short
+        ensure_affnist_files(data_dir, 3, download=True)
+    folder = data_dir / "affNIST" / "test_batches"
+    assert str(missing.value) == (
+        f"affNIST test set not found: 1 of the 3 files asked for are missing in {folder}:\n  3.mat\n"
+        f"Unpack {AFFNIST_URL} into {folder.parent}, or test on fewer files (data.affnist_batches), "
+        "or leave affnist out of data.extra_test_sets."
+    )
     assert caplog.messages == [f"downloading {archive.as_uri()} (about 100 MB)"]
     assert files[1].read_bytes() == (source / "affNIST" / "test_batches" / "2.mat").read_bytes()
     assert sorted(path.name for path in (data_dir / "affNIST").iterdir()) == ["test_batches", "test_batches.zip"]

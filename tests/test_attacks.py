@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -15,7 +16,7 @@ from capsexp.attacks import AdversarialEvaluation, AttackResult, PixelClassifier
 from capsexp.attacks.evaluation import eps_step, metric_name, results_table, write_results
 from capsexp.errors import CheckpointError, ConfigError
 from capsexp.results.events import load_events
-from capsexp.run.attack import source_classifier
+from capsexp.run.attack import attack_tested_model, source_classifier
 from tests.helpers import TINY_EM_CAPS, TINY_RUN, compose_config, run_cli_in_process, scalars
 
 EPS = "attack.eps=[0,0.1,0.3]"
@@ -214,7 +215,12 @@ def test_the_attack_page_states_the_images_the_gradient_checks_and_each_eps(tmp_
         "| 0.1 | 55.00 |",
         "| 0.25 | 12.50 |",
     ]
-    assert metric_name("fgsm", 0.25) == "attack/fgsm/acc_eps0.25" and eps_step(0.25) == 250 and eps_step(0.0005) == 0
+    assert (
+        metric_name("fgsm", 0.25) == "attack/fgsm/acc_eps0.25"
+        and eps_step(0.25) == 250
+        and eps_step(0.75) == 750
+        and eps_step(0.0005) == 0
+    )
 
 
 def test_an_iterative_attack_weaker_than_fgsm_or_mostly_zero_gradients_warn(caplog):
@@ -241,3 +247,18 @@ def test_an_iterative_attack_weaker_than_fgsm_or_mostly_zero_gradients_warn(capl
     # Zero gradients where the net never looks are no sign of masking: 0.75 - 0.25 is not above one half.
     evaluation._warn_if_masked(dataclasses.replace(result, fgsm_accuracy=None, unseen_input_fraction=0.25))
     assert caplog.messages == []
+
+
+def test_attacks_refuse_data_with_several_objects_per_image():
+    evaluation = AdversarialEvaluation(method="bim")
+
+    class MultiDigits:
+        objects_per_image = 2
+
+    class OneDigit:  # a DataModule that does not say: one object per image
+        pass
+
+    with pytest.raises(ConfigError, match=r"^attack=bim: the attacks score one object per image; MultiDigits has 2$"):
+        attack_tested_model(None, evaluation, None, MultiDigits(), SimpleNamespace(), None)
+    with pytest.raises(AttributeError, match="strategy"):  # past the check, on to the trainer's device
+        attack_tested_model(None, evaluation, None, OneDigit(), SimpleNamespace(), None)
