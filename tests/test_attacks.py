@@ -4,6 +4,7 @@ every model, white-box and black-box, and the errors a user gets."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 from pathlib import Path
 from types import SimpleNamespace
@@ -262,3 +263,41 @@ def test_attacks_refuse_data_with_several_objects_per_image():
         attack_tested_model(None, evaluation, None, MultiDigits(), SimpleNamespace(), None)
     with pytest.raises(AttributeError, match="strategy"):  # past the check, on to the trainer's device
         attack_tested_model(None, evaluation, None, OneDigit(), SimpleNamespace(), None)
+
+
+def test_a_black_box_attack_shows_the_source_models_examples_to_the_tested_model(attacked_run, tmp_path, caplog):
+    """attack.source: the examples are crafted on the source checkpoint (the trained run) and shown to the
+    tested model (here the same weights with noise added, so the two differ); the figures, the log and
+    the page say so."""
+    best = next(path for path in (attacked_run / "checkpoints").glob("*.ckpt") if path.name != "last.ckpt")
+    cfg = compose_config([f"paths.data_dir={attacked_run.parents[3] / 'data'}", *TINY_RUN, "attack=fgsm", EPS])
+    torch.manual_seed(1)
+    tested = instantiate(cfg.model, _convert_="partial")
+    tested.load_state_dict(torch.load(best, weights_only=True)["state_dict"])
+    with torch.no_grad():
+        for parameter in tested.parameters():
+            parameter.add_(0.3 * parameter.std() * torch.randn_like(parameter))
+    datamodule = instantiate(cfg.data, _convert_="all")
+    datamodule.prepare_data()
+    datamodule.setup("test")
+    trainer = SimpleNamespace(
+        strategy=SimpleNamespace(root_device=torch.device("cpu")), is_global_zero=True, loggers=[]
+    )
+    evaluation = instantiate(cfg.attack, source=str(best))
+    with caplog.at_level(logging.INFO, logger="capsexp.run.attack"):
+        metrics = attack_tested_model(cfg, evaluation, tested, datamodule, trainer, tmp_path)
+    batches = [datamodule.pixel_batch(batch, 0) for batch in datamodule.test_dataloader()]
+    as_pixels = functools.partial(PixelClassifier, input_transform=datamodule.input_transform)
+    source = source_classifier(str(best), cfg)
+    black_box = evaluation.run(as_pixels(tested), as_pixels(source), batches, num_classes=10)
+    white_box = evaluation.run(as_pixels(tested), None, batches, num_classes=10)
+    assert metrics == {
+        f"attack/fgsm_blackbox/acc_eps{eps:g}": a for eps, a in zip([0, 0.1, 0.3], black_box.accuracy, strict=True)
+    }
+    assert black_box.accuracy != white_box.accuracy  # crafted on another model, other examples
+    assert caplog.messages[0] == f"Attack fgsm_blackbox, crafted on {best}: eps 0, 0.1, 0.3"
+    assert caplog.messages[1:4] == [
+        f"  eps {e:g}: accuracy {100 * a:.2f}%" for e, a in zip([0, 0.1, 0.3], black_box.accuracy, strict=True)
+    ]
+    page = (tmp_path / "attack_fgsm_blackbox.md").read_text()
+    assert f"`fgsm`, crafted on {best}, on the first test set of `MNISTDataModule`; model `LeNet5`." in page
