@@ -15,10 +15,11 @@ from hydra.utils import instantiate
 
 from capsexp.attacks import AdversarialEvaluation, AttackResult, PixelClassifier
 from capsexp.attacks.evaluation import eps_step, metric_name, results_table, write_results
+from capsexp.data import MNISTDataModule
 from capsexp.errors import CheckpointError, ConfigError
 from capsexp.results.events import load_events
-from capsexp.run.attack import attack_tested_model, source_classifier
-from tests.helpers import TINY_EM_CAPS, TINY_RUN, compose_config, run_cli_in_process, scalars
+from capsexp.run.attack import attack_tested_model, pixel_batches, source_classifier
+from tests.helpers import TINY_EM_CAPS, TINY_RUN, FakeTrainer, compose_config, run_cli_in_process, scalars
 
 EPS = "attack.eps=[0,0.1,0.3]"
 
@@ -301,3 +302,19 @@ def test_a_black_box_attack_shows_the_source_models_examples_to_the_tested_model
     ]
     page = (tmp_path / "attack_fgsm_blackbox.md").read_text()
     assert f"`fgsm`, crafted on {best}, on the first test set of `MNISTDataModule`; model `LeNet5`." in page
+
+
+@pytest.mark.parametrize("extra", [{"test_rotations": [0, 90]}, {"canvas": 40, "extra_test_sets": ["affine_mnist"]}])
+def test_attacks_see_the_first_test_set_as_pixels_in_the_unit_range(mnist_dir, extra):
+    """With several test sets (rotated copies, an extra set), an attack takes the first one, at angle
+    0: the raw test digits (placed on the canvas where there is one), divided by 255."""
+    datamodule = MNISTDataModule(mnist_dir, batch_size=32, verify_checksums=False, download=False, **extra)
+    datamodule.trainer = FakeTrainer(testing=True)
+    datamodule.prepare_data()
+    datamodule.setup("test")
+    assert len(datamodule.test_dataloader()) == 2
+    batches = list(pixel_batches(datamodule, torch.device("cpu")))
+    assert [len(labels) for _, labels in batches] == [32, 32, 32, 4]
+    pixels = torch.cat([images for images, _ in batches])
+    assert torch.equal(torch.cat([labels for _, labels in batches]), datamodule.data_test.targets)
+    assert torch.equal(pixels, datamodule.data_test.images.float() / 255)
