@@ -12,13 +12,14 @@ from types import SimpleNamespace
 import pytest
 import torch
 from hydra.utils import instantiate
+from lightning.pytorch.loggers import TensorBoardLogger
 
 from capsexp.attacks import AdversarialEvaluation, AttackResult, PixelClassifier
 from capsexp.attacks.evaluation import eps_step, metric_name, results_table, write_results
 from capsexp.data import MNISTDataModule
 from capsexp.errors import CheckpointError, ConfigError
 from capsexp.results.events import load_events
-from capsexp.run.attack import attack_tested_model, pixel_batches, source_classifier
+from capsexp.run.attack import attack_tested_model, log_to_tensorboard, pixel_batches, source_classifier
 from tests.helpers import TINY_EM_CAPS, TINY_RUN, FakeTrainer, compose_config, run_cli_in_process, scalars
 
 EPS = "attack.eps=[0,0.1,0.3]"
@@ -318,3 +319,38 @@ def test_attacks_see_the_first_test_set_as_pixels_in_the_unit_range(mnist_dir, e
     pixels = torch.cat([images for images, _ in batches])
     assert torch.equal(torch.cat([labels for _, labels in batches]), datamodule.data_test.targets)
     assert torch.equal(pixels, datamodule.data_test.images.float() / 255)
+
+
+def test_the_attack_figures_in_tensorboard_are_per_eps_beside_fgsm_with_the_examples_a_row_per_eps(tmp_path):
+    result = AttackResult(
+        eps=[0.0, 0.1, 0.25],
+        accuracy=[0.9, 0.55, 0.125],
+        target_rate=[0.0, 0.3, 0.75],
+        fgsm_accuracy=[0.9, 0.6, 0.2],
+        clean_accuracy=0.9,
+        zero_gradient_fraction=0.0125,
+        unseen_input_fraction=0.005,
+        images=40,
+        examples=torch.rand(3, 4, 1, 5, 6),  # 3 eps x 4 images of 5x6 pixels
+    )
+    logger = TensorBoardLogger(tmp_path, name="", version="")
+    trainer = SimpleNamespace(is_global_zero=True, loggers=[logger])
+    log_to_tensorboard(result, "bim_targeted", trainer)
+    logged = {
+        tag: [(point.step, pytest.approx(point.value)) for point in points] for tag, points in scalars(tmp_path).items()
+    }
+    steps = [0, 100, 250]  # eps x 1000
+    assert logged == {
+        "attack/bim_targeted/acc": list(zip(steps, result.accuracy, strict=True)),
+        "attack/bim_targeted/fgsm_acc": list(zip(steps, result.fgsm_accuracy, strict=True)),
+        "attack/bim_targeted/target_rate": list(zip(steps, result.target_rate, strict=True)),
+        "attack/bim_targeted/zero_gradient_fraction": [(0, 0.0125)],
+        "attack/bim_targeted/unseen_input_fraction": [(0, 0.005)],
+    }
+    (image,) = load_events(tmp_path, images=0).Images("attack/bim_targeted/examples")
+    # make_grid: a row per eps, the 4 images side by side, 2 pixels of padding around each.
+    assert (image.height, image.width) == (3 * (5 + 2) + 2, 4 * (6 + 2) + 2)
+    # Other DDP processes write nothing.
+    log_to_tensorboard(result, "bim_targeted", SimpleNamespace(is_global_zero=False, loggers=[logger]))
+    logger.experiment.flush()
+    assert {tag: len(points) for tag, points in scalars(tmp_path).items()} == {tag: len(v) for tag, v in logged.items()}
