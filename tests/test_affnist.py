@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import warnings
 import zipfile
 from pathlib import Path
 
@@ -48,6 +49,67 @@ def test_random_affine_is_seeded_and_deforms_within_its_ranges():
     # The bar's height varies with the vertical scale and the rotation, never beyond their reach.
     rows = (first[:, 0] > 0.5).any(2).sum(1).float()
     assert rows.min() >= 20 * 0.8 * np.cos(np.radians(20)) - 2 and rows.max() <= 20 * 1.2 + 2 and rows.std() > 1
+
+
+def affine_by_hand(image: np.ndarray, canvas: int, draws: list[float], ranges: AffineRanges) -> np.ndarray:
+    """One image (H, W) through random_affine's map, written with scipy from its docstring: centred on the
+    canvas; scaled (x by s_x, y by s_y), sheared (x += shear * y), rotated by the angle, about the canvas
+    centre; bilinear, zero outside; then shifted so that its ink's bounding box starts at a uniformly drawn
+    row and column where all of it stays on the canvas. ``draws``: its six uniform numbers in [0, 1), in the
+    order angle, shear, s_x, s_y, row shift, column shift."""
+    from scipy.ndimage import affine_transform
+
+    angle = np.deg2rad(-ranges.rotation + 2 * ranges.rotation * draws[0])
+    shear = -ranges.shear + 2 * ranges.shear * draws[1]
+    low, high = ranges.scale
+    scale_x, scale_y = low + (high - low) * draws[2], low + (high - low) * draws[3]
+    rotation = np.array([[np.cos(angle), -np.sin(angle)], [np.sin(angle), np.cos(angle)]])
+    forward = rotation @ np.array([[1, shear], [0, 1]]) @ np.diag([scale_x, scale_y])  # on (x, y)
+    swap = np.array([[0, 1], [1, 0]])  # (x, y) <-> (row, column)
+    inverse = swap @ np.linalg.inv(forward) @ swap  # output (row, column) -> input (row, column)
+    height, width = image.shape
+    padded = np.zeros((canvas, canvas))
+    top, left = (canvas - height) // 2, (canvas - width) // 2
+    padded[top : top + height, left : left + width] = image
+    centre = np.full(2, (canvas - 1) / 2)
+    warped = affine_transform(padded, inverse, offset=centre - inverse @ centre, order=1, mode="grid-constant")
+    placed = np.zeros_like(warped)
+    rows, cols = np.nonzero(warped > 0)
+    shifts = []
+    for first, last, draw in ((rows.min(), rows.max(), draws[4]), (cols.min(), cols.max(), draws[5])):
+        choices = canvas - (last - first)  # where the box may start: 0 .. canvas - 1 - (last - first)
+        shifts.append(min(int(draw * choices), choices - 1) - first)
+    source = warped[max(0, -shifts[0]) : canvas - max(0, shifts[0]), max(0, -shifts[1]) : canvas - max(0, shifts[1])]
+    placed[
+        max(0, shifts[0]) : max(0, shifts[0]) + source.shape[0], max(0, shifts[1]) : max(0, shifts[1]) + source.shape[1]
+    ] = source
+    return placed
+
+
+def test_random_affine_is_the_documented_map_with_its_draws_in_order():
+    """Each image against the map computed with scipy from the draws of a generator seeded alike (the
+    order of the draws is part of the contract: it fixes the affine test set of a placement seed)."""
+    rng = np.random.default_rng(0)
+    images = np.zeros((6, 12, 12))
+    images[:, 3:9, 4:8] = rng.uniform(0.2, 1.0, (6, 6, 4))  # an off-centre blob: rotations and shears show
+    images[:, 2, 2] = 1.0
+    ranges = AffineRanges(rotation=30, shear=0.3, scale=(0.7, 1.3))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # nothing for the user to read (e.g. torch's on align_corners)
+        placed = random_affine(torch.from_numpy(images).float()[:, None], 30, torch.Generator().manual_seed(5), ranges)
+    replay = torch.Generator().manual_seed(5)
+    draws = torch.stack([torch.rand(6, generator=replay) for _ in range(6)], dim=1).double().numpy()
+    for index in range(6):
+        expected = affine_by_hand(images[index], 30, list(draws[index]), ranges)
+        np.testing.assert_allclose(placed[index, 0].numpy(), expected, atol=1e-5)
+    assert len({tuple(np.argwhere(p[0].numpy() > 0).min(0)) for p in placed}) == 6  # six placements
+    # uint8 digits come back as uint8, rounded.
+    as_bytes = random_affine(
+        torch.from_numpy(images * 255).to(torch.uint8)[:, None], 30, torch.Generator().manual_seed(5), ranges
+    )
+    assert as_bytes.dtype == torch.uint8
+    expected = np.round(affine_by_hand(np.round(images[0] * 255), 30, list(draws[0]), ranges))
+    np.testing.assert_allclose(as_bytes[0, 0].numpy(), expected, atol=1)
 
 
 def write_affnist(data_dir: Path, batches: int, per_batch: int = 20) -> list[tuple[np.ndarray, np.ndarray]]:
