@@ -633,3 +633,9 @@ def test_route_per_window_only_differs_where_windows_overlap():
     slot_activations = activations.reshape(2, -1)[:, per_window.child_index(4, 4, poses.device).reshape(-1)]
     _, _, responsibilities = routed(votes, slot_activations, 4, iterations=2, child_index=torch.arange(108).view(9, 12))
     assert torch.allclose(responsibilities.sum(-1), torch.ones(2, 9, 12), atol=1e-5)
+
+
+def test_a_printed_em_layer_shows_its_routing_options():
+    routing = EMRouting(iterations=3, final_lambda=0.5)
+    text = repr(ConvMatrixCapsules(2, 3, routing=routing))
+    assert f"(router): EMRouter({routing!r})" in text and "iterations=3" in text and "final_lambda=0.5" in text

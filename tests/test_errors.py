@@ -16,6 +16,7 @@ from pydantic import PositiveInt
 from capsexp import CONFIG_DIR
 from capsexp.__main__ import check_group_overrides
 from capsexp.callbacks.progress_log import ProgressLog
+from capsexp.config.arguments import checked
 from capsexp.config.config_check import config_problems
 from capsexp.data import SmallNORBDataModule
 from capsexp.errors import CheckpointError, ConfigError, InputShapeError, Interrupted
@@ -548,3 +549,28 @@ def test_a_run_stopped_by_a_signal_exits_with_the_shells_status_for_it():
     for signum, status in ((signal.SIGINT, 130), (signal.SIGTERM, 143)):
         error = Interrupted("stopped: resume with ...", signum)
         assert error.exit_code == status and str(error) == "stopped: resume with ..."
+
+
+def test_checked_guards_a_function_and_a_class_alike():
+    """``checked`` applied here, as a user's own code would: each bad argument named with what it allows,
+    positional or by keyword; good calls pass through."""
+
+    def scaled(value: PositiveInt, factor: float = 2.0) -> float:
+        return value * factor
+
+    class Box:
+        def __init__(self, size: PositiveInt, label: str = "box") -> None:
+            self.size, self.label = size, label
+
+    guarded, GuardedBox = checked(scaled), checked(Box)
+    assert guarded(3) == 6.0 and guarded(3, factor=0.5) == 1.5 and guarded.__name__ == "scaled"
+    assert GuardedBox is Box and GuardedBox(4, label="b").size == 4
+    with pytest.raises(ValueError, match=r"^scaled: value=0: must be greater than 0$"):
+        guarded(0)
+    with pytest.raises(ValueError, match=r"^Box: size=-1: must be greater than 0$"):
+        GuardedBox(size=-1)
+
+
+def test_a_value_that_cannot_be_resolved_is_named_with_the_first_line_of_the_reason():
+    problems = config_problems(compose_config(["model=lenet5", "model.net.in_channels=${no_such_key}"]))
+    assert problems == ["model.net.in_channels: cannot be resolved (Interpolation key 'no_such_key' not found)"]

@@ -192,7 +192,8 @@ def test_every_model_resumes_exactly(model, devices, signum, mnist_dir, tmp_path
 def test_ckpt_path_last_resumes_the_newest_run_of_the_task_that_saved_a_state(tmp_path, monkeypatch):
     monkeypatch.setenv("CAPSEXP_LOG_DIR", str(tmp_path))
     runs = tmp_path / "mytask" / "runs"
-    for name, saved in [("2026-01-01_10-00-00", True), ("2026-01-02_10-00-00", True), ("2026-01-03_10-00-00", False)]:
+    started = ["2025-12-31_10-00-00", "2026-01-01_10-00-00", "2026-01-02_10-00-00", "2026-01-03_10-00-00"]
+    for name, saved in zip(started, [True, True, True, False], strict=True):
         (runs / name / ".hydra").mkdir(parents=True)
         (runs / name / ".hydra" / "overrides.yaml").write_text(f"- task_name=mytask\n- seed={name[8:10]}\n")
         if saved:
@@ -204,6 +205,8 @@ def test_ckpt_path_last_resumes_the_newest_run_of_the_task_that_saved_a_state(tm
     assert "seed=02" in expanded
     with pytest.raises(CheckpointError, match=r"ckpt_path=last: no run under .*othertask/runs holds"):
         expand_run_folder(["task_name=othertask", "ckpt_path=last"])
+    with pytest.raises(CheckpointError, match=r"^ckpt_path=last: the log folder cannot be found \(.*no_such_model"):
+        expand_run_folder(["model=no_such_model", "ckpt_path=last"])
 
 
 def test_a_loader_resumes_at_the_image_it_stood_at_whatever_the_new_batch_size():
