@@ -16,7 +16,7 @@ from scipy.io import savemat
 
 from capsexp.data import MNISTDataModule, affnist
 from capsexp.data.affnist import AFFNIST_URL, download_affnist, ensure_affnist_files, read_affnist_test, read_batch
-from capsexp.data.augment import AffineRanges, random_affine
+from capsexp.data.augment import AffineRanges, random_affine, random_placement
 from capsexp.errors import CorruptDatasetError, DatasetNotFoundError
 from tests.helpers import FakeTrainer
 
@@ -286,3 +286,11 @@ def test_missing_affnist_files_are_downloaded_where_allowed_and_unpacked(tmp_pat
     (other / "affNIST" / "test_batches.zip").write_bytes(b"not a zip")
     with pytest.raises(CorruptDatasetError, match=r"test_batches\.zip: not a valid zip file; delete it and download"):
         download_affnist(other, (tmp_path / "nowhere.zip").as_uri())
+
+
+def test_a_canvas_the_size_of_the_digits_places_them_where_they_are():
+    digits = torch.randint(0, 256, (5, 1, 28, 28), dtype=torch.uint8)
+    assert torch.equal(random_placement(digits, 28, torch.Generator().manual_seed(0)), digits)
+    assert random_affine(digits, 28, torch.Generator().manual_seed(0)).shape == digits.shape  # allowed too
+    with pytest.raises(ValueError, match=r"^canvas=27 is smaller than the 28x28 images$"):
+        random_placement(digits, 27)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import re
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -117,7 +118,9 @@ def test_a_source_outside_a_run_folder_or_of_other_data_is_refused(attacked_run,
     cfg = compose_config(["attack=fgsm"])
     loose = tmp_path / "loose.ckpt"
     loose.write_bytes(b"")
-    with pytest.raises(CheckpointError, match=r"no run config at .*\.hydra/config\.yaml"):
+    with pytest.raises(
+        CheckpointError, match=r"^attack\.source=\S+loose\.ckpt: no run config at .*\.hydra/config\.yaml"
+    ):
         source_classifier(str(loose), cfg)
     best = next(path for path in (attacked_run / "checkpoints").glob("*.ckpt") if path.name != "last.ckpt")
     with pytest.raises(ConfigError, match=r"was trained on other data \(.*image_size 28.*\) than this run's \("):
@@ -138,6 +141,15 @@ def test_a_source_of_the_same_data_is_built_with_its_weights_when_the_geometry_i
     source = source_classifier(str(run / "checkpoints" / "a.ckpt"), cfg)
     assert all(
         torch.equal(a, b) for a, b in zip(source.state_dict().values(), module.state_dict().values(), strict=True)
+    )
+    # The same interpolations, other values: other data.
+    smaller = compose_config(["data=smallnorb", "data.crop_size=24", "attack=fgsm"])
+    with pytest.raises(ConfigError) as refused:
+        source_classifier(str(run / "checkpoints" / "a.ckpt"), smaller)
+    assert re.fullmatch(
+        r"attack\.source=\S+a\.ckpt was trained on other data \(.*image_size 32.*\) than this run's "
+        r"\(.*image_size 24.*\): a black-box attack needs a source trained on the same inputs",
+        str(refused.value),
     )
 
 

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from hydra.utils import instantiate
+from omegaconf import OmegaConf
 from pydantic import PositiveInt
 
 from capsexp import CONFIG_DIR
@@ -25,7 +27,7 @@ from capsexp.lit.margin import LinearMargin
 from capsexp.lit.schedulers import exponential_decay
 from capsexp.models import BaselineCNN, CapsNet, LeNet5, MatrixCapsNet
 from capsexp.nn import DynamicRouting, EMRouting
-from capsexp.run.checkpoints import _LINE_LIMIT, check_checkpoint
+from capsexp.run.checkpoints import _LINE_LIMIT, check_checkpoint, model_of_run
 from tests.helpers import TINY_RUN, compose_config, run_cli_in_process
 
 
@@ -574,3 +576,41 @@ def test_checked_guards_a_function_and_a_class_alike():
 def test_a_value_that_cannot_be_resolved_is_named_with_the_first_line_of_the_reason():
     problems = config_problems(compose_config(["model=lenet5", "model.net.in_channels=${no_such_key}"]))
     assert problems == ["model.net.in_channels: cannot be resolved (Interpolation key 'no_such_key' not found)"]
+
+
+def test_the_model_of_a_run_is_built_from_its_config_with_its_weights_or_named_errors(tmp_path):
+    """model_of_run (a black-box attack's source): the run's own config builds the model and the
+    checkpoint's weights fill it; what goes wrong is named by the key the user gave."""
+    run = tmp_path / "run"
+    (run / ".hydra").mkdir(parents=True)
+    (run / "checkpoints").mkdir()
+    cfg = compose_config(["model=lenet5"])
+    OmegaConf.save(cfg, run / ".hydra" / "config.yaml")
+    trained = instantiate(cfg.model, _convert_="partial")
+    with torch.no_grad():
+        for parameter in trained.parameters():
+            parameter.normal_()
+    checkpoint = run / "checkpoints" / "best.ckpt"
+    torch.save({"state_dict": trained.state_dict(), "pytorch-lightning_version": "2.6.0"}, checkpoint)
+    module, run_cfg = model_of_run(checkpoint, "attack.source=X")
+    assert run_cfg == OmegaConf.load(run / ".hydra" / "config.yaml")
+    assert all(torch.equal(module.state_dict()[k], v) for k, v in trained.state_dict().items())
+    # Weights of another model: named, not PyTorch's size-mismatch traceback.
+    other = instantiate(compose_config(["model=baseline_cnn"]).model)
+    torch.save({"state_dict": other.state_dict(), "pytorch-lightning_version": "2.6.0"}, checkpoint)
+    with pytest.raises(CheckpointError, match=r"^attack\.source=X was saved from another model than this run's LeNet5"):
+        model_of_run(checkpoint, "attack.source=X")
+    # A config that cannot build its model says which key led there.
+    OmegaConf.save(compose_config(["model=lenet5", "model.net.in_channels=0"]), run / ".hydra" / "config.yaml")
+    with pytest.raises(
+        ConfigError, match=r"in_channels=0: must be greater than 0\n  raised building attack\.source=X \("
+    ):
+        model_of_run(checkpoint, "attack.source=X")
+    loose = tmp_path / "loose.ckpt"
+    with pytest.raises(CheckpointError) as error:
+        model_of_run(loose, "attack.source=X")
+    assert str(error.value) == (
+        f"attack.source=X: no run config at {tmp_path.parent / '.hydra' / 'config.yaml'}. The checkpoint must "
+        "sit inside the folder of the run that wrote it (<run>/checkpoints/*.ckpt): its .hydra/config.yaml builds "
+        "its model."
+    )

@@ -27,14 +27,15 @@ _UNPICKLER_CAUSE = "WeightsUnpickler error:"
 _LINE_LIMIT = 160  # characters of an underlying error quoted in a message
 
 
-def check_checkpoint(ckpt_path: str | Path, module: nn.Module | None = None) -> dict | None:
+def check_checkpoint(ckpt_path: str | Path, module: nn.Module | None = None, where: str | None = None) -> dict | None:
     """Raise :class:`CheckpointError` unless ``ckpt_path`` is a Lightning checkpoint whose weights fit
     ``module`` (same parameter names and shapes); return the checkpoint, read (memory-mapped) on the CPU,
-    or None for an alias Lightning resolves itself."""
+    or None for an alias Lightning resolves itself. ``where``: the option that named the file, as the
+    messages begin (``ckpt_path=<file>`` unless given)."""
     if str(ckpt_path) in LIGHTNING_ALIASES:
         return None
     path = Path(ckpt_path)
-    where = f"ckpt_path={ckpt_path}"
+    where = where or f"ckpt_path={ckpt_path}"
     if path.is_dir():
         found = sorted(path.glob("*.ckpt")) or sorted(path.glob("checkpoints/*.ckpt"))
         hint = f"; it holds {', '.join(p.name for p in found[:3])}" if found else ""
@@ -128,5 +129,5 @@ def model_of_run(ckpt_path: str | Path, where: str) -> tuple[Any, Any]:
         )
     cfg = OmegaConf.load(config_file)
     module = instantiate(where, cfg.model, _convert_="partial")
-    module.load_state_dict(check_checkpoint(ckpt_path, module)["state_dict"])
+    module.load_state_dict(check_checkpoint(ckpt_path, module, where)["state_dict"])
     return module, cfg
