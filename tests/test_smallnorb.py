@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import gzip
+import hashlib
 import http.server
+import tempfile
 import threading
 from pathlib import Path
 
@@ -11,7 +13,8 @@ import numpy as np
 import pytest
 import torch
 
-from capsexp.data import SmallNORBDataModule
+from capsexp.data import SmallNORBDataModule, smallnorb
+from capsexp.data.base import md5sum
 from capsexp.data.norb_format import SMALLNORB_FILES, write_matrix
 from capsexp.data.smallnorb import PREFIX
 from capsexp.errors import CorruptDatasetError, DatasetNotFoundError
@@ -143,16 +146,20 @@ def test_missing_files_without_network_name_folder_and_files(tmp_path):
         prepared(tmp_path)
     message = str(error.value)
     assert str(tmp_path / "smallnorb") in message and all(name in message for name in SMALLNORB_FILES)
-    assert "CAPSEXP_DATA_DIR" in message
-    with pytest.raises(DatasetNotFoundError, match=r"Download of http://127.0.0.1:9/.* failed"):
-        prepared(tmp_path, download=True, base_url="http://127.0.0.1:9/")
+    assert "\nDownloading is off (data.download=false).\n" in message and "CAPSEXP_DATA_DIR" in message
+    first = next(iter(SMALLNORB_FILES))
+    with pytest.raises(DatasetNotFoundError) as error:  # the reason, not the exception's wrapping
+        prepared(tmp_path, download=True, base_url="http://127.0.0.1:9//")
+    assert f"\nDownload of http://127.0.0.1:9/{first}.gz failed: [Errno 111] Connection refused\n" in str(error.value)
     assert not list((tmp_path / "smallnorb").glob("*"))
 
 
 # ---- download from a loopback HTTP server ----------------------------------------------------
 class Server:
-    def __init__(self, directory: Path, truncate: str | None = None):
+    def __init__(self, directory: Path, truncate: str | None = None, watch: Path | None = None):
         truncated = truncate
+        self.seen_while_serving: list[list[str]] = []  # the files in ``watch`` as each request arrives
+        seen = self.seen_while_serving
 
         class Handler(http.server.SimpleHTTPRequestHandler):
             def __init__(self, *args, **kwargs):
@@ -162,6 +169,8 @@ class Server:
                 pass
 
             def do_GET(self):
+                if watch is not None:
+                    seen.append(sorted(path.name for path in watch.iterdir()))
                 if truncated and self.path.endswith(truncated):
                     # Announce the whole file, send a tenth of it, hang up: an interrupted download.
                     body = (directory / truncated).read_bytes()
@@ -211,10 +220,38 @@ def test_corrupted_download_is_detected_and_not_kept(served, tmp_path):
     assert not list((tmp_path / "data" / "smallnorb").glob("*.download"))
 
 
+def test_a_download_is_written_beside_its_file_first_and_kept_when_its_md5_is_the_official_one(
+    served, tmp_path, monkeypatch
+):
+    """Each file arrives as a temporary ``*.download`` in the data folder (a rename into place cannot
+    cross file systems), never in the system's temporary folder; checked against the official md5 of
+    the .gz (here the served files' own md5s stand in for the official ones)."""
+    official = {
+        name: (
+            md5sum(served / f"{name}.gz"),
+            hashlib.md5(gzip.decompress((served / f"{name}.gz").read_bytes())).hexdigest(),
+        )
+        for name in SMALLNORB_FILES
+    }
+    monkeypatch.setattr(smallnorb, "SMALLNORB_FILES", official)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "system_temp"))
+    (tmp_path / "system_temp").mkdir()
+    folder = tmp_path / "data" / "smallnorb"
+    folder.mkdir(parents=True)
+    with Server(served, watch=folder) as server:
+        datamodule = prepared(tmp_path / "data", download=True, base_url=server.url, verify_checksums=True)
+    assert len(datamodule.data_test) == COUNT
+    for index, seen in enumerate(server.seen_while_serving):  # each file's temporary, then the file
+        assert len([name for name in seen if name.endswith(".download")]) == 1 and len(seen) == index + 1, seen
+    assert list((tmp_path / "system_temp").iterdir()) == []
+
+
 def test_interrupted_download_is_not_left_behind(served, tmp_path):
     victim = f"{PREFIX['test']}-dat.mat.gz"
-    with Server(served, truncate=victim) as server, pytest.raises(DatasetNotFoundError, match="failed"):
+    size = (served / victim).stat().st_size
+    with Server(served, truncate=victim) as server, pytest.raises(DatasetNotFoundError) as error:
         prepared(tmp_path / "data", download=True, base_url=server.url)
+    assert f"{victim} failed: interrupted after {size // 10} of {size} bytes\n" in str(error.value)
     folder = tmp_path / "data" / "smallnorb"
     assert not (folder / victim).exists() and not list(folder.glob("*.download"))
     # With the server fixed, the next run fetches what is still missing and works.
