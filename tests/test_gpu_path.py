@@ -23,8 +23,11 @@ def test_device_loader_yields_the_samplers_order_in_batches():
     assert len(loader) == len(batches) == 3
     assert [b[1].tolist() for b in batches] == [[3, 1, 4], [0, 9, 2], [6]]
     assert all(torch.equal(b[0][:, 0, 0, 0], b[1]) for b in batches)  # images travel with their targets
-    ordered = torch.cat([t for _, t in DeviceBatchLoader(images, targets, 4)])
-    assert ordered.tolist() == list(range(10))
+    stored = DeviceBatchLoader(images, targets, 4)  # no sampler: the stored order, 4 + 4 + 2
+    ordered = torch.cat([t for _, t in stored])
+    assert ordered.tolist() == list(range(10)) and len(stored) == 3
+    with pytest.raises(ValueError, match=r"^10 images but 9 targets$"):
+        DeviceBatchLoader(images, targets[:9], 4)
 
 
 def _fake_trainer(world_size: int, rank: int) -> FakeTrainer:

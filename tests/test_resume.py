@@ -21,7 +21,7 @@ from capsexp.errors import CheckpointError
 from capsexp.lit import Classifier, CrossEntropy
 from capsexp.lit.schedulers import cosine_decay
 from capsexp.models import LeNet5
-from capsexp.run.resume import expand_run_folder
+from capsexp.run.resume import expand_run_folder, task_folder
 from tests.helpers import PROJECT_ROOT, TINY_EM_CAPS, TINY_RUN, run_cli_in_process, scalars
 
 
@@ -258,3 +258,10 @@ def test_augmentation_draws_depend_on_the_runs_seed_the_step_and_the_process(mon
     assert all(not torch.equal(draw(1, 5), other) for other in others)
     seeds = {step_generator(torch.device("cpu"), step).initial_seed() for step in range(1000)}
     assert len(seeds) == 1000 and max(seeds) < 2**63  # distinct, and within manual_seed's range
+
+
+def test_the_task_folder_is_found_from_the_overrides_alone(tmp_path):
+    """Flags, Hydra's own keys and the checkpoint are left out of the composition that finds
+    ``<log_dir>/<task_name>``: each of them would make it fail."""
+    arguments = ["--config-name=config", "-m", "+hydra.run.dir=x", f"paths.log_dir={tmp_path}", "task_name=mine"]
+    assert task_folder([*arguments, "ckpt_path=last"], "ckpt_path=last") == tmp_path / "mine"
