@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import re
 import shlex
 import signal
@@ -12,6 +13,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import lightning as L
+import pytest
 import torch
 from lightning.pytorch.demos.boring_classes import BoringModel
 
@@ -214,3 +216,21 @@ def test_a_signal_one_ddp_process_received_stops_every_process(tmp_path, monkeyp
     interrupted.stopped_by = signal.SIGINT
     interrupted._agree_on_signal(trainer)  # the other's SIGTERM is the larger number: its own is kept
     assert interrupted.stopped_by is signal.SIGINT and offered[-1] == signal.SIGINT
+
+
+def test_a_first_signal_asks_to_stop_after_the_step_and_a_second_ctrl_c_stops_at_once(tmp_path, caplog):
+    callback = BestAndLastCheckpoint(dirpath=tmp_path)
+    with caplog.at_level(logging.WARNING, logger="capsexp.callbacks.model_checkpoint"):
+        callback._on_signal(signal.SIGINT, None)
+    assert callback.stopped_by is signal.SIGINT
+    assert caplog.messages == [
+        "SIGINT received: training stops after this step, its state saved in last.ckpt "
+        "(Ctrl-C again to stop at once, without saving)"
+    ]
+    with pytest.raises(KeyboardInterrupt):
+        callback._on_signal(signal.SIGINT, None)
+    # A scheduler's repeated SIGTERM is no Ctrl-C: the run still stops after its step, with its state saved.
+    terminated = BestAndLastCheckpoint(dirpath=tmp_path)
+    terminated._on_signal(signal.SIGTERM, None)
+    terminated._on_signal(signal.SIGTERM, None)
+    assert terminated.stopped_by is signal.SIGTERM

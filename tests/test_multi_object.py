@@ -103,6 +103,13 @@ def test_objects_are_overlaid_in_colours():
     colour = overlaid(reconstructions)
     assert colour.shape == (4, 3, 5, 5) and torch.equal(colour[:, 0], reconstructions[:, 0, 0])
     assert torch.equal(colour[:, 1], reconstructions[:, 1, 0]) and not colour[:, 2].any()
+    three = torch.rand(4, 3, 1, 5, 5)  # as many objects as colours: each its own
+    assert torch.equal(overlaid(three), three[:, :, 0])
+    for shape in [(4, 4, 1, 5, 5), (4, 2, 3, 5, 5)]:  # more objects than colours; colour reconstructions
+        with pytest.raises(
+            ValueError, match=rf"^can overlay up to 3 one-channel reconstructions, got \({shape[1]}, {shape[2]}\)$"
+        ):
+            overlaid(torch.rand(shape))
 
 
 def test_capsnet_trains_on_multi_mnist_from_the_command_line(mnist_dir, tmp_path):
