@@ -366,3 +366,32 @@ def test_the_attack_figures_in_tensorboard_are_per_eps_beside_fgsm_with_the_exam
     log_to_tensorboard(result, "bim_targeted", SimpleNamespace(is_global_zero=False, loggers=[logger]))
     logger.experiment.flush()
     assert {tag: len(points) for tag, points in scalars(tmp_path).items()} == {tag: len(v) for tag, v in logged.items()}
+
+
+def test_fgsm_is_one_signed_gradient_step_of_eps_on_any_model():
+    """Goodfellow et al. 2015: x' = clip(x + eps sign(grad_x CE)), computed here with autograd on a
+    nonlinear net, where a second step would go elsewhere."""
+    torch.manual_seed(0)
+    net = instantiate(compose_config(["model=lenet5"]).model.net)
+    model = PixelClassifier(net, lambda x: 2 * x - 1)
+    pixels, labels = torch.rand(6, 1, 28, 28), torch.arange(6)
+    result = AdversarialEvaluation(method="fgsm", eps=[0.1], examples=6).run(model, None, [(pixels, labels)], 10)
+    x = pixels.clone().requires_grad_(True)
+    (gradient,) = torch.autograd.grad(torch.nn.functional.cross_entropy(model(x), labels, reduction="sum"), x)
+    expected = (pixels + 0.1 * gradient.sign()).clamp(0, 1)
+    torch.testing.assert_close(result.examples[0], expected, rtol=0, atol=1e-6)
+
+
+def test_the_attack_recipes_are_foolboxs_defaults_and_the_documented_sweep():
+    """What ``attack=fgsm|bim|pgd`` builds, and the Python defaults, against the values the configs cite:
+    foolbox's L-inf BIM (10 steps of 0.2 eps) and PGD (40 steps of eps/30), seed 0, 8 examples kept."""
+    common = dict(eps=[0.0, 0.05, 0.1, 0.2, 0.3, 0.5], targeted=False, source=None, max_images=None, seed=0, examples=8)
+    expected = {
+        "fgsm": dict(method="fgsm", steps=10, relative_step=0.2, **common),
+        "bim": dict(method="bim", steps=10, relative_step=0.2, **common),
+        "pgd": dict(method="pgd", steps=40, relative_step=0.0333, **common),
+    }
+    for name, values in expected.items():
+        evaluation = instantiate(compose_config([f"attack={name}"]).attack)
+        assert vars(evaluation) == values, name
+    assert vars(AdversarialEvaluation()) == expected["fgsm"]
