@@ -395,3 +395,26 @@ def test_the_attack_recipes_are_foolboxs_defaults_and_the_documented_sweep():
         evaluation = instantiate(compose_config([f"attack={name}"]).attack)
         assert vars(evaluation) == values, name
     assert vars(AdversarialEvaluation()) == expected["fgsm"]
+
+
+def test_iterative_attacks_have_fgsm_beside_them_and_their_random_draws_are_seeded():
+    torch.manual_seed(0)
+    net = instantiate(compose_config(["model=lenet5"]).model.net)
+    model = PixelClassifier(net, lambda x: 2 * x - 1)
+    pixels = torch.rand(32, 1, 28, 28)
+    with torch.no_grad():
+        labels = model(pixels).argmax(1)  # the model's own answers: all right before the attack
+    x = pixels.clone().requires_grad_(True)
+    (gradient,) = torch.autograd.grad(torch.nn.functional.cross_entropy(model(x), labels, reduction="sum"), x)
+    with torch.no_grad():  # FGSM by hand, as in the test above, scored on the model
+        fgsm = (model((pixels + 0.1 * gradient.sign()).clamp(0, 1)).argmax(1) == labels).double().mean().item()
+    assert 0 < fgsm < 1  # some images turned, some not
+    runs = []
+    for method, targeted, global_seed in [("pgd", False, 1), ("pgd", False, 2), ("bim", True, 1), ("bim", True, 2)]:
+        torch.manual_seed(global_seed)  # the run's own seed: the attack's draws must not depend on it
+        evaluation = AdversarialEvaluation(method=method, eps=[0.1], steps=3, targeted=targeted, seed=4)
+        runs.append(evaluation.run(model, None, [(pixels, labels)], num_classes=10))
+    for result in runs[:2]:  # untargeted, as the FGSM by hand (a targeted attack's FGSM aims at the target)
+        assert result.fgsm_accuracy == [pytest.approx(fgsm)]
+    assert torch.equal(runs[0].examples, runs[1].examples)  # PGD's random start, seeded by attack.seed
+    assert torch.equal(runs[2].examples, runs[3].examples) and runs[2].target_rate == runs[3].target_rate  # targets
