@@ -17,6 +17,7 @@ import torchvision.transforms.functional as TF
 from hydra.utils import instantiate
 from torchvision.transforms import InterpolationMode
 
+from capsexp.data.base import evaluation_generator
 from tests.helpers import FakeTrainer, compose_config
 
 
@@ -316,3 +317,16 @@ def test_smallnorb_gives_the_files_downsampled_pairs_cropped_and_standardised(no
             flat = given.reshape(len(given), -1)
             np.testing.assert_allclose(flat.mean(axis=1), 0, atol=1e-5)
     assert sorted(seen) == sorted(list(range(len(raw_train))) * (2 if stereo == "split" else 1))
+
+
+def test_every_fixed_evaluation_set_draws_from_a_stream_of_its_own():
+    """Validation, test and affine-test sets of every seed: no two share their random draws (with two
+    streams per seed, seed 0's affine test set drew what seed 1's validation set draws). Seed 0's
+    streams are the ones its published results used: 0, 1, 2."""
+    streams = {
+        (seed, split): evaluation_generator(seed, split).initial_seed() for seed in range(5) for split in range(3)
+    }
+    assert len(set(streams.values())) == len(streams)
+    assert [streams[0, split] for split in range(3)] == [0, 1, 2]
+    with pytest.raises(ValueError, match=r"^evaluation_generator: split=3: must be 0 to 2$"):
+        evaluation_generator(0, 3)

@@ -57,10 +57,18 @@ def md5sum(path: Path, chunk_size: int = 1 << 20) -> str:
     return digest.hexdigest()
 
 
+# The fixed evaluation sets a seed draws, each from a stream of its own: validation (split 0), test
+# (split 1) and capsexp.data.mnist's affine test set.
+AFFINE_SPLIT = 2
+EVALUATION_STREAMS = AFFINE_SPLIT + 1
+
+
 def evaluation_generator(seed: int, split: int) -> torch.Generator:
-    """The generator of a fixed evaluation set drawn at random (positions, pairs): one stream per
-    (seed, split), so that the validation (split 0) and test (split 1) sets differ under one seed."""
-    return torch.Generator().manual_seed(2 * seed + split)
+    """The generator of a fixed evaluation set drawn at random (positions, pairs): one stream of its
+    own per (seed, split), so that no two sets share their draws, under one seed or across seeds."""
+    if not 0 <= split < EVALUATION_STREAMS:
+        raise ValueError(f"evaluation_generator: split={split}: must be 0 to {EVALUATION_STREAMS - 1}")
+    return torch.Generator().manual_seed(EVALUATION_STREAMS * seed + split)
 
 
 class InMemoryDataModule(L.LightningDataModule):

@@ -27,7 +27,14 @@ from torchvision.datasets.utils import download_and_extract_archive
 from capsexp.config.arguments import checked
 from capsexp.data.affnist import AFFNIST_SIZE, TEST_BATCHES, ensure_affnist_files, read_affnist_test
 from capsexp.data.augment import random_affine, random_placement, random_shift, rotate
-from capsexp.data.base import InMemoryDataModule, data_folder_errors, evaluation_generator, md5sum, partial_path
+from capsexp.data.base import (
+    AFFINE_SPLIT,
+    InMemoryDataModule,
+    data_folder_errors,
+    evaluation_generator,
+    md5sum,
+    partial_path,
+)
 from capsexp.data.tensor_dataset import ImageTensorDataset
 from capsexp.errors import CorruptDatasetError
 from capsexp.results.metric_names import PLAIN, rotation_set_name
@@ -45,7 +52,6 @@ UNPACKED_MD5 = {
 GZ_MD5 = dict(MNIST.resources)
 MNIST_MEAN, MNIST_STD = 0.1307, 0.3081
 DIGIT_SIZE = 28  # MNIST digits are 28x28
-AFFINE_SPLIT = 2  # the affine_mnist test set's stream of evaluation_generator (0, 1: validation, test)
 
 
 def check_idx_file(path: Path, magic: int, max_label: int = 9) -> int:
