@@ -169,3 +169,12 @@ def test_under_two_processes_each_trains_on_its_own_share_with_its_own_pairs(mni
     first, second = (made[rank].on_after_batch_transfer(batch, 0) for rank in range(2))
     assert torch.equal(first.targets[:, 0], second.targets[:, 0])
     assert not torch.equal(first.components[:, 1], second.components[:, 1])
+
+
+def test_translate_moves_each_image_down_and_right_by_its_own_shift_with_zeros_shifted_in():
+    images = torch.arange(1, 2 * 4 * 5 + 1, dtype=torch.float32).view(2, 4, 5)
+    moved = translate(images, torch.tensor([1, -2]), torch.tensor([2, 0]))
+    expected = torch.zeros_like(images)
+    expected[0, 1:, 2:] = images[0, :3, :3]  # down 1, right 2
+    expected[1, :2, :] = images[1, 2:, :]  # up 2
+    assert torch.equal(moved, expected)
