@@ -41,21 +41,10 @@ def norb_dir(tmp_path: Path) -> Path:
     return write_norb(tmp_path / "data")
 
 
-# Files whose tests start processes or train several runs (15 to 60 s each): run first, so that the
-# workers of `make test` end together instead of one finishing a long test begun last.
-LONG_TESTS_FIRST = (
-    "tests/test_experiments.py",
-    "tests/test_distributed.py",
-    "tests/test_sweeps.py",
-    "tests/test_slurm.py",
-)
-
-
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The long tests first; tests marked ``gpu`` run only where CUDA is available."""
+    """Tests marked ``gpu`` run only where CUDA is available."""
     import torch
 
-    items.sort(key=lambda item: not item.nodeid.startswith(LONG_TESTS_FIRST))  # stable: file order kept
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device")

@@ -124,6 +124,7 @@ def test_em_smallnorb_tests_each_viewpoint_run_on_familiar_and_novel_views(tmp_p
         assert len(list(csv.DictReader(handle))) == 5  # all viewpoints; 2 models x 2 protocols
 
 
+@pytest.mark.slow  # four study runs in child processes (about 25 s): make test-all
 def test_em_training_writes_curves_and_routing_entropies_per_recipe(mnist_dir, tmp_path):
     output = tmp_path / "results"
     result = run_quick(
@@ -157,6 +158,7 @@ def test_em_training_writes_curves_and_routing_entropies_per_recipe(mnist_dir, t
     assert folders == ["default", "paper"]
 
 
+@pytest.mark.slow  # seven study runs in child processes (about 65 s): make test-all
 def test_em_routing_ablation_runs_each_row_with_every_seed_and_resumes(mnist_dir, tmp_path):
     output, folder = tmp_path / "results", tmp_path / "study"
     common = [mnist_dir, tmp_path, output]
