@@ -198,18 +198,22 @@ def test_attack_results_match_a_linear_model_worked_out_by_hand(caplog):
     assert not [r for r in caplog.records if r.levelname == "WARNING"]  # no masking here
 
 
+# A targeted BIM sweep's result, written by hand: what the page and TensorBoard are checked on.
+SWEEP = AttackResult(
+    eps=[0.0, 0.1, 0.25],
+    accuracy=[0.9, 0.55, 0.125],
+    target_rate=[0.0, 0.3, 0.75],
+    fgsm_accuracy=[0.9, 0.6, 0.2],
+    clean_accuracy=0.9,
+    zero_gradient_fraction=0.0125,
+    unseen_input_fraction=0.005,
+    images=40,
+    examples=torch.zeros(3, 1, 1, 2, 2),
+)
+
+
 def test_the_attack_page_states_the_images_the_gradient_checks_and_each_eps(tmp_path):
-    result = AttackResult(
-        eps=[0.0, 0.1, 0.25],
-        accuracy=[0.9, 0.55, 0.125],
-        target_rate=[0.0, 0.3, 0.75],
-        fgsm_accuracy=[0.9, 0.6, 0.2],
-        clean_accuracy=0.9,
-        zero_gradient_fraction=0.0125,
-        unseen_input_fraction=0.005,
-        images=40,
-        examples=torch.zeros(3, 1, 1, 2, 2),
-    )
+    result = SWEEP
     path = write_results(result, "bim_targeted", tmp_path, "BIM on run X.")
     assert path == tmp_path / "attack_bim_targeted.md"
     assert path.read_text() == (
@@ -334,17 +338,7 @@ def test_attacks_see_the_first_test_set_as_pixels_in_the_unit_range(mnist_dir, e
 
 
 def test_the_attack_figures_in_tensorboard_are_per_eps_beside_fgsm_with_the_examples_a_row_per_eps(tmp_path):
-    result = AttackResult(
-        eps=[0.0, 0.1, 0.25],
-        accuracy=[0.9, 0.55, 0.125],
-        target_rate=[0.0, 0.3, 0.75],
-        fgsm_accuracy=[0.9, 0.6, 0.2],
-        clean_accuracy=0.9,
-        zero_gradient_fraction=0.0125,
-        unseen_input_fraction=0.005,
-        images=40,
-        examples=torch.rand(3, 4, 1, 5, 6),  # 3 eps x 4 images of 5x6 pixels
-    )
+    result = dataclasses.replace(SWEEP, examples=torch.rand(3, 4, 1, 5, 6))  # 3 eps x 4 images of 5x6 pixels
     logger = TensorBoardLogger(tmp_path, name="", version="")
     trainer = SimpleNamespace(is_global_zero=True, loggers=[logger])
     log_to_tensorboard(result, "bim_targeted", trainer)
