@@ -16,14 +16,24 @@ equivalent mutant); the page lists the rest as unexplained.
 from __future__ import annotations
 
 import argparse
+import ast
 import collections
 import datetime
+import fnmatch
+import functools
+import json
 import os
+import random
 import re
 import subprocess
 import sys
 
+import scipy.stats
 import yaml
+from mutmut.__main__ import walk_mutatable_files
+from mutmut.mutation.data import SourceFileMutationData
+from mutmut.mutation.diff_apply import get_diff_for_mutant
+from mutmut.stats import status_by_exit_code
 
 from benchlib import cpu_name
 from capsexp import PROJECT_ROOT
@@ -54,7 +64,11 @@ AREAS = {
     "capsexp": "entry points and errors",
 }
 COUNTED = ("killed", "timeout", "survived", "no tests", "suspicious", "segfault")
+# Where the last ``--sample`` is kept, and the seed of every sample.
+SAMPLE_FILE = PROJECT_ROOT / "mutants" / "capsexp-sample.json"
+SAMPLE_SEED = 0
 NOT_RUN = "not checked"  # mutmut's status of a mutant it has not run yet
+INTERRUPTED = "check was interrupted by user"  # stopped mid-test: not run either
 
 
 def area_of(name: str) -> str:
@@ -80,23 +94,49 @@ def area_patterns(area: str) -> list[str]:
     return [f"{module}.x*" for module in modules() if area_of(module) == prefix]
 
 
-def results() -> dict[str, str]:
-    """``{mutant name: status}`` of the last ``mutmut run``."""
-    listing = subprocess.run([*MUTMUT, "results", "--all", "true"], cwd=PROJECT_ROOT, capture_output=True, text=True)
-    if listing.returncode != 0:
-        sys.exit(f"mutmut results failed:\n{listing.stderr.strip()}")
-    found = re.findall(r"^\s+(\S+): (.+)$", listing.stdout, flags=re.MULTILINE)
+def sample(names: list[str], per_area: int) -> set[str]:
+    """A uniform random sample of ``per_area`` mutants of each area (all of an area with fewer), seeded
+    by ``SAMPLE_SEED``: the same mutants on every machine while the code stays as it is."""
+    by_area = collections.defaultdict(list)
+    for name in sorted(names):
+        by_area[area_of(name)].append(name)
+    rng = random.Random(SAMPLE_SEED)
+    return {name for area in sorted(by_area) for name in rng.sample(by_area[area], min(per_area, len(by_area[area])))}
+
+
+def sample_size() -> int | None:
+    """The ``--sample`` of the last run that sampled (kept in mutants/, beside mutmut's results)."""
+    return json.loads(SAMPLE_FILE.read_text())["per_area"] if SAMPLE_FILE.is_file() else None
+
+
+def _mutation_data() -> dict[str, SourceFileMutationData]:
+    """``{mutant name: its file's mutation data}`` of the last ``mutmut run``, read in this process
+    (``mutmut show`` per mutant costs a second of start-up each)."""
+    os.chdir(PROJECT_ROOT)  # mutmut reads its configuration and mutants/ from the working directory
+    found = {}
+    for path in walk_mutatable_files():
+        data = SourceFileMutationData(path=path)
+        data.load()
+        found.update(dict.fromkeys(data.exit_code_by_key, data))
     if not found:
         sys.exit("no mutation results: run `python experiments/mutation.py` (mutmut run) first")
-    return dict(found)
+    return found
+
+
+def results() -> dict[str, str]:
+    """``{mutant name: status}`` of the last ``mutmut run``."""
+    statuses = {name: status_by_exit_code[data.exit_code_by_key[name]] for name, data in _mutation_data().items()}
+    return {name: NOT_RUN if status == INTERRUPTED else status for name, status in statuses.items()}
 
 
 def changed_lines(mutant: str) -> tuple[list[str], list[str]]:
-    """The lines the mutant removes and those it adds (from ``mutmut show``), stripped."""
-    diff = subprocess.run([*MUTMUT, "show", mutant], cwd=PROJECT_ROOT, capture_output=True, text=True).stdout
-    lines = diff.splitlines()
+    """The lines the mutant removes and those it adds, stripped."""
+    lines = get_diff_for_mutant(mutant, path=_mutation_data_cached()[mutant].path).splitlines()
     removed = [line[1:].strip() for line in lines if line.startswith("-") and not line.startswith("---")]
     return removed, [line[1:].strip() for line in lines if line.startswith("+") and not line.startswith("+++")]
+
+
+_mutation_data_cached = functools.cache(_mutation_data)
 
 
 # mutmut's string mutant "text" -> "XXtextXX".
@@ -112,6 +152,60 @@ def wording_only(removed: list[str], added: list[str]) -> bool:
     return bool(wrapped and " " in wrapped[2] and _WRAPPED.sub(r"\1\2\1", added[0], count=1) == removed[0])
 
 
+def _parsed(line: str) -> ast.Module | None:
+    """A changed line parsed on its own (a ``with``/``if`` header or an argument line completed)."""
+    for text in (line, line + " pass", f"({line.rstrip(',')})"):
+        try:
+            return ast.parse(text)
+        except SyntaxError:
+            continue
+    return None
+
+
+def _always_none(node: ast.expr) -> bool:
+    """``None``, or mutmut's ``A if (...) and False else None``."""
+    if isinstance(node, ast.IfExp):
+        test = node.test
+        last = test.values[-1] if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And) else None
+        return isinstance(last, ast.Constant) and last.value is False and _always_none(node.orelse)
+    return isinstance(node, ast.Constant) and node.value is None
+
+
+class _WithoutPlacement(ast.NodeTransformer):
+    """Drops the device a tensor is made on or moved to (every ``device=`` argument, ``.to(None)`` and
+    ``.to(<a device>)``), keeping the dropped devices in ``devices``."""
+
+    def __init__(self) -> None:
+        self.devices: list[str] = []
+
+    def _placement(self, node: ast.expr) -> bool:
+        return _always_none(node) or "device" in ast.unparse(node)
+
+    def visit_Call(self, node: ast.Call) -> ast.AST:
+        self.generic_visit(node)
+        for keyword in [k for k in node.keywords if k.arg == "device"]:
+            self.devices.append("None" if _always_none(keyword.value) else ast.unparse(keyword.value))
+            node.keywords.remove(keyword)
+        moved = isinstance(node.func, ast.Attribute) and node.func.attr == "to" and len(node.args) == 1
+        if moved and not node.keywords and self._placement(node.args[0]):
+            self.devices.append("None" if _always_none(node.args[0]) else ast.unparse(node.args[0]))
+            return node.func.value
+        return node
+
+
+def device_only(removed: list[str], added: list[str]) -> bool:
+    """Whether the mutant only puts a tensor on the default device (the CPU) where the code names
+    another: the same result on a machine without an accelerator."""
+    if len(removed) != 1 or len(added) != 1:
+        return False
+    trees = _parsed(removed[0]), _parsed(added[0])
+    if None in trees:
+        return False
+    original, mutant = _WithoutPlacement(), _WithoutPlacement()
+    same_otherwise = ast.dump(original.visit(trees[0])) == ast.dump(mutant.visit(trees[1]))
+    return same_otherwise and all(device == "None" or device in original.devices for device in mutant.devices)
+
+
 def load_equivalents() -> dict[str, dict[str, str]]:
     """``{mutant name: {"line": the mutated line, "reason": why it cannot change a result}}``."""
     if not EQUIVALENTS.is_file():
@@ -124,40 +218,69 @@ def short(area: str) -> str:
     return area.removeprefix("capsexp.") or "capsexp"
 
 
-def page(statuses: dict[str, str], equivalents: dict[str, dict[str, str]], wall: float | None) -> str:
-    counts: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+# Survivors recognised by what they change, each kind a column and a list of its own:
+# kind -> (column, test of the removed and added lines).
+KINDS = {"wording": ("wording", wording_only), "device": ("device only", device_only)}
+
+
+def score(killed: int, judged: int, sampled: bool) -> str:
+    """Killed over judged; from a sample, with its 95% (Wilson) interval."""
+    if not judged:
+        return "not run"
+    if not sampled:
+        return f"{100 * killed / judged:.1f}%"
+    low, high = scipy.stats.binomtest(killed, judged).proportion_ci(0.95, method="wilson")
+    return f"{100 * killed / judged:.0f}% ({100 * low:.0f}-{100 * high:.0f}%)"
+
+
+def page(
+    statuses: dict[str, str], equivalents: dict[str, dict[str, str]], wall: float | None, sampled: set[str] | None
+) -> str:
+    verdicts: dict[str, str] = {}  # mutant -> its status, or the kind of survivor it was recognised as
     survivors: dict[str, list[tuple[str, str, str]]] = collections.defaultdict(list)  # area -> (mutant, line, reason)
-    wording: dict[str, list[tuple[str, str]]] = collections.defaultdict(list)  # area -> (mutant, line)
+    # kind -> area -> (mutant, line)
+    recognised: dict[str, dict[str, list[tuple[str, str]]]] = {kind: collections.defaultdict(list) for kind in KINDS}
     stale = []
     for mutant, status in sorted(statuses.items()):
         area = area_of(mutant)
+        verdicts[mutant] = status
         if status in ("survived", "no tests"):
             removed, added = changed_lines(mutant)
             line = " / ".join(added)
-            if status == "survived" and wording_only(removed, added):
-                counts[area]["wording"] += 1
-                wording[area].append((mutant, line))
+            kind = next((kind for kind, (_, test) in KINDS.items() if test(removed, added)), None)
+            if status == "survived" and kind:
+                verdicts[mutant] = kind
+                recognised[kind][area].append((mutant, line))
                 continue
             known = equivalents.get(mutant)
             if known and known.get("line", "").strip() == line:
-                counts[area]["equivalent"] += 1
+                verdicts[mutant] = "equivalent"
                 survivors[area].append((mutant, line, known["reason"]))
                 continue
             if known:
                 stale.append(mutant)
             survivors[area].append((mutant, line, ""))
-        counts[area][status] += 1
+    # An area run whole is counted whole; one that is not, by its sample.
+    unfinished = {area_of(mutant) for mutant, status in statuses.items() if status == NOT_RUN}
+    counts: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+    for mutant, verdict in verdicts.items():
+        area = area_of(mutant)
+        if area not in unfinished or sampled is None or mutant in sampled:
+            counts[area][verdict] += 1
+    totals = collections.Counter(area_of(mutant) for mutant in statuses)
     rows = []
-    for area, description in [*AREAS.items(), ("all", "the whole package")]:
-        count = counts[area] if area != "all" else sum(counts.values(), collections.Counter())
+    for area, description in AREAS.items():
+        count = counts[area]
         judged = sum(count[status] for status in COUNTED)
         killed = count["killed"] + count["timeout"]
+        by_sample = area in unfinished and sampled is not None
         rows.append(
-            f"| `{short(area)}` | {description} | {judged + count['equivalent'] + count['wording'] + count[NOT_RUN]} | "
-            f"{killed} | {count['equivalent']} | {count['wording']} | {count['survived']} | {count['no tests']} | "
-            f"{count[NOT_RUN]} | " + (f"{100 * killed / judged:.1f}% |" if judged else "not run |")
+            f"| `{short(area)}` | {description} | {totals[area]} | "
+            + (f"sample of {sum(count.values())}" if by_sample else "all" if area not in unfinished else "so far")
+            + f" | {killed} | {count['equivalent']} | "
+            + "".join(f"{count[kind]} | " for kind in KINDS)
+            + f"{count['survived']} | {count['no tests']} | {count[NOT_RUN]} | {score(killed, judged, by_sample)} |"
         )
-    rows[-1] = rows[-1].replace("`all`", "**all**")
     unexplained = {area: [s for s in found if not s[2]] for area, found in survivors.items()}
     explained = {area: [s for s in found if s[2]] for area, found in survivors.items()}
     command = "python experiments/mutation.py"
@@ -169,18 +292,29 @@ def page(statuses: dict[str, str], equivalents: dict[str, dict[str, str]], wall:
         + (f"; its last `mutmut run` took {wall / 60:.0f} min." if wall else "."),
         "Each mutant is one small edit of the code (an operator, a constant, an argument); the tests that",
         "reach the edited function run against it. Score: killed (a test failed, or the run timed out)",
-        "over the mutants judged, leaving out the equivalent ones (listed with their reason in",
-        "`experiments/mutation_equivalents.yaml`: edits that cannot change a result; those marked",
-        '"GPU only" change a result only on a GPU, which the machine above lacks) and those not run',
-        'yet, and those that only put "XX" at both ends of a piece of prose (a message, a help text, a line',
-        "of a page: a string with a space in it), which leaves what it says unchanged (column wording; the",
-        "tests check a message by what it says: the culprit, the allowed values). A mutant no test reaches",
-        "counts as survived. The goal in every area: each mutant killed or explained.",
-        "`python experiments/mutation.py --area AREA` runs one area (the first column).",
+        "over the mutants judged, leaving out those not run yet and three kinds of survivors that cannot",
+        "change a result here (below). An area whose every mutant has run is counted whole; one that has",
+        "not, by a seeded uniform random sample of its mutants (`--sample N`, N per area), with the score's",
+        "95% interval (Wilson). The survivors listed are all those found, in the sample or not.",
         "",
-        "| area | code | mutants | killed | equivalent | wording | survived | no test reaches it | not run yet "
-        "| score |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "",
+        "- equivalent: listed with the reason in `experiments/mutation_equivalents.yaml`; those marked",
+        '  "GPU only" change a result only on a GPU, which the machine above lacks;',
+        '- wording: the edit only puts "XX" at both ends of a piece of prose (a message, a help text, a',
+        "  line of a page: a string with a space in it), which leaves what it says unchanged (the tests",
+        "  check a message by what it says: the culprit, the allowed values);",
+        "- device only: the edit only puts a tensor or a model on the default device, the CPU, where the",
+        "  code names another (a `device=` argument made `None` or dropped, a `.to(device)` made",
+        "  `.to(None)`): the same result on a machine without a GPU; the GPU tests",
+        "  (`pytest -m gpu`) are where these are judged.",
+        "",
+        "A mutant no test reaches counts as survived. The goal in every area: each mutant killed or",
+        "explained. `python experiments/mutation.py --area AREA` runs one area (the first column).",
+        "",
+        "| area | code | mutants | counted | killed | equivalent | "
+        + "".join(f"{column} | " for column, _ in KINDS.values())
+        + "survived | no test reaches it | not run yet | score |",
+        "| --- | --- | ---: | --- | " + "---: | " * (5 + len(KINDS)) + "---: |",
         *rows,
         "",
     ]
@@ -200,11 +334,13 @@ def page(statuses: dict[str, str], equivalents: dict[str, dict[str, str]], wall:
         if explained.get(area):
             lines += [f"### `{short(area)}`", ""]
             lines += [f"- `{mutant}`: `{line}`: {reason}" for mutant, line, reason in explained[area]] + [""]
-    lines += [f"## Wording only ({sum(map(len, wording.values()))})", ""]
-    for area in AREAS:
-        if wording.get(area):
-            lines += [f"### `{short(area)}`", ""]
-            lines += [f"- `{mutant}`: `{line}`" for mutant, line in wording[area]] + [""]
+    for kind, (column, _) in KINDS.items():
+        found = recognised[kind]
+        lines += [f"## {column.capitalize()} ({sum(map(len, found.values()))})", ""]
+        for area in AREAS:
+            if found.get(area):
+                lines += [f"### `{short(area)}`", ""]
+                lines += [f"- `{mutant}`: `{line}`" for mutant, line in found[area]] + [""]
     return "\n".join(lines).rstrip() + "\n"
 
 
@@ -218,20 +354,44 @@ def main() -> None:
     parser.add_argument(
         "--only", nargs="+", default=[], metavar="PATTERN", help="run only the mutants whose names match (fnmatch)"
     )
+    parser.add_argument(
+        "--sample", type=int, metavar="N", help="run a seeded random sample of N mutants per area (those not run yet)"
+    )
+    parser.add_argument("--survivors", action="store_true", help="run every survivor again (after new tests)")
     args = parser.parse_args()
+    if args.sample is not None and args.sample < 1:
+        sys.exit(f"--sample {args.sample}: give the number of mutants per area, 1 or more")
     wall = None
     if not args.report:
         selected = [pattern for area in args.area for pattern in area_patterns(area)] + args.only
-        run = [*MUTMUT, "run", "--max-children", str(args.max_children), *selected]
-        # One thread per mutant: mutmut forks its workers from a process that has imported (and may
-        # have run) torch, and a child forked after OpenMP started hangs in its first parallel region
-        # (every such mutant then ends as a false timeout).
-        # The tests run in mutants/, so the real datasets are not beside the checkout there.
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "CAPSEXP_DATA_DIR": str(real_data_dir())}
-        with Stopwatch() as watch:
-            subprocess.run(run, cwd=PROJECT_ROOT, check=True, env=env)
-        wall = watch.seconds
-    RESULTS.write_text(page(results(), load_equivalents(), wall))
+        if args.sample or args.survivors:
+            statuses = results() if (PROJECT_ROOT / "mutants").is_dir() else {}
+            if args.sample and not statuses:
+                sys.exit("--sample needs the mutants listed first: run `python experiments/mutation.py --only none`")
+            names = set()
+            if args.sample:
+                names |= {name for name in sample(list(statuses), args.sample) if statuses[name] == NOT_RUN}
+                SAMPLE_FILE.write_text(json.dumps({"per_area": args.sample, "seed": SAMPLE_SEED}))
+            if args.survivors:
+                names |= {name for name, status in statuses.items() if status in ("survived", "no tests")}
+            if selected:
+                names = {name for name in names if any(fnmatch.fnmatch(name, pattern) for pattern in selected)}
+            selected = sorted(names)
+            if not selected:
+                print("nothing to run: every mutant asked for has run")
+        if selected or not (args.sample or args.survivors):
+            run = [*MUTMUT, "run", "--max-children", str(args.max_children), *selected]
+            # One thread per mutant: mutmut forks its workers from a process that has imported (and may
+            # have run) torch, and a child forked after OpenMP started hangs in its first parallel region
+            # (every such mutant then ends as a false timeout).
+            # The tests run in mutants/, so the real datasets are not beside the checkout there.
+            env = {**os.environ, "OMP_NUM_THREADS": "1", "CAPSEXP_DATA_DIR": str(real_data_dir())}
+            with Stopwatch() as watch:
+                subprocess.run(run, cwd=PROJECT_ROOT, check=True, env=env)
+            wall = watch.seconds
+    statuses = results()
+    per_area = sample_size()
+    RESULTS.write_text(page(statuses, load_equivalents(), wall, sample(list(statuses), per_area) if per_area else None))
     print(f"wrote {RESULTS.relative_to(PROJECT_ROOT)}")
 
 

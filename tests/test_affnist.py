@@ -51,6 +51,28 @@ def test_random_affine_is_seeded_and_deforms_within_its_ranges():
     assert rows.min() >= 20 * 0.8 * np.cos(np.radians(20)) - 2 and rows.max() <= 20 * 1.2 + 2 and rows.std() > 1
 
 
+def test_random_affine_places_the_thinnest_ink_anywhere_and_keeps_the_callers_dtype():
+    """A single pixel (ink one row high and one column wide) in the image's first row and column, on a
+    canvas the size of the image: every row and column is a place it may land, each one equally likely."""
+    dot = torch.zeros(2000, 1, 28, 28, dtype=torch.float64)
+    dot[:, :, 0, 0] = 0.5
+    still = AffineRanges(rotation=0, shear=0, scale=(1.0, 1.0))
+    placed = random_affine(dot, 28, torch.Generator().manual_seed(0), still)
+    assert placed.dtype == torch.float64
+    torch.testing.assert_close(placed.sum((1, 2, 3)), dot.sum((1, 2, 3)), rtol=1e-6, atol=0)  # whole (float32 warp)
+    rows, cols = (placed[:, 0] > 0).any(2).double().argmax(1), (placed[:, 0] > 0).any(1).double().argmax(1)
+    for position in (rows, cols):
+        counts = torch.bincount(position, minlength=28)
+        assert (counts > 0).all() and counts.max() < 3 * counts.min()  # every place, no favourite
+    # without a generator: torch's global one
+    torch.manual_seed(0)
+    unseeded = random_affine(dot[:50], 28, ranges=still)
+    torch.manual_seed(0)
+    assert torch.equal(unseeded, random_affine(dot[:50], 28, ranges=still))
+    with pytest.raises(ValueError, match=r"^canvas=27 is smaller than the 28x28 images$"):
+        random_affine(dot, 27)
+
+
 def affine_by_hand(image: np.ndarray, canvas: int, draws: list[float], ranges: AffineRanges) -> np.ndarray:
     """One image (H, W) through random_affine's map, written with scipy from its docstring: centred on the
     canvas; scaled (x by s_x, y by s_y), sheared (x += shear * y), rotated by the angle, about the canvas

@@ -141,6 +141,24 @@ def test_progress_lines_without_a_step_limit_or_an_epoch_limit(monkeypatch, capl
     ]
 
 
+def test_progress_lines_of_a_one_epoch_run_before_and_after_its_first_step(monkeypatch, caplog):
+    clock = Clock()
+    monkeypatch.setattr(progress_log.time, "perf_counter", clock)
+    trainer = progress_trainer(estimated_stepping_batches=10, max_epochs=1, current_epoch=0, global_step=0)
+    progress = ProgressLog(interval_s=0.25, when="always")
+    caplog.set_level(logging.INFO, logger="capsexp.progress")
+    progress.on_train_start(trainer, None)
+    clock.now = 0.3  # a batch that made no step yet (trainer.accumulate_grad_batches=2): no ETA to give
+    progress.on_train_batch_end(trainer, None, None, (torch.zeros(50, 1),), 0)
+    trainer.global_step, clock.now = 1, 0.6
+    progress.on_train_batch_end(trainer, None, None, (torch.zeros(100, 1),), 1)
+    assert caplog.messages[1:] == [
+        "epoch 1/1 | step 0/10 (0.0%) | 167 img/s | elapsed 0:00",
+        # 150 images in 0.6 s; 9 steps left at 0.6 s each
+        "epoch 1/1 | step 1/10 (10.0%) | 250 img/s | elapsed 0:01 | ETA 0:05",
+    ]
+
+
 def test_progress_lines_are_written_where_asked_and_by_the_first_process_only(monkeypatch):
     trainer = progress_trainer()
     for when, terminal, first, active in [
