@@ -172,25 +172,27 @@ def _always_none(node: ast.expr) -> bool:
 
 
 class _WithoutPlacement(ast.NodeTransformer):
-    """Drops the device a tensor is made on or moved to (every ``device=`` argument, ``.to(None)`` and
-    ``.to(<a device>)``), keeping the dropped devices in ``devices``."""
+    """Drops the device a tensor is made on or moved to: every ``device=`` argument, and every argument
+    that is ``None`` or names a device (``.to(images.device)``, ``pools_on(specs.device)``), keeping
+    the dropped devices in ``devices``."""
 
     def __init__(self) -> None:
         self.devices: list[str] = []
 
     def _placement(self, node: ast.expr) -> bool:
-        return _always_none(node) or "device" in ast.unparse(node)
+        if _always_none(node) or "device" in ast.unparse(node):
+            self.devices.append("None" if _always_none(node) else ast.unparse(node))
+            return True
+        return False
 
     def visit_Call(self, node: ast.Call) -> ast.AST:
         self.generic_visit(node)
-        for keyword in [k for k in node.keywords if k.arg == "device"]:
+        for keyword in [k for k in node.keywords if k.arg == "device"]:  # whatever it is: recorded
             self.devices.append("None" if _always_none(keyword.value) else ast.unparse(keyword.value))
-            node.keywords.remove(keyword)
-        moved = isinstance(node.func, ast.Attribute) and node.func.attr == "to" and len(node.args) == 1
-        if moved and not node.keywords and self._placement(node.args[0]):
-            self.devices.append("None" if _always_none(node.args[0]) else ast.unparse(node.args[0]))
-            return node.func.value
-        return node
+        node.keywords = [k for k in node.keywords if not (k.arg == "device" or self._placement(k.value))]
+        node.args = [arg for arg in node.args if not self._placement(arg)]
+        moved = isinstance(node.func, ast.Attribute) and node.func.attr == "to"
+        return node.func.value if moved and not node.args and not node.keywords else node
 
 
 def device_only(removed: list[str], added: list[str]) -> bool:
@@ -223,6 +225,27 @@ def short(area: str) -> str:
 KINDS = {"wording": ("wording", wording_only), "device": ("device only", device_only)}
 
 
+def judge(mutant: str, status: str, equivalents: dict[str, dict[str, str]]) -> tuple[str, str]:
+    """``(verdict, the line the mutant writes)``: a survivor recognised by its kind (``KINDS``) or listed
+    as equivalent gets that verdict; every other mutant keeps its status (the line then only for
+    survivors)."""
+    if status not in ("survived", "no tests"):
+        return status, ""
+    removed, added = changed_lines(mutant)
+    line = " / ".join(added)
+    kind = next((kind for kind, (_, test) in KINDS.items() if test(removed, added)), None)
+    if status == "survived" and kind:
+        return kind, line
+    if mutant in equivalents and equivalents[mutant].get("line", "").strip() == line:
+        return "equivalent", line
+    return status, line
+
+
+def unexplained(statuses: dict[str, str], equivalents: dict[str, dict[str, str]]) -> list[str]:
+    """The survivors neither recognised by their kind nor listed as equivalent."""
+    return [m for m, status in statuses.items() if judge(m, status, equivalents)[0] in ("survived", "no tests")]
+
+
 def score(killed: int, judged: int, sampled: bool) -> str:
     """Killed over judged; from a sample, with its 95% (Wilson) interval."""
     if not judged:
@@ -243,22 +266,13 @@ def page(
     stale = []
     for mutant, status in sorted(statuses.items()):
         area = area_of(mutant)
-        verdicts[mutant] = status
-        if status in ("survived", "no tests"):
-            removed, added = changed_lines(mutant)
-            line = " / ".join(added)
-            kind = next((kind for kind, (_, test) in KINDS.items() if test(removed, added)), None)
-            if status == "survived" and kind:
-                verdicts[mutant] = kind
-                recognised[kind][area].append((mutant, line))
-                continue
-            known = equivalents.get(mutant)
-            if known and known.get("line", "").strip() == line:
-                verdicts[mutant] = "equivalent"
-                survivors[area].append((mutant, line, known["reason"]))
-                continue
-            if known:
-                stale.append(mutant)
+        verdicts[mutant], line = judge(mutant, status, equivalents)
+        if verdicts[mutant] in KINDS:
+            recognised[verdicts[mutant]][area].append((mutant, line))
+        elif verdicts[mutant] == "equivalent":
+            survivors[area].append((mutant, line, equivalents[mutant]["reason"]))
+        elif line:
+            stale += [mutant] if mutant in equivalents else []
             survivors[area].append((mutant, line, ""))
     # An area run whole is counted whole; one that is not, by its sample.
     unfinished = {area_of(mutant) for mutant, status in statuses.items() if status == NOT_RUN}
@@ -357,7 +371,9 @@ def main() -> None:
     parser.add_argument(
         "--sample", type=int, metavar="N", help="run a seeded random sample of N mutants per area (those not run yet)"
     )
-    parser.add_argument("--survivors", action="store_true", help="run every survivor again (after new tests)")
+    parser.add_argument(
+        "--survivors", action="store_true", help="run every survivor not explained again (after new tests)"
+    )
     args = parser.parse_args()
     if args.sample is not None and args.sample < 1:
         sys.exit(f"--sample {args.sample}: give the number of mutants per area, 1 or more")
@@ -372,8 +388,8 @@ def main() -> None:
             if args.sample:
                 names |= {name for name in sample(list(statuses), args.sample) if statuses[name] == NOT_RUN}
                 SAMPLE_FILE.write_text(json.dumps({"per_area": args.sample, "seed": SAMPLE_SEED}))
-            if args.survivors:
-                names |= {name for name, status in statuses.items() if status in ("survived", "no tests")}
+            if args.survivors:  # those not explained: an equivalent mutant survives any test
+                names |= set(unexplained(statuses, load_equivalents()))
             if selected:
                 names = {name for name in names if any(fnmatch.fnmatch(name, pattern) for pattern in selected)}
             selected = sorted(names)

@@ -137,6 +137,23 @@ def test_a_nets_constructor_defaults_build_its_default_model_config(net_class, m
         assert torch.equal(a, b), name
 
 
+@pytest.mark.parametrize("data", ["mnist", "multi_mnist", "smallnorb"])
+def test_a_datamodules_constructor_defaults_are_its_data_config(data):
+    """``MultiMNISTDataModule()`` is ``data=multi_mnist`` (and so on): the config a user reads lists every
+    argument with the value the class takes when built from Python (paths aside)."""
+    node = compose_config([f"data={data}"]).data
+    target = get_object(node._target_)
+    listed = OmegaConf.to_container(node, resolve=False)
+    defaults = {name: p.default for name, p in inspect.signature(target).parameters.items()}
+    assert listed.keys() - {"_target_"} == defaults.keys()
+    for name, value in listed.items():
+        if name != "_target_" and not (isinstance(value, str) and value.startswith("${")):
+            default = _plain(defaults[name])
+            if isinstance(default, float):  # the config writes 63/255 to 8 places
+                default = pytest.approx(default, rel=1e-7)
+            assert _plain(value) == default, f"data={data}: data.{name}"
+
+
 @pytest.mark.parametrize("path", sorted((CONFIG_DIR / "model").glob("*.yaml")), ids=lambda p: p.stem)
 def test_a_model_config_sets_only_what_differs_from_its_nets_defaults(path):
     """A recipe's YAML holds its deviations (and the data's geometry), not a second copy of a default."""

@@ -64,6 +64,39 @@ def test_partners_cover_every_other_class():
 
 
 @pytest.mark.parametrize(
+    "pool", [[4, 9, 4, 4, 9, 4, 9], [2, 0, 7, 7, 0, 2, 7, 7, 2, 0, 7]], ids=["2 classes", "3 classes"]
+)
+def test_partners_are_their_draws_in_order(pool):
+    """The documented draw, transcribed: for each digit, an offset uniform in 1 .. C-1 turns its class
+    (its position among the pool's C classes, ascending) into the partner's class, then a uniform number
+    in [0, 1) times that class's count picks the digit among the class's digits in pool order. The order
+    of the draws fixes the validation and test pairs of a pair_seed."""
+    pool = torch.tensor(pool)
+    labels = pool[torch.randint(len(pool), (300,), generator=torch.Generator().manual_seed(1))]
+    chosen = partners(labels, torch.Generator().manual_seed(3), pool)
+    replay = torch.Generator().manual_seed(3)
+    classes = sorted(set(pool.tolist()))
+    offsets = torch.randint(1, len(classes), (len(labels),), generator=replay)
+    draws = torch.rand(len(labels), generator=replay)
+    for label, offset, draw, index in zip(
+        labels.tolist(), offsets.tolist(), draws.tolist(), chosen.tolist(), strict=True
+    ):
+        partner_class = classes[(classes.index(label) + offset) % len(classes)]
+        members = [i for i, c in enumerate(pool.tolist()) if c == partner_class]
+        assert index == members[int(draw * len(members))]
+    assert len(set(chosen.tolist())) == len(pool)  # every digit of the pool is someone's partner
+
+
+def test_a_uniform_draw_that_rounds_up_to_one_still_picks_a_digit_of_the_drawn_class(monkeypatch):
+    """The pick is the draw times the class's count, rounded down: a draw of 1.0 (float rounding of a
+    generator's largest value) would point one past the class; it is kept on the class's last digit."""
+    pool = torch.tensor([0] * 50 + [1] * 50)
+    monkeypatch.setattr(torch, "rand", lambda n, **kwargs: torch.ones(n))
+    chosen = partners(torch.tensor([0, 1]), torch.Generator().manual_seed(0), pool)
+    assert chosen.tolist() == [99, 49]  # the other class's last digit
+
+
+@pytest.mark.parametrize(
     ("options", "message"),
     [
         ({"shift": 5, "canvas": 36}, "shift=5 pushes a 28x28 digit off a 36x36 canvas (at most 4"),
@@ -178,3 +211,6 @@ def test_translate_moves_each_image_down_and_right_by_its_own_shift_with_zeros_s
     expected[0, 1:, 2:] = images[0, :3, :3]  # down 1, right 2
     expected[1, :2, :] = images[1, 2:, :]  # up 2
     assert torch.equal(moved, expected)
+    # moved off the image entirely, in either direction: nothing is left
+    off = translate(images, torch.tensor([5, -5]), torch.tensor([-6, 6]))
+    assert torch.equal(off, torch.zeros_like(images))

@@ -31,6 +31,8 @@ def mutation():
             "d = torch.rand(n, device=g.device if (g) and False else None)",
         ),
         ("with open(path, device=d) as f:", "with open(path, ) as f:"),  # a header line parses too
+        ("parts = self.pools_on(specs.device)", "parts = self.pools_on(None)"),  # a device passed by position
+        ("if str(device) not in cache:", "if str(None) not in cache:"),
     ],
 )
 def test_a_mutant_that_only_puts_a_tensor_on_the_cpu_is_device_only(mutation, original, mutant):
@@ -49,6 +51,9 @@ def test_a_mutant_that_only_puts_a_tensor_on_the_cpu_is_device_only(mutation, or
         ("f(batches(data, device), n)", "f(batches(data, device), None)"),  # another argument changed
         ("x = torch.zeros(3, device=device) + 1", "x = torch.zeros(3, device=None) + 2"),  # and a constant
         ("urlopen(url, timeout=60)", "urlopen(url, timeout=None)"),
+        ("x = torch.clamp(y, 0, 255)", "x = torch.clamp(y, None, 255)"),
+        ("name = getattr(module, 'net', module)", "name = getattr(module, 'net', None)"),
+        ("pairs = zip(a, b, strict=True)", "pairs = zip(a, b, strict=None)"),
     ],
 )
 def test_a_mutant_that_changes_more_than_the_device_is_not(mutation, original, mutant):

@@ -7,13 +7,15 @@ import hashlib
 import http.server
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from capsexp.data import SmallNORBDataModule, smallnorb
+from capsexp.data import SmallNORBDataModule, base, smallnorb
+from capsexp.data.affnist import download_affnist
 from capsexp.data.base import md5sum
 from capsexp.data.norb_format import SMALLNORB_FILES, write_matrix
 from capsexp.data.smallnorb import PREFIX
@@ -156,9 +158,11 @@ def test_missing_files_without_network_name_folder_and_files(tmp_path):
 
 # ---- download from a loopback HTTP server ----------------------------------------------------
 class Server:
-    def __init__(self, directory: Path, truncate: str | None = None, watch: Path | None = None):
+    def __init__(
+        self, directory: Path, truncate: str | None = None, watch: Path | None = None, stall: str | None = None
+    ):
         truncated = truncate
-        self.seen_while_serving: list[list[str]] = []  # the files in ``watch`` as each request arrives
+        self.seen_while_serving: list[list[str]] = []  # the files in ``watch`` halfway through each file
         seen = self.seen_while_serving
 
         class Handler(http.server.SimpleHTTPRequestHandler):
@@ -168,9 +172,28 @@ class Server:
             def log_message(self, *args):
                 pass
 
+            def copyfile(self, source, outputfile):
+                if watch is None:
+                    return super().copyfile(source, outputfile)
+                body = source.read()
+                outputfile.write(body[: len(body) // 2])
+                outputfile.flush()
+                time.sleep(0.2)  # the client has written the first half by now
+                seen.append(sorted(path.name for path in watch.iterdir()))
+                outputfile.write(body[len(body) // 2 :])
+
             def do_GET(self):
-                if watch is not None:
-                    seen.append(sorted(path.name for path in watch.iterdir()))
+                if stall and self.path.endswith(stall):
+                    # Announce the whole file, send a tenth of it, then fall silent for 2 s.
+                    body = (directory / stall).read_bytes()
+                    self.send_response(200)
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body[: len(body) // 10])
+                    self.wfile.flush()
+                    time.sleep(2)
+                    self.close_connection = True
+                    return
                 if truncated and self.path.endswith(truncated):
                     # Announce the whole file, send a tenth of it, hang up: an interrupted download.
                     body = (directory / truncated).read_bytes()
@@ -223,7 +246,7 @@ def test_corrupted_download_is_detected_and_not_kept(served, tmp_path):
 def test_a_download_is_written_beside_its_file_first_and_kept_when_its_md5_is_the_official_one(
     served, tmp_path, monkeypatch
 ):
-    """Each file arrives as a temporary ``*.download`` in the data folder (a rename into place cannot
+    """Each file arrives as a temporary ``*.partial`` in the data folder (a rename into place cannot
     cross file systems), never in the system's temporary folder; checked against the official md5 of
     the .gz (here the served files' own md5s stand in for the official ones)."""
     official = {
@@ -242,7 +265,7 @@ def test_a_download_is_written_beside_its_file_first_and_kept_when_its_md5_is_th
         datamodule = prepared(tmp_path / "data", download=True, base_url=server.url, verify_checksums=True)
     assert len(datamodule.data_test) == COUNT
     for index, seen in enumerate(server.seen_while_serving):  # each file's temporary, then the file
-        assert len([name for name in seen if name.endswith(".download")]) == 1 and len(seen) == index + 1, seen
+        assert len([name for name in seen if name.endswith(".partial")]) == 1 and len(seen) == index + 1, seen
     assert list((tmp_path / "system_temp").iterdir()) == []
 
 
@@ -253,10 +276,36 @@ def test_interrupted_download_is_not_left_behind(served, tmp_path):
         prepared(tmp_path / "data", download=True, base_url=server.url)
     assert f"{victim} failed: interrupted after {size // 10} of {size} bytes\n" in str(error.value)
     folder = tmp_path / "data" / "smallnorb"
-    assert not (folder / victim).exists() and not list(folder.glob("*.download"))
+    assert not (folder / victim).exists() and not list(folder.glob("*.partial"))
     # With the server fixed, the next run fetches what is still missing and works.
     with Server(served) as server:
         assert len(prepared(tmp_path / "data", download=True, base_url=server.url).data_test) == COUNT
+
+
+def test_a_server_that_falls_silent_fails_the_download_after_the_timeout(served, tmp_path, monkeypatch):
+    monkeypatch.setattr(base, "DOWNLOAD_TIMEOUT_S", 0.3)
+    victim = f"{PREFIX['test']}-dat.mat.gz"
+    (tmp_path / "data").mkdir()
+    target = tmp_path / "data" / victim
+    with Server(served, stall=victim) as server, pytest.raises(base.DownloadFailed, match="timed out"):
+        started = time.perf_counter()
+        base.download(server.url + victim, target)
+    assert time.perf_counter() - started < 1.5  # not the 2 s the server stays silent
+    assert list((tmp_path / "data").iterdir()) == []  # neither the file nor its partial copy
+
+
+def test_an_interrupted_affnist_download_says_so_and_leaves_nothing(tmp_path):
+    (tmp_path / "served").mkdir()
+    (tmp_path / "served" / "test_batches.zip").write_bytes(bytes(range(256)) * 40)
+    with (
+        Server(tmp_path / "served", truncate="test_batches.zip") as server,
+        pytest.raises(DatasetNotFoundError) as error,
+    ):
+        download_affnist(tmp_path / "data", server.url + "test_batches.zip")
+    assert "affNIST: download of " in str(error.value) and "failed: interrupted after 1024 of 10240 bytes" in str(
+        error.value
+    )
+    assert list((tmp_path / "data" / "affNIST").iterdir()) == []
 
 
 # ---- every model trains on it through the CLI ---------------------------------------------------

@@ -13,15 +13,13 @@ logged so that a results page can state which copy it used.
 from __future__ import annotations
 
 import logging
-import urllib.request
 import zipfile
 from pathlib import Path
-from urllib.error import URLError
 
 import numpy as np
 import torch
 
-from capsexp.data.base import md5sum, partial_path
+from capsexp.data.base import DownloadFailed, download, md5sum
 from capsexp.errors import CorruptDatasetError, DatasetNotFoundError
 
 log = logging.getLogger(__name__)
@@ -45,20 +43,15 @@ def download_affnist(data_dir: Path, url: str = AFFNIST_URL) -> None:
     target = affnist_folder(data_dir).parent
     target.mkdir(parents=True, exist_ok=True)
     archive = target / "test_batches.zip"
-    partial = partial_path(archive)
     if not archive.exists():
         log.info("downloading %s (about 100 MB)", url)
         try:
-            with urllib.request.urlopen(url, timeout=60) as response, open(partial, "wb") as out:
-                while chunk := response.read(1 << 20):
-                    out.write(chunk)
-        except (URLError, OSError) as error:
-            partial.unlink(missing_ok=True)
+            download(url, archive)
+        except DownloadFailed as error:
             raise DatasetNotFoundError(
-                f"affNIST: download of {url} failed: {getattr(error, 'reason', error)}\n"
+                f"affNIST: download of {url} failed: {error}\n"
                 f"Download it elsewhere and unpack it into {target} (it holds test_batches/1.mat .. 32.mat)."
             ) from None
-        partial.replace(archive)
     try:
         with zipfile.ZipFile(archive) as bundle:
             bundle.extractall(target)

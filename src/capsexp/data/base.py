@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import http.client
 import os
+import shutil
+import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
+from urllib.error import URLError
 
 import lightning as L
 import torch
@@ -18,7 +22,7 @@ from torch.utils.data import DataLoader, Sampler
 from capsexp.data.device_loader import DeviceBatchLoader
 from capsexp.data.resumable import EpochSampler, ResumableDataLoader, ResumableDeviceBatchLoader, step_generator
 from capsexp.data.tensor_dataset import ImageTensorDataset, collate_batch
-from capsexp.errors import ConfigError, DataFolderError, DatasetNotFoundError
+from capsexp.errors import ConfigError, CorruptDatasetError, DataFolderError, DatasetNotFoundError
 from capsexp.results.metric_names import PLAIN
 
 Method = TypeVar("Method", bound=Callable)
@@ -55,6 +59,38 @@ def md5sum(path: Path, chunk_size: int = 1 << 20) -> str:
         while chunk := handle.read(chunk_size):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+# A server silent this long fails the download with a message, instead of leaving the user waiting.
+DOWNLOAD_TIMEOUT_S = 60
+
+
+class DownloadFailed(Exception):
+    """A download that did not complete; its message is the reason, for the caller's own message."""
+
+
+def download(url: str, path: Path, md5: str | None = None) -> None:
+    """``url`` saved as ``path``, written under another name first (:func:`partial_path`) and renamed
+    when whole, so that an interrupted or corrupted download never takes the real name.
+
+    Raises :class:`DownloadFailed` when the server cannot be reached, answers with an error, falls
+    silent for ``DOWNLOAD_TIMEOUT_S``, or sends fewer bytes than it announced (a dropped connection
+    just ends the stream); :class:`CorruptDatasetError` when ``md5`` is given and the file's differs.
+    """
+    partial = partial_path(path)
+    try:
+        with urllib.request.urlopen(url, timeout=DOWNLOAD_TIMEOUT_S) as response, open(partial, "wb") as out:
+            shutil.copyfileobj(response, out)
+            announced, received = response.headers.get("Content-Length"), out.tell()
+        if announced is not None and received != int(announced):
+            raise DownloadFailed(f"interrupted after {received} of {announced} bytes")
+        if md5 is not None and md5sum(partial) != md5:
+            raise CorruptDatasetError(f"{url}: the downloaded file's md5 differs from the official one")
+        partial.replace(path)
+    except (URLError, OSError, http.client.HTTPException) as error:
+        raise DownloadFailed(str(getattr(error, "reason", error))) from None
+    finally:
+        partial.unlink(missing_ok=True)
 
 
 # The fixed evaluation sets a seed draws, each from a stream of its own: validation (split 0), test

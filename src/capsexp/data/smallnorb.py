@@ -10,14 +10,9 @@ brightness and contrast and test images the centre crop, then per-image standard
 
 from __future__ import annotations
 
-import http.client
 import os
-import shutil
-import tempfile
-import urllib.request
 from pathlib import Path
 from typing import Literal
-from urllib.error import URLError
 
 import torch
 import torch.nn.functional as F
@@ -25,7 +20,7 @@ from pydantic import NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveIn
 
 from capsexp.config.arguments import checked
 from capsexp.data.augment import center_crop, random_brightness_contrast, random_crop, standardize
-from capsexp.data.base import InMemoryDataModule, data_folder_errors, md5sum, partial_path
+from capsexp.data.base import DownloadFailed, InMemoryDataModule, data_folder_errors, download, md5sum, partial_path
 from capsexp.data.norb_format import SMALLNORB_FILES, read_matrix
 from capsexp.data.tensor_dataset import ImageTensorDataset
 from capsexp.errors import CorruptDatasetError
@@ -163,24 +158,11 @@ class SmallNORBDataModule(InMemoryDataModule):
         self.data_folder.mkdir(parents=True, exist_ok=True)
         for name in missing:
             url = f"{self.hparams.base_url.rstrip('/')}/{name}.gz"
-            target = self.data_folder / f"{name}.gz"
-            # Into a temporary file first: an interrupted or corrupted download never takes the real name.
-            with tempfile.NamedTemporaryFile(dir=self.data_folder, suffix=".download", delete=False) as handle:
-                partial = Path(handle.name)
+            md5 = SMALLNORB_FILES[name][0] if self.hparams.verify_checksums else None
             try:
-                with urllib.request.urlopen(url, timeout=60) as response, open(partial, "wb") as out:
-                    shutil.copyfileobj(response, out, 1 << 20)
-                    announced, received = response.headers.get("Content-Length"), out.tell()
-                # A dropped connection just ends the stream: compare with what the server announced.
-                if announced is not None and received != int(announced):
-                    raise OSError(f"interrupted after {received} of {announced} bytes")
-                if self.hparams.verify_checksums and md5sum(partial) != SMALLNORB_FILES[name][0]:
-                    raise CorruptDatasetError(f"{url}: the downloaded file's md5 differs from the official one")
-                partial.replace(target)
-            except (URLError, OSError, http.client.HTTPException) as error:
-                raise self.not_found(missing, f"Download of {url} failed: {getattr(error, 'reason', error)}") from None
-            finally:
-                partial.unlink(missing_ok=True)
+                download(url, self.data_folder / f"{name}.gz", md5)
+            except DownloadFailed as error:
+                raise self.not_found(missing, f"Download of {url} failed: {error}") from None
 
     # ---- datasets ----------------------------------------------------------------------------
     def _dataset(self, split: dict[str, torch.Tensor], keep: torch.Tensor) -> ImageTensorDataset:
