@@ -183,26 +183,19 @@ class Server:
                 outputfile.write(body[len(body) // 2 :])
 
             def do_GET(self):
-                if stall and self.path.endswith(stall):
-                    # Announce the whole file, send a tenth of it, then fall silent for 2 s.
-                    body = (directory / stall).read_bytes()
-                    self.send_response(200)
-                    self.send_header("Content-Length", str(len(body)))
-                    self.end_headers()
-                    self.wfile.write(body[: len(body) // 10])
-                    self.wfile.flush()
-                    time.sleep(2)
-                    self.close_connection = True
-                    return
-                if truncated and self.path.endswith(truncated):
-                    # Announce the whole file, send a tenth of it, hang up: an interrupted download.
-                    body = (directory / truncated).read_bytes()
-                    self.send_response(200)
-                    self.send_header("Content-Length", str(len(body)))
-                    self.end_headers()
-                    self.wfile.write(body[: len(body) // 10])
-                    self.close_connection = True
-                    return
+                # Announce the whole file, send a tenth of it, then hang up (an interrupted download) or
+                # first fall silent for 2 s (a stalled server).
+                for name, silent_s in ((truncated, 0), (stall, 2)):
+                    if name and self.path.endswith(name):
+                        body = (directory / name).read_bytes()
+                        self.send_response(200)
+                        self.send_header("Content-Length", str(len(body)))
+                        self.end_headers()
+                        self.wfile.write(body[: len(body) // 10])
+                        self.wfile.flush()
+                        time.sleep(silent_s)
+                        self.close_connection = True
+                        return
                 super().do_GET()
 
         self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
