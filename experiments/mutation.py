@@ -154,7 +154,7 @@ def wording_only(removed: list[str], added: list[str]) -> bool:
 
 def _parsed(line: str) -> ast.Module | None:
     """A changed line parsed on its own (a ``with``/``if`` header or an argument line completed)."""
-    for text in (line, line + " pass", f"({line.rstrip(',')})"):
+    for text in (line, line + " pass", f"({line.rstrip(',')})", f"f({line}"):  # f(: the end of a call
         try:
             return ast.parse(text)
         except SyntaxError:
@@ -184,6 +184,12 @@ class _WithoutPlacement(ast.NodeTransformer):
             self.devices.append("None" if _always_none(node) else ast.unparse(node))
             return True
         return False
+
+    def visit_Assign(self, node: ast.Assign) -> ast.AST:  # device = labels.device
+        self.generic_visit(node)
+        if self._placement(node.value):
+            node.value = ast.Constant("a device")
+        return node
 
     def visit_Call(self, node: ast.Call) -> ast.AST:
         self.generic_visit(node)

@@ -257,7 +257,8 @@ def test_the_affnist_test_set_logs_which_files_it_read_and_never_downloads(mnist
     monkeypatch.setattr(affnist, "download_affnist", lambda *args: pytest.fail("reading the test set downloaded"))
     with caplog.at_level(logging.INFO, logger="capsexp.data.affnist"):
         images, labels = read_affnist_test(mnist_dir, 2)
-    assert images.shape == (40, 1, 40, 40) and labels.tolist() == [*written[0][1], *written[1][1]]
+    assert images.shape == (40, 1, 40, 40) and images.dtype == torch.uint8 and labels.dtype == torch.int64
+    assert labels.tolist() == [*written[0][1], *written[1][1]]
     md5 = [hashlib.md5((mnist_dir / "affNIST" / "test_batches" / f"{i}.mat").read_bytes()).hexdigest() for i in (1, 2)]
     assert caplog.messages == [f"affNIST test set: 40 images from 2 files; md5 1.mat {md5[0]}, 2.mat {md5[1]}"]
     with pytest.raises(DatasetNotFoundError, match=r"1 of the 3 files asked for are missing"):

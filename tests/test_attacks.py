@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import io
 import logging
 import re
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
+import PIL.Image
 import pytest
 import torch
 from hydra.utils import instantiate
@@ -61,6 +64,10 @@ def test_eps_zero_is_the_clean_test_accuracy_and_accuracy_falls_as_eps_grows(att
     assert 0 <= _curve(attacked_run, "attack/bim/zero_gradient_fraction")[0] < 0.5
     page = (attacked_run / "attack_bim.md").read_text()
     assert "100 test images" in page and "| 0.1 |" in page
+    assert (
+        "`bim`, white-box (crafted on the tested model), on the first test set of `MNISTDataModule`; model `LeNet5`."
+        in page
+    )
     images = load_events(attacked_run, images=1).Tags()["images"]
     assert "attack/bim/examples" in images
 
@@ -301,24 +308,30 @@ def test_a_black_box_attack_shows_the_source_models_examples_to_the_tested_model
     trainer = SimpleNamespace(
         strategy=SimpleNamespace(root_device=torch.device("cpu")), is_global_zero=True, loggers=[]
     )
-    evaluation = instantiate(cfg.attack, source=str(best))
+    evaluation = instantiate(cfg.attack, source=str(best), targeted=True)
     with caplog.at_level(logging.INFO, logger="capsexp.run.attack"):
         metrics = attack_tested_model(cfg, evaluation, tested, datamodule, trainer, tmp_path)
+    # Another process of a multi-device run attacks too, but writes no page.
+    other_process = SimpleNamespace(**{**vars(trainer), "is_global_zero": False})
+    assert attack_tested_model(cfg, evaluation, tested, datamodule, other_process, tmp_path / "rank1") == metrics
+    assert not (tmp_path / "rank1").exists()
     batches = [datamodule.pixel_batch(batch, 0) for batch in datamodule.test_dataloader()]
     as_pixels = functools.partial(PixelClassifier, input_transform=datamodule.input_transform)
     source = source_classifier(str(best), cfg)
     black_box = evaluation.run(as_pixels(tested), as_pixels(source), batches, num_classes=10)
     white_box = evaluation.run(as_pixels(tested), None, batches, num_classes=10)
+    name = "fgsm_targeted_blackbox"
     assert metrics == {
-        f"attack/fgsm_blackbox/acc_eps{eps:g}": a for eps, a in zip([0, 0.1, 0.3], black_box.accuracy, strict=True)
+        f"attack/{name}/acc_eps{eps:g}": a for eps, a in zip([0, 0.1, 0.3], black_box.accuracy, strict=True)
     }
     assert black_box.accuracy != white_box.accuracy  # crafted on another model, other examples
-    assert caplog.messages[0] == f"Attack fgsm_blackbox, crafted on {best}: eps 0, 0.1, 0.3"
-    assert caplog.messages[1:4] == [
-        f"  eps {e:g}: accuracy {100 * a:.2f}%" for e, a in zip([0, 0.1, 0.3], black_box.accuracy, strict=True)
+    assert caplog.messages[0] == f"Attack {name}, crafted on {best}: eps 0, 0.1, 0.3"
+    assert caplog.messages[1:5] == [
+        *(f"  eps {e:g}: accuracy {100 * a:.2f}%" for e, a in zip([0, 0.1, 0.3], black_box.accuracy, strict=True)),
+        f"Attack results: {tmp_path / f'attack_{name}.md'}",
     ]
-    page = (tmp_path / "attack_fgsm_blackbox.md").read_text()
-    assert f"`fgsm`, crafted on {best}, on the first test set of `MNISTDataModule`; model `LeNet5`." in page
+    page = (tmp_path / f"attack_{name}.md").read_text()
+    assert f"`fgsm` targeted, crafted on {best}, on the first test set of `MNISTDataModule`; model `LeNet5`." in page
 
 
 @pytest.mark.parametrize("extra", [{"test_rotations": [0, 90]}, {"canvas": 40, "extra_test_sets": ["affine_mnist"]}])
@@ -354,8 +367,10 @@ def test_the_attack_figures_in_tensorboard_are_per_eps_beside_fgsm_with_the_exam
         "attack/bim_targeted/unseen_input_fraction": [(0, 0.005)],
     }
     (image,) = load_events(tmp_path, images=0).Images("attack/bim_targeted/examples")
-    # make_grid: a row per eps, the 4 images side by side, 2 pixels of padding around each.
-    assert (image.height, image.width) == (3 * (5 + 2) + 2, 4 * (6 + 2) + 2)
+    # make_grid: a row per eps, the 4 images side by side, 2 pixels of padding around each, white.
+    assert (image.height, image.width, image.step) == (3 * (5 + 2) + 2, 4 * (6 + 2) + 2, 0)
+    grid = np.asarray(PIL.Image.open(io.BytesIO(image.encoded_image_string)))
+    assert (grid[:2] == 255).all() and (grid[:, :2] == 255).all()
     # Other DDP processes write nothing.
     log_to_tensorboard(result, "bim_targeted", SimpleNamespace(is_global_zero=False, loggers=[logger]))
     logger.experiment.flush()

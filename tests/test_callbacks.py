@@ -10,7 +10,9 @@ import torch
 
 from capsexp.callbacks import epoch_timer, progress_log
 from capsexp.callbacks.epoch_timer import EpochTimer
+from capsexp.callbacks.image_logging import displayable
 from capsexp.callbacks.progress_log import ProgressLog, batch_size_of
+from capsexp.callbacks.routing_figures import coupling_maps
 
 
 class Clock:
@@ -173,3 +175,37 @@ def test_progress_lines_are_written_where_asked_and_by_the_first_process_only(mo
         progress = ProgressLog(when=when)
         progress.on_train_start(trainer, None)
         assert progress.active is active, (when, terminal, first)
+
+
+def test_a_stereo_pair_is_shown_side_by_side_left_then_right():
+    pair = torch.stack([torch.full((2, 3), 0.25), torch.full((2, 3), 1.5)])[None]  # (1, 2, 2, 3)
+    shown = displayable(pair)
+    assert shown.shape == (1, 1, 2, 6) and shown.dtype == torch.float32
+    assert (shown[..., :3] == 0.25).all() and (shown[..., 3:] == 1.0).all()  # clipped to the image range
+
+
+def test_coupling_maps_show_each_class_mean_coupling_per_position_as_departures_from_uniform():
+    """Recomputed by hand: children type-major over a 2x2 grid of 2 types, 3 classes, images of
+    classes 0, 0 and 2 (none of class 1, whose map is then 0: the largest departure, black)."""
+    torch.manual_seed(0)
+    couplings = torch.softmax(torch.randn(3, 2 * 2 * 2, 3), dim=-1)
+    labels = torch.tensor([0, 0, 2])
+    grid = coupling_maps(couplings, labels, num_types=2)
+    maps = torch.zeros(3, 2, 2)
+    for j in range(3):
+        images = [b for b in range(3) if labels[b] == j]
+        for x in range(2):
+            for y in range(2):
+                values = [couplings[b, t * 4 + x * 2 + y, j] for b in images for t in range(2)]
+                maps[j, x, y] = sum(values) / len(values) if values else 0.0
+    departure = maps - 1 / 3
+    expected = 0.5 + 0.5 * departure / departure.abs().max()
+    scale, cell = 8, 2 * 8 + 2  # 8 pixels per position, 2 of padding between the maps
+    assert grid.shape == (3, cell + 2, 3 * cell + 2) and (grid[:, :2] == 0.5).all() and (grid[:, :, :2] == 0.5).all()
+    for j in range(3):
+        for x in range(2):
+            for y in range(2):
+                block = grid[
+                    :, 2 + x * scale : 2 + (x + 1) * scale, 2 + j * cell + y * scale : 2 + j * cell + (y + 1) * scale
+                ]
+                torch.testing.assert_close(block, expected[j, x, y].expand_as(block))

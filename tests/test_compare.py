@@ -74,8 +74,18 @@ def test_groups_seeds_and_matches_the_event_files(tmp_path):
 
 def test_command_line_and_empty_folder(tmp_path, capsys):
     make_runs(tmp_path)
-    main([str(tmp_path)])
-    assert "comparison.md" in capsys.readouterr().out and (tmp_path / "comparison.csv").exists()
+    main([str(tmp_path), "--output", str(tmp_path / "summary")])  # a folder it makes
+    printed = capsys.readouterr().out
+    table = (tmp_path / "summary" / "comparison.md").read_text()
+    assert printed == f"{table}\nWritten to {tmp_path / 'summary'}: comparison.md, comparison.csv and the PNG plots.\n"
+    assert (tmp_path / "summary" / "comparison.csv").exists() and not (tmp_path / "comparison.md").exists()
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    usage = capsys.readouterr().out
+    assert usage.startswith("usage: python -m capsexp.compare [-h] [--output OUTPUT] folder\n")
+    assert "  folder           a multirun folder, or logs/ for every run\n" in usage
+    assert "  --output OUTPUT  where to write (default: the folder)\n" in usage
+    assert "Finds every run under ``folder`` (a multirun, or all of ``logs/``): a folder with\n" in usage  # as written
     # The library raises the project's error; only main exits, with the message and status 1.
     with pytest.raises(NoRunsError, match="no runs under"):
         compare(tmp_path / "empty")

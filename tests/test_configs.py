@@ -146,6 +146,7 @@ def test_a_datamodules_constructor_defaults_are_its_data_config(data):
     listed = OmegaConf.to_container(node, resolve=False)
     defaults = {name: p.default for name, p in inspect.signature(target).parameters.items()}
     assert listed.keys() - {"_target_"} == defaults.keys()
+    assert defaults["data_dir"] == "data"  # from Python: ./data; the config's is paths.data_dir
     for name, value in listed.items():
         if name != "_target_" and not (isinstance(value, str) and value.startswith("${")):
             default = _plain(defaults[name])

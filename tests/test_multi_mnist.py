@@ -100,6 +100,7 @@ def test_a_uniform_draw_that_rounds_up_to_one_still_picks_a_digit_of_the_drawn_c
     ("options", "message"),
     [
         ({"shift": 5, "canvas": 36}, "shift=5 pushes a 28x28 digit off a 36x36 canvas (at most 4"),
+        ({"shift": 5, "canvas": 37}, "shift=5 pushes a 28x28 digit off a 37x37 canvas (at most 4; canvas=38 allows"),
         ({"canvas": 20}, "canvas=20 is smaller than the 28x28 digits"),
         ({"shift": -1}, "overlay_pairs: shift=-1: must be greater than or equal to 0"),
     ],

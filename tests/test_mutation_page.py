@@ -33,6 +33,8 @@ def mutation():
         ("with open(path, device=d) as f:", "with open(path, ) as f:"),  # a header line parses too
         ("parts = self.pools_on(specs.device)", "parts = self.pools_on(None)"),  # a device passed by position
         ("if str(device) not in cache:", "if str(None) not in cache:"),
+        (").to(images.device)", ").to(None)"),  # the end of a call over several lines
+        ("device = labels.device", "device = None"),
     ],
 )
 def test_a_mutant_that_only_puts_a_tensor_on_the_cpu_is_device_only(mutation, original, mutant):
@@ -54,6 +56,7 @@ def test_a_mutant_that_only_puts_a_tensor_on_the_cpu_is_device_only(mutation, or
         ("x = torch.clamp(y, 0, 255)", "x = torch.clamp(y, None, 255)"),
         ("name = getattr(module, 'net', module)", "name = getattr(module, 'net', None)"),
         ("pairs = zip(a, b, strict=True)", "pairs = zip(a, b, strict=None)"),
+        ("steps = self.steps", "steps = None"),
     ],
 )
 def test_a_mutant_that_changes_more_than_the_device_is_not(mutation, original, mutant):

@@ -33,6 +33,13 @@ def instantiate(key: str, node: Any, **kwargs: Any) -> Any:
         raise
 
 
+def build_model(key: str, node: Any) -> Any:
+    """The LightningModule of a ``model`` config node (``key`` names it in messages), its arguments
+    plain lists and dicts, not OmegaConf containers: Lightning saves them in checkpoints as
+    hyperparameters, and checkpoints load with ``torch.load(weights_only=True)``."""
+    return instantiate(key, node, _convert_="partial")
+
+
 def instantiate_all(group_key: str, group: DictConfig | None) -> list[Any]:
     """Instantiate every entry of a ``callbacks`` or ``logger`` node; ``null`` entries are skipped,
     so ``callbacks.progress_bar=null`` removes one."""

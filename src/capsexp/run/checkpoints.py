@@ -119,7 +119,7 @@ def model_of_run(ckpt_path: str | Path, where: str) -> tuple[Any, Any]:
     and that config."""
     from omegaconf import OmegaConf
 
-    from capsexp.run.build import instantiate
+    from capsexp.run.build import build_model
 
     config_file = Path(ckpt_path).resolve().parent.parent / RUN_CONFIG
     if not config_file.is_file():
@@ -128,6 +128,6 @@ def model_of_run(ckpt_path: str | Path, where: str) -> tuple[Any, Any]:
             "that wrote it (<run>/checkpoints/*.ckpt): its .hydra/config.yaml builds its model."
         )
     cfg = OmegaConf.load(config_file)
-    module = instantiate(where, cfg.model, _convert_="partial")
+    module = build_model(where, cfg.model)
     module.load_state_dict(check_checkpoint(ckpt_path, module, where)["state_dict"])
     return module, cfg

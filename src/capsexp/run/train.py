@@ -20,7 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from capsexp.callbacks.model_checkpoint import requeue_signal
 from capsexp.errors import Interrupted
 from capsexp.run import slurm
-from capsexp.run.build import instantiate, instantiate_all
+from capsexp.run.build import build_model, instantiate, instantiate_all
 from capsexp.run.checkpoints import check_checkpoint
 from capsexp.run.distributed import DDPJob, ddp_job
 from capsexp.run.hparams import log_hyperparameters, metric_names
@@ -64,10 +64,9 @@ def _run(cfg: DictConfig, job: DDPJob) -> dict[str, float]:
     if torch.cuda.is_available():
         torch.set_float32_matmul_precision(cfg.get("float32_matmul_precision") or "highest")
 
-    # Plain lists and dicts, not OmegaConf containers: hyperparameters are saved in checkpoints,
-    # which load with torch.load(weights_only=True).
+    # Plain containers for the data too: Lightning saves its arguments in checkpoints as well.
     datamodule: L.LightningDataModule = instantiate("data", cfg.data, _convert_="all")
-    module: L.LightningModule = instantiate("model", cfg.model, _convert_="partial")
+    module: L.LightningModule = build_model("model", cfg.model)
     if cfg.get("ckpt_path"):
         check_checkpoint(cfg.ckpt_path, module)
     # Built before training, so that a bad attack option fails now, not after hours of training.
