@@ -107,3 +107,50 @@ def test_last_scalar_reads_the_last_value_logged_and_names_the_tags_a_run_has(tm
     (tmp_path / "empty").mkdir()
     with pytest.raises(KeyError, match=r"it has: no scalars"):
         last_scalar(tmp_path / "empty", "val/acc")
+
+
+def test_the_plots_draw_each_runs_curve_and_each_configurations_accuracy_per_angle(tmp_path, monkeypatch):
+    """What the figures hold, read from the matplotlib figures as they are saved: the validation curve of
+    every run in % (a colour and one legend entry per configuration), and per configuration the mean
+    test accuracy at each angle with the seeds' std as error bars."""
+    import matplotlib.figure
+
+    saved = {}
+    save = matplotlib.figure.Figure.savefig
+    monkeypatch.setattr(
+        matplotlib.figure.Figure,
+        "savefig",
+        lambda self, path, **kw: (saved.update({Path(path).name: self}), save(self, path, **kw)),
+    )
+    make_runs(tmp_path / "multirun")
+    compare(tmp_path / "multirun", tmp_path / "out")
+    assert sorted(saved) == ["rotation.png", "val_acc.png"]
+
+    (axes,) = saved["val_acc.png"].axes
+    assert (axes.get_xlabel(), axes.get_ylabel(), axes.get_title()) == (
+        "step",
+        "validation accuracy (%)",
+        "Validation accuracy",
+    )
+    curves = [(list(line.get_xdata()), list(line.get_ydata()), line.get_color()) for line in axes.get_lines()]
+    assert len(curves) == len(RUNS) and all(x == [0, 100] for x, _, _ in curves)
+    colour = {}
+    for name, (_, curve, _, _) in RUNS.items():
+        (colour[name],) = [c for _, y, c in curves if y == pytest.approx([100 * v for v in curve])]
+    assert colour["0"] == colour["1"] != colour["2"]  # the seeds of a configuration share a colour
+    legend = [text.get_text() for text in axes.get_legend().get_texts()]
+    assert legend == ["model=lenet5", "model=capsnet"]
+
+    (axes,) = saved["rotation.png"].axes
+    assert axes.get_xlabel() == "rotation of the test digits (degrees)" and axes.get_ylabel() == "test accuracy (%)"
+    bars = {container.get_label(): container for container in axes.containers}
+    assert sorted(bars) == ["model=capsnet", "model=lenet5"]
+    lenet_line, _, (lenet_bars,) = bars["model=lenet5"].lines
+    assert list(lenet_line.get_xdata()) == [0, 45]
+    assert list(lenet_line.get_ydata()) == pytest.approx([97.0, 72.0], abs=1e-4)
+    spread = [statistics.stdev([96, 98]), statistics.stdev([70, 74])]
+    segments = lenet_bars.get_segments()  # one vertical segment per angle: mean - std to mean + std
+    assert [s[1][1] - s[0][1] for s in segments] == pytest.approx([2 * x for x in spread], abs=1e-4)  # float32 events
+    capsnet_line, _, (capsnet_bars,) = bars["model=capsnet"].lines
+    assert list(capsnet_line.get_ydata()) == pytest.approx([99.0, 85.0], abs=1e-4)
+    assert [s[1][1] - s[0][1] for s in capsnet_bars.get_segments()] == [0, 0]  # one run: no spread
