@@ -32,8 +32,8 @@ test:  ## the fast test suite (no slow tests), one worker per core
 test-all:  ## every test, slow ones included (end-to-end runs on real MNIST)
 	$(BIN)/python -m pytest -n auto $(ARGS)
 
-mutate:  ## mutation testing (mutmut) of the whole package, by area (ARGS="--area models") -> experiments/results/mutation.md
-	$(BIN)/python experiments/mutation.py $(ARGS)
+mutate:  ## mutation testing (mutmut), 50 mutants of each area (ARGS="--area models": one area whole) -> experiments/results/mutation.md
+	$(BIN)/python experiments/mutation.py $(or $(ARGS),--sample)
 
 bench:  ## speed + accuracy benchmarks -> experiments/results/bench.md, bench_em.md (about 45 min on 2 cores)
 	$(BIN)/python experiments/bench_capsnet.py --accuracy $(ARGS)

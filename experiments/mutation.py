@@ -5,9 +5,12 @@ the tests that reach the edited function: a mutant the tests let pass is a bug t
 pass. What is mutated and which tests run is set in ``[tool.mutmut]`` of pyproject.toml; the areas
 (package prefixes) are ``AREAS`` below. A surviving mutant is either killed by a better test or
 listed in experiments/mutation_equivalents.yaml with the reason it cannot change a result (an
-equivalent mutant); the page lists the rest as unexplained.
+equivalent mutant), or recognised as wording or device only (``KINDS``); the page lists the rest as
+unexplained.
 
-    python experiments/mutation.py              # every mutant not run yet (resumes where it stopped), then the page
+    python experiments/mutation.py --sample     # 50 mutants of each area (seeded; make mutate), then the page
+    python experiments/mutation.py --survivors  # every survivor not explained, again (after new tests)
+    python experiments/mutation.py              # every mutant not run yet (resumes where it stopped): hours
     python experiments/mutation.py --area models lit    # these areas' mutants, all of them again
     python experiments/mutation.py --only 'capsexp.nn.functional._em_caps.x_em_routing*'  # by name (fnmatch)
     python experiments/mutation.py --report     # the page from the last run's results (mutants/)
@@ -67,6 +70,7 @@ COUNTED = ("killed", "timeout", "survived", "no tests", "suspicious", "segfault"
 # Where the last ``--sample`` is kept, and the seed of every sample.
 SAMPLE_FILE = PROJECT_ROOT / "mutants" / "capsexp-sample.json"
 SAMPLE_SEED = 0
+SAMPLE_PER_AREA = 50  # --sample without a number (make mutate): 95% intervals of about +-10 points
 NOT_RUN = "not checked"  # mutmut's status of a mutant it has not run yet
 INTERRUPTED = "check was interrupted by user"  # stopped mid-test: not run either
 
@@ -375,7 +379,12 @@ def main() -> None:
         "--only", nargs="+", default=[], metavar="PATTERN", help="run only the mutants whose names match (fnmatch)"
     )
     parser.add_argument(
-        "--sample", type=int, metavar="N", help="run a seeded random sample of N mutants per area (those not run yet)"
+        "--sample",
+        type=int,
+        nargs="?",
+        const=SAMPLE_PER_AREA,
+        metavar="N",
+        help=f"run a seeded random sample of N mutants per area, those not run yet (N: {SAMPLE_PER_AREA})",
     )
     parser.add_argument(
         "--survivors", action="store_true", help="run every survivor not explained again (after new tests)"
