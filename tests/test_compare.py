@@ -154,3 +154,56 @@ def test_the_plots_draw_each_runs_curve_and_each_configurations_accuracy_per_ang
     capsnet_line, _, (capsnet_bars,) = bars["model=capsnet"].lines
     assert list(capsnet_line.get_ydata()) == pytest.approx([99.0, 85.0], abs=1e-4)
     assert [s[1][1] - s[0][1] for s in capsnet_bars.get_segments()] == [0, 0]  # one run: no spread
+
+
+def test_the_page_and_the_table_as_written(tmp_path):
+    make_runs(tmp_path / "multirun")
+    output = compare(tmp_path / "multirun", tmp_path / "out")
+    assert (output / "comparison.md").read_text() == (
+        "# Run comparison\n\n"
+        "Accuracies in %, mean ± std over the runs of each configuration (they differ only by seed; no std for a "
+        "single run). Final values, except val/acc_best. val/presence_gap, where logged: the median over the "
+        "validation images of the target class's score minus the largest other's, at the last validation "
+        "(not in %).\n\n"
+        "Common to every run: `data=rotated_mnist`\n\n"
+        "| configuration | runs | val/acc_best | val/acc | test/acc | test/acc_rot0 | test/acc_rot45 "
+        "| val/presence_gap |\n"
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n"
+        "| model=capsnet | 1 | 99.00 | 99.00 | 99.00 | 99.00 | 85.00 | 0.61 |\n"
+        "| model=lenet5 | 2 | 96.00 ± 1.41 | 96.00 ± 1.41 | 97.00 ± 1.41 | 97.00 ± 1.41 | 72.00 ± 2.83 |  |\n"
+    )
+    header = (output / "comparison.csv").read_text().splitlines()[0]
+    assert header.startswith("configuration,runs,val/acc_best mean,val/acc_best std,val/acc mean,")
+
+
+def test_runs_are_found_past_folders_that_are_not_runs_and_angles_sort_by_degrees(tmp_path):
+    """A folder with overrides but no event files (a job that failed at start) is passed over; a run
+    without overrides is "(defaults)"; runs without a validation curve are left out of its plot only;
+    rotations sort as numbers (0, 45, 180)."""
+    folder = tmp_path / "multirun"
+    (folder / "0" / ".hydra").mkdir(parents=True)  # sorted first, not a run
+    (folder / "0" / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(["model=lenet5"]))
+    for name, overrides, curve in [("1", [], []), ("2", ["model=lenet5"], [0.5, 0.6])]:
+        (folder / name / ".hydra").mkdir(parents=True)
+        (folder / name / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(overrides))
+        with SummaryWriter(str(folder / name / "tensorboard")) as writer:
+            for step, value in enumerate(curve):
+                writer.add_scalar("val/acc", value, step)
+            for angle in (180, 0, 45):
+                writer.add_scalar(f"test/acc_rot{angle}", 0.5, 0)
+    output = compare(folder, tmp_path / "out")
+    table = (output / "comparison.md").read_text()
+    assert "| (defaults) | 1 |" in table and "| model=lenet5 | 1 |" in table  # a run with no overrides
+    assert "| test/acc_rot0 | test/acc_rot45 | test/acc_rot180 |" in table
+    assert (output / "val_acc.png").exists()  # lenet5's curve, after a run that has none
+
+
+def test_a_single_configuration_is_labelled_by_its_overrides(tmp_path):
+    folder = tmp_path / "multirun"
+    for seed in (1, 2):
+        (folder / str(seed) / ".hydra").mkdir(parents=True)
+        (folder / str(seed) / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(["model=lenet5", f"seed={seed}"]))
+        with SummaryWriter(str(folder / str(seed) / "tensorboard")) as writer:
+            writer.add_scalar("test/acc", 0.9, 0)
+    table = (compare(folder, tmp_path / "out") / "comparison.md").read_text()
+    assert "| model=lenet5 | 2 |" in table and "Common to every run" not in table

@@ -25,7 +25,6 @@ IGNORED_OVERRIDE = re.compile(r"^\+?(seed|hydra\.[\w.]+|paths\.[\w.]+|ckpt_path|
 
 @dataclass
 class Run:
-    path: Path
     configuration: tuple[str, ...] | str  # the overrides, then (label_configurations) a label
     scalars: dict[str, list[Scalar]] = field(default_factory=dict)
 
@@ -43,7 +42,7 @@ def find_runs(folder: Path) -> list[Run]:
             continue
         overrides = yaml.safe_load(overrides_file.read_text()) or []
         kept = tuple(sorted(o for o in overrides if not IGNORED_OVERRIDE.match(o)))
-        runs.append(Run(run_dir, kept, read_scalars(run_dir)))
+        runs.append(Run(kept, read_scalars(run_dir)))
     return runs
 
 
