@@ -79,16 +79,21 @@ def download(url: str, path: Path, md5: str | None = None) -> None:
     """
     partial = partial_path(path)
     try:
-        with urllib.request.urlopen(url, timeout=DOWNLOAD_TIMEOUT_S) as response, open(partial, "wb") as out:
-            shutil.copyfileobj(response, out)
-            announced, received = response.headers.get("Content-Length"), out.tell()
+        # Opened outside the download's own errors: a folder that cannot be written is reported as the
+        # folder's problem (capsexp.data.base.data_folder_errors), not as a failed download.
+        with open(partial, "wb") as out:
+            try:
+                with urllib.request.urlopen(url, timeout=DOWNLOAD_TIMEOUT_S) as response:
+                    shutil.copyfileobj(response, out)
+                    announced = response.headers.get("Content-Length")
+            except (URLError, OSError, http.client.HTTPException) as error:
+                raise DownloadFailed(str(getattr(error, "reason", error))) from None
+            received = out.tell()
         if announced is not None and received != int(announced):
             raise DownloadFailed(f"interrupted after {received} of {announced} bytes")
         if md5 is not None and md5sum(partial) != md5:
             raise CorruptDatasetError(f"{url}: the downloaded file's md5 differs from the official one")
         partial.replace(path)
-    except (URLError, OSError, http.client.HTTPException) as error:
-        raise DownloadFailed(str(getattr(error, "reason", error))) from None
     finally:
         partial.unlink(missing_ok=True)
 
