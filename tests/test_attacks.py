@@ -19,6 +19,7 @@ from hydra.utils import instantiate
 from lightning.pytorch.loggers import TensorBoardLogger
 
 from capsexp.attacks import AdversarialEvaluation, AttackResult, PixelClassifier
+from capsexp.attacks import evaluation as evaluation_module
 from capsexp.attacks.evaluation import eps_step, metric_name, results_table, write_results
 from capsexp.data import MNISTDataModule
 from capsexp.errors import CheckpointError, ConfigError
@@ -183,7 +184,7 @@ def test_attack_results_match_a_linear_model_worked_out_by_hand(caplog):
     eps = [0.0, 0.005, 0.05, 0.3]
     model = PixelClassifier(LinearTwoClass(), standardise)
     for method, targeted in (("fgsm", False), ("bim", False), ("bim", True)):
-        evaluation = AdversarialEvaluation(method=method, eps=eps, targeted=targeted, max_images=7, examples=3)
+        evaluation = AdversarialEvaluation(method=method, eps=eps, targeted=targeted, max_images=7, examples=6)
         result = evaluation.run(model, None, batches, num_classes=2)
         seen_s, seen_labels = s[:7], labels[:7]  # the first 7 images, across the batch boundary
         margin = torch.where(seen_labels == 0, seen_s, -seen_s)  # > 0: right
@@ -197,12 +198,88 @@ def test_attack_results_match_a_linear_model_worked_out_by_hand(caplog):
         # Two classes: the target is the other class, and every image not right is on it.
         assert result.target_rate == (pytest.approx([1 - a for a in expected]) if targeted else None)
         assert result.zero_gradient_fraction == result.unseen_input_fraction == 0.25
-        # The first 3 adversarial images at each eps: each pixel moved by eps against the true class.
-        away = torch.where(labels[:3, None] == 0, -1.0, 1.0) * w.sign()  # (3, 4)
-        moved = torch.stack([pixels[:3].flatten(1) + e * away for e in eps]).view(4, 3, 1, 2, 2)
+        # The first 6 adversarial images at each eps (two batches): each pixel moved by eps against the
+        # true class.
+        away = torch.where(labels[:6, None] == 0, -1.0, 1.0) * w.sign()  # (6, 4)
+        moved = torch.stack([pixels[:6].flatten(1) + e * away for e in eps]).view(4, 6, 1, 2, 2)
         torch.testing.assert_close(result.examples, moved)
     assert evaluation.name == "bim_targeted"
     assert not [r for r in caplog.records if r.levelname == "WARNING"]  # no masking here
+
+
+class GatedPixels(torch.nn.Module):
+    """Two classes, s = x0 + 3 relu(x1 - 0.5) + 3 relu(x3 - 0.5): pixels 1 and 3 have a zero gradient on an
+    image where they are at most 0.5 (their gate shut), so whether it is zero on every image depends
+    on the images; pixel 2 has no weight (zero everywhere), pixel 0 never a zero gradient."""
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        flat = images.flatten(1)
+        s = flat[:, 0] + 3 * torch.relu(flat[:, 1] - 0.5) + 3 * torch.relu(flat[:, 3] - 0.5)
+        return torch.stack([s, -s], dim=1)
+
+
+def test_an_input_is_unseen_only_where_its_gradient_is_zero_on_every_image_of_every_batch():
+    shut = torch.full((4, 1, 2, 2), 0.2)
+    first, second = shut.clone(), shut.clone()
+    first.view(4, 4)[:2, 3] = 0.9  # pixel 3 open on two images of the first batch
+    second.view(4, 4)[:2, 1] = 0.9  # pixel 1 on two of the second
+    labels = torch.zeros(4, dtype=torch.long)
+    batches = [(first, labels), (second, labels), (shut, labels)]
+    result = AdversarialEvaluation(eps=[0.0]).run(PixelClassifier(GatedPixels(), lambda x: x), None, batches, 2)
+    assert result.unseen_input_fraction == 0.25  # pixel 2 only
+    # zero gradients: pixel 2 on all 12 images, pixels 1 and 3 on 10 each
+    assert result.zero_gradient_fraction == (12 + 10 + 10) / 48
+
+
+def test_a_long_attack_logs_its_progress_every_30_seconds(monkeypatch, caplog):
+    clock = iter([5.0, 35.0, 36.5, 36.5, 45.0])  # the start, then after each batch (and for its line)
+    monkeypatch.setattr(evaluation_module.time, "monotonic", lambda: next(clock))
+    pixels, labels = torch.full((4, 1, 2, 2), 0.5), torch.zeros(4, dtype=torch.long)
+    with caplog.at_level(logging.INFO, logger="capsexp.attacks.evaluation"):
+        AdversarialEvaluation(eps=[0.0]).run(
+            PixelClassifier(LinearTwoClass(), lambda x: x), None, [(pixels, labels)] * 3, 2
+        )
+    # 30 s after the start: not more than 30, no line; 31.5 s: 8 images in 31.5 s; then 8.5 s: none.
+    assert [r.getMessage() for r in caplog.records] == ["attack fgsm: 8 images, 0.3 img/s"]
+
+
+class LinearThreeClass(torch.nn.Module):
+    """Three classes, scores W x over a 2x2 image."""
+
+    weight = torch.tensor([[3.0, 0.0, 0.0, 0.0], [0.0, 3.0, 0.0, 0.0], [0.0, 0.0, 3.0, 0.0]])
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return images.flatten(1) @ self.weight.T
+
+
+def test_a_targeted_attack_aims_at_the_class_its_seeded_offset_names():
+    """The target of each image: (label + offset) mod classes, the offset drawn uniformly in 1 .. classes-1
+    from a generator seeded by attack.seed, batch after batch."""
+    pixels = torch.full((12, 1, 2, 2), 0.5)
+    labels = torch.arange(12) % 3
+    pixels.view(12, 4)[torch.arange(12), labels] = 0.7  # each image its label's class, by a margin
+    evaluation = AdversarialEvaluation(method="bim", eps=[0.4], targeted=True, seed=5, examples=12)
+    result = evaluation.run(
+        PixelClassifier(LinearThreeClass(), lambda x: x), None, [(pixels[:6], labels[:6]), (pixels[6:], labels[6:])], 3
+    )
+    replay = torch.Generator().manual_seed(5)
+    goals = torch.cat([(labels[i : i + 6] + torch.randint(1, 3, (6,), generator=replay)) % 3 for i in (0, 6)])
+    reached = LinearThreeClass()(result.examples[0]).argmax(1)
+    assert torch.equal(reached, goals) and result.target_rate == [1.0]
+
+
+def test_the_foolbox_attacks_take_the_evaluations_steps_step_size_and_random_start():
+    bim = AdversarialEvaluation(method="bim", steps=7, relative_step=0.3)._foolbox_attack("bim")
+    pgd = AdversarialEvaluation(method="pgd", steps=9, relative_step=0.05)._foolbox_attack("pgd")
+    fgsm = AdversarialEvaluation(method="bim", steps=7)._foolbox_attack("fgsm")
+    assert (bim.steps, bim.rel_stepsize, bim.random_start) == (7, 0.3, False)
+    assert (pgd.steps, pgd.rel_stepsize, pgd.random_start) == (9, 0.05, True)
+    assert (fgsm.steps, fgsm.rel_stepsize, fgsm.random_start) == (1, 1.0, False)  # one step of the whole eps
+
+
+def test_an_empty_test_set_is_refused():
+    with pytest.raises(ValueError, match=r"^the test set is empty: nothing to attack$"):
+        AdversarialEvaluation().run(PixelClassifier(LinearTwoClass(), lambda x: x), None, [], num_classes=2)
 
 
 # A targeted BIM sweep's result, written by hand: what the page and TensorBoard are checked on.

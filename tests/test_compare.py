@@ -13,7 +13,7 @@ from torch.utils.tensorboard import SummaryWriter
 from capsexp.compare import main
 from capsexp.errors import NoRunsError
 from capsexp.results.compare import compare
-from capsexp.results.events import last_scalar
+from capsexp.results.events import last_scalar, load_events
 
 RUNS = {  # run folder: (overrides, val/acc curve, test/acc, rotations)
     "0": (["model=lenet5", "seed=1", "data=rotated_mnist"], [0.90, 0.95], 0.96, {0: 0.96, 45: 0.70}),
@@ -74,11 +74,12 @@ def test_groups_seeds_and_matches_the_event_files(tmp_path):
 
 def test_command_line_and_empty_folder(tmp_path, capsys):
     make_runs(tmp_path)
-    main([str(tmp_path), "--output", str(tmp_path / "summary")])  # a folder it makes
+    summary = tmp_path / "out" / "summary"
+    main([str(tmp_path), "--output", str(summary)])  # folders it makes
     printed = capsys.readouterr().out
-    table = (tmp_path / "summary" / "comparison.md").read_text()
-    assert printed == f"{table}\nWritten to {tmp_path / 'summary'}: comparison.md, comparison.csv and the PNG plots.\n"
-    assert (tmp_path / "summary" / "comparison.csv").exists() and not (tmp_path / "comparison.md").exists()
+    table = (summary / "comparison.md").read_text()
+    assert printed == f"{table}\nWritten to {summary}: comparison.md, comparison.csv and the PNG plots.\n"
+    assert (summary / "comparison.csv").exists() and not (tmp_path / "comparison.md").exists()
     with pytest.raises(SystemExit):
         main(["--help"])
     usage = capsys.readouterr().out
@@ -142,7 +143,11 @@ def test_the_plots_draw_each_runs_curve_and_each_configurations_accuracy_per_ang
     assert legend == ["model=lenet5", "model=capsnet"]
 
     (axes,) = saved["rotation.png"].axes
-    assert axes.get_xlabel() == "rotation of the test digits (degrees)" and axes.get_ylabel() == "test accuracy (%)"
+    assert (axes.get_xlabel(), axes.get_ylabel(), axes.get_title()) == (
+        "rotation of the test digits (degrees)",
+        "test accuracy (%)",
+        "Accuracy versus rotation",
+    )
     bars = {container.get_label(): container for container in axes.containers}
     assert sorted(bars) == ["model=capsnet", "model=lenet5"]
     lenet_line, _, (lenet_bars,) = bars["model=lenet5"].lines
@@ -151,7 +156,9 @@ def test_the_plots_draw_each_runs_curve_and_each_configurations_accuracy_per_ang
     spread = [statistics.stdev([96, 98]), statistics.stdev([70, 74])]
     segments = lenet_bars.get_segments()  # one vertical segment per angle: mean - std to mean + std
     assert [s[1][1] - s[0][1] for s in segments] == pytest.approx([2 * x for x in spread], abs=1e-4)  # float32 events
+    assert lenet_line.get_color() == colour["0"]  # each configuration's colour in both figures
     capsnet_line, _, (capsnet_bars,) = bars["model=capsnet"].lines
+    assert capsnet_line.get_color() == colour["2"]
     assert list(capsnet_line.get_ydata()) == pytest.approx([99.0, 85.0], abs=1e-4)
     assert [s[1][1] - s[0][1] for s in capsnet_bars.get_segments()] == [0, 0]  # one run: no spread
 
@@ -189,12 +196,13 @@ def test_runs_are_found_past_folders_that_are_not_runs_and_angles_sort_by_degree
         with SummaryWriter(str(folder / name / "tensorboard")) as writer:
             for step, value in enumerate(curve):
                 writer.add_scalar("val/acc", value, step)
-            for angle in (180, 0, 45):
+            for angle in (180, 0, 45) if overrides else (0, 45):  # the run without overrides lacks 180
                 writer.add_scalar(f"test/acc_rot{angle}", 0.5, 0)
     output = compare(folder, tmp_path / "out")
     table = (output / "comparison.md").read_text()
     assert "| (defaults) | 1 |" in table and "| model=lenet5 | 1 |" in table  # a run with no overrides
     assert "| test/acc_rot0 | test/acc_rot45 | test/acc_rot180 |" in table
+    assert "| (defaults) | 1 |  | 50.00 | 50.00 |  |" in table and (output / "rotation.png").exists()
     assert (output / "val_acc.png").exists()  # lenet5's curve, after a run that has none
 
 
@@ -206,4 +214,16 @@ def test_a_single_configuration_is_labelled_by_its_overrides(tmp_path):
         with SummaryWriter(str(folder / str(seed) / "tensorboard")) as writer:
             writer.add_scalar("test/acc", 0.9, 0)
     table = (compare(folder, tmp_path / "out") / "comparison.md").read_text()
-    assert "| model=lenet5 | 2 |" in table and "Common to every run" not in table
+    assert table.endswith(
+        "(not in %).\n\n| configuration | runs | test/acc |\n| --- | ---: | ---: |\n"
+        "| model=lenet5 | 2 | 90.00 ± 0.00 |\n"
+    )
+
+
+def test_every_scalar_of_a_long_run_is_read_back(tmp_path):
+    """TensorBoard's reader keeps a sample of 10,000 scalars per tag unless told otherwise."""
+    with SummaryWriter(str(tmp_path / "tensorboard")) as writer:
+        for step in range(10_050):
+            writer.add_scalar("train/loss", float(step), step)
+    points = load_events(tmp_path).Scalars("train/loss")
+    assert [point.step for point in points] == list(range(10_050))

@@ -112,13 +112,12 @@ def write_tables(metrics: list[str], rows: list[dict], shared: list[str], output
             writer.writerow([row["configuration"], row["runs"], *values])
 
 
-def write_plots(runs: list[Run], metrics: list[str], rows: list[dict], output: Path) -> list[Path]:
+def write_plots(runs: list[Run], metrics: list[str], rows: list[dict], output: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    written = []
     colours = {row["configuration"]: f"C{i % 10}" for i, row in enumerate(rows)}
 
     def legend(axes) -> None:  # below the plot, long labels wrapped, so the axes keep their width
@@ -144,7 +143,6 @@ def write_plots(runs: list[Run], metrics: list[str], rows: list[dict], output: P
         axes.set(xlabel="step", ylabel="validation accuracy (%)", title="Validation accuracy")
         legend(axes)
         figure.savefig(output / "val_acc.png", dpi=120, bbox_inches="tight")
-        written.append(output / "val_acc.png")
     plt.close(figure)
 
     rotations = [m for m in metrics if rotation_angle(m) is not None]
@@ -168,9 +166,7 @@ def write_plots(runs: list[Run], metrics: list[str], rows: list[dict], output: P
         )
         legend(axes)
         figure.savefig(output / "rotation.png", dpi=120, bbox_inches="tight")
-        written.append(output / "rotation.png")
         plt.close(figure)
-    return written
 
 
 def compare(folder: Path, output: Path | None = None) -> Path:

@@ -59,7 +59,7 @@ def attack_tested_model(
     if run_folder is not None and trainer.is_global_zero:
         description = (
             f"`{evaluation.method}`{' targeted' if evaluation.targeted else ''}, {crafted_on}, on the first "
-            f"test set of `{type(datamodule).__name__}`; model `{type(getattr(module, 'net', module)).__name__}`."
+            f"test set of `{type(datamodule).__name__}`; model `{type(module.net).__name__}`."
         )
         path = write_results(result, evaluation.name, run_folder, description)
         log.info(f"Attack results: {path}")
