@@ -66,3 +66,16 @@ def test_several_objects_train_each_class_as_an_independent_sigmoid_with_smoothe
         assert loss.item() == pytest.approx(total / 6, rel=1e-6)
     half = CrossEntropy()(scores.half(), None, targets)["loss"]  # computed in the scores' dtype
     assert half.dtype == torch.float16
+
+
+def test_one_object_trains_a_softmax_cross_entropy_with_smoothed_targets():
+    scores = torch.tensor([[2.0, -1.0, 0.5], [0.0, 3.0, -2.0]])
+    targets = torch.tensor([2, 1])
+    smoothing = 0.3
+    total = 0.0
+    for row, target in zip(scores.tolist(), targets.tolist(), strict=True):
+        log_softmax = [s - math.log(sum(math.exp(v) for v in row)) for s in row]
+        wanted = [(1 - smoothing) * (k == target) + smoothing / 3 for k in range(3)]
+        total -= sum(w * p for w, p in zip(wanted, log_softmax, strict=True))
+    loss = CrossEntropy(label_smoothing=smoothing)(scores, None, targets)["loss"]
+    assert loss.item() == pytest.approx(total / 2, rel=1e-6)
