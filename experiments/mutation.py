@@ -128,9 +128,14 @@ def _mutation_data() -> dict[str, SourceFileMutationData]:
 
 
 def results() -> dict[str, str]:
-    """``{mutant name: status}`` of the last ``mutmut run``."""
-    statuses = {name: status_by_exit_code[data.exit_code_by_key[name]] for name, data in _mutation_data().items()}
+    """``{mutant name: status}`` of the last ``mutmut run``, read afresh (the diffs then read the same)."""
+    _mutation_data_cached.cache_clear()
+    data_by_name = _mutation_data_cached()
+    statuses = {name: status_by_exit_code[data.exit_code_by_key[name]] for name, data in data_by_name.items()}
     return {name: NOT_RUN if status == INTERRUPTED else status for name, status in statuses.items()}
+
+
+_mutation_data_cached = functools.cache(_mutation_data)
 
 
 def changed_lines(mutant: str) -> tuple[list[str], list[str]]:
@@ -138,9 +143,6 @@ def changed_lines(mutant: str) -> tuple[list[str], list[str]]:
     lines = get_diff_for_mutant(mutant, path=_mutation_data_cached()[mutant].path).splitlines()
     removed = [line[1:].strip() for line in lines if line.startswith("-") and not line.startswith("---")]
     return removed, [line[1:].strip() for line in lines if line.startswith("+") and not line.startswith("+++")]
-
-
-_mutation_data_cached = functools.cache(_mutation_data)
 
 
 # mutmut's string mutant "text" -> "XXtextXX".
