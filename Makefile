@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 
 .DEFAULT_GOAL := help
-.PHONY: help install train lint format test test-all mutate bench bench-gpu studies studies-full tensorboard clean
+.PHONY: help install train lint format test test-all mutate bench bench-gpu studies studies-full run-studies tensorboard clean
 
 help:  ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  make %-12s %s\n", $$1, $$2}'
@@ -42,25 +42,37 @@ bench:  ## speed + accuracy benchmarks -> experiments/results/bench.md, bench_em
 bench-gpu:  ## GPU benchmark: images/s, epoch time, peak memory per model, fp32/bf16, eager/compiled -> experiments/results/bench_gpu.md
 	$(BIN)/python experiments/bench_gpu.py $(ARGS)
 
-studies:  ## the studies' quick CPU modes -> experiments/results/*_quick/ (hours on 2 cores)
+# The studies: the experiment configs with budgets (conf/experiment/*.yaml; docs/studies.md).
+STUDIES ?= $(sort $(basename $(notdir $(shell grep -l '^budgets:' conf/experiment/*.yaml))))
+STUDY_LOGS := logs/studies
+
+studies:  ## every study's quick budget, one after another (hours on 2 cores) -> experiments/results/<study>_quick/
+	@$(MAKE) --no-print-directory run-studies BUDGET=quick
 	$(BIN)/python experiments/em_training.py --quick $(ARGS)
 	$(BIN)/python experiments/em_routing_ablation.py --quick $(ARGS)
-	$(BIN)/python experiments/rotation_robustness.py --quick $(ARGS)
-	$(BIN)/python experiments/routing_ablation.py --quick $(ARGS)
 	$(BIN)/python experiments/em_smallnorb.py --quick $(ARGS)
 	$(BIN)/python experiments/multimnist.py --quick $(ARGS)
 	$(BIN)/python experiments/affnist.py --quick $(ARGS)
 	$(BIN)/python experiments/adversarial.py --quick $(ARGS)
 
-studies-full:  ## the studies in full (GPU hours; ARGS="trainer.devices=2" etc.) -> experiments/results/*_full/
+studies-full:  ## every study's full budget (GPU hours; ARGS="trainer.devices=2" etc.) -> experiments/results/<study>_full/
+	@$(MAKE) --no-print-directory run-studies BUDGET=full
 	$(BIN)/python experiments/em_training.py $(ARGS)
 	$(BIN)/python experiments/em_routing_ablation.py $(ARGS)
-	$(BIN)/python experiments/rotation_robustness.py $(ARGS)
-	$(BIN)/python experiments/routing_ablation.py $(ARGS)
 	$(BIN)/python experiments/em_smallnorb.py $(ARGS)
 	$(BIN)/python experiments/multimnist.py $(ARGS)
 	$(BIN)/python experiments/affnist.py $(ARGS)
 	$(BIN)/python experiments/adversarial.py $(ARGS)
+
+# Each study of STUDIES (STUDIES="dr_mnist" runs one) in budget BUDGET: its sweep into a fresh folder
+# under logs/studies/, then its page with the runs kept beside it.
+run-studies:
+	@set -e; for study in $(STUDIES); do \
+	  runs=$(STUDY_LOGS)/$${study}_$(BUDGET)/$$(date +%Y-%m-%d_%H-%M-%S); \
+	  $(BIN)/python -m capsexp -m experiment=$$study study=$(BUDGET) hydra.sweep.dir=$$runs $(ARGS); \
+	  $(BIN)/python -m capsexp.compare $$runs --output experiments/results/$${study}_$(BUDGET) --keep-runs > /dev/null; \
+	  echo "experiments/results/$${study}_$(BUDGET)/README.md"; \
+	done
 
 tensorboard:  ## serve logs/ on http://localhost:6006
 	$(BIN)/tensorboard --logdir logs --port 6006

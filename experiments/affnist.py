@@ -64,7 +64,7 @@ def runs_by_model(folder: Path) -> dict[str, list]:
     """The study's runs under ``folder``, by the ``model=`` they were run with."""
     by_model: dict[str, list] = {}
     for run in find_runs(folder):
-        model = next(o.split("=", 1)[1] for o in run.configuration if o.startswith("model="))
+        model = next(o.split("=", 1)[1] for o in run.overrides if o.startswith("model="))
         by_model.setdefault(model, []).append(run)
     return by_model
 

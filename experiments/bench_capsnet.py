@@ -24,10 +24,11 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from benchlib import cli_test_accuracy, cpu_name
+from benchlib import cli_test_accuracy
 from capsexp import PROJECT_ROOT
 from capsexp.lit import CapsuleLoss
 from capsexp.models import CapsNet
+from capsexp.results.machine import cpu_name
 from timing import Stopwatch
 
 RESULTS = PROJECT_ROOT / "experiments" / "results" / "bench.md"

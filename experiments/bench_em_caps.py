@@ -34,8 +34,9 @@ from pathlib import Path
 
 import torch
 
-from benchlib import cli_test_accuracy, cpu_name
+from benchlib import cli_test_accuracy
 from capsexp import PROJECT_ROOT
+from capsexp.results.machine import cpu_name
 from timing import Stopwatch
 
 RESULTS = PROJECT_ROOT / "experiments" / "results" / "bench_em.md"

@@ -28,9 +28,9 @@ from pathlib import Path
 
 import numpy as np
 
-from benchlib import cpu_name
 from capsexp import PROJECT_ROOT
 from capsexp.results.events import read_scalars
+from capsexp.results.machine import cpu_name
 from timing import Stopwatch
 
 MNIST = ["data=mnist", "data.batch_size=128"]

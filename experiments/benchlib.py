@@ -1,27 +1,15 @@
-"""What the benchmark scripts share: the machine's name, and a CLI run whose test accuracy is read back."""
+"""What the benchmark scripts share: a CLI run whose test accuracy is read back."""
 
 from __future__ import annotations
 
 import datetime
-import platform
 import subprocess
 import sys
-from pathlib import Path
 
 from capsexp import PROJECT_ROOT
 from capsexp.results.events import last_scalar
 from capsexp.results.metric_names import TEST_ACC
 from timing import Stopwatch
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
 
 
 def cli_test_accuracy(overrides: list[str], task: str, data_dir: str | None = None) -> dict[str, float]:

@@ -38,8 +38,8 @@ from mutmut.mutation.data import SourceFileMutationData
 from mutmut.mutation.diff_apply import get_diff_for_mutant
 from mutmut.stats import status_by_exit_code
 
-from benchlib import cpu_name
 from capsexp import PROJECT_ROOT
+from capsexp.results.machine import cpu_name
 from timing import Stopwatch
 
 sys.path.insert(0, str(PROJECT_ROOT))

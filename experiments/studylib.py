@@ -14,9 +14,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from benchlib import cpu_name
 from capsexp import PROJECT_ROOT
 from capsexp.results.compare import compare
+from capsexp.results.machine import cpu_name
 from capsexp.results.metric_names import VAL_ACC
 
 RESULTS = PROJECT_ROOT / "experiments" / "results"
@@ -124,8 +124,8 @@ class Study:
         ``rebuilt``: the page is written from earlier runs, ``wall_s`` the sum of their durations."""
         output = self.output
         compare(runs_folder, output)
-        table = (output / "comparison.md").read_text().replace("# Run comparison", "## Run comparison", 1)
-        plots = "".join(f"\n![{png.stem}]({png.name})\n" for png in sorted(output.glob("*.png")))
+        comparison = (output / "README.md").read_text()
+        table = comparison[comparison.index("## Results") :]
         page = "\n".join(
             [
                 f"# {title} ({self.mode} mode)",
@@ -141,7 +141,6 @@ class Study:
                 "",
                 extra_section(output) if extra_section else "",
                 table,
-                plots,
             ]
         )
         (output / "README.md").write_text(page)
@@ -188,7 +187,7 @@ def missing_seeds(folder: Path, seeds: Sequence[int], finished: str = VAL_ACC) -
     done = set()
     for run in row_runs(folder):
         if run.final(finished) is not None:
-            done.update(int(o.split("=", 1)[1]) for o in job_overrides(run.path) if o.startswith("seed="))
+            done.update(int(o.split("=", 1)[1]) for o in job_overrides(run.folder) if o.startswith("seed="))
     return [seed for seed in seeds if seed not in done]
 
 
@@ -276,7 +275,7 @@ def run_seconds(run) -> float | None:
     its events carry no times of their own (all within a second: a file rewritten after the run)."""
     from capsexp.results.events import load_events
 
-    events = load_events(run.path)
+    events = load_events(run.folder)
     times = [event.wall_time for tag in events.Tags()["scalars"] for event in events.Scalars(tag)]
     span = max(times) - min(times) if times else 0.0
     return span if span >= 1.0 else None

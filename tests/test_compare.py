@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import csv
+import math
+import shutil
 import statistics
 from pathlib import Path
 
@@ -25,6 +27,7 @@ RUNS = {  # run folder: (overrides, val/acc curve, test/acc, rotations)
         {0: 0.99, 45: 0.85},
     ),
 }
+RUNS_START = 1795564800  # 2026-11-25 00:00 UTC
 
 
 def make_runs(folder: Path) -> None:
@@ -33,37 +36,44 @@ def make_runs(folder: Path) -> None:
         (run / ".hydra").mkdir(parents=True)
         (run / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(overrides))
         writer = SummaryWriter(str(run / "tensorboard"))
+        start = RUNS_START + 600 * int(name)  # each run 90 s long, one after another
         for step, value in enumerate(curve):
-            writer.add_scalar("val/acc", value, step * 100)
-            writer.add_scalar("val/acc_best", max(curve[: step + 1]), step * 100)
-        writer.add_scalar("test/acc", test_acc, 200)
+            writer.add_scalar("val/acc", value, step * 100, walltime=start + 30 * step)
+            writer.add_scalar("val/acc_best", max(curve[: step + 1]), step * 100, walltime=start + 30 * step)
+        writer.add_scalar("test/acc", test_acc, 200, walltime=start + 90)
         for angle, value in rotations.items():
-            writer.add_scalar(f"test/acc_rot{angle}", value, 200)
+            writer.add_scalar(f"test/acc_rot{angle}", value, 200, walltime=start + 90)
         if "model=capsnet" in overrides:  # presence scores: capsule lengths
-            writer.add_scalar("val/presence_gap", 0.2, 0)
-            writer.add_scalar("val/presence_gap", 0.61, 100)
+            writer.add_scalar("val/presence_gap", 0.2, 0, walltime=start)
+            writer.add_scalar("val/presence_gap", 0.61, 100, walltime=start + 30)
         writer.close()
 
 
 def test_groups_seeds_and_matches_the_event_files(tmp_path):
     make_runs(tmp_path / "multirun")
-    output = compare(tmp_path / "multirun", tmp_path / "out")
-    table = (output / "comparison.md").read_text()
-    lenet = next(line for line in table.splitlines() if line.startswith("| model=lenet5 |"))
+    output = compare(tmp_path / "multirun", tmp_path / "out").output
+    page = (output / "README.md").read_text()
+    lenet = next(line for line in page.splitlines() if line.startswith("| model=lenet5 |"))
     cells = [c.strip() for c in lenet.strip("|").split("|")]
     assert cells[1] == "2"
+    test_mean, test_std = statistics.fmean([0.96, 0.98]) * 100, statistics.stdev([0.96, 0.98]) * 100
+    half = 12.706205 * test_std / 2**0.5  # t_{0.975, 1} x standard error
+    assert cells[2] == f"{test_mean:.2f} ± {test_std:.2f} [{test_mean - half:.2f}, {test_mean + half:.2f}]"
     best_mean = statistics.fmean([0.95, 0.97]) * 100
     best_std = statistics.stdev([0.95, 0.97]) * 100
-    assert cells[2] == f"{best_mean:.2f} ± {best_std:.2f}"
-    assert "| model=capsnet | 1 |" in table  # the hydra.run.dir override does not split configurations
-    capsnet = next(line for line in table.splitlines() if line.startswith("| model=capsnet |"))
+    assert cells[3] == f"{best_mean:.2f} ± {best_std:.2f}"
+    assert "| model=capsnet | 1 |" in page  # the hydra.run.dir override does not split configurations
+    capsnet = next(line for line in page.splitlines() if line.startswith("| model=capsnet |"))
     assert "±" not in capsnet  # one run: a mean, no spread
-    assert "Common to every run: `data=rotated_mnist`" in table
+    assert "Common to every run: `data=rotated_mnist`" in page
     with open(output / "comparison.csv") as handle:
         rows = {row["configuration"]: row for row in csv.DictReader(handle)}
     assert float(rows["model=lenet5"]["test/acc_rot45 mean"]) == pytest.approx(0.72, abs=1e-6)
+    assert float(rows["model=lenet5"]["test/acc ci_high"]) == pytest.approx((test_mean + half) / 100, abs=1e-6)
     assert float(rows["model=capsnet"]["test/acc mean"]) == pytest.approx(0.99, abs=1e-6)
-    assert list(rows["model=lenet5"])[-4:-2] == ["test/acc_rot45 mean", "test/acc_rot45 std"]  # angles in order
+    assert rows["model=capsnet"]["test/acc std"] == rows["model=capsnet"]["test/acc ci_low"] == "nan"
+    rotation_columns = [c for c in rows["model=lenet5"] if "rot" in c and c.endswith("mean")]
+    assert rotation_columns == ["test/acc_rot0 mean", "test/acc_rot45 mean"]  # angles in order
     # The presence gap, where logged: the last validation's, as a fraction (not in %).
     assert float(rows["model=capsnet"]["val/presence_gap mean"]) == pytest.approx(0.61, abs=1e-6)
     assert rows["model=lenet5"]["val/presence_gap mean"] == "nan"
@@ -77,16 +87,18 @@ def test_command_line_and_empty_folder(tmp_path, capsys):
     summary = tmp_path / "out" / "summary"
     main([str(tmp_path), "--output", str(summary)])  # folders it makes
     printed = capsys.readouterr().out
-    table = (summary / "comparison.md").read_text()
-    assert printed == f"{table}\nWritten to {summary}: comparison.md, comparison.csv and the PNG plots.\n"
-    assert (summary / "comparison.csv").exists() and not (tmp_path / "comparison.md").exists()
+    page = (summary / "README.md").read_text()
+    assert printed == f"{page}\nWritten to {summary}: README.md, comparison.csv and the PNG plots.\n"
+    assert (summary / "comparison.csv").exists() and not (tmp_path / "README.md").exists()
     with pytest.raises(SystemExit):
         main(["--help"])
     usage = capsys.readouterr().out
-    assert usage.startswith("usage: python -m capsexp.compare [-h] [--output OUTPUT] folder\n")
-    assert "  folder           a multirun folder, or logs/ for every run\n" in usage
+    assert " ".join(usage.split()).startswith(
+        "usage: python -m capsexp.compare [-h] [--output OUTPUT] [--keep-runs] [--check] folder"
+    )
+    assert "a multirun folder, a study's runs, or logs/ for every run" in usage
     assert "  --output OUTPUT  where to write (default: the folder)\n" in usage
-    assert "Finds every run under ``folder`` (a multirun, or all of ``logs/``): a folder with\n" in usage  # as written
+    assert "Finds every run under ``folder`` (a multirun, a study's runs, or all of ``logs/``)" in usage  # as written
     # The library raises the project's error; only main exits, with the message and status 1.
     with pytest.raises(NoRunsError, match="no runs under"):
         compare(tmp_path / "empty")
@@ -110,10 +122,10 @@ def test_last_scalar_reads_the_last_value_logged_and_names_the_tags_a_run_has(tm
         last_scalar(tmp_path / "empty", "val/acc")
 
 
-def test_the_plots_draw_each_runs_curve_and_each_configurations_accuracy_per_angle(tmp_path, monkeypatch):
-    """What the figures hold, read from the matplotlib figures as they are saved: the validation curve of
-    every run in % (a colour and one legend entry per configuration), and per configuration the mean
-    test accuracy at each angle with the seeds' std as error bars."""
+def test_the_plots_draw_each_configurations_mean_curve_with_its_band_and_its_accuracy_per_angle(tmp_path, monkeypatch):
+    """What the figures hold, read from the matplotlib figures as they are saved: per configuration the
+    mean validation curve over its runs in %, a band of ± one std where it has several runs, one colour
+    and one legend entry; and the mean test accuracy at each angle with the seeds' std as error bars."""
     import matplotlib.figure
 
     saved = {}
@@ -131,16 +143,21 @@ def test_the_plots_draw_each_runs_curve_and_each_configurations_accuracy_per_ang
     assert (axes.get_xlabel(), axes.get_ylabel(), axes.get_title()) == (
         "step",
         "validation accuracy (%)",
-        "Validation accuracy",
+        "Validation accuracy: mean over seeds ± std",
     )
-    curves = [(list(line.get_xdata()), list(line.get_ydata()), line.get_color()) for line in axes.get_lines()]
-    assert len(curves) == len(RUNS) and all(x == [0, 100] for x, _, _ in curves)
-    colour = {}
-    for name, (_, curve, _, _) in RUNS.items():
-        (colour[name],) = [c for _, y, c in curves if y == pytest.approx([100 * v for v in curve])]
-    assert colour["0"] == colour["1"] != colour["2"]  # the seeds of a configuration share a colour
+    lenet_line, capsnet_line = axes.get_lines()
+    assert list(lenet_line.get_xdata()) == [0, 100]
+    assert list(lenet_line.get_ydata()) == pytest.approx([90.5, 96.0], abs=1e-4)  # the two seeds' mean
+    assert list(capsnet_line.get_ydata()) == pytest.approx([93.0, 99.0], abs=1e-4)
+    colour = {"lenet5": lenet_line.get_color(), "capsnet": capsnet_line.get_color()}
+    assert colour["lenet5"] != colour["capsnet"]
+    (band,) = axes.collections  # lenet5's two runs; capsnet's single run has none
+    (outline,) = band.get_paths()
+    spread = [statistics.stdev([90, 91]), statistics.stdev([95, 97])]
+    ys = outline.vertices[:, 1]
+    assert max(ys) == pytest.approx(96.0 + spread[1], abs=1e-3) and min(ys) == pytest.approx(90.5 - spread[0], abs=1e-3)
     legend = [text.get_text() for text in axes.get_legend().get_texts()]
-    assert legend == ["model=lenet5", "model=capsnet"]
+    assert legend == ["model=lenet5 (2 runs)", "model=capsnet (1 run)"]
 
     (axes,) = saved["rotation.png"].axes
     assert (axes.get_xlabel(), axes.get_ylabel(), axes.get_title()) == (
@@ -156,31 +173,47 @@ def test_the_plots_draw_each_runs_curve_and_each_configurations_accuracy_per_ang
     spread = [statistics.stdev([96, 98]), statistics.stdev([70, 74])]
     segments = lenet_bars.get_segments()  # one vertical segment per angle: mean - std to mean + std
     assert [s[1][1] - s[0][1] for s in segments] == pytest.approx([2 * x for x in spread], abs=1e-4)  # float32 events
-    assert lenet_line.get_color() == colour["0"]  # each configuration's colour in both figures
+    assert lenet_line.get_color() == colour["lenet5"]  # each configuration's colour in both figures
     capsnet_line, _, (capsnet_bars,) = bars["model=capsnet"].lines
-    assert capsnet_line.get_color() == colour["2"]
+    assert capsnet_line.get_color() == colour["capsnet"]
     assert list(capsnet_line.get_ydata()) == pytest.approx([99.0, 85.0], abs=1e-4)
     assert [s[1][1] - s[0][1] for s in capsnet_bars.get_segments()] == [0, 0]  # one run: no spread
 
 
 def test_the_page_and_the_table_as_written(tmp_path):
     make_runs(tmp_path / "multirun")
-    output = compare(tmp_path / "multirun", tmp_path / "out")
-    assert (output / "comparison.md").read_text() == (
+    output = compare(tmp_path / "multirun").output
+    assert (output / "README.md").read_text() == (
         "# Run comparison\n\n"
-        "Accuracies in %, mean ± std over the runs of each configuration (they differ only by seed; no std for a "
-        "single run). Final values, except val/acc_best. val/presence_gap, where logged: the median over the "
-        "validation images of the target class's score minus the largest other's, at the last validation "
-        "(not in %).\n\n"
+        "- Machine: not recorded for 3 runs.\n"
+        "- Runs: 3, 2026-11-25, 4.5 min of run time (each run's first to last logged scalar); in this folder.\n"
+        "- Command: `python -m capsexp -m model=lenet5,capsnet seed=1,2 data=rotated_mnist`\n"
+        "- Rebuild this page, in its folder: `python -m capsexp.compare .`\n\n"
+        "## Results\n\n"
+        "Per configuration (runs that differ only by seed): test/acc as mean ± std over the runs with the 95% "
+        "confidence interval of the mean (Student's t), the other metrics as mean ± std (a mean alone for one run). "
+        "Accuracies in %, final values except val/acc_best; val/presence_gap, where logged: the median over the "
+        "validation images of the target class's score minus the largest other's, at the last validation.\n\n"
         "Common to every run: `data=rotated_mnist`\n\n"
-        "| configuration | runs | val/acc_best | val/acc | test/acc | test/acc_rot0 | test/acc_rot45 "
+        "| configuration | runs | test/acc (95% CI) | val/acc_best | val/acc | test/acc_rot0 | test/acc_rot45 "
         "| val/presence_gap |\n"
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n"
-        "| model=capsnet | 1 | 99.00 | 99.00 | 99.00 | 99.00 | 85.00 | 0.61 |\n"
-        "| model=lenet5 | 2 | 96.00 ± 1.41 | 96.00 ± 1.41 | 97.00 ± 1.41 | 97.00 ± 1.41 | 72.00 ± 2.83 |  |\n"
+        "| model=lenet5 | 2 | 97.00 ± 1.41 [84.29, 109.71] | 96.00 ± 1.41 | 96.00 ± 1.41 | 97.00 ± 1.41 "
+        "| 72.00 ± 2.83 |  |\n"
+        "| model=capsnet | 1 | 99.00 | 99.00 | 99.00 | 99.00 | 85.00 | 0.61 |\n\n"
+        "## Against `model=lenet5`\n\n"
+        "test/acc, each configuration minus `model=lenet5` (percentage points), with the 95% confidence interval "
+        "of the difference: a paired t-test where the two share their seeds, Welch's t-test otherwise (two runs "
+        "a side at least). 1 comparison: p-values adjusted by Holm's method; significant means an adjusted p "
+        "below 0.05.\n\n"
+        "| configuration | runs | difference | 95% CI | test | p | p (Holm) | significant |\n"
+        "| --- | ---: | ---: | ---: | --- | ---: | ---: | --- |\n"
+        "| model=capsnet | 1 | +2.00 |  | too few runs |  |  |  |\n\n"
+        "![val_acc](val_acc.png)\n"
+        "![rotation](rotation.png)\n"
     )
     header = (output / "comparison.csv").read_text().splitlines()[0]
-    assert header.startswith("configuration,runs,val/acc_best mean,val/acc_best std,val/acc mean,")
+    assert header.startswith("configuration,runs,val/acc_best mean,val/acc_best std,val/acc_best ci_low,")
 
 
 def test_runs_are_found_past_folders_that_are_not_runs_and_angles_sort_by_degrees(tmp_path):
@@ -198,8 +231,8 @@ def test_runs_are_found_past_folders_that_are_not_runs_and_angles_sort_by_degree
                 writer.add_scalar("val/acc", value, step)
             for angle in (180, 0, 45) if overrides else (0, 45):  # the run without overrides lacks 180
                 writer.add_scalar(f"test/acc_rot{angle}", 0.5, 0)
-    output = compare(folder, tmp_path / "out")
-    table = (output / "comparison.md").read_text()
+    output = compare(folder, tmp_path / "out").output
+    table = (output / "README.md").read_text()
     assert "| (defaults) | 1 |" in table and "| model=lenet5 | 1 |" in table  # a run with no overrides
     assert "| test/acc_rot0 | test/acc_rot45 | test/acc_rot180 |" in table
     assert "| (defaults) | 1 |  | 50.00 | 50.00 |  |" in table and (output / "rotation.png").exists()
@@ -213,11 +246,12 @@ def test_a_single_configuration_is_labelled_by_its_overrides(tmp_path):
         (folder / str(seed) / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(["model=lenet5", f"seed={seed}"]))
         with SummaryWriter(str(folder / str(seed) / "tensorboard")) as writer:
             writer.add_scalar("test/acc", 0.9, 0)
-    table = (compare(folder, tmp_path / "out") / "comparison.md").read_text()
+    table = (compare(folder, tmp_path / "out").output / "README.md").read_text()
     assert table.endswith(
-        "(not in %).\n\n| configuration | runs | test/acc |\n| --- | ---: | ---: |\n"
-        "| model=lenet5 | 2 | 90.00 ± 0.00 |\n"
+        "at the last validation.\n\n| configuration | runs | test/acc (95% CI) |\n| --- | ---: | ---: |\n"
+        "| model=lenet5 | 2 | 90.00 ± 0.00 [90.00, 90.00] |\n"
     )
+    assert "## Against" not in table  # nothing to compare with
 
 
 def test_every_scalar_of_a_long_run_is_read_back(tmp_path):
@@ -227,3 +261,142 @@ def test_every_scalar_of_a_long_run_is_read_back(tmp_path):
             writer.add_scalar("train/loss", float(step), step)
     points = load_events(tmp_path).Scalars("train/loss")
     assert [point.step for point in points] == list(range(10_050))
+
+
+EXPERIMENT = """\
+# @package _global_
+budgets:
+  quick: {epochs: 1}
+page:
+  title: "Routing and reconstruction"
+  reference: iterations=3 reconstruction=true
+  notes:
+    quick: |
+      Three steps.
+  paper:
+    source: "Paper, Table 1"
+    metric: test error (%)
+    error: true
+    figures:
+      iterations=1: "0.34"
+      iterations=3 reconstruction=true: "0.25"
+  expected:
+    quick:
+      tolerance: 0.01
+      figures:
+        iterations=1: 0.955
+        iterations=3: 0.90
+"""
+
+
+def make_study(folder: Path, accuracies: dict[tuple[str, ...], list[float]]) -> None:
+    """Runs of ``experiment=toy study=quick``: each configuration's runs with seeds 1, 2, ..."""
+    job = 0
+    for setting, values in accuracies.items():
+        for seed, value in enumerate(values, start=1):
+            run = folder / str(job)
+            (run / ".hydra").mkdir(parents=True)
+            overrides = [*setting, f"seed={seed}", "experiment=toy", "study=quick", f"hydra.sweep.dir={folder}"]
+            (run / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(overrides))
+            (run / "machine.yaml").write_text("cpu: Toy CPU\ncores: 2\ngpus: []\ntorch: 2.14.1\n")
+            with SummaryWriter(str(run / "tensorboard")) as writer:
+                writer.add_scalar("val/acc", value - 0.01, 100, walltime=RUNS_START + 3600 * job)
+                writer.add_scalar("test/acc", value, 100, walltime=RUNS_START + 3600 * job + 120)
+            job += 1
+
+
+def test_an_experiments_page_its_paper_figures_statistics_and_reproduction_check(tmp_path, monkeypatch, capsys):
+    """Runs of an experiment config get its page: the title and notes of their budget, the paper's
+    figures beside ours (errors beside errors), each configuration against the page's reference by a
+    paired t-test (they share seeds 1 and 2), Holm-adjusted over the two comparisons, and the check of
+    the figures the budget gave before (``--check`` fails when one is out of tolerance)."""
+    from capsexp.results import study
+
+    (tmp_path / "conf" / "experiment").mkdir(parents=True)
+    (tmp_path / "conf" / "experiment" / "toy.yaml").write_text(EXPERIMENT)
+    monkeypatch.setattr(study, "CONFIG_DIR", tmp_path / "conf")
+    accuracies = {
+        ("iterations=1", "reconstruction=true"): [0.95, 0.96],
+        ("iterations=3", "reconstruction=true"): [0.97, 0.99],
+        ("iterations=3", "reconstruction=false"): [0.96, 0.97],
+    }
+    make_study(tmp_path / "sweep", accuracies)
+    result = compare(tmp_path / "sweep")
+    page = (result.output / "README.md").read_text()
+    assert page.startswith(
+        "# Routing and reconstruction (study=quick)\n\n- Machine: Toy CPU, 2 cores, CPU only, torch 2.14.1.\n"
+        "- Runs: 6, 2026-11-25, 12.0 min of run time"
+    )
+    assert (
+        "- Command: `python -m capsexp -m iterations=1,3 reconstruction=true,false seed=1,2 experiment=toy study=quick`"
+        in page
+    )
+    assert "\nThree steps.\n" in page
+    results = page[page.index("## Results") : page.index("## Against")]
+    assert (
+        "| configuration | runs | test/acc (95% CI) | val/acc | test/acc as error (%) | paper: test error (%) |"
+        in results
+    )
+    rows = {line.split(" | ")[0][2:]: line for line in results.splitlines() if line.startswith("| iterations=")}
+    assert rows["iterations=1 reconstruction=true"].endswith("| 4.50 | 0.34 |")  # 100 - 95.5, beside the paper's
+    assert rows["iterations=3 reconstruction=true"].endswith("| 2.00 | 0.25 |")
+    assert rows["iterations=3 reconstruction=false"].endswith("| 3.50 |  |")  # no paper figure for it
+    # Against the reference (iterations=3 reconstruction=true), paired by seed: differences -2 and -3
+    # points (mean -2.5), and -1 and -2 (mean -1.5); sd sqrt(0.5), df 1, where F(t) = 1/2 + atan(t) / pi.
+    against = page[page.index("## Against `iterations=3 reconstruction=true`") :]
+    p_first = 2 * (0.5 - math.atan(abs(-2.5 / (math.sqrt(0.5) / math.sqrt(2)))) / math.pi)
+    p_second = 2 * (0.5 - math.atan(abs(-1.5 / (math.sqrt(0.5) / math.sqrt(2)))) / math.pi)
+    holm = sorted([p_first, p_second])
+    adjusted = {p_first: None, p_second: None}
+    adjusted[holm[0]] = 2 * holm[0]
+    adjusted[holm[1]] = max(2 * holm[0], holm[1])
+    low, high = -2.5 - 12.706205 * 0.5, -2.5 + 12.706205 * 0.5  # t_{0.975, 1} x standard error 0.5
+    assert (
+        f"| iterations=1 reconstruction=true | 2 | -2.50 | [{low:.2f}, {high:.2f}] "
+        f"| paired t | {p_first:.3f} | {adjusted[p_first]:.3f} | no |" in against
+    )
+    assert (
+        "| iterations=3 reconstruction=false | 2 | -1.50 |" in against
+        and f"| {adjusted[p_second]:.3f} | no |" in against
+    )
+    # The reproduction check: iterations=1 expected 95.5 (here 95.5), iterations=3 expected 90 +- 1: the
+    # more specific keys of the reference do not exist, so both iterations=3 rows are checked against 90.
+    assert "| iterations=1 reconstruction=true | 95.50 | 95.50 | yes |" in page
+    assert "| iterations=3 reconstruction=true | 90.00 | 98.00 | **no** |" in page
+    assert result.failed == ["iterations=3 reconstruction=true", "iterations=3 reconstruction=false"]
+    with pytest.raises(SystemExit) as exit_info:
+        main([str(tmp_path / "sweep"), "--check"])
+    assert exit_info.value.code == 1
+    assert "outside the expected figures' tolerance: iterations=3 reconstruction=true;" in capsys.readouterr().err
+
+
+def test_a_page_with_its_runs_kept_beside_it_rebuilds_byte_identical(tmp_path):
+    make_study(tmp_path / "logs" / "sweep", {("model=lenet5",): [0.9, 0.92], ("model=capsnet",): [0.95, 0.96]})
+    (tmp_path / "logs" / "sweep" / "0" / "checkpoints").mkdir()  # not copied: only what the page needs
+    (tmp_path / "logs" / "sweep" / "0" / "checkpoints" / "last.ckpt").write_text("weights")
+    page_folder = tmp_path / "results" / "toy_quick"
+    main([str(tmp_path / "logs" / "sweep"), "--output", str(page_folder), "--keep-runs"])
+    kept = sorted(str(p.relative_to(page_folder)) for p in page_folder.rglob("*") if p.is_file())
+    assert [p for p in kept if not p.startswith("runs/")] == ["README.md", "comparison.csv", "val_acc.png"]
+    assert [p for p in kept if p.startswith("runs/0/")][:2] == ["runs/0/.hydra/overrides.yaml", "runs/0/machine.yaml"]
+    kept_overrides = yaml.safe_load((page_folder / "runs/0/.hydra/overrides.yaml").read_text())
+    assert kept_overrides == ["model=lenet5", "seed=1", "experiment=toy", "study=quick"]  # no hydra.sweep.dir=<path>
+    assert not any("checkpoints" in p for p in kept)
+    page = (page_folder / "README.md").read_text()
+    assert (
+        "; in `runs/`.\n" in page
+        and "Rebuild this page, in its folder: `python -m capsexp.compare runs --output .`" in page
+    )
+    # The page and table rebuilt from the kept runs alone, elsewhere, are the same bytes.
+    moved = tmp_path / "elsewhere"
+    shutil.copytree(page_folder / "runs", moved / "runs")
+    shutil.rmtree(tmp_path / "logs")
+    compare(moved / "runs", moved)
+    for name in ("README.md", "comparison.csv"):
+        assert (moved / name).read_bytes() == (page_folder / name).read_bytes()
+    main([str(moved / "runs"), "--output", str(moved), "--keep-runs"])  # from the kept runs: they stay
+    assert len(list((moved / "runs").glob("*/tensorboard"))) == 4
+    # Kept again from another sweep: the earlier runs go, the page is of this sweep's runs alone.
+    make_study(tmp_path / "other", {("model=lenet5",): [0.5]})
+    main([str(tmp_path / "other"), "--output", str(moved), "--keep-runs"])
+    assert [p.name for p in (moved / "runs").iterdir()] == ["0"]

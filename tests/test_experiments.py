@@ -53,33 +53,6 @@ def test_results_pages_are_portable_and_say_things_once():
         assert not re.search(absolute_path, path.read_bytes()), path
 
 
-def test_routing_ablation_writes_the_four_configurations_beside_the_paper(mnist_dir, tmp_path):
-    output = tmp_path / "results"
-    result = run_quick(
-        "routing_ablation",
-        str(mnist_dir),
-        str(tmp_path),
-        str(output),
-        *TINY_RUN,
-        *TINY_CAPSNET,
-        "trainer.limit_train_batches=3",
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    with open(output / "comparison.csv") as handle:
-        rows = list(csv.DictReader(handle))
-    assert len(rows) == 4
-    page = (output / "README.md").read_text()
-    for iterations, reconstruction, paper in [
-        (1, "no", "0.34"),
-        (1, "yes", "0.29"),
-        (3, "no", "0.35"),
-        (3, "yes", "0.25"),
-    ]:
-        assert f"| {iterations} | {reconstruction} | " in page and paper in page
-    assert (output / "val_acc.png").exists()
-    assert len(list((tmp_path / "routing_ablation" / "multiruns").glob("*/[0-3]/checkpoints/last.ckpt"))) == 4
-
-
 def test_em_smallnorb_says_so_and_runs_nothing_without_the_data(tmp_path):
     result = run_quick(
         "em_smallnorb",

@@ -1,11 +1,14 @@
-"""Compare runs: ``python -m capsexp.compare <folder> [--output DIR]``.
+"""Compare runs: ``python -m capsexp.compare <folder> [--output DIR] [--keep-runs] [--check]``.
 
-Finds every run under ``folder`` (a multirun, or all of ``logs/``): a folder with
+Finds every run under ``folder`` (a multirun, a study's runs, or all of ``logs/``): a folder with
 ``.hydra/overrides.yaml`` and ``tensorboard/`` event files. Runs whose overrides differ only by ``seed``
-form one configuration. Writes ``comparison.md`` and ``comparison.csv`` (per configuration: count, and
-mean ± std over seeds of the best validation accuracy and the final test accuracies, every
-``test/acc_rot*`` included), ``val_acc.png`` (validation accuracy curves) and, where rotated test sets
-were logged, ``rotation.png`` (test accuracy versus angle).
+form one configuration. Writes the page ``README.md``: the machine, the dates, the run time and the
+command; per configuration the number of runs, the mean ± std and the 95% confidence interval of the
+test accuracy (or of the experiment's metric) and the other metrics' mean ± std; each configuration
+against the reference (the experiment's, else the first) with a paired t-test where they share seeds,
+Welch's otherwise, Holm-adjusted; for runs of an experiment config, its paper's figures and its
+reproduction check. Also ``comparison.csv`` (every metric's mean, std and interval), ``val_acc.png``
+(validation curves, mean ± std over seeds) and, with rotated test sets, ``rotation.png``.
 """
 
 from __future__ import annotations
@@ -14,22 +17,36 @@ import argparse
 from pathlib import Path
 
 from capsexp.errors import CapsexpError
-from capsexp.results.compare import compare
+from capsexp.results.compare import KEPT_RUNS, PAGE, TABLE, compare
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="python -m capsexp.compare", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("folder", type=Path, help="a multirun folder, or logs/ for every run")
+    parser.add_argument("folder", type=Path, help="a multirun folder, a study's runs, or logs/ for every run")
     parser.add_argument("--output", type=Path, default=None, help="where to write (default: the folder)")
+    parser.add_argument(
+        "--keep-runs",
+        action="store_true",
+        help=f"copy the runs' overrides, machine records and event files (kilobytes) into OUTPUT/{KEPT_RUNS}/, "
+        "replacing the runs kept there, and write the page from the copies, so that it can be rebuilt from them",
+    )
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="exit with status 1 when a configuration is outside the tolerance of the figures its experiment "
+        "config expects for the budget it ran with",
+    )
     args = parser.parse_args(argv)
     try:
-        output = compare(args.folder, args.output)
+        result = compare(args.folder, args.output, keep=args.keep_runs)
     except CapsexpError as error:
         parser.exit(error.exit_code, f"error: {error}\n")
-    print((output / "comparison.md").read_text())
-    print(f"Written to {output}: comparison.md, comparison.csv and the PNG plots.")
+    print((result.output / PAGE).read_text())
+    print(f"Written to {result.output}: {PAGE}, {TABLE} and the PNG plots.")
+    if args.check and result.failed:
+        parser.exit(1, f"error: outside the expected figures' tolerance: {'; '.join(result.failed)}\n")
 
 
 if __name__ == "__main__":

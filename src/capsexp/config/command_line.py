@@ -12,6 +12,7 @@ from pathlib import Path
 
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
+from omegaconf import OmegaConf
 
 from capsexp.config import hydra_setup
 from capsexp.errors import ConfigError
@@ -68,6 +69,40 @@ def check_group_overrides(arguments: list[str], config_dir: Path) -> None:
                 model_groups[key.removeprefix("model/")] = value
         _check_models_have_groups(model_groups, arguments)
         _check_keys_of_swept_optional_groups(arguments)
+    check_study_budget(arguments, config_dir)
+
+
+def _values(arguments: list[str], key: str) -> list[str]:
+    """The values the last ``key=...`` argument gives (a sweep ``a,b`` gives both); none without one."""
+    given = [a.split("=", 1)[1] for a in arguments if a.lstrip("+").split("=", 1)[0] == key]
+    return given[-1].split(",") if given else []
+
+
+def check_study_budget(arguments: list[str], config_dir: Path) -> None:
+    """``study=<budget>`` chooses one of the ``budgets`` of the experiment config: a budget it lacks, or
+    a study without an experiment, would otherwise fail deep in Hydra on an interpolation."""
+    budgets = _values(arguments, "study")
+    if not budgets:
+        return
+    experiments = _values(arguments, "experiment")
+    with_budgets = sorted(
+        path.stem for path in (config_dir / "experiment").glob("*.yaml") if "budgets" in OmegaConf.load(path)
+    )
+    if not experiments:
+        raise ConfigError(
+            f"study={','.join(budgets)} chooses the budget of an experiment config: add experiment=<name>, "
+            f"one of: {', '.join(with_budgets)}"
+        )
+    for experiment in experiments:
+        path = config_dir / "experiment" / f"{experiment}.yaml"
+        allowed = list(OmegaConf.load(path).get("budgets") or {}) if path.exists() else []
+        for budget in budgets:
+            if budget not in allowed:
+                has = f"its budgets are: {', '.join(allowed)}" if allowed else "it has no budgets"
+                raise ConfigError(
+                    f"study={budget}: experiment={experiment} has no such budget ({has}); "
+                    f"experiments with budgets: {', '.join(with_budgets)}"
+                )
 
 
 def _choices(overrides: list[str]) -> dict[str, str | None]:

@@ -1,183 +1,339 @@
 """Runs compared: found under a folder, grouped by configuration (runs whose overrides differ only by
-``seed`` form one), summarised as mean ± std over seeds, written as tables and plots. The command line
-is ``python -m capsexp.compare`` (:mod:`capsexp.compare`)."""
+``seed`` form one), summarised over seeds with confidence intervals, compared with a reference
+configuration by t-tests, and written as a page (``README.md``), a table (``comparison.csv``) and plots.
+Runs of an experiment config (``experiment=<name>``) get its page's title, notes, paper figures and
+reproduction check (:mod:`capsexp.results.study`). The command line is ``python -m capsexp.compare``
+(:mod:`capsexp.compare`)."""
 
 from __future__ import annotations
 
 import csv
+import importlib
 import math
-import re
-import statistics
-import textwrap
+import os
+import shutil
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
-from capsexp.errors import NoRunsError
-from capsexp.results.events import Scalar, read_scalars
+from capsexp.errors import ConfigError, NoRunsError
+from capsexp.results import statistics
+from capsexp.results.machine import MACHINE_FILE, describe_text
 from capsexp.results.metric_names import PRESENCE_GAP, TEST_ACC, VAL_ACC, VAL_ACC_BEST, rotation_angle
+from capsexp.results.plots import write_plots
+from capsexp.results.runs import (
+    LOCATION_OVERRIDE,
+    OVERRIDES,
+    Run,
+    dates,
+    find_runs,
+    label_configurations,
+    sweep_command,
+)
+from capsexp.results.study import StudyPage, figure_for, load_study_page, matches
 
-# Overrides that name where a run went, not what it was.
-IGNORED_OVERRIDE = re.compile(r"^\+?(seed|hydra\.[\w.]+|paths\.[\w.]+|ckpt_path|tags|task_name)=")
+PAGE, TABLE = "README.md", "comparison.csv"
+KEPT_RUNS = "runs"  # the folder beside a page that holds copies of its runs (--keep-runs)
 
 
 @dataclass
-class Run:
-    configuration: tuple[str, ...] | str  # the overrides, then (label_configurations) a label
-    scalars: dict[str, list[Scalar]] = field(default_factory=dict)
+class Configuration:
+    label: str
+    runs: list[Run]
 
-    def final(self, tag: str) -> float | None:
-        values = self.scalars.get(tag)
-        return values[-1][1] if values else None
+    def values(self, metric: str) -> list[tuple[int | None, float]]:
+        """``(seed, final value)`` of ``metric`` for each run that logged it (seed None: not set by an override)."""
+        return [(run.seed, value) for run in self.runs if (value := run.final(metric)) is not None]
 
-
-def find_runs(folder: Path) -> list[Run]:
-    """Every run under ``folder``, with its configuration label and its scalars."""
-    runs = []
-    for overrides_file in sorted(folder.rglob(".hydra/overrides.yaml")):
-        run_dir = overrides_file.parent.parent
-        if not (run_dir / "tensorboard").is_dir():
-            continue
-        overrides = yaml.safe_load(overrides_file.read_text()) or []
-        kept = tuple(sorted(o for o in overrides if not IGNORED_OVERRIDE.match(o)))
-        runs.append(Run(kept, read_scalars(run_dir)))
-    return runs
+    def summary(self, metric: str) -> statistics.Summary | None:
+        values = [v for run in self.runs if (v := run.final(metric)) is not None]
+        return statistics.summarise(values) if values else None
 
 
-def label_configurations(runs: list[Run]) -> list[str]:
-    """Label each run's configuration by the overrides that set it apart; return those all share."""
-    configurations = {run.configuration for run in runs}
-    shared = set.intersection(*map(set, configurations)) if len(configurations) > 1 else set()
+def group(runs: list[Run]) -> list[Configuration]:
+    """The configurations, in the order of their first run."""
+    members: dict[str, list[Run]] = defaultdict(list)
     for run in runs:
-        run.configuration = " ".join(o for o in run.configuration if o not in shared) or "(defaults)"
-    return sorted(shared)
+        members[run.configuration].append(run)
+    return [Configuration(label, found) for label, found in members.items()]
 
 
-def _mean_std(values: list[float]) -> tuple[float, float | None]:
-    """Mean and sample std; no std for a single run (it would read as a spread of 0)."""
-    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else None
-
-
-def summarise(runs: list[Run]) -> tuple[list[str], list[dict]]:
-    """Columns and one row per configuration: count plus mean and std of each metric over seeds."""
-    groups: dict[str, list[Run]] = defaultdict(list)
-    for run in runs:
-        groups[run.configuration].append(run)
+def metrics_of(runs: list[Run]) -> list[str]:
+    """The metrics a comparison shows: best, final validation and test accuracy, the rotated test sets
+    by angle, the other named test sets, the presence gap."""
     tags = {tag for run in runs for tag in run.scalars}
     rotations = sorted((tag for tag in tags if rotation_angle(tag) is not None), key=rotation_angle)
-    # the other named test sets (capsexp.results.metric_names): test/acc_affine_mnist, ...
     named_sets = sorted(tag for tag in tags if tag.startswith(f"{TEST_ACC}_") and rotation_angle(tag) is None)
-    metrics = [tag for tag in (VAL_ACC_BEST, VAL_ACC, TEST_ACC) if tag in tags] + rotations + named_sets
-    metrics += [tag for tag in (PRESENCE_GAP,) if tag in tags]
-    rows = []
-    for configuration, members in sorted(groups.items()):
-        row: dict = {"configuration": configuration, "runs": len(members)}
-        for metric in metrics:
-            values = [v for v in (run.final(metric) for run in members) if v is not None]
-            row[metric] = _mean_std(values) if values else None
-        rows.append(row)
-    return metrics, rows
-
-
-def write_tables(metrics: list[str], rows: list[dict], shared: list[str], output: Path) -> None:
-    def cell(metric: str, value) -> str:
-        if value is None:
-            return ""
-        scale = 1 if metric == PRESENCE_GAP else 100  # accuracies in %
-        mean, std = value
-        return f"{scale * mean:.2f}" if std is None else f"{scale * mean:.2f} ± {scale * std:.2f}"
-
-    header = ["configuration", "runs", *metrics]
-    lines = ["| " + " | ".join(header) + " |", "| " + " | ".join(["---", "---:"] + ["---:"] * len(metrics)) + " |"]
-    for row in rows:
-        lines.append(
-            "| " + " | ".join([row["configuration"], str(row["runs"])] + [cell(m, row[m]) for m in metrics]) + " |"
-        )
-    (output / "comparison.md").write_text(
-        "# Run comparison\n\nAccuracies in %, mean ± std over the runs of each configuration (they differ only "
-        "by seed; no std for a single run). Final values, except val/acc_best. "
-        f"{PRESENCE_GAP}, where logged: the median over the validation images of the target class's score "
-        "minus the largest other's, at the last validation (not in %).\n\n"
-        + (f"Common to every run: `{' '.join(shared)}`\n\n" if shared else "")
-        + "\n".join(lines)
-        + "\n"
+    return (
+        [tag for tag in (VAL_ACC_BEST, VAL_ACC, TEST_ACC) if tag in tags]
+        + rotations
+        + named_sets
+        + ([PRESENCE_GAP] if PRESENCE_GAP in tags else [])
     )
-    with open(output / "comparison.csv", "w", newline="") as handle:
-        writer = csv.writer(handle)
-        writer.writerow(["configuration", "runs"] + [f"{m} {s}" for m in metrics for s in ("mean", "std")])
-        for row in rows:
-            values = [math.nan if x is None else x for m in metrics for x in (row[m] or (None, None))]
-            writer.writerow([row["configuration"], row["runs"], *values])
 
 
-def write_plots(runs: list[Run], metrics: list[str], rows: list[dict], output: Path) -> None:
-    import matplotlib
+def scale(metric: str) -> float:
+    """Accuracies are shown in %; the presence gap is a score."""
+    return 1.0 if metric == PRESENCE_GAP else 100.0
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    colours = {row["configuration"]: f"C{i % 10}" for i, row in enumerate(rows)}
+def mean_std(summary: statistics.Summary | None, factor: float) -> str:
+    if summary is None:
+        return ""
+    if summary.std is None:
+        return f"{factor * summary.mean:.2f}"
+    return f"{factor * summary.mean:.2f} ± {factor * summary.std:.2f}"
 
-    def legend(axes) -> None:  # below the plot, long labels wrapped, so the axes keep their width
-        handles, labels = axes.get_legend_handles_labels()
-        axes.legend(
-            handles,
-            [textwrap.fill(label, 60) for label in labels],
-            fontsize="small",
-            loc="upper center",
-            bbox_to_anchor=(0.5, -0.15),
+
+def interval(low: float | None, high: float | None, factor: float) -> str:
+    return "" if low is None else f"[{factor * low:.2f}, {factor * high:.2f}]"
+
+
+def p_text(p: float | None) -> str:
+    if p is None:
+        return ""
+    if math.isnan(p):
+        return "n/a (no spread)"
+    return "< 0.001" if p < 0.001 else f"{p:.3f}"
+
+
+def results_table(configurations: list[Configuration], metrics: list[str], headline: str, page: StudyPage) -> str:
+    factor = scale(headline)
+    header = ["configuration", "runs", f"{headline} (95% CI)"]
+    header += [m for m in metrics if m != headline]
+    paper = page.paper
+    if paper:
+        header += ([f"{headline} as error (%)"] if paper.error else []) + [f"paper: {paper.metric}"]
+    lines = ["| " + " | ".join(header) + " |", "| --- |" + " ---: |" * (len(header) - 1)]
+    for configuration in configurations:
+        summary = configuration.summary(headline)
+        cells = [configuration.label, str(len(configuration.runs))]
+        cells.append(
+            f"{mean_std(summary, factor)} {interval(summary.low, summary.high, factor)}".strip() if summary else ""
         )
+        cells += [mean_std(configuration.summary(m), scale(m)) for m in metrics if m != headline]
+        if paper:
+            overrides = configuration.runs[0].overrides
+            if paper.error:
+                cells.append(f"{100 - 100 * summary.mean:.2f}" if summary else "")
+            cells.append(str(figure_for(paper.figures, overrides) or ""))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
 
-    figure, axes = plt.subplots(figsize=(8, 5))
-    labelled = set()
-    for run in runs:
-        curve = run.scalars.get(VAL_ACC)
-        if not curve:
+
+def reference_of(configurations: list[Configuration], page: StudyPage) -> Configuration:
+    if page.reference:
+        found = [c for c in configurations if matches(page.reference, c.runs[0].overrides)]
+        if not found:
+            labels = "; ".join(c.label for c in configurations)
+            raise ConfigError(f"page.reference={page.reference!r} matches none of the configurations: {labels}")
+        return found[0]
+    return configurations[0]
+
+
+def differences_section(configurations: list[Configuration], headline: str, page: StudyPage) -> str:
+    """Each configuration's headline metric minus the reference's, with its interval and test; the
+    p-values adjusted by Holm's method over the comparisons made."""
+    if len(configurations) < 2:
+        return ""
+    reference = reference_of(configurations, page)
+    others = [c for c in configurations if c is not reference]
+    found = [
+        statistics.difference(c.values(headline), reference.values(headline))
+        if c.values(headline) and reference.values(headline)
+        else None
+        for c in others
+    ]
+    adjusted = statistics.holm_adjusted([d.p if d else None for d in found])
+    factor = scale(headline)
+    unit = " (percentage points)" if factor == 100 else ""
+    lines = [
+        f"## Against `{reference.label}`",
+        "",
+        f"{headline}, each configuration minus `{reference.label}`{unit}, with the {100 * statistics.CONFIDENCE:.0f}% "
+        "confidence interval of the difference: a paired t-test where the two share their seeds, Welch's "
+        f"t-test otherwise (two runs a side at least). {len(others)} comparison"
+        f"{'s' if len(others) > 1 else ''}: p-values adjusted by Holm's method; significant means an adjusted "
+        f"p below {statistics.SIGNIFICANCE}.",
+        "",
+        "| configuration | runs | difference | 95% CI | test | p | p (Holm) | significant |",
+        "| --- | ---: | ---: | ---: | --- | ---: | ---: | --- |",
+    ]
+    for configuration, difference, p_holm in zip(others, found, adjusted, strict=True):
+        if difference is None:
+            lines.append(f"| {configuration.label} | {len(configuration.runs)} | not logged by both | | | | | |")
             continue
-        label = None if run.configuration in labelled else run.configuration
-        labelled.add(run.configuration)
-        axes.plot([s for s, _ in curve], [100 * v for _, v in curve], color=colours[run.configuration], label=label)
-    if labelled:
-        axes.set(xlabel="step", ylabel="validation accuracy (%)", title="Validation accuracy")
-        legend(axes)
-        figure.savefig(output / "val_acc.png", dpi=120, bbox_inches="tight")
-    plt.close(figure)
-
-    rotations = [m for m in metrics if rotation_angle(m) is not None]
-    if rotations:
-        angles = [rotation_angle(m) for m in rotations]
-        figure, axes = plt.subplots(figsize=(8, 5))
-        for row in rows:
-            means = [100 * row[m][0] if row[m] else math.nan for m in rotations]
-            errors = [100 * row[m][1] if row[m] and row[m][1] is not None else 0.0 for m in rotations]
-            axes.errorbar(
-                angles,
-                means,
-                yerr=errors,
-                marker="o",
-                capsize=3,
-                color=colours[row["configuration"]],
-                label=row["configuration"],
-            )
-        axes.set(
-            xlabel="rotation of the test digits (degrees)", ylabel="test accuracy (%)", title="Accuracy versus rotation"
+        verdict = ""
+        if p_holm is not None and not math.isnan(p_holm):
+            verdict = "yes" if p_holm < statistics.SIGNIFICANCE else "no"
+        lines.append(
+            f"| {configuration.label} | {len(configuration.runs)} | {factor * difference.mean:+.2f} | "
+            f"{interval(difference.low, difference.high, factor)} | {difference.test or 'too few runs'} | "
+            f"{p_text(difference.p)} | {p_text(p_holm)} | {verdict} |"
         )
-        legend(axes)
-        figure.savefig(output / "rotation.png", dpi=120, bbox_inches="tight")
-        plt.close(figure)
+    return "\n".join(lines) + "\n"
 
 
-def compare(folder: Path, output: Path | None = None) -> Path:
-    """Write the comparison of every run under ``folder`` into ``output`` (default: ``folder``)."""
-    output = output or folder
+def reproduction(configurations: list[Configuration], headline: str, page: StudyPage) -> tuple[str, list[str]]:
+    """The expected figures of this budget against ours: the section, and the configurations outside
+    their tolerance (for ``--check``)."""
+    expected = page.expected
+    if expected is None:
+        return "", []
+    factor = scale(headline)
+    lines = [
+        f"## Reproduction check (study={page.budget})",
+        "",
+        f"conf/experiment/{page.experiment}.yaml states what this budget gave on the project's machine; a mean "
+        f"within ±{factor * expected.tolerance:.2f} of it reproduces it.",
+        "",
+        f"| configuration | expected {headline} | here | within tolerance |",
+        "| --- | ---: | ---: | --- |",
+    ]
+    failed = []
+    for configuration in configurations:
+        figure = figure_for(expected.figures, configuration.runs[0].overrides)
+        summary = configuration.summary(headline)
+        if figure is None:
+            continue
+        within = summary is not None and abs(summary.mean - figure) <= expected.tolerance + 1e-9
+        if not within:
+            failed.append(configuration.label)
+        here = f"{factor * summary.mean:.2f}" if summary else "not logged"
+        lines.append(f"| {configuration.label} | {factor * figure:.2f} | {here} | {'yes' if within else '**no**'} |")
+    return "\n".join(lines) + "\n", failed
+
+
+def extra_sections(page: StudyPage, runs: list[Run], output: Path) -> list[str]:
+    """The Markdown of the page's ``sections``: functions ``(runs, page, output) -> str`` named by module path."""
+    texts = []
+    for name in page.sections:
+        module, _, function = name.rpartition(".")
+        try:
+            section = getattr(importlib.import_module(module), function)
+        except (ImportError, AttributeError, ValueError) as error:
+            raise ConfigError(f"page.sections: {name} is no function ({error})") from error
+        texts.append(section(runs, page, output).strip() + "\n")
+    return texts
+
+
+def header(page: StudyPage, runs: list[Run], folder_text: str, rebuild: str) -> str:
+    machines = [describe_text(run.machine) for run in runs if run.machine]
+    counts = {text: machines.count(text) for text in dict.fromkeys(machines)}
+    machine = "; ".join(f"{text}" + (f" ({n} runs)" if len(counts) > 1 else "") for text, n in counts.items())
+    unrecorded = len(runs) - len(machines)
+    if unrecorded:
+        machine += ("; " if machine else "") + f"not recorded for {unrecorded} run{'s' if unrecorded > 1 else ''}"
+    seconds = [run.seconds for run in runs if run.seconds is not None]
+    title = page.title + (f" (study={page.budget})" if page.experiment else "")
+    return "\n".join(
+        [
+            f"# {title}",
+            "",
+            f"- Machine: {machine}.",
+            f"- Runs: {len(runs)}, {dates(runs)}, {sum(seconds) / 60:.1f} min of run time (each run's first "
+            f"to last logged scalar); {folder_text}.",
+            f"- Command: `{sweep_command(runs)}`",
+            f"- Rebuild this page, in its folder: `{rebuild}`",
+            "",
+        ]
+    )
+
+
+def keep_runs(runs: list[Run], folder: Path, output: Path) -> Path:
+    """Copy what a page needs of each run (overrides, machine record, event files: kilobytes) into
+    ``output/runs/`` (replacing what it held), by the runs' paths under ``folder``. Overrides that name
+    this machine's folders (``hydra.sweep.dir=...``, ``ckpt_path=...``) are left out."""
+    kept = output / KEPT_RUNS
+    if kept.resolve() == folder.resolve():
+        return kept  # rebuilding from the kept runs: they stay as they are
+    if kept.exists():
+        shutil.rmtree(kept)
+    for run in runs:
+        target = kept / run.folder.relative_to(folder)
+        (target / OVERRIDES).parent.mkdir(parents=True)
+        overrides = [o for o in run.overrides if not LOCATION_OVERRIDE.match(o) or o.startswith("task_name=")]
+        (target / OVERRIDES).write_text(yaml.safe_dump(overrides))
+        if (run.folder / MACHINE_FILE).exists():
+            shutil.copy2(run.folder / MACHINE_FILE, target / MACHINE_FILE)
+        (target / "tensorboard").mkdir()
+        for events in sorted((run.folder / "tensorboard").glob("events.out.tfevents.*")):
+            shutil.copy2(events, target / "tensorboard" / events.name)
+    return kept
+
+
+def write_csv(configurations: list[Configuration], metrics: list[str], output: Path) -> None:
+    with open(output / TABLE, "w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(
+            ["configuration", "runs"] + [f"{m} {s}" for m in metrics for s in ("mean", "std", "ci_low", "ci_high")]
+        )
+        for configuration in configurations:
+            row: list = [configuration.label, len(configuration.runs)]
+            for metric in metrics:
+                summary = configuration.summary(metric)
+                row += [
+                    math.nan if x is None else x
+                    for x in ((summary.mean, summary.std, summary.low, summary.high) if summary else (None,) * 4)
+                ]
+            writer.writerow(row)
+
+
+@dataclass
+class Comparison:
+    output: Path
+    failed: list[str]  # configurations outside the expected figures' tolerance
+
+
+def compare(folder: Path, output: Path | None = None, keep: bool = False) -> Comparison:
+    """Write the page of every run under ``folder`` into ``output`` (default: ``folder``); ``keep``
+    copies the runs into ``output/runs/`` first (replacing the runs kept there before) and writes the
+    page from the copies."""
+    folder, output = Path(folder), Path(output or folder)
     runs = find_runs(folder)
     if not runs:
         raise NoRunsError(f"no runs under {folder} (a run is a folder with .hydra/overrides.yaml and tensorboard/)")
     output.mkdir(parents=True, exist_ok=True)
+    if keep:
+        folder = keep_runs(runs, folder, output)
+        runs = find_runs(folder)
+    experiments = {run.choice("experiment") for run in runs}
+    budgets = {run.choice("study") for run in runs}
+    page = load_study_page(*experiments, *budgets) if len(experiments) == 1 and len(budgets) == 1 else StudyPage()
+
     shared = label_configurations(runs)
-    metrics, rows = summarise(runs)
-    write_tables(metrics, rows, shared, output)
-    write_plots(runs, metrics, rows, output)
-    return output
+    configurations = group(runs)
+    metrics = metrics_of(runs)
+    headline = page.headline_metric(metrics)
+    relative = os.path.relpath(folder.resolve(), output.resolve())
+    folder_text = "in this folder" if relative == "." else f"in `{relative}/`"
+    rebuild = "python -m capsexp.compare ." if relative == "." else f"python -m capsexp.compare {relative} --output ."
+    check_text, failed = reproduction(configurations, headline, page)
+    plots = write_plots(runs, configurations, metrics, output)
+    results = (
+        "## Results\n\n"
+        f"Per configuration (runs that differ only by seed): {headline} as mean ± std over the runs with the "
+        f"{100 * statistics.CONFIDENCE:.0f}% confidence interval of the mean (Student's t), the other metrics "
+        "as mean ± std (a mean alone for one run). Accuracies in %, final values except val/acc_best; "
+        f"{PRESENCE_GAP}, where logged: the median over the validation images of the target class's score "
+        "minus the largest other's, at the last validation."
+        + (f" Paper: {page.paper.source}." if page.paper else "")
+        + "\n"
+        + (f"\nCommon to every run: `{' '.join(shared)}`\n" if shared else "")
+        + "\n"
+        + results_table(configurations, metrics, headline, page)
+    )
+    blocks = [
+        header(page, runs, folder_text, rebuild),
+        page.notes + "\n" if page.notes else "",
+        *extra_sections(page, runs, output),
+        results,
+        differences_section(configurations, headline, page),
+        check_text,
+        "".join(f"![{png.stem}]({png.name})\n" for png in plots),
+    ]
+    (output / PAGE).write_text("\n".join(block for block in blocks if block))
+    write_csv(configurations, metrics, output)
+    return Comparison(output, failed)

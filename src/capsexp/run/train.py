@@ -19,6 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from capsexp.callbacks.model_checkpoint import requeue_signal
 from capsexp.errors import Interrupted
+from capsexp.results.machine import write_machine
 from capsexp.run import slurm
 from capsexp.run.build import build_model, instantiate, instantiate_all
 from capsexp.run.checkpoints import check_checkpoint
@@ -59,6 +60,7 @@ def _run(cfg: DictConfig, job: DDPJob) -> dict[str, float]:
     run_folder = _run_folder()
     if run_folder is not None and int(os.environ.get("LOCAL_RANK", 0)) == 0:
         say_run_folder(run_folder, finished=False)
+        write_machine(run_folder)
     if cfg.get("seed") is not None:
         L.seed_everything(cfg.seed, workers=True)
     if torch.cuda.is_available():

@@ -1,0 +1,125 @@
+"""The runs under a folder, read back for a comparison: each run's overrides, seed, scalars, duration
+and machine, and the configurations they form (runs whose overrides differ only by ``seed``)."""
+
+from __future__ import annotations
+
+import datetime
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from capsexp.results.events import Scalar, load_events
+from capsexp.results.machine import read_machine
+
+OVERRIDES = Path(".hydra") / "overrides.yaml"
+# Overrides that say where a run went (or which seed), not what it was: no part of its configuration.
+LOCATION_OVERRIDE = re.compile(r"^\+?(hydra\.[\w.]+|paths\.[\w.]+|ckpt_path|tags|task_name)=")
+SEED_OVERRIDE = re.compile(r"^\+?seed=")
+
+
+@dataclass
+class Run:
+    folder: Path
+    overrides: list[str]
+    scalars: dict[str, list[Scalar]] = field(default_factory=dict)
+    start: float | None = None  # wall time (s since the epoch) of the first and the last scalar logged
+    end: float | None = None
+    machine: dict | None = None
+    configuration: str = ""  # set by label_configurations
+
+    @property
+    def seed(self) -> int | None:
+        """The ``seed=N`` override; None for a run that left the config's seed (a number many runs share)."""
+        values = [o.split("=", 1)[1] for o in self.overrides if SEED_OVERRIDE.match(o)]
+        return int(values[-1]) if values and values[-1].lstrip("-").isdigit() else None
+
+    @property
+    def setting(self) -> tuple[str, ...]:
+        """The overrides that make the run what it is (no seed, no location), sorted."""
+        return tuple(sorted(o for o in self.overrides if not LOCATION_OVERRIDE.match(o) and not SEED_OVERRIDE.match(o)))
+
+    @property
+    def seconds(self) -> float | None:
+        """First to last scalar event: the run's duration, kept by a copy of its event files."""
+        return self.end - self.start if self.start is not None and self.end is not None else None
+
+    def final(self, tag: str) -> float | None:
+        values = self.scalars.get(tag)
+        return values[-1][1] if values else None
+
+    def choice(self, key: str) -> str | None:
+        """The value of the ``key=value`` override (``experiment``, ``study``), None without one."""
+        values = [o.split("=", 1)[1] for o in self.overrides if o.lstrip("+").split("=", 1)[0] == key]
+        return values[-1] if values else None
+
+
+def _natural(path: Path) -> list:
+    """Job folders in job order: ``2`` before ``10``."""
+    return [int(part) if part.isdigit() else part for part in path.parts]
+
+
+def find_runs(folder: Path) -> list[Run]:
+    """Every run under ``folder`` (a folder with ``.hydra/overrides.yaml`` and ``tensorboard/``), in
+    job order, with its scalars, span and machine."""
+    runs = []
+    for overrides_file in sorted(folder.rglob(str(OVERRIDES)), key=_natural):
+        run_dir = overrides_file.parent.parent
+        if not (run_dir / "tensorboard").is_dir():
+            continue
+        events = load_events(run_dir)
+        scalars = {tag: [Scalar(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+        times = [e.wall_time for tag in events.Tags()["scalars"] for e in events.Scalars(tag)]
+        overrides = [str(o) for o in yaml.safe_load(overrides_file.read_text()) or []]
+        runs.append(
+            Run(
+                run_dir,
+                overrides,
+                scalars,
+                min(times, default=None),
+                max(times, default=None),
+                read_machine(run_dir),
+            )
+        )
+    return runs
+
+
+def label_configurations(runs: list[Run]) -> list[str]:
+    """Label each run's configuration by the overrides that set it apart from the others (in the
+    order given on the command line); return those every run shares."""
+    settings = {run.setting for run in runs}
+    shared = set.intersection(*map(set, settings)) if len(settings) > 1 else set()
+    for run in runs:
+        kept = [o for o in dict.fromkeys(run.overrides) if o in run.setting and o not in shared]
+        run.configuration = " ".join(kept) or "(defaults)"
+    first = runs[0].overrides if runs else []
+    return [o for o in first if o in shared]
+
+
+def sweep_command(runs: list[Run]) -> str:
+    """One ``python -m capsexp -m`` command that runs every run's overrides: each key with its values
+    in the order the runs first took them (Hydra's sweep over their product; a hand-made set of runs
+    may be a part of it). Locations (``hydra.``, ``paths.``) are left out: they name this machine's folders."""
+    values: dict[str, list[str]] = {}
+    for run in runs:
+        for override in run.overrides:
+            if LOCATION_OVERRIDE.match(override) and not override.startswith("task_name="):
+                continue
+            key, _, value = override.partition("=")
+            values.setdefault(key, [])
+            if value not in values[key]:
+                values[key].append(value)
+    arguments = [f"{key}={','.join(choices)}" for key, choices in values.items()]
+    return " ".join(["python -m capsexp", *(["-m"] if len(runs) > 1 else []), *arguments])
+
+
+def dates(runs: list[Run]) -> str:
+    """The days the runs ran, from their event times (UTC): ``2026-11-27`` or ``2026-11-26 to 2026-11-27``."""
+    times = [t for run in runs for t in (run.start, run.end) if t is not None]
+    if not times:
+        return "unknown dates"
+    days = [
+        datetime.datetime.fromtimestamp(t, datetime.timezone.utc).date().isoformat() for t in (min(times), max(times))
+    ]
+    return days[0] if days[0] == days[1] else f"{days[0]} to {days[1]}"

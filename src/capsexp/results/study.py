@@ -1,0 +1,116 @@
+"""What an experiment config (``conf/experiment/<name>.yaml``) says about its results page, under its
+``page`` key: the title, the notes per budget, the headline metric and the reference configuration,
+the paper's figures to show beside ours, the figures its budgets gave here (the reproduction check),
+and the functions that add what a table cannot show. A comparison of runs made with
+``experiment=<name>`` reads it from there; every key is optional.
+
+    page:
+      title: Rotation robustness
+      metric: test/acc                 # the metric compared across configurations (default below)
+      reference: model=lenet5          # the configuration the others are compared with (default: the first)
+      notes: {quick: "...", full: "..."}
+      paper:                           # shown beside ours
+        source: Sabour et al. 2017, Table 1
+        metric: test error (%)         # what the paper's figures are
+        error: true                    # they are errors in %: ours shown as errors beside them
+        figures: {model.net.routing.iterations=1 model.net.reconstruction=false: 0.34 ± 0.032}
+      expected:                        # what each budget gave on this project's machine
+        quick: {tolerance: 0.01, figures: {model=lenet5: 0.95}}
+      sections: [capsexp.studies.routing.routing_table]   # functions (runs, page) -> Markdown
+
+A configuration matches a figure's key when its overrides include every override of the key.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from capsexp import CONFIG_DIR
+from capsexp.errors import ConfigError
+from capsexp.results.metric_names import TEST_ACC, VAL_ACC, VAL_ACC_BEST
+
+DEFAULT_BUDGET = "full"  # the budget of a run without study=...: as conf/config.yaml sets it
+
+
+@dataclass(frozen=True)
+class PaperFigures:
+    source: str
+    metric: str
+    error: bool
+    figures: dict[str, str]
+
+
+@dataclass(frozen=True)
+class Expected:
+    tolerance: float
+    figures: dict[str, float]
+
+
+@dataclass(frozen=True)
+class StudyPage:
+    experiment: str | None = None
+    budget: str = DEFAULT_BUDGET
+    title: str = "Run comparison"
+    metric: str | None = None
+    reference: str | None = None
+    notes: str = ""
+    paper: PaperFigures | None = None
+    expected: Expected | None = None
+    sections: list[str] = field(default_factory=list)
+
+    def headline_metric(self, logged: list[str]) -> str:
+        """The metric compared: the page's, else the first logged of the test accuracy, the best and the
+        final validation accuracy, else the first metric logged."""
+        if self.metric:
+            return self.metric
+        return next((m for m in (TEST_ACC, VAL_ACC_BEST, VAL_ACC) if m in logged), logged[0] if logged else TEST_ACC)
+
+
+def matches(key: str, overrides: list[str]) -> bool:
+    """Whether a run with ``overrides`` is of the configuration ``key`` names (every override of the
+    key among the run's; values compared without case, so ``true`` matches Hydra's ``True``)."""
+    have = {o.lower() for o in overrides}
+    return all(part.lower() in have for part in key.split())
+
+
+def figure_for(figures: dict, overrides: list[str]):
+    """The figure whose key the overrides match (the most specific key when several do), or None."""
+    found = [key for key in figures if matches(key, overrides)]
+    return figures[max(found, key=lambda key: len(key.split()))] if found else None
+
+
+def experiment_file(name: str) -> Path:
+    return CONFIG_DIR / "experiment" / f"{name}.yaml"
+
+
+def load_study_page(experiment: str | None, budget: str | None) -> StudyPage:
+    """The ``page`` of ``conf/experiment/<experiment>.yaml`` for ``budget`` (a plain page for runs of
+    no experiment, or of one this project does not hold)."""
+    budget = budget or DEFAULT_BUDGET
+    if not experiment or not experiment_file(experiment).exists():
+        return StudyPage(experiment, budget)
+    node = OmegaConf.load(experiment_file(experiment)).get("page")
+    page = OmegaConf.to_container(node) if node is not None else {}
+    paper = page.get("paper")
+    expected = (page.get("expected") or {}).get(budget)
+    try:
+        return StudyPage(
+            experiment,
+            budget,
+            title=page.get("title", StudyPage.title),
+            metric=page.get("metric"),
+            reference=page.get("reference"),
+            notes=((page.get("notes") or {}).get(budget) or "").strip(),
+            paper=PaperFigures(paper["source"], paper["metric"], bool(paper.get("error")), paper["figures"])
+            if paper
+            else None,
+            expected=Expected(float(expected["tolerance"]), {k: float(v) for k, v in expected["figures"].items()})
+            if expected
+            else None,
+            sections=list(page.get("sections") or []),
+        )
+    except (KeyError, TypeError, ValueError) as error:
+        raise ConfigError(f"conf/experiment/{experiment}.yaml: its page is malformed ({error!r})") from error

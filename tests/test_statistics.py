@@ -1,0 +1,71 @@
+"""The statistics of a comparison against cases computed by hand: Student's t with 2 degrees of
+freedom has the closed form F(t) = 1/2 + t / (2 sqrt(2 + t^2)), and t_{0.975, 2} = 4.302653."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from capsexp.results.statistics import PAIRED, WELCH, difference, holm_adjusted, summarise
+
+T_975_DF2 = 4.302653
+
+
+def two_sided_p_df2(t: float) -> float:
+    return 2 * (1 - (0.5 + abs(t) / (2 * math.sqrt(2 + t * t))))
+
+
+def test_a_configurations_interval_is_the_student_t_interval_of_its_mean():
+    summary = summarise([1.0, 2.0, 3.0])  # mean 2, std 1, standard error 1 / sqrt(3)
+    assert (summary.n, summary.mean, summary.std) == (3, 2.0, 1.0)
+    half = T_975_DF2 / math.sqrt(3)
+    assert (summary.low, summary.high) == pytest.approx((2 - half, 2 + half), abs=1e-6)
+    one = summarise([0.97])
+    assert (one.n, one.mean, one.std, one.low, one.high) == (1, 0.97, None, None, None)  # no spread from one run
+    same = summarise([0.5, 0.5])
+    assert (same.std, same.low, same.high) == (0.0, 0.5, 0.5)
+
+
+def test_arms_that_share_their_seeds_are_compared_by_a_paired_t_test():
+    # per-seed differences 0.01, 0.02, 0.03: mean 0.02, sd 0.01, t = 0.02 / (0.01 / sqrt 3) = 2 sqrt 3
+    arm = [(1, 0.90), (2, 0.92), (3, 0.95)]
+    reference = [(3, 0.92), (1, 0.89), (2, 0.90)]  # order does not matter: pairs are made by seed
+    result = difference(arm, reference)
+    assert result.test == PAIRED
+    assert result.mean == pytest.approx(0.02)
+    assert result.p == pytest.approx(two_sided_p_df2(2 * math.sqrt(3)), abs=1e-9)  # 0.07418
+    half = T_975_DF2 * 0.01 / math.sqrt(3)
+    assert (result.low, result.high) == pytest.approx((0.02 - half, 0.02 + half), abs=1e-6)
+    # Unpaired, the same numbers would give Welch's much larger p: the seeds' shared luck is removed.
+    assert difference([(4, v) for _, v in arm], reference).p > 0.3
+
+
+def test_arms_with_other_seeds_are_compared_by_welchs_t_test():
+    # [1, 3] against [5, 7]: variances 2 and 2, n = 2 each; Welch's df = (1 + 1)^2 / (1 + 1) = 2,
+    # t = (2 - 6) / sqrt(2 / 2 + 2 / 2) = -2 sqrt 2.
+    result = difference([(1, 1.0), (2, 3.0)], [(3, 5.0), (4, 7.0)])
+    assert result.test == WELCH
+    assert result.mean == -4.0
+    assert result.p == pytest.approx(two_sided_p_df2(2 * math.sqrt(2)), abs=1e-9)  # 0.10557
+    half = T_975_DF2 * math.sqrt(2)
+    assert (result.low, result.high) == pytest.approx((-4 - half, -4 + half), abs=1e-5)
+    # The same seeds but one of them twice on a side: no pairing either.
+    assert difference([(1, 1.0), (1, 3.0)], [(1, 5.0), (2, 7.0)]).test == WELCH
+    # Runs without a seed override cannot be paired.
+    assert difference([(None, 1.0), (None, 3.0)], [(None, 5.0), (None, 7.0)]).test == WELCH
+
+
+def test_too_few_runs_or_no_spread_give_no_test():
+    single = difference([(1, 0.9)], [(1, 0.8), (2, 0.82)])
+    assert (single.mean, single.test, single.p, single.low) == (pytest.approx(0.09), None, None, None)
+    constant = difference([(1, 0.9), (2, 0.9)], [(1, 0.8), (2, 0.8)])  # every difference 0.1
+    assert constant.test == PAIRED and math.isnan(constant.p) and constant.low is None
+
+
+def test_holms_step_down_adjustment():
+    # sorted 0.01, 0.03, 0.04 of m = 3: 3 x 0.01 = 0.03; 2 x 0.03 = 0.06; max(0.06, 1 x 0.04) = 0.06
+    adjusted = holm_adjusted([0.01, 0.04, 0.03, None, math.nan])
+    assert adjusted[:4] == pytest.approx([0.03, 0.06, 0.06, None]) and math.isnan(adjusted[4])
+    assert holm_adjusted([0.6, 0.7]) == [1.0, 1.0]  # capped at 1
+    assert holm_adjusted([]) == []

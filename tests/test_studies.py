@@ -1,0 +1,116 @@
+"""Studies as experiment configs: every budget composes and sweeps what it says, the paper's and the
+expected figures name configurations the sweep makes, a study runs from the command line and ends with
+its page, the user's overrides win, and a wrong budget is a short error."""
+
+from __future__ import annotations
+
+import itertools
+import subprocess
+import sys
+
+import pytest
+import yaml
+from hydra import compose, initialize_config_dir
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import OmegaConf
+
+from capsexp import CONFIG_DIR, PROJECT_ROOT
+from capsexp.config import hydra_setup
+from capsexp.results.study import figure_for, load_study_page
+from tests.helpers import TINY_RUN
+
+EXPERIMENTS = sorted(p.stem for p in (CONFIG_DIR / "experiment").glob("*.yaml"))
+STUDIES = [name for name in EXPERIMENTS if "budgets" in OmegaConf.load(CONFIG_DIR / "experiment" / f"{name}.yaml")]
+
+
+def sweep_jobs(name: str, budget: str) -> list[list[str]]:
+    """The overrides of each job ``python -m capsexp -m experiment=<name> study=<budget>`` launches (its
+    ``hydra.sweeper.params`` expanded as Hydra's basic sweeper does: the product of the values)."""
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        hydra_setup.register()
+        cfg = compose("config", overrides=[f"experiment={name}", f"study={budget}"], return_hydra_config=True)
+        params = OmegaConf.to_container(cfg.hydra.sweeper.params, resolve=True)
+    choices = [[f"{key}={value}" for value in str(values).split(",")] for key, values in params.items()]
+    return [list(job) for job in itertools.product(*choices)]
+
+
+@pytest.mark.parametrize("name", STUDIES)
+def test_every_budget_of_a_study_composes_and_its_figures_name_configurations_it_runs(name):
+    budgets = list(OmegaConf.load(CONFIG_DIR / "experiment" / f"{name}.yaml").budgets)
+    assert "full" in budgets and "quick" in budgets  # the default budget and a CPU sitting
+    for budget in budgets:
+        with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+            hydra_setup.register()
+            cfg = compose("config", overrides=[f"experiment={name}", f"study={budget}"], return_hydra_config=True)
+            HydraConfig.instance().set_config(cfg)
+            try:
+                for node in ("trainer", "data", "model"):  # every ${budgets.${study}...} resolves
+                    OmegaConf.to_container(cfg[node], resolve=True)
+            finally:
+                HydraConfig.instance().cfg = None  # no Hydra run for the tests that follow in this process
+        assert cfg.task_name == name
+        jobs = sweep_jobs(name, budget)
+        assert len(jobs) >= 2
+        page = load_study_page(name, budget)
+        assert page.title and page.notes, f"{name}: the page says what the {budget} budget runs"
+        figures = [*(page.paper.figures if page.paper else {}), *(page.expected.figures if page.expected else {})]
+        for key in figures:  # a key that matches no job is a typo: its figure would never show
+            assert any(figure_for({key: 0}, job) is not None for job in jobs), f"{name}: {key} matches no job"
+        if page.reference:
+            assert any(figure_for({page.reference: 0}, job) is not None for job in jobs)
+
+
+def test_a_study_runs_from_the_command_line_and_ends_with_its_page(mnist_dir, tmp_path):
+    """The routing ablation of the dynamic-routing paper on small synthetic MNIST: four configurations,
+    the user's seed and tiny budget winning over the study's, and the page beside the runs with the
+    paper's errors."""
+    sweep = tmp_path / "sweep"
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "capsexp",
+            "-m",
+            "experiment=dr_mnist",
+            "study=quick",
+            "seed=5",
+            f"data.data_dir={mnist_dir}",
+            *TINY_RUN,
+            "trainer.limit_train_batches=2",
+            "model.net.conv_channels=16",
+            "model.net.primary_types=4",
+            f"hydra.sweep.dir={sweep}",
+        ],
+        cwd=PROJECT_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    jobs = sorted(p for p in sweep.iterdir() if p.is_dir())
+    assert len(jobs) == 4
+    overrides = [yaml.safe_load((job / ".hydra" / "overrides.yaml").read_text()) for job in jobs]
+    assert all("seed=5" in o and "study=quick" in o for o in overrides)  # the command line wins
+    assert {(o[0], o[1]) for o in overrides} == {
+        (f"model.net.routing.iterations={i}", f"model.net.reconstruction={r}") for i in (1, 3) for r in (True, False)
+    }
+    page = (sweep / "README.md").read_text()
+    assert page.startswith("# Routing iterations and reconstruction (CapsNet, the dynamic-routing paper's Table 1)")
+    assert "| paper: test error (%) |" in page and "| 0.25 ± 0.005 |" in page and "| 0.34 ± 0.032 |" in page
+    assert "## Against `model.net.routing.iterations=3 model.net.reconstruction=True`" in page
+    assert "Comparison of the runs:" in result.stderr + result.stdout
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        (["experiment=dr_mnist", "study=quik"], "study=quik: experiment=dr_mnist has no such budget (its budgets are: "),
+        (["study=quick"], "study=quick chooses the budget of an experiment config: add experiment=<name>, one of: "),
+        (["experiment=lenet5_mnist", "study=quick"], "experiment=lenet5_mnist has no such budget (it has no budgets)"),
+    ],
+)
+def test_a_budget_the_experiment_lacks_is_a_short_error(arguments, message):
+    result = subprocess.run(
+        [sys.executable, "-m", "capsexp", *arguments], cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
