@@ -12,7 +12,6 @@ import importlib
 import math
 import os
 import shutil
-from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,9 +25,11 @@ from capsexp.results.plots import write_plots
 from capsexp.results.runs import (
     LOCATION_OVERRIDE,
     OVERRIDES,
+    Configuration,
     Run,
     dates,
     find_runs,
+    group,
     label_configurations,
     sweep_command,
 )
@@ -36,28 +37,6 @@ from capsexp.results.study import StudyPage, figure_for, load_study_page, matche
 
 PAGE, TABLE = "README.md", "comparison.csv"
 KEPT_RUNS = "runs"  # the folder beside a page that holds copies of its runs (--keep-runs)
-
-
-@dataclass
-class Configuration:
-    label: str
-    runs: list[Run]
-
-    def values(self, metric: str) -> list[tuple[int | None, float]]:
-        """``(seed, final value)`` of ``metric`` for each run that logged it (seed None: not set by an override)."""
-        return [(run.seed, value) for run in self.runs if (value := run.final(metric)) is not None]
-
-    def summary(self, metric: str) -> statistics.Summary | None:
-        values = [v for run in self.runs if (v := run.final(metric)) is not None]
-        return statistics.summarise(values) if values else None
-
-
-def group(runs: list[Run]) -> list[Configuration]:
-    """The configurations, in the order of their first run."""
-    members: dict[str, list[Run]] = defaultdict(list)
-    for run in runs:
-        members[run.configuration].append(run)
-    return [Configuration(label, found) for label, found in members.items()]
 
 
 def metrics_of(runs: list[Run]) -> list[str]:

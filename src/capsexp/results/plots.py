@@ -13,8 +13,7 @@ from typing import TYPE_CHECKING
 from capsexp.results.metric_names import VAL_ACC, rotation_angle
 
 if TYPE_CHECKING:
-    from capsexp.results.compare import Configuration
-    from capsexp.results.runs import Run
+    from capsexp.results.runs import Configuration, Run
 
 DPI = 120
 

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import datetime
 import re
+from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
+from capsexp.results import statistics
 from capsexp.results.events import Scalar, load_events
 from capsexp.results.machine import read_machine
 
@@ -53,6 +55,28 @@ class Run:
         """The value of the ``key=value`` override (``experiment``, ``study``), None without one."""
         values = [o.split("=", 1)[1] for o in self.overrides if o.lstrip("+").split("=", 1)[0] == key]
         return values[-1] if values else None
+
+
+@dataclass
+class Configuration:
+    label: str
+    runs: list[Run]
+
+    def values(self, metric: str) -> list[tuple[int | None, float]]:
+        """``(seed, final value)`` of ``metric`` for each run that logged it (seed None: not set by an override)."""
+        return [(run.seed, value) for run in self.runs if (value := run.final(metric)) is not None]
+
+    def summary(self, metric: str) -> statistics.Summary | None:
+        values = [v for run in self.runs if (v := run.final(metric)) is not None]
+        return statistics.summarise(values) if values else None
+
+
+def group(runs: list[Run]) -> list[Configuration]:
+    """The configurations, in the order of their first run."""
+    members: dict[str, list[Run]] = defaultdict(list)
+    for run in runs:
+        members[run.configuration].append(run)
+    return [Configuration(label, found) for label, found in members.items()]
 
 
 def _natural(path: Path) -> list:
