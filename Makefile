@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 
 .DEFAULT_GOAL := help
-.PHONY: help install train lint format test test-all mutate bench bench-gpu studies studies-full run-studies tensorboard clean
+.PHONY: help install train lint format test test-all mutate bench bench-gpu studies studies-full run-studies verify tensorboard clean
 
 help:  ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  make %-12s %s\n", $$1, $$2}'
@@ -49,7 +49,6 @@ STUDY_LOGS := logs/studies
 studies:  ## every study's quick budget, one after another (hours on 2 cores) -> experiments/results/<study>_quick/
 	@$(MAKE) --no-print-directory run-studies BUDGET=quick
 	$(BIN)/python experiments/em_training.py --quick $(ARGS)
-	$(BIN)/python experiments/em_routing_ablation.py --quick $(ARGS)
 	$(BIN)/python experiments/em_smallnorb.py --quick $(ARGS)
 	$(BIN)/python experiments/multimnist.py --quick $(ARGS)
 	$(BIN)/python experiments/affnist.py --quick $(ARGS)
@@ -58,11 +57,17 @@ studies:  ## every study's quick budget, one after another (hours on 2 cores) ->
 studies-full:  ## every study's full budget (GPU hours; ARGS="trainer.devices=2" etc.) -> experiments/results/<study>_full/
 	@$(MAKE) --no-print-directory run-studies BUDGET=full
 	$(BIN)/python experiments/em_training.py $(ARGS)
-	$(BIN)/python experiments/em_routing_ablation.py $(ARGS)
 	$(BIN)/python experiments/em_smallnorb.py $(ARGS)
 	$(BIN)/python experiments/multimnist.py $(ARGS)
 	$(BIN)/python experiments/affnist.py $(ARGS)
 	$(BIN)/python experiments/adversarial.py $(ARGS)
+
+VERIFY_STUDY ?= rotation_robustness  # the cheapest quick study: about 10 minutes on 2 cores
+
+verify:  ## re-run the cheapest quick study and check its figures against those its experiment config expects
+	@runs=$(STUDY_LOGS)/verify/$$(date +%Y-%m-%d_%H-%M-%S); \
+	$(BIN)/python -m capsexp -m experiment=$(VERIFY_STUDY) study=quick hydra.sweep.dir=$$runs $(ARGS) && \
+	$(BIN)/python -m capsexp.compare $$runs --check
 
 # Each study of STUDIES (STUDIES="dr_mnist" runs one) in budget BUDGET: its sweep into a fresh folder
 # under logs/studies/, then its page with the runs kept beside it.

@@ -7,7 +7,6 @@ import csv
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 
@@ -132,47 +131,6 @@ def test_em_training_writes_curves_and_routing_entropies_per_recipe(mnist_dir, t
 
 
 @pytest.mark.slow  # seven study runs in child processes (about 65 s): make test-all
-def test_em_routing_ablation_runs_each_row_with_every_seed_and_resumes(mnist_dir, tmp_path):
-    output, folder = tmp_path / "results", tmp_path / "study"
-    common = [mnist_dir, tmp_path, output]
-    tiny = [*TINY_RUN, *TINY_EM_CAPS, "trainer.limit_train_batches=2", "trainer.limit_val_batches=1"]
-    rows = ["1 iteration", "2 iterations"]
-    result = run_quick("em_routing_ablation", *common, "--rows", *rows, "--folder", str(folder), *tiny)
-    assert result.returncode == 0, result.stderr[-3000:]
-    for row in ("1_iteration", "2_iterations"):
-        assert len(list((folder / row).glob("[0-2]/.hydra/overrides.yaml"))) == 3  # seeds 1, 2, 3
-    page = (output / "README.md").read_text()
-    table, gaps = page.split("## Presence gap as the margin rises")
-    lines = {line.split(" | ")[0].lstrip("| "): line for line in table.splitlines() if line.startswith("| ")}
-    gap_section = gaps.split("\n## ")[0]
-    gap_rows = {line.split(" | ")[0].lstrip("| "): line for line in gap_section.splitlines() if line.startswith("| ")}
-    assert set(gap_rows) == {"row", "---", "1 iteration", "2 iterations"}  # each row's gap at each validation
-    assert re.fullmatch(r"\| 1 iteration \| -?\d\.\d\d( \(\d\.\d\d\))? \|", gap_rows["1 iteration"])
-    assert "| 3 | " in lines["1 iteration"] and "±" in lines["1 iteration"] and "paper recipe" not in lines
-    p_value = lines["1 iteration"].split(" | ")[4]  # Welch's test against 2 iterations
-    assert p_value == "n/a (no spread)" or 0 <= float(p_value.split()[0]) <= 1, lines["1 iteration"]
-    assert (output / "curves.png").exists()
-    findings = page.split("## What it shows")[1]  # each row against the default, in words
-    assert re.search(
-        r"- 1 iteration: [\d.]+ ± [\d.]+% against [\d.]+ ± [\d.]+%, [\d.]+ points (higher|lower); ", findings
-    )
-    assert "2 iterations" in findings and "What it does not show" in findings
-    # Again into the same folder, a seed of one row lost: only that seed runs, into the job folder it
-    # had; the complete row is not run again; the page is written anew.
-    shutil.rmtree(folder / "1_iteration" / "1")
-    (output / "README.md").unlink()
-    result = run_quick("em_routing_ablation", *common, "--rows", *rows, "--folder", str(folder), *tiny)
-    assert result.returncode == 0 and result.stdout.count("$ python") == 1, result.stdout[-2000:]
-    assert "seed=2" in (folder / "1_iteration" / "1" / ".hydra" / "overrides.yaml").read_text()
-    assert (output / "README.md").exists()
-    assert len(list(folder.glob("*/[0-9]/.hydra"))) == 6
-    # The page written again from the folder alone: nothing runs, the time is the runs' own.
-    result = run_quick("em_routing_ablation", *common, options=("--rebuild", str(folder)))
-    assert result.returncode == 0 and "$ python" not in result.stdout, result.stdout[-2000:]
-    page = (output / "README.md").read_text()
-    assert "min in all (the runs' own durations)" in page and "| 2 iterations | 3 |" in page
-
-
 def test_bench_gpu_runs_its_code_path_on_the_cpu(tmp_path):
     """--smoke: the benchmark's runs, tiny and on the CPU, with smallNORB written synthetically in the
     official format; the page has a row per precision and the epoch timer's figures."""

@@ -12,7 +12,7 @@ import pytest
 import yaml
 from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import OmegaConf
+from omegaconf import OmegaConf, open_dict
 
 from capsexp import CONFIG_DIR, PROJECT_ROOT
 from capsexp.config import hydra_setup
@@ -104,7 +104,10 @@ def test_a_study_runs_from_the_command_line_and_ends_with_its_page(mnist_dir, tm
 @pytest.mark.parametrize(
     ("arguments", "message"),
     [
-        (["experiment=dr_mnist", "study=quik"], "study=quik: experiment=dr_mnist has no such budget (its budgets are: "),
+        (
+            ["experiment=dr_mnist", "study=quik"],
+            "study=quik: experiment=dr_mnist has no such budget (its budgets are: ",
+        ),
         (["study=quick"], "study=quick chooses the budget of an experiment config: add experiment=<name>, one of: "),
         (["experiment=lenet5_mnist", "study=quick"], "experiment=lenet5_mnist has no such budget (it has no budgets)"),
     ],
@@ -114,3 +117,66 @@ def test_a_budget_the_experiment_lacks_is_a_short_error(arguments, message):
         [sys.executable, "-m", "capsexp", *arguments], cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=120
     )
     assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
+
+
+IGNORED_KEYS = ("hydra", "paths", "budgets", "page", "study", "tags")  # where, and what a page says
+
+
+def composed_job(overrides: list[str]) -> dict:
+    """The job config ``overrides`` compose to, resolved, without what only says where things go."""
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        hydra_setup.register()
+        cfg = compose("config", overrides=overrides, return_hydra_config=True)
+        cfg.hydra.runtime.output_dir = "run"
+        HydraConfig.instance().set_config(cfg)
+        with open_dict(cfg):
+            del cfg["hydra"]
+        try:
+            job = OmegaConf.to_container(cfg, resolve=True)
+        finally:
+            HydraConfig.instance().cfg = None
+    job["callbacks"].pop("progress_bar", None)  # how the console looked
+    return {key: value for key, value in job.items() if key not in IGNORED_KEYS}
+
+
+# One job per row folder of each page's runs; the other jobs of a row differ from it by their seed alone.
+ROWS_OF_FORMER_DRIVERS = sorted(
+    {
+        p.parent.parent.parent
+        for p in (PROJECT_ROOT / "experiments" / "results").glob("*/runs/**/.hydra/overrides_as_run.yaml")
+    }
+)
+
+
+@pytest.mark.parametrize(
+    "row", ROWS_OF_FORMER_DRIVERS, ids=[str(p.relative_to(PROJECT_ROOT)) for p in ROWS_OF_FORMER_DRIVERS]
+)
+def test_committed_runs_of_a_former_driver_compose_as_their_experiment_config_runs_them(row):
+    """Runs made by a study driver before its experiment config existed keep their overrides in
+    ``overrides_as_run.yaml``; ``overrides.yaml`` holds the experiment config's, which must compose the
+    same job (so that the page labels them as the config runs them, and a re-run reproduces them)."""
+
+    def without_seed(path):
+        return [o for o in yaml.safe_load(path.read_text()) if not o.startswith("seed=")]
+
+    jobs = sorted(p.parent.parent for p in row.glob("*/.hydra/overrides_as_run.yaml"))
+    for job in jobs[1:]:
+        for name in ("overrides.yaml", "overrides_as_run.yaml"):
+            assert without_seed(job / ".hydra" / name) == without_seed(jobs[0] / ".hydra" / name)
+    overrides = yaml.safe_load((jobs[0] / ".hydra" / "overrides.yaml").read_text())
+    original = yaml.safe_load((jobs[0] / ".hydra" / "overrides_as_run.yaml").read_text())
+    assert composed_job(overrides) == composed_job(original)
+
+
+def test_a_committed_page_rebuilds_byte_identical_from_its_runs(tmp_path):
+    """experiments/results/rotation_robustness_quick/ as a reader would check it: the page and its table
+    written again from the runs kept beside them, in a copy of the folder."""
+    import shutil
+
+    from capsexp.results.compare import compare
+
+    page = PROJECT_ROOT / "experiments" / "results" / "rotation_robustness_quick"
+    shutil.copytree(page / "runs", tmp_path / "runs")
+    compare(tmp_path / "runs", tmp_path)
+    for name in ("README.md", "comparison.csv"):
+        assert (tmp_path / name).read_text() == (page / name).read_text(), name

@@ -19,6 +19,7 @@ import yaml
 
 from capsexp.errors import ConfigError, NoRunsError
 from capsexp.results import statistics
+from capsexp.results.diagnostics import diagnostics_section
 from capsexp.results.machine import MACHINE_FILE, describe_text
 from capsexp.results.metric_names import PRESENCE_GAP, TEST_ACC, VAL_ACC, VAL_ACC_BEST, rotation_angle
 from capsexp.results.plots import write_plots
@@ -166,7 +167,7 @@ def reproduction(configurations: list[Configuration], headline: str, page: Study
         f"## Reproduction check (study={page.budget})",
         "",
         f"conf/experiment/{page.experiment}.yaml states what this budget gave on the project's machine; a mean "
-        f"within ±{factor * expected.tolerance:.2f} of it reproduces it.",
+        f"within ±{factor * expected.tolerance:.2f}{' points' if factor == 100 else ''} of it reproduces it.",
         "",
         f"| configuration | expected {headline} | here | within tolerance |",
         "| --- | ---: | ---: | --- |",
@@ -307,9 +308,10 @@ def compare(folder: Path, output: Path | None = None, keep: bool = False) -> Com
     blocks = [
         header(page, runs, folder_text, rebuild),
         page.notes + "\n" if page.notes else "",
-        *extra_sections(page, runs, output),
         results,
         differences_section(configurations, headline, page),
+        diagnostics_section(configurations),
+        *extra_sections(page, runs, output),
         check_text,
         "".join(f"![{png.stem}]({png.name})\n" for png in plots),
     ]

@@ -1,0 +1,64 @@
+"""What a comparison shows of a capsule model's insides, where its runs logged them: the presence
+scores (:class:`capsexp.lit.Classifier`: the median over the validation images of the target class's
+score, of the largest other's, and of their gap) and, per routing layer, the entropy of the routing
+assignments and the spread of each parent capsule's activation across inputs
+(:class:`capsexp.callbacks.RoutingDiagnostics`). Accuracy alone does not say that activations signal
+presence or that routing routes."""
+
+from __future__ import annotations
+
+import re
+import statistics
+
+from capsexp.results.metric_names import presence_metric
+from capsexp.results.runs import Configuration
+
+_ROUTING = re.compile(r"^routing/(?P<layer>[^/]+)/(?P<measure>entropy|activation_std_across_inputs)$")
+PRESENCE = {name: presence_metric(name) for name in ("gap", "target", "largest_other")}
+
+
+def _mean_std(values: list[float]) -> str:
+    if not values:
+        return ""
+    if len(values) == 1:
+        return f"{values[0]:.2f}"
+    return f"{statistics.fmean(values):.2f} ± {statistics.stdev(values):.2f}"
+
+
+def _final(configuration: Configuration, tag: str) -> list[float]:
+    return [v for run in configuration.runs if (v := run.final(tag)) is not None]
+
+
+def diagnostics_section(configurations: list[Configuration]) -> str:
+    """A table, one row per configuration: the presence gap (target - largest other) and, per routing
+    layer in the order logged, the last entropy and activation spread across inputs, mean ± std over
+    runs; empty where no run logged them."""
+    tags = list(dict.fromkeys(tag for c in configurations for run in c.runs for tag in run.scalars))
+    layers = list(dict.fromkeys(m["layer"] for tag in tags if (m := _ROUTING.match(tag))))
+    presence = PRESENCE["gap"] in tags
+    if not layers and not presence:
+        return ""
+    header = ["configuration"]
+    if presence:
+        header += ["presence gap", "target / largest other"]
+    header += [f"{layer}: entropy" for layer in layers] + [f"{layer}: spread across inputs" for layer in layers]
+    lines = ["| " + " | ".join(header) + " |", "| --- |" + " ---: |" * (len(header) - 1)]
+    for configuration in configurations:
+        cells = [configuration.label]
+        if presence:
+            cells.append(_mean_std(_final(configuration, PRESENCE["gap"])))
+            target, other = (_final(configuration, PRESENCE[name]) for name in ("target", "largest_other"))
+            cells.append(f"{_mean_std(target)} / {_mean_std(other)}" if target and other else "")
+        cells += [_mean_std(_final(configuration, f"routing/{layer}/entropy")) for layer in layers]
+        cells += [_mean_std(_final(configuration, f"routing/{layer}/activation_std_across_inputs")) for layer in layers]
+        lines.append("| " + " | ".join(cells) + " |")
+    return (
+        "## Presence and routing\n\n"
+        "The last values logged, mean ± std over the runs: the presence scores of the last validation, the "
+        "routing measures of the last training step that logged them. Presence gap: the median over the "
+        "validation images of the target class's score minus the largest other's (scores that signal "
+        "presence keep it well above 0). Entropy: of each child's routing assignment over its parents, "
+        "normalised (1 uniform: no routing; 0 each child to one parent). Spread across inputs: the std of each "
+        "parent capsule's activation across a batch's images, averaged over capsules (near 0: the capsule "
+        "ignores its input).\n\n" + "\n".join(lines) + "\n"
+    )
