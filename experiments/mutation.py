@@ -42,9 +42,6 @@ from capsexp import PROJECT_ROOT
 from capsexp.results.machine import cpu_name
 from timing import Stopwatch
 
-sys.path.insert(0, str(PROJECT_ROOT))
-from tests.helpers import real_data_dir  # one home for where the real datasets are
-
 RESULTS = PROJECT_ROOT / "experiments" / "results" / "mutation.md"
 EQUIVALENTS = PROJECT_ROOT / "experiments" / "mutation_equivalents.yaml"
 MUTMUT = [sys.executable, "-m", "mutmut"]
@@ -417,8 +414,8 @@ def main() -> None:
             # One thread per mutant: mutmut forks its workers from a process that has imported (and may
             # have run) torch, and a child forked after OpenMP started hangs in its first parallel region
             # (every such mutant then ends as a false timeout).
-            # The tests run in mutants/, so the real datasets are not beside the checkout there.
-            env = {**os.environ, "OMP_NUM_THREADS": "1", "CAPSEXP_DATA_DIR": str(real_data_dir())}
+            # (The tests run in mutants/: tests/helpers.real_data_dir finds the real datasets from there.)
+            env = {**os.environ, "OMP_NUM_THREADS": "1"}
             with Stopwatch() as watch:
                 subprocess.run(run, cwd=PROJECT_ROOT, check=True, env=env)
             wall = watch.seconds

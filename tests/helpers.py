@@ -66,8 +66,14 @@ def write_mnist(root: Path, train: int = 300, test: int = 100, gz: bool = True) 
 
 
 def real_data_dir() -> Path:
-    """Where the real datasets are: $CAPSEXP_DATA_DIR, else ../shared/data beside the checkout."""
-    return Path(os.environ.get("CAPSEXP_DATA_DIR", PROJECT_ROOT.parent / "shared" / "data")).resolve()
+    """Where the real datasets are: $CAPSEXP_DATA_DIR, else shared/data beside the checkout (or beside a
+    folder holding it: mutmut runs the tests from a copy in mutants/)."""
+    if "CAPSEXP_DATA_DIR" in os.environ:
+        return Path(os.environ["CAPSEXP_DATA_DIR"]).resolve()
+    for folder in PROJECT_ROOT.resolve().parents:
+        if (folder / "shared" / "data").is_dir():
+            return folder / "shared" / "data"
+    return PROJECT_ROOT.parent / "shared" / "data"
 
 
 def compose_config(overrides: list[str] | None = None, output_dir: Path | None = None) -> DictConfig:

@@ -170,11 +170,7 @@ def test_bench_em_caps_measures_each_recipe_as_its_model_config_sets_it():
     figures = json.loads(result.stdout.strip().splitlines()[-1])
     assert figures["train_step_s"] > 0 and 0 < figures["routing_share"] < 1
 
-    sys.path.insert(0, str(PROJECT_ROOT / "experiments"))
-    try:
-        from bench_em_caps import float32_errors, float64_on_rounded_inputs, net_options, recipe_text
-    finally:
-        sys.path.remove(str(PROJECT_ROOT / "experiments"))
+    from bench_em_caps import float32_errors, float64_on_rounded_inputs, net_options, recipe_text
     assert net_options("default")["routing"].iterations == 2 and net_options("paper")["routing"].iterations == 3
     # The page's header says what each recipe routes with, as its config sets it.
     assert recipe_text("paper") == "em_caps_paper: 3 EM iterations, E-step temperature 1, no BatchNorm after conv1"
@@ -250,68 +246,6 @@ def test_the_pages_word_a_welch_test_alike(monkeypatch):
 
 
 @pytest.mark.slow  # six runs, two of the 35M-parameter baseline CNN (about a minute): make test-all
-def test_multimnist_compares_capsnet_with_the_cnns_beside_the_paper_and_keeps_a_fig5(mnist_dir, tmp_path):
-    output = tmp_path / "results"
-    result = run_quick(
-        "multimnist",
-        str(mnist_dir),
-        str(tmp_path),
-        str(output),
-        *TINY_RUN,
-        "trainer.max_steps=2",
-        "trainer.val_check_interval=2",  # validated once, so the Fig. 5 grid is logged
-        "trainer.limit_val_batches=1",
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    page = (output / "README.md").read_text()
-    for net, paper in [
-        ("capsnet, 1 iteration", "7.5"),
-        ("capsnet, 3 iterations", "5.2"),
-        ("baseline_cnn", "8.1"),
-        ("lenet5", ""),
-    ]:
-        assert re.search(rf"^\| {net} \| 2 \| [\d.]+ ± [\d.]+ \| {re.escape(paper)} \|$", page, re.M), page
-    assert (output / "reconstructions.png").stat().st_size > 0 and "![reconstructions]" in page
-    # Quick mode: the baseline CNN's row under bf16 autocast, the other nets' in float32.
-    commands = [line for line in page.splitlines() if line.startswith("  - `python -m capsexp")]
-    assert [("trainer.precision=bf16-mixed" in c) for c in commands] == [("model=baseline_cnn" in c) for c in commands]
-    assert len(commands) == 4, page
-    shows = page[page.index("## What it shows") :]
-    assert re.search(r"^- capsnet, 3 iterations against baseline_cnn: test error [\d.]+% against [\d.]+% ", shows, re.M)
-    assert "Welch p = " in shows or "no test" in shows
-
-
-@pytest.mark.slow  # two runs on 40x40 canvases and their three test sets (about a minute): make test-all
-def test_affnist_trains_both_nets_to_the_threshold_and_tests_them_on_new_viewpoints(mnist_dir, tmp_path):
-    output = tmp_path / "results"
-    result = run_quick(
-        "affnist",
-        str(mnist_dir),
-        str(tmp_path),
-        str(output),
-        *TINY_RUN,
-        "trainer.max_steps=3",
-        "trainer.val_check_interval=1",
-        "trainer.limit_val_batches=1",
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    page = (output / "README.md").read_text()
-    rows = [line for line in page.splitlines() if line.startswith(("| capsnet |", "| baseline_cnn |"))]
-    assert len(rows) == 2 and all(" of 1 |" in row for row in rows), page
-    assert "not the official affNIST test set" in page
-    # Quick mode: the baseline CNN's row under bf16 autocast, CapsNet's in float32.
-    assert "model=baseline_cnn " in page and "trainer.precision=bf16-mixed" in page
-    assert not any("model=capsnet " in line and "bf16" in line for line in page.splitlines()), page
-    shows = page[page.index("## What it shows") :]
-    assert re.search(r"^- (Matched|Not matched): ", shows, re.M), shows
-    assert re.search(r"^- Generated affine test set: CapsNet [\d.]+% against the baseline CNN [\d.]+% ", shows, re.M)
-    assert "fewer than 2 runs a side: no test" in shows  # one run per net
-    assert re.search(r"survives the affine maps\): capsnet [\d.]+%, baseline_cnn [\d.]+%\.$", shows, re.M), shows
-    with open(output / "comparison.csv") as handle:
-        assert all(row["test/acc_affine_mnist mean"] for row in csv.DictReader(handle))
-
-
-@pytest.mark.slow  # four training runs and six attack multiruns on tiny data (about two minutes): make test-all
 def test_adversarial_attacks_each_net_white_box_and_the_capsule_nets_from_lenet5(mnist_dir, tmp_path):
     output = tmp_path / "results"
     result = run_quick(

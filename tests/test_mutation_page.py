@@ -2,20 +2,13 @@
 
 from __future__ import annotations
 
-import sys
-
 import pytest
-
-from capsexp import PROJECT_ROOT
 
 
 @pytest.fixture(scope="module")
 def mutation():
-    sys.path.insert(0, str(PROJECT_ROOT / "experiments"))
-    try:
-        import mutation
-    finally:
-        sys.path.remove(str(PROJECT_ROOT / "experiments"))
+    import mutation  # experiments/mutation.py (pytest's pythonpath)
+
     return mutation
 
 

@@ -26,6 +26,7 @@ from capsexp.results.plots import write_plots
 from capsexp.results.runs import (
     LOCATION_OVERRIDE,
     OVERRIDES,
+    OVERRIDES_AS_RUN,
     Configuration,
     Run,
     dates,
@@ -207,6 +208,15 @@ def header(page: StudyPage, runs: list[Run], folder_text: str, rebuild: str) -> 
     if unrecorded:
         machine += ("; " if machine else "") + f"not recorded for {unrecorded} run{'s' if unrecorded > 1 else ''}"
     seconds = [run.seconds for run in runs if run.seconds is not None]
+    relaunched = sum((run.folder / OVERRIDES_AS_RUN).exists() for run in runs)
+    provenance = (
+        [
+            f"- Overrides: {relaunched} of the runs were launched with other overrides, kept in their "
+            f"`{OVERRIDES_AS_RUN}`; their `{OVERRIDES}` holds the experiment config's, which composes the same job."
+        ]
+        if relaunched
+        else []
+    )
     title = page.title + (f" (study={page.budget})" if page.experiment else "")
     return "\n".join(
         [
@@ -217,6 +227,7 @@ def header(page: StudyPage, runs: list[Run], folder_text: str, rebuild: str) -> 
             f"to last logged scalar); {folder_text}.",
             f"- Command: `{sweep_command(runs)}`",
             f"- Rebuild this page, in its folder: `{rebuild}`",
+            *provenance,
             "",
         ]
     )
@@ -236,6 +247,8 @@ def keep_runs(runs: list[Run], folder: Path, output: Path) -> Path:
         (target / OVERRIDES).parent.mkdir(parents=True)
         overrides = [o for o in run.overrides if not LOCATION_OVERRIDE.match(o) or o.startswith("task_name=")]
         (target / OVERRIDES).write_text(yaml.safe_dump(overrides))
+        if (run.folder / OVERRIDES_AS_RUN).exists():
+            shutil.copy2(run.folder / OVERRIDES_AS_RUN, target / OVERRIDES_AS_RUN)
         if (run.folder / MACHINE_FILE).exists():
             shutil.copy2(run.folder / MACHINE_FILE, target / MACHINE_FILE)
         (target / "tensorboard").mkdir()

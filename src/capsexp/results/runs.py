@@ -16,6 +16,9 @@ from capsexp.results.events import Scalar, load_events
 from capsexp.results.machine import read_machine
 
 OVERRIDES = Path(".hydra") / "overrides.yaml"
+# A run launched with other overrides than the experiment config's that composes the same job keeps
+# them here (tests/test_studies.py checks that both compose the same job).
+OVERRIDES_AS_RUN = Path(".hydra") / "overrides_as_run.yaml"
 # Overrides that say where a run went (or which seed), not what it was: no part of its configuration.
 LOCATION_OVERRIDE = re.compile(r"^\+?(hydra\.[\w.]+|paths\.[\w.]+|ckpt_path|tags|task_name)=")
 SEED_OVERRIDE = re.compile(r"^\+?seed=")
