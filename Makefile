@@ -50,13 +50,11 @@ studies:  ## every study's quick budget, one after another (hours on 2 cores) ->
 	@$(MAKE) --no-print-directory run-studies BUDGET=quick
 	$(BIN)/python experiments/em_training.py --quick $(ARGS)
 	$(BIN)/python experiments/em_smallnorb.py --quick $(ARGS)
-	$(BIN)/python experiments/adversarial.py --quick $(ARGS)
 
 studies-full:  ## every study's full budget (GPU hours; ARGS="trainer.devices=2" etc.) -> experiments/results/<study>_full/
 	@$(MAKE) --no-print-directory run-studies BUDGET=full
 	$(BIN)/python experiments/em_training.py $(ARGS)
 	$(BIN)/python experiments/em_smallnorb.py $(ARGS)
-	$(BIN)/python experiments/adversarial.py $(ARGS)
 
 VERIFY_STUDY ?= rotation_robustness  # the cheapest quick study: about 10 minutes on 2 cores
 

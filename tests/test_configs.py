@@ -30,6 +30,14 @@ OPTIONS = [
 # The model config whose net each net class builds with its constructor's defaults.
 MODEL_OF_NET = {"LeNet5": "lenet5", "BaselineCNN": "baseline_cnn", "CapsNet": "capsnet", "MatrixCapsNet": "em_caps"}
 MODELS = sorted(p.stem for p in (CONFIG_DIR / "model").glob("*.yaml"))
+# The arms of studies (conf/arm/<group>/) compose within an experiment config that sweeps them (they
+# read its budget): one that does, for each group.
+ARM_EXPERIMENT = {
+    key.removeprefix("+"): path.stem
+    for path in sorted((CONFIG_DIR / "experiment").glob("*.yaml"))
+    for key in (OmegaConf.load(path).get("hydra") or {}).get("sweeper", {}).get("params", {})
+    if key.startswith("+arm/")
+}
 DATASETS = sorted(p.stem for p in (CONFIG_DIR / "data").glob("*.yaml"))
 
 
@@ -62,7 +70,11 @@ def test_every_option_composes_and_resolves(group, option):
     model = ["model=em_caps_small"] if group.startswith("model/") else []
     if group == "model/net":
         model = [f"model={MODEL_OF_NET[option]}"]
-    cfg = compose_config([*model, f"{group}={option}"])
+    if group.startswith("arm/"):
+        assert group in ARM_EXPERIMENT, f"no experiment config sweeps {group}"
+        cfg = compose_config([f"experiment={ARM_EXPERIMENT[group]}", f"+{group}={option}"])
+    else:
+        cfg = compose_config([*model, f"{group}={option}"])
     # Resolve every interpolation, as the run does when it logs its hyperparameters (compose_config
     # has set paths.output_dir, the one value that comes from Hydra's run time).
     resolved = OmegaConf.to_container(cfg, resolve=True)

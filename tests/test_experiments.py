@@ -171,6 +171,7 @@ def test_bench_em_caps_measures_each_recipe_as_its_model_config_sets_it():
     assert figures["train_step_s"] > 0 and 0 < figures["routing_share"] < 1
 
     from bench_em_caps import float32_errors, float64_on_rounded_inputs, net_options, recipe_text
+
     assert net_options("default")["routing"].iterations == 2 and net_options("paper")["routing"].iterations == 3
     # The page's header says what each recipe routes with, as its config sets it.
     assert recipe_text("paper") == "em_caps_paper: 3 EM iterations, E-step temperature 1, no BatchNorm after conv1"
@@ -246,48 +247,6 @@ def test_the_pages_word_a_welch_test_alike(monkeypatch):
 
 
 @pytest.mark.slow  # six runs, two of the 35M-parameter baseline CNN (about a minute): make test-all
-def test_adversarial_attacks_each_net_white_box_and_the_capsule_nets_from_lenet5(mnist_dir, tmp_path):
-    output = tmp_path / "results"
-    result = run_quick(
-        "adversarial",
-        str(mnist_dir),
-        str(tmp_path),
-        str(output),
-        "--models",
-        "lenet5,capsnet",
-        "--images",
-        "20",
-        *TINY_RUN,
-        "trainer.max_steps=3",
-        "trainer.val_check_interval=3",  # validated once: a best checkpoint to attack
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    page = (output / "README.md").read_text()
-    rows = {tuple(line.split(" | ")[:2]) for line in page.splitlines() if re.match(r"\| (lenet5|capsnet) \|", line)}
-    assert rows >= {("| lenet5", "fgsm"), ("| lenet5", "bim"), ("| capsnet", "fgsm"), ("| capsnet", "bim")}
-    assert {("| capsnet", "fgsm_blackbox"), ("| capsnet", "bim_blackbox")} <= rows
-    assert ("| lenet5", "fgsm_blackbox") not in rows  # the source is not attacked with its own examples
-    shows = page[page.index("## What it shows") :]
-    assert "White-box FGSM, capsnet: above lenet5 at eps" in shows and "Black-box FGSM at eps 0.2" in shows
-    assert "The paper's claim (above the CNN at every eps and above chance): " in shows
-    assert "Gradient masking checks (white-box): " in shows and "input positions never seen: " in shows
-
-    # --folder completes a study: with every net trained and attacked, nothing runs again.
-    (study,) = (p for p in (tmp_path / "adversarial" / "multiruns").iterdir() if not p.name.endswith("_attacks"))
-    tiny = (*TINY_RUN, "trainer.max_steps=3", "trainer.val_check_interval=3")
-    again = run_quick(
-        "adversarial",
-        str(mnist_dir),
-        str(tmp_path),
-        str(output),
-        *tiny,
-        options=("--models", "lenet5,capsnet", "--images", "20", "--folder", str(study)),
-    )
-    assert again.returncode == 0, again.stderr[-3000:]
-    assert "$ python -m capsexp" not in again.stdout
-    assert (output / "README.md").read_text().count("| capsnet |") == page.count("| capsnet |")
-
-
 @pytest.mark.slow  # a training run and the driver (about 20 s): make test-all
 def test_routing_convergence_traces_a_trained_capsnets_routing_for_more_iterations(mnist_dir, tmp_path):
     env = {**os.environ, "CAPSEXP_DATA_DIR": str(mnist_dir)}

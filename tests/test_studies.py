@@ -181,3 +181,44 @@ def test_a_committed_page_rebuilds_byte_identical_from_its_runs(tmp_path):
     compare(tmp_path / "runs", tmp_path)
     for name in ("README.md", "comparison.csv"):
         assert (tmp_path / name).read_text() == (page / name).read_text(), name
+
+
+def test_the_adversarial_study_attacks_every_net_and_the_capsule_nets_from_lenet5(mnist_dir, tmp_path):
+    """em_adversarial on small synthetic MNIST, two nets: each run attacks its own checkpoint (BIM, FGSM
+    beside it), then the black-box step attacks CapsNet with LeNet5's examples, and the page tables it."""
+    sweep = tmp_path / "sweep"
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "capsexp",
+            "-m",
+            "experiment=em_adversarial",
+            "study=quick",
+            "+arm/net=lenet5,capsnet",
+            "attack.max_images=20",
+            f"data.data_dir={mnist_dir}",
+            *TINY_RUN,
+            "trainer.max_steps=3",
+            "trainer.val_check_interval=3",  # validated once: a best checkpoint to attack
+            f"hydra.sweep.dir={sweep}",
+        ],
+        cwd=PROJECT_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert sorted(p.name for p in (sweep / "blackbox").iterdir()) == ["1"]  # CapsNet's job; LeNet5 is the source
+    page = (sweep / "README.md").read_text()
+    table = page[page.index("## Accuracy (%) under attack") :]
+    rows = {tuple(line.split(" | ")[:2]) for line in table.splitlines() if line.startswith("| +arm/net=")}
+    assert rows == {
+        ("| +arm/net=lenet5", "bim"),
+        ("| +arm/net=lenet5", "fgsm"),
+        ("| +arm/net=capsnet", "bim"),
+        ("| +arm/net=capsnet", "fgsm"),
+        ("| +arm/net=capsnet train=false", "bim_blackbox"),
+        ("| +arm/net=capsnet train=false", "fgsm_blackbox"),
+    }
+    assert "| eps 0 | eps 0.05 | eps 0.1 | eps 0.2 | eps 0.3 | eps 0.5 |" in table

@@ -20,7 +20,7 @@ OVERRIDES = Path(".hydra") / "overrides.yaml"
 # them here (tests/test_studies.py checks that both compose the same job).
 OVERRIDES_AS_RUN = Path(".hydra") / "overrides_as_run.yaml"
 # Overrides that say where a run went (or which seed), not what it was: no part of its configuration.
-LOCATION_OVERRIDE = re.compile(r"^\+?(hydra\.[\w.]+|paths\.[\w.]+|ckpt_path|tags|task_name)=")
+LOCATION_OVERRIDE = re.compile(r"^\+{0,2}(hydra\.[\w.]+|paths\.[\w.]+|ckpt_path|attack\.source|tags|task_name)=")
 SEED_OVERRIDE = re.compile(r"^\+?seed=")
 
 
@@ -82,9 +82,9 @@ def group(runs: list[Run]) -> list[Configuration]:
     return [Configuration(label, found) for label, found in members.items()]
 
 
-def _natural(path: Path) -> list:
-    """Job folders in job order: ``2`` before ``10``."""
-    return [int(part) if part.isdigit() else part for part in path.parts]
+def _natural(path: Path) -> list[tuple[int, str]]:
+    """Job folders in job order: ``2`` before ``10``, numbers before names."""
+    return [(int(part), "") if part.isdigit() else (1 << 62, part) for part in path.parts]
 
 
 def find_runs(folder: Path) -> list[Run]:

@@ -17,11 +17,19 @@ log = logging.getLogger("capsexp")
 
 
 class WriteComparison(Callback):
+    """Runs the experiment's ``after_sweep`` steps (callables built by ``hydra.utils.instantiate``, given
+    the sweep's folder: a study's step that needs every run done, e.g. black-box attacks), then writes
+    the page."""
+
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        from hydra.utils import instantiate
+
         from capsexp.results.compare import PAGE, compare  # tensorboard and matplotlib: only now
 
         folder = Path(config.hydra.sweep.dir)
         try:
+            for step in config.get("after_sweep") or []:
+                instantiate(step)(folder)
             result = compare(folder)
         except CapsexpError as error:  # e.g. every job failed before logging: the jobs said why
             log.warning(f"No comparison page: {error}")

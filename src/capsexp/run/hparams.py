@@ -19,9 +19,9 @@ from torch.utils.tensorboard.summary import hparams as hparams_summary
 
 from capsexp.results.metric_names import PLAIN, VAL_ACC, VAL_ACC_BEST, VAL_LOSS, metrics_of_test_sets
 
-# Config groups that say where things go, not what was run, and a study's budgets and page (the
-# chosen budget's values are in the keys it sets): left out of the HParams tab.
-NOT_HYPERPARAMETERS = ("paths", "logger", "hydra", "budgets", "page")
+# Config groups that say where things go, not what was run, and a study's budgets, page and steps
+# after its sweep (the chosen budget's values are in the keys it sets): left out of the HParams tab.
+NOT_HYPERPARAMETERS = ("paths", "logger", "hydra", "budgets", "page", "after_sweep")
 # Keys elsewhere that only locate files (data/data_dir, trainer/default_root_dir, a checkpoint
 # callback's dirpath, ckpt_path): left out too, so that event files carry no machine's paths.
 LOCATION_KEY = re.compile(r"(^|/|_)(dir|dirpath|path)$")
