@@ -60,31 +60,31 @@ def test_every_budget_of_a_study_composes_and_its_figures_name_configurations_it
             assert any(figure_for({page.reference: 0}, job) is not None for job in jobs)
 
 
+def run_multirun(*arguments: str) -> subprocess.CompletedProcess:
+    """``python -m capsexp -m <arguments>`` from the repository, with the tests' tiny run settings."""
+    return subprocess.run(
+        [sys.executable, "-m", "capsexp", "-m", *TINY_RUN, *arguments],  # the arguments win
+        cwd=PROJECT_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
 def test_a_study_runs_from_the_command_line_and_ends_with_its_page(mnist_dir, tmp_path):
     """The routing ablation of the dynamic-routing paper on small synthetic MNIST: four configurations,
     the user's seed and tiny budget winning over the study's, and the page beside the runs with the
     paper's errors."""
     sweep = tmp_path / "sweep"
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "capsexp",
-            "-m",
-            "experiment=dr_mnist",
-            "study=quick",
-            "seed=5",
-            f"data.data_dir={mnist_dir}",
-            *TINY_RUN,
-            "trainer.limit_train_batches=2",
-            "model.net.conv_channels=16",
-            "model.net.primary_types=4",
-            f"hydra.sweep.dir={sweep}",
-        ],
-        cwd=PROJECT_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
+    result = run_multirun(
+        "experiment=dr_mnist",
+        "study=quick",
+        "seed=5",
+        f"data.data_dir={mnist_dir}",
+        "trainer.limit_train_batches=2",
+        "model.net.conv_channels=16",
+        "model.net.primary_types=4",
+        f"hydra.sweep.dir={sweep}",
     )
     assert result.returncode == 0, result.stderr[-3000:]
     jobs = sorted(p for p in sweep.iterdir() if p.is_dir())
@@ -187,26 +187,15 @@ def test_the_adversarial_study_attacks_every_net_and_the_capsule_nets_from_lenet
     """em_adversarial on small synthetic MNIST, two nets: each run attacks its own checkpoint (BIM, FGSM
     beside it), then the black-box step attacks CapsNet with LeNet5's examples, and the page tables it."""
     sweep = tmp_path / "sweep"
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "capsexp",
-            "-m",
-            "experiment=em_adversarial",
-            "study=quick",
-            "+arm/net=lenet5,capsnet",
-            "attack.max_images=20",
-            f"data.data_dir={mnist_dir}",
-            *TINY_RUN,
-            "trainer.max_steps=3",
-            "trainer.val_check_interval=3",  # validated once: a best checkpoint to attack
-            f"hydra.sweep.dir={sweep}",
-        ],
-        cwd=PROJECT_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
+    result = run_multirun(
+        "experiment=em_adversarial",
+        "study=quick",
+        "+arm/net=lenet5,capsnet",
+        "attack.max_images=20",
+        f"data.data_dir={mnist_dir}",
+        "trainer.max_steps=3",
+        "trainer.val_check_interval=3",  # validated once: a best checkpoint to attack
+        f"hydra.sweep.dir={sweep}",
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert sorted(p.name for p in (sweep / "blackbox").iterdir()) == ["1"]  # CapsNet's job; LeNet5 is the source
