@@ -49,14 +49,13 @@ STUDY_LOGS := logs/studies
 studies:  ## every study's quick budget, one after another (hours on 2 cores) -> experiments/results/<study>_quick/
 	@$(MAKE) --no-print-directory run-studies BUDGET=quick
 	$(BIN)/python experiments/em_training.py --quick $(ARGS)
-	$(BIN)/python experiments/em_smallnorb.py --quick $(ARGS)
 
 studies-full:  ## every study's full budget (GPU hours; ARGS="trainer.devices=2" etc.) -> experiments/results/<study>_full/
 	@$(MAKE) --no-print-directory run-studies BUDGET=full
 	$(BIN)/python experiments/em_training.py $(ARGS)
-	$(BIN)/python experiments/em_smallnorb.py $(ARGS)
 
-VERIFY_STUDY ?= rotation_robustness  # the cheapest quick study: about 10 minutes on 2 cores
+# The cheapest quick study: about 10 minutes on 2 cores.
+VERIFY_STUDY ?= rotation_robustness
 
 verify:  ## re-run the cheapest quick study and check its figures against those its experiment config expects
 	@runs=$(STUDY_LOGS)/verify/$$(date +%Y-%m-%d_%H-%M-%S); \

@@ -3,7 +3,6 @@ write their results pages."""
 
 from __future__ import annotations
 
-import csv
 import json
 import os
 import re
@@ -13,7 +12,7 @@ import sys
 import pytest
 
 from capsexp import PROJECT_ROOT
-from tests.helpers import TINY_EM_CAPS, TINY_RUN, write_norb
+from tests.helpers import TINY_EM_CAPS, TINY_RUN
 
 TINY_CAPSNET = ["model.net.conv_channels=16", "model.net.primary_types=4"]
 
@@ -50,50 +49,6 @@ def test_results_pages_are_portable_and_say_things_once():
     # Committed run folders too: their configs and event files (the hyperparameters in them).
     for path in sorted(p for p in results.rglob("*") if p.is_file() and p.suffix != ".md"):
         assert not re.search(absolute_path, path.read_bytes()), path
-
-
-def test_em_smallnorb_says_so_and_runs_nothing_without_the_data(tmp_path):
-    result = run_quick(
-        "em_smallnorb",
-        str(tmp_path / "empty"),
-        str(tmp_path / "logs"),
-        str(tmp_path / "results"),
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "not run, smallNORB is not usable here" in result.stderr
-    assert "smallnorb-5x46789x9x18x6x2x96x96-training-dat.mat" in result.stderr  # names what is missing
-    assert not (tmp_path / "logs").exists() and not (tmp_path / "results").exists()
-
-
-@pytest.mark.slow  # six study runs (about 60 s): make test-all
-def test_em_smallnorb_tests_each_viewpoint_run_on_familiar_and_novel_views(tmp_path):
-    data_dir = write_norb(tmp_path / "data")
-    output = tmp_path / "results"
-    result = run_quick(
-        "em_smallnorb",
-        str(data_dir),
-        str(tmp_path / "logs"),
-        str(output),
-        *TINY_RUN,
-        "data.verify_checksums=false",
-        "data.val_size=12",
-        "data.batch_size=12",
-        "trainer.limit_train_batches=2",
-        "trainer.limit_val_batches=1",
-        "trainer.limit_test_batches=2",
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    page = (output / "README.md").read_text()
-    novel_rows = [
-        line for line in page.splitlines() if line.startswith("| em_caps_small |") or line.startswith("| lenet5 |")
-    ]
-    assert len(novel_rows) == 4, page  # 2 models x (azimuth, elevation)
-    assert all(row.split(" | ")[5] in ("(the CNN)", "yes", "no: budget ended first") for row in novel_rows)
-    assert {row.split(" | ")[1] for row in novel_rows} == {"azimuth", "elevation"}
-    logs = tmp_path / "logs" / "em_smallnorb" / "multiruns"
-    assert len(list(logs.glob("*_novel_viewpoints/*/*/tensorboard"))) == 4
-    with open(output / "comparison.csv") as handle:
-        assert len(list(csv.DictReader(handle))) == 5  # all viewpoints; 2 models x 2 protocols
 
 
 @pytest.mark.slow  # four study runs in child processes (about 25 s): make test-all

@@ -211,3 +211,45 @@ def test_the_adversarial_study_attacks_every_net_and_the_capsule_nets_from_lenet
         ("| +arm/net=capsnet train=false", "fgsm_blackbox"),
     }
     assert "| eps 0 | eps 0.05 | eps 0.1 | eps 0.2 | eps 0.3 | eps 0.5 |" in table
+
+
+@pytest.mark.slow  # six runs in child processes (about a minute): make test-all
+def test_the_novel_viewpoint_study_matches_the_capsules_to_the_cnn_and_tests_each_on_novel_views(tmp_path):
+    """em_novel_viewpoints on small smallNORB files in the official format: LeNet5 per protocol, then a
+    tiny EM capsule net stopped at LeNet5's best, then each tested on the novel viewpoints."""
+    from tests.helpers import TINY_EM_CAPS, write_norb
+
+    sweep = tmp_path / "sweep"
+    quoted = ",".join(f"'{o}'" for o in ["trainer.max_epochs=2", *TINY_EM_CAPS])
+    tiny_capsules = [f"++after_sweep.0.overrides=[{quoted}]"]  # the capsule step's own budget
+    result = run_multirun(
+        "experiment=em_novel_viewpoints",
+        "study=quick",
+        f"data.data_dir={write_norb(tmp_path / 'data')}",
+        "data.verify_checksums=false",
+        "data.val_size=12",
+        "data.batch_size=12",
+        "trainer.limit_train_batches=2",
+        "trainer.limit_val_batches=1",
+        "trainer.limit_test_batches=2",
+        *tiny_capsules,
+        f"hydra.sweep.dir={sweep}",
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert len(list(sweep.glob("capsules/*/tensorboard"))) == 2 and len(list(sweep.glob("novel/**/tensorboard"))) == 4
+    page = (sweep / "README.md").read_text()
+    rows = [
+        line.split(" | ")
+        for line in page[page.index("## Novel viewpoints") :].splitlines()
+        if line.startswith("| lenet5 |") or line.startswith("| em_caps_small |")
+    ]
+    assert sorted((row[0], row[1]) for row in rows) == [
+        ("| em_caps_small", "azimuth"),
+        ("| em_caps_small", "elevation"),
+        ("| lenet5", "azimuth"),
+        ("| lenet5", "elevation"),
+    ]
+    assert all(
+        row[5] in ("(the CNN)", "yes", "no: budget ended first") and row[7] for row in rows
+    )  # a novel error each
+    assert any(row[-1] == "3.7; 20.0 / 13.5 |" for row in rows)
