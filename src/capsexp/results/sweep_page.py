@@ -27,6 +27,7 @@ class WriteComparison(Callback):
         from capsexp.results.compare import PAGE, compare  # tensorboard and matplotlib: only now
 
         folder = Path(config.hydra.sweep.dir)
+        logging.getLogger("tensorboard").setLevel(logging.WARNING)  # its event reader logs every file at INFO
         try:
             for step in config.get("after_sweep") or []:
                 instantiate(step)(folder)
