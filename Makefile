@@ -54,7 +54,7 @@ studies-full:  ## every study's full budget (GPU hours; ARGS="trainer.devices=2"
 	@$(MAKE) --no-print-directory run-studies BUDGET=full
 	$(BIN)/python experiments/em_training.py $(ARGS)
 
-# The cheapest quick study: about 10 minutes on 2 cores.
+# The cheapest quick study (its page, experiments/results/rotation_robustness_quick/, gives its time).
 VERIFY_STUDY ?= rotation_robustness
 
 verify:  ## re-run the cheapest quick study and check its figures against those its experiment config expects
