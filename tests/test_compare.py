@@ -412,3 +412,32 @@ def test_a_page_with_its_runs_kept_beside_it_rebuilds_byte_identical(tmp_path):
     make_study(tmp_path / "other", {("model=lenet5",): [0.5]})
     main([str(tmp_path / "other"), "--output", str(moved), "--keep-runs"])
     assert [p.name for p in (moved / "runs").iterdir()] == ["0"]
+
+
+def test_a_users_two_seed_sweep_gets_intervals_and_a_paired_test(tmp_path, capsys):
+    """``python -m capsexp -m model=lenet5,capsnet seed=1,2`` as a user runs it, then the one command:
+    both models ran seeds 1 and 2, so CapsNet is compared with LeNet5 (the first) by a paired t-test."""
+    accuracies = {("model=lenet5",): [0.90, 0.93], ("model=capsnet",): [0.95, 0.99]}
+    job = 0
+    for (setting,), values in accuracies.items():
+        for seed, value in enumerate(values, start=1):
+            run = tmp_path / "sweep" / str(job)
+            (run / ".hydra").mkdir(parents=True)
+            (run / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump([setting, f"seed={seed}"]))
+            with SummaryWriter(str(run / "tensorboard")) as writer:
+                writer.add_scalar("test/acc", value, 10, walltime=RUNS_START + 60 * job)
+            job += 1
+    main([str(tmp_path / "sweep")])
+    page = capsys.readouterr().out
+    assert (
+        page.startswith("# Run comparison\n")
+        and "- Command: `python -m capsexp -m model=lenet5,capsnet seed=1,2`" in page
+    )
+    half = 12.706205 * statistics.stdev([95.0, 99.0]) / 2**0.5
+    assert f"| model=capsnet | 2 | 97.00 ± 2.83 [{97 - half:.2f}, {97 + half:.2f}] |" in page
+    # Per-seed differences 5 and 6 points: mean 5.5, sd 0.71, t = 5.5 / 0.5 = 11 on 1 degree of freedom.
+    p_value = 2 * (0.5 - math.atan(11) / math.pi)
+    assert (
+        f"| model=capsnet | 2 | +5.50 | [{5.5 - 12.706205 * 0.5:.2f}, {5.5 + 12.706205 * 0.5:.2f}] | paired t | {p_value:.3f} | {p_value:.3f} | no |"
+        in page
+    )
