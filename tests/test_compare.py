@@ -384,6 +384,8 @@ def test_an_experiments_page_its_paper_figures_statistics_and_reproduction_check
 
 def test_a_page_with_its_runs_kept_beside_it_rebuilds_byte_identical(tmp_path):
     make_study(tmp_path / "logs" / "sweep", {("model=lenet5",): [0.9, 0.92], ("model=capsnet",): [0.95, 0.96]})
+    multirun = {"hydra": {"overrides": {"task": ["experiment=toy", "study=quick", f"hydra.sweep.dir={tmp_path}"]}}}
+    (tmp_path / "logs" / "sweep" / "multirun.yaml").write_text(yaml.safe_dump(multirun))  # Hydra's record
     (tmp_path / "logs" / "sweep" / "0" / "checkpoints").mkdir()  # not copied: only what the page needs
     (tmp_path / "logs" / "sweep" / "0" / "checkpoints" / "last.ckpt").write_text("weights")
     page_folder = tmp_path / "results" / "toy_quick"

@@ -27,8 +27,10 @@ from capsexp.results.runs import (
     LOCATION_OVERRIDE,
     OVERRIDES,
     OVERRIDES_AS_RUN,
+    SWEEP_COMMAND,
     Configuration,
     Run,
+    command_line,
     dates,
     find_runs,
     group,
@@ -200,7 +202,7 @@ def extra_sections(page: StudyPage, runs: list[Run], output: Path) -> list[str]:
     return texts
 
 
-def header(page: StudyPage, runs: list[Run], folder_text: str, rebuild: str) -> str:
+def header(page: StudyPage, runs: list[Run], folder: Path, folder_text: str, rebuild: str) -> str:
     machines = [describe_text(run.machine) for run in runs if run.machine]
     counts = {text: machines.count(text) for text in dict.fromkeys(machines)}
     machine = "; ".join(f"{text}" + (f" ({n} runs)" if len(counts) > 1 else "") for text, n in counts.items())
@@ -225,7 +227,7 @@ def header(page: StudyPage, runs: list[Run], folder_text: str, rebuild: str) -> 
             f"- Machine: {machine}.",
             f"- Runs: {len(runs)}, {dates(runs)}, {sum(seconds) / 60:.1f} min of run time (each run's first "
             f"to last logged scalar); {folder_text}.",
-            f"- Command: `{sweep_command(runs)}`",
+            f"- Command: `{sweep_command(runs, folder)}`",
             f"- Rebuild this page, in its folder: `{rebuild}`",
             *provenance,
             "",
@@ -242,6 +244,10 @@ def keep_runs(runs: list[Run], folder: Path, output: Path) -> Path:
         return kept  # rebuilding from the kept runs: they stay as they are
     if kept.exists():
         shutil.rmtree(kept)
+    given = command_line(folder)
+    if given is not None:
+        kept.mkdir(parents=True)
+        (kept / SWEEP_COMMAND).write_text(yaml.safe_dump(given))
     for run in runs:
         target = kept / run.folder.relative_to(folder)
         (target / OVERRIDES).parent.mkdir(parents=True)
@@ -319,7 +325,7 @@ def compare(folder: Path, output: Path | None = None, keep: bool = False) -> Com
         + results_table(configurations, metrics, headline, page)
     )
     blocks = [
-        header(page, runs, folder_text, rebuild),
+        header(page, runs, folder, folder_text, rebuild),
         page.notes + "\n" if page.notes else "",
         results,
         differences_section(configurations, headline, page),

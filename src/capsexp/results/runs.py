@@ -124,10 +124,30 @@ def label_configurations(runs: list[Run]) -> list[str]:
     return [o for o in first if o in shared]
 
 
-def sweep_command(runs: list[Run]) -> str:
-    """One ``python -m capsexp -m`` command that runs every run's overrides: each key with its values
-    in the order the runs first took them (Hydra's sweep over their product; a hand-made set of runs
-    may be a part of it). Locations (``hydra.``, ``paths.``) are left out: they name this machine's folders."""
+MULTIRUN = "multirun.yaml"  # Hydra's record of a multirun, in its folder: the command line among it
+SWEEP_COMMAND = "command.yaml"  # the multirun's command-line overrides, kept beside a page's runs
+
+
+def command_line(folder: Path) -> list[str] | None:
+    """The overrides the multirun in ``folder`` was started with (Hydra's ``multirun.yaml``, or the
+    copy a page keeps beside its runs), locations left out; None for runs of no one command."""
+    if (folder / MULTIRUN).is_file():
+        given = yaml.safe_load((folder / MULTIRUN).read_text())["hydra"]["overrides"]["task"]
+    elif (folder / SWEEP_COMMAND).is_file():
+        given = yaml.safe_load((folder / SWEEP_COMMAND).read_text())
+    else:
+        return None
+    return [str(o) for o in given if not LOCATION_OVERRIDE.match(str(o)) or str(o).startswith("task_name=")]
+
+
+def sweep_command(runs: list[Run], folder: Path | None = None) -> str:
+    """The command that made the runs: the multirun's own (:func:`command_line`), else one that runs
+    every run's overrides, each key with its values in the order the runs first took them (Hydra's
+    sweep over their product; a hand-made set of runs may be a part of it). Locations (``hydra.``,
+    ``paths.``) are left out: they name this machine's folders."""
+    given = command_line(folder) if folder is not None else None
+    if given is not None:
+        return " ".join(["python -m capsexp -m", *given])
     values: dict[str, list[str]] = {}
     for run in runs:
         for override in run.overrides:
