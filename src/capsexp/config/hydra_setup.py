@@ -34,6 +34,17 @@ def smallnorb_channels(stereo: str) -> int:
     return 2 if stereo == "both" else 1
 
 
+def bf16_if_native() -> str:
+    """``${bf16_if_native:}``: ``bf16-mixed`` where bf16 arithmetic is native (a CUDA device, or a CPU with
+    AVX-512 BF16 or AMX), else ``32-true``. Without it, bf16 autocast on a CPU falls back to slow paths:
+    on an AVX2-only CPU a 256-channel 5x5 convolution of the baseline CNN took over a minute in bf16
+    against 1.3 s in float32."""
+    import torch
+
+    native = torch.cuda.is_available() or torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+    return "bf16-mixed" if native else "32-true"
+
+
 def config_value(value: Any) -> Any:
     """A constructor's default as config: an options dataclass (:class:`capsexp.nn.EMRouting`) as a node
     that builds it, a tuple as a list."""
@@ -61,9 +72,14 @@ def signature_node(target: str) -> dict[str, Any]:
 
 
 def register_routing() -> None:
-    """The resolvers (``${project_root:}``, ``${stereo_channels:...}``) and the routing options
-    (:data:`ROUTINGS`), without importing torch: what the command-line checks need."""
-    for name, resolver in (("project_root", lambda: str(PROJECT_ROOT)), ("stereo_channels", smallnorb_channels)):
+    """The resolvers (``${project_root:}``, ``${stereo_channels:...}``, ``${bf16_if_native:}``) and the
+    routing options (:data:`ROUTINGS`), without importing torch: what the command-line checks need."""
+    resolvers = (
+        ("project_root", lambda: str(PROJECT_ROOT)),
+        ("stereo_channels", smallnorb_channels),
+        ("bf16_if_native", bf16_if_native),
+    )
+    for name, resolver in resolvers:
         if not OmegaConf.has_resolver(name):
             OmegaConf.register_new_resolver(name, resolver)
     for name, options in ROUTINGS.items():
