@@ -45,6 +45,7 @@ bench-gpu:  ## GPU benchmark: images/s, epoch time, peak memory per model, fp32/
 # The studies: the experiment configs with budgets (conf/experiment/*.yaml; docs/studies.md).
 STUDIES ?= $(sort $(basename $(notdir $(shell grep -l '^budgets:' conf/experiment/*.yaml))))
 STUDY_LOGS := logs/studies
+BUDGET ?= quick
 
 studies:  ## every study's quick budget, one after another (hours on 2 cores) -> experiments/results/<study>_quick/
 	@$(MAKE) --no-print-directory run-studies BUDGET=quick
@@ -62,9 +63,9 @@ verify:  ## re-run the cheapest quick study and check its figures against those 
 	$(BIN)/python -m capsexp -m experiment=$(VERIFY_STUDY) study=quick hydra.sweep.dir=$$runs $(ARGS) && \
 	$(BIN)/python -m capsexp.compare $$runs --check
 
-# Each study of STUDIES (STUDIES="dr_mnist" runs one) in budget BUDGET: its sweep into a fresh folder
-# under logs/studies/, then its page with the runs kept beside it.
-run-studies:
+# Each study of STUDIES in budget BUDGET: its sweep into a fresh folder under logs/studies/, then its
+# page with the runs kept beside it.
+run-studies:  ## the experiment configs' studies (STUDIES="dr_mnist", BUDGET=quick|full) -> experiments/results/<study>_<budget>/
 	@set -e; for study in $(STUDIES); do \
 	  runs=$(STUDY_LOGS)/$${study}_$(BUDGET)/$$(date +%Y-%m-%d_%H-%M-%S); \
 	  $(BIN)/python -m capsexp -m experiment=$$study study=$(BUDGET) hydra.sweep.dir=$$runs $(ARGS); \
