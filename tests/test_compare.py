@@ -442,3 +442,13 @@ def test_a_users_two_seed_sweep_gets_intervals_and_a_paired_test(tmp_path, capsy
     low, high = 5.5 - 12.706205 * 0.5, 5.5 + 12.706205 * 0.5
     row = f"| model=capsnet | 2 | +5.50 | [{low:.2f}, {high:.2f}] | paired t | {p_value:.3f} | {p_value:.3f} | no |"
     assert row in page
+
+
+def test_the_machine_line_names_the_cpus_vector_instructions_where_recorded():
+    from capsexp.results.machine import describe, describe_text
+
+    recorded = {"cpu": "AMD EPYC", "cpu_capability": "AVX2", "cores": 2, "gpus": ["NVIDIA A100"] * 2, "torch": "2.14.1"}
+    assert describe_text(recorded) == "AMD EPYC (AVX2), 2 cores, 2 x NVIDIA A100, torch 2.14.1"
+    del recorded["cpu_capability"]  # a record written before it was kept
+    assert describe_text({**recorded, "gpus": []}) == "AMD EPYC, 2 cores, CPU only, torch 2.14.1"
+    assert describe()["cpu_capability"] in ("DEFAULT", "AVX2", "AVX512", "ZVECTOR", "VSX", "NEON", "SVE256")

@@ -24,20 +24,28 @@ def cpu_name() -> str:
 
 
 def describe() -> dict[str, object]:
-    """CPU, cores, GPUs (name per device) and torch version of this process's machine."""
+    """CPU, its vector instructions as torch uses them (AVX2, AVX512: they decide, e.g., whether bf16 is
+    fast), cores, GPUs (name per device) and torch version of this process's machine."""
     import torch
 
     gpus = (
         [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
     )
-    return {"cpu": cpu_name(), "cores": os.cpu_count(), "gpus": gpus, "torch": torch.__version__.split("+")[0]}
+    return {
+        "cpu": cpu_name(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "cores": os.cpu_count(),
+        "gpus": gpus,
+        "torch": torch.__version__.split("+")[0],
+    }
 
 
 def describe_text(machine: dict[str, object]) -> str:
-    """One line for a page: ``AMD EPYC 7B13, 2 cores, CPU only, torch 2.14.1``."""
+    """One line for a page: ``AMD EPYC 7B13 (AVX2), 2 cores, CPU only, torch 2.14.1``."""
     gpus = machine.get("gpus") or []
     devices = f"{len(gpus)} x {gpus[0]}" if gpus else "CPU only"
-    return f"{machine['cpu']}, {machine['cores']} cores, {devices}, torch {machine['torch']}"
+    capability = f" ({machine['cpu_capability']})" if machine.get("cpu_capability") else ""
+    return f"{machine['cpu']}{capability}, {machine['cores']} cores, {devices}, torch {machine['torch']}"
 
 
 def write_machine(run_folder: Path) -> None:
