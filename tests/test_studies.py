@@ -188,6 +188,7 @@ def test_a_committed_page_rebuilds_byte_identical_from_its_runs(tmp_path):
         assert (tmp_path / name).read_text() == (page / name).read_text(), name
 
 
+@pytest.mark.slow  # four runs, one of them a black-box attack in a child process (about 35 s): make test-all
 def test_the_adversarial_study_attacks_every_net_and_the_capsule_nets_from_lenet5(mnist_dir, tmp_path):
     """em_adversarial on small synthetic MNIST, two nets: each run attacks its own checkpoint (BIM, FGSM
     beside it), then the black-box step attacks CapsNet with LeNet5's examples, and the page tables it."""
@@ -196,7 +197,8 @@ def test_the_adversarial_study_attacks_every_net_and_the_capsule_nets_from_lenet
         "experiment=em_adversarial",
         "study=quick",
         "+arm/net=lenet5,capsnet",
-        "attack.max_images=20",
+        "attack.max_images=10",
+        "attack.eps=[0,0.1]",
         f"data.data_dir={mnist_dir}",
         "trainer.max_steps=3",
         "trainer.val_check_interval=3",  # validated once: a best checkpoint to attack
@@ -215,7 +217,7 @@ def test_the_adversarial_study_attacks_every_net_and_the_capsule_nets_from_lenet
         ("| +arm/net=capsnet train=false", "bim_blackbox"),
         ("| +arm/net=capsnet train=false", "fgsm_blackbox"),
     }
-    assert "| eps 0 | eps 0.05 | eps 0.1 | eps 0.2 | eps 0.3 | eps 0.5 |" in table
+    assert "| eps 0 | eps 0.1 | zero input gradients (%) | input positions never seen (%) |" in table
 
 
 @pytest.mark.slow  # six runs in child processes (about a minute): make test-all
@@ -258,3 +260,81 @@ def test_the_novel_viewpoint_study_matches_the_capsules_to_the_cnn_and_tests_eac
         row[5] in ("(the CNN)", "yes", "no: budget ended first") and row[7] for row in rows
     )  # a novel error each
     assert any(row[-1] == "3.7; 20.0 / 13.5 |" for row in rows)
+
+
+def test_the_black_box_step_attacks_each_target_run_with_the_sources_checkpoint_of_its_seed(tmp_path, monkeypatch):
+    """capsexp.studies.adversarial.BlackBox on a sweep's folders: one test-only run per target run (its
+    own overrides, its best checkpoint, the source's of the same seed as attack.source), none for the
+    source itself or for a net that is no target."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    from capsexp.studies import adversarial
+
+    sweep = tmp_path / "sweep"
+    jobs = {
+        "0": ("+arm/net=lenet5", 1),
+        "1": ("+arm/net=capsnet", 1),
+        "2": ("+arm/net=capsnet", 2),
+        "3": ("+arm/net=baseline_cnn", 1),
+    }
+    for job, (arm, seed) in jobs.items():
+        run = sweep / job
+        (run / ".hydra").mkdir(parents=True)
+        (run / ".hydra" / "overrides.yaml").write_text(
+            yaml.safe_dump([arm, f"seed={seed}", "experiment=em_adversarial", f"hydra.sweep.dir={sweep}"])
+        )
+        (run / "checkpoints").mkdir()
+        for name in ("last.ckpt", f"epoch_000-step_00000{job}.ckpt"):
+            (run / "checkpoints" / name).write_text("weights")
+        with SummaryWriter(str(run / "tensorboard")) as writer:
+            writer.add_scalar("test/acc", 0.5, 0)
+    commands = []
+    monkeypatch.setattr(adversarial.subprocess, "run", lambda command, **kwargs: commands.append(command[3:]))
+    adversarial.BlackBox("+arm/net=lenet5", ["+arm/net=capsnet", "+arm/net=em_caps"])(sweep)
+    assert commands == [
+        [
+            "+arm/net=capsnet",
+            "seed=1",
+            "experiment=em_adversarial",
+            "train=false",
+            f"ckpt_path={sweep / '1' / 'checkpoints' / 'epoch_000-step_000001.ckpt'}",
+            f"++attack.source={sweep / '0' / 'checkpoints' / 'epoch_000-step_000000.ckpt'}",
+            f"hydra.run.dir={sweep / 'blackbox' / '1'}",
+        ]
+    ]  # seed 2 has no LeNet5 run to craft its examples: not attacked
+
+
+def test_the_attack_table_gives_each_attack_per_eps_white_box_first(tmp_path):
+    from torch.utils.tensorboard import SummaryWriter
+
+    from capsexp.results.runs import find_runs, label_configurations
+    from capsexp.studies.adversarial import attack_table
+
+    for job, (arm, name, accuracies) in enumerate(
+        [
+            ("+arm/net=capsnet", "bim", [0.9, 0.5]),
+            ("+arm/net=capsnet", "bim_blackbox", [0.9, 0.7]),
+            ("+arm/net=lenet5", "bim", [0.95, 0.1]),
+        ]
+    ):
+        run = tmp_path / str(job)
+        (run / ".hydra").mkdir(parents=True)
+        (run / ".hydra" / "overrides.yaml").write_text(
+            yaml.safe_dump([arm, *(["train=false"] if "blackbox" in name else [])])
+        )
+        with SummaryWriter(str(run / "tensorboard")) as writer:
+            for eps_step, accuracy in zip((0, 100), accuracies, strict=True):  # eps 0 and 0.1, as capsexp logs them
+                writer.add_scalar(f"attack/{name}/acc", accuracy, eps_step)
+                writer.add_scalar(f"attack/{name}/fgsm_acc", accuracy + 0.05, eps_step)
+            writer.add_scalar(f"attack/{name}/zero_gradient_fraction", 0.25, 0)
+    runs = find_runs(tmp_path)
+    label_configurations(runs)
+    rows = [line for line in attack_table(runs, None, tmp_path).splitlines() if line.startswith("| +arm")]
+    assert rows == [
+        "| +arm/net=capsnet | bim | 90.00 | 50.00 | 25.00 |  |",
+        "| +arm/net=lenet5 | bim | 95.00 | 10.00 | 25.00 |  |",
+        "| +arm/net=capsnet | fgsm | 95.00 | 55.00 |  |  |",
+        "| +arm/net=lenet5 | fgsm | 100.00 | 15.00 |  |  |",
+        "| +arm/net=capsnet train=false | bim_blackbox | 90.00 | 70.00 | 25.00 |  |",
+        "| +arm/net=capsnet train=false | fgsm_blackbox | 95.00 | 75.00 |  |  |",
+    ]
