@@ -49,11 +49,9 @@ BUDGET ?= quick
 
 studies:  ## every study's quick budget, one after another (hours on 2 cores) -> experiments/results/<study>_quick/
 	@$(MAKE) --no-print-directory run-studies BUDGET=quick
-	$(BIN)/python experiments/em_training.py --quick $(ARGS)
 
 studies-full:  ## every study's full budget (GPU hours; ARGS="trainer.devices=2" etc.) -> experiments/results/<study>_full/
 	@$(MAKE) --no-print-directory run-studies BUDGET=full
-	$(BIN)/python experiments/em_training.py $(ARGS)
 
 # The cheapest quick study (its page, experiments/results/rotation_robustness_quick/, gives its time).
 VERIFY_STUDY ?= rotation_robustness

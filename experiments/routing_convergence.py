@@ -28,7 +28,8 @@ from capsexp.results.events import read_scalars
 from capsexp.results.metric_names import VAL_ACC_BEST
 from capsexp.run.build import instantiate
 from capsexp.run.checkpoints import model_of_run
-from studylib import RESULTS, best_checkpoint, display_path, job_overrides, machine, run_main
+from capsexp.studies.adversarial import best_checkpoint
+from studylib import RESULTS, display_path, job_overrides, machine
 
 OUTPUT = RESULTS / "routing_convergence.md"
 
@@ -154,4 +155,4 @@ for far fewer epochs than the paper's need not settle as fast.
 
 
 if __name__ == "__main__":
-    sys.exit(run_main(main))
+    sys.exit(main())

@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from capsexp import PROJECT_ROOT
-from tests.helpers import TINY_EM_CAPS, TINY_RUN
+from tests.helpers import TINY_RUN
 
 TINY_CAPSNET = ["model.net.conv_channels=16", "model.net.primary_types=4"]
 
@@ -49,40 +49,6 @@ def test_results_pages_are_portable_and_say_things_once():
     # Committed run folders too: their configs and event files (the hyperparameters in them).
     for path in sorted(p for p in results.rglob("*") if p.is_file() and p.suffix != ".md"):
         assert not re.search(absolute_path, path.read_bytes()), path
-
-
-@pytest.mark.slow  # four study runs in child processes (about 25 s): make test-all
-def test_em_training_writes_curves_and_routing_entropies_per_recipe(mnist_dir, tmp_path):
-    output = tmp_path / "results"
-    result = run_quick(
-        "em_training",
-        str(mnist_dir),
-        str(tmp_path),
-        str(output),
-        *TINY_RUN,
-        *TINY_EM_CAPS,
-        "trainer.max_steps=4",
-        "trainer.val_check_interval=2",
-        "trainer.limit_val_batches=1",
-        "callbacks.routing_diagnostics.every_n_steps=2",
-        options=("--recipes", "default", "paper"),
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    page = (output / "README.md").read_text()
-    rows = {line.split(" | ")[0].lstrip("| "): line for line in page.splitlines() if line.startswith("| ")}
-    assert {"default", "paper"} <= set(rows) and "LeNet5" not in rows
-    header = [cell.strip() for cell in page.split("| recipe |", 1)[1].splitlines()[0].split("|")]
-    column = {name.split(" (")[0]: index + 1 for index, name in enumerate(header)}
-    for name in ("default", "paper"):
-        cells = [cell.strip() for cell in rows[name].strip("| ").split(" | ")]
-        for title in ("routing entropy c1 / c2 / class", "activation std across inputs c1 / c2 / class"):
-            values = [float(v) for part in cells[column[title]].split(" / ") for v in part.split("->")]
-            assert len(values) == 6 and all(0 <= v <= 1 for v in values), (title, rows[name])
-        gap, target, other = re.fullmatch(r"(-?[\d.]+) \(([\d.]+) - ([\d.]+)\)", cells[column["presence gap"]]).groups()
-        assert -1 <= float(gap) <= 1 and 0 <= float(target) <= 1 and 0 <= float(other) <= 1
-    assert (output / "curves.png").exists() and (output / "comparison.csv").exists()
-    folders = sorted(p.name for p in (tmp_path / "em_training" / "multiruns").glob("*/*"))
-    assert folders == ["default", "paper"]
 
 
 @pytest.mark.slow  # seven study runs in child processes (about 65 s): make test-all
@@ -156,52 +122,6 @@ def test_bench_em_caps_compares_with_the_routing_of_a_git_revision():
     assert result.returncode != 0 and "git cannot show" in result.stderr
 
 
-def test_em_training_summarises_seeds_with_welchs_test(tmp_path, monkeypatch):
-    """With several seeds, each recipe's final accuracy and gap over all its runs, mean ± std, and
-    Welch's p-value against the reference recipe (scipy's, for the same numbers)."""
-    from scipy.stats import ttest_ind
-    from torch.utils.tensorboard import SummaryWriter
-
-    monkeypatch.syspath_prepend(str(PROJECT_ROOT / "experiments"))
-    from em_training import seeds_table
-
-    finals = {  # recipe: (final accuracy, final gap) of seeds 1, 2, 3
-        "default": ([0.90, 0.92, 0.91], [0.40, 0.42, 0.41]),
-        "margin over 600 steps": ([0.93, 0.95, 0.91], [0.6, 0.5, 0.55]),
-    }
-    for name, (accuracies, gaps) in finals.items():
-        for seed, (accuracy, gap) in enumerate(zip(accuracies, gaps, strict=True), start=1):
-            run = tmp_path / name.replace(" ", "_") / str(seed - 1)
-            (run / ".hydra").mkdir(parents=True)
-            (run / ".hydra" / "overrides.yaml").write_text(f"- seed={seed}\n")
-            writer = SummaryWriter(str(run / "tensorboard"))
-            for tag, value in (("val/acc", accuracy), ("val/acc_best", accuracy), ("val/presence_gap", gap)):
-                writer.add_scalar(tag, value, 599)
-            writer.close()
-    table = seeds_table(tmp_path, list(finals), reference="default")
-    row = next(line for line in table.splitlines() if line.startswith("| margin over 600 steps |"))
-    cells = [cell.strip() for cell in row.strip("| ").split(" | ")]
-    p_accuracy = ttest_ind([0.93, 0.95, 0.91], [0.90, 0.92, 0.91], equal_var=False).pvalue
-    p_gap = ttest_ind([0.6, 0.5, 0.55], [0.40, 0.42, 0.41], equal_var=False).pvalue
-    assert cells == ["margin over 600 steps", "3", "93.00 ± 2.00", "93.00 ± 2.00", f"{p_accuracy:.3f}", "0.55 ± 0.05",
-                     f"{p_gap:.3f} (significant)"]  # fmt: skip
-    reference = next(line for line in table.splitlines() if line.startswith("| default |"))
-    assert reference == "| default | 3 | 91.00 ± 1.00 | 91.00 ± 1.00 |  | 0.41 ± 0.01 |  |"  # no p against itself
-
-
-def test_the_pages_word_a_welch_test_alike(monkeypatch):
-    """One wording of a verdict for every study page: significant below 0.05, else not; no test without
-    2 runs a side or without any spread (scipy gives nan)."""
-    monkeypatch.syspath_prepend(str(PROJECT_ROOT / "experiments"))
-    from studylib import significance_text, welch_p
-
-    assert significance_text(welch_p([1.0, 1.2, 1.1], [1.3, 1.5, 1.4])) == "Welch p = 0.021, significant"
-    assert significance_text(welch_p([1.0, 2.0], [1.5, 2.5])) == "Welch p = 0.553, not significant"
-    assert significance_text(welch_p([1.0], [2.0, 3.0])) == "fewer than 2 runs a side: no test"
-    assert significance_text(welch_p([1.0, 1.0], [1.0, 1.0])).endswith(": no test")
-
-
-@pytest.mark.slow  # six runs, two of the 35M-parameter baseline CNN (about a minute): make test-all
 @pytest.mark.slow  # a training run and the driver (about 20 s): make test-all
 def test_routing_convergence_traces_a_trained_capsnets_routing_for_more_iterations(mnist_dir, tmp_path):
     env = {**os.environ, "CAPSEXP_DATA_DIR": str(mnist_dir)}

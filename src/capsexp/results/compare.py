@@ -107,12 +107,12 @@ def results_table(configurations: list[Configuration], metrics: list[str], headl
 
 
 def reference_of(configurations: list[Configuration], page: StudyPage) -> Configuration:
+    """The experiment's reference configuration where the runs include it, else the first (a user may
+    run some arms of a study only)."""
     if page.reference:
         found = [c for c in configurations if matches(page.reference, c.runs[0].overrides)]
-        if not found:
-            labels = "; ".join(c.label for c in configurations)
-            raise ConfigError(f"page.reference={page.reference!r} matches none of the configurations: {labels}")
-        return found[0]
+        if found:
+            return found[0]
     return configurations[0]
 
 
