@@ -16,7 +16,7 @@ and the functions that add what a table cannot show. A comparison of runs made w
         figures: {model.net.routing.iterations=1 model.net.reconstruction=false: 0.34 ± 0.032}
       expected:                        # what each budget gave on this project's machine
         quick: {tolerance: 0.01, figures: {model=lenet5: 0.95}}
-      sections: [capsexp.studies.routing.routing_table]   # functions (runs, page) -> Markdown
+      sections: [capsexp.studies.dr.reconstructions]      # functions (runs, page, folder) -> Markdown
 
 A configuration matches a figure's key when its overrides include every override of the key.
 """
@@ -32,7 +32,8 @@ from capsexp import CONFIG_DIR
 from capsexp.errors import ConfigError
 from capsexp.results.metric_names import TEST_ACC, VAL_ACC, VAL_ACC_BEST
 
-DEFAULT_BUDGET = "full"  # the budget of a run without study=...: as conf/config.yaml sets it
+# The budget of a run without study=...: the one conf/config.yaml sets.
+DEFAULT_BUDGET = str(OmegaConf.load(CONFIG_DIR / "config.yaml").study)
 
 
 @dataclass(frozen=True)
