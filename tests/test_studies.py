@@ -23,13 +23,10 @@ EXPERIMENTS = sorted(p.stem for p in (CONFIG_DIR / "experiment").glob("*.yaml"))
 STUDIES = [name for name in EXPERIMENTS if "budgets" in OmegaConf.load(CONFIG_DIR / "experiment" / f"{name}.yaml")]
 
 
-def sweep_jobs(name: str, budget: str) -> list[list[str]]:
-    """The overrides of each job ``python -m capsexp -m experiment=<name> study=<budget>`` launches (its
-    ``hydra.sweeper.params`` expanded as Hydra's basic sweeper does: the product of the values)."""
-    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-        hydra_setup.register()
-        cfg = compose("config", overrides=[f"experiment={name}", f"study={budget}"], return_hydra_config=True)
-        params = OmegaConf.to_container(cfg.hydra.sweeper.params, resolve=True)
+def sweep_jobs(cfg) -> list[list[str]]:
+    """The overrides of each job of the multirun ``cfg`` (composed with its Hydra config) launches: its
+    ``hydra.sweeper.params`` expanded as Hydra's basic sweeper does, the product of the values."""
+    params = OmegaConf.to_container(cfg.hydra.sweeper.params, resolve=True)
     choices = [[f"{key}={value}" for value in str(values).split(",")] for key, values in params.items()]
     return [list(job) for job in itertools.product(*choices)]
 
@@ -46,10 +43,10 @@ def test_every_budget_of_a_study_composes_and_its_figures_name_configurations_it
             try:
                 for node in ("trainer", "data", "model"):  # every ${budgets.${study}...} resolves
                     OmegaConf.to_container(cfg[node], resolve=True)
+                jobs = sweep_jobs(cfg)
             finally:
                 HydraConfig.instance().cfg = None  # no Hydra run for the tests that follow in this process
         assert cfg.task_name == name
-        jobs = sweep_jobs(name, budget)
         assert len(jobs) >= 2
         page = load_study_page(name, budget)
         assert page.title and page.notes, f"{name}: the page says what the {budget} budget runs"
