@@ -25,11 +25,12 @@ from capsexp.config.hydra_setup import register
 from capsexp.nn import RoutingCapsules
 from capsexp.nn.functional import RoutingTrace, dynamic_routing_trace
 from capsexp.results.events import read_scalars
+from capsexp.results.machine import describe, describe_text
 from capsexp.results.metric_names import VAL_ACC_BEST
 from capsexp.run.build import instantiate
 from capsexp.run.checkpoints import model_of_run
 from capsexp.studies.adversarial import best_checkpoint
-from studylib import RESULTS, display_path, job_overrides, machine
+from studylib import RESULTS, display_path, job_overrides
 
 OUTPUT = RESULTS / "routing_convergence.md"
 
@@ -129,7 +130,7 @@ def main(argv: list[str] | None = None) -> None:
     runs = " ".join(display_path(run) for run in args.runs)
     page = f"""# How dynamic routing settles in a trained CapsNet
 
-- Machine: {machine()}.
+- Machine: {describe_text(describe())}.
 - Command: `python experiments/routing_convergence.py {runs} --iterations {args.iterations} --images {args.images}`
 - Each run's best checkpoint by validation accuracy; its digit capsules' votes on the first {args.images:,} validation
   images, routed for {args.iterations} iterations (whatever the run trained with).

@@ -1,13 +1,11 @@
 """What the analysis scripts of experiments/ share: the results folder, a run's overrides, paths as a
-results page shows them, and the machine's line."""
+results page shows them."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from capsexp import PROJECT_ROOT
-from capsexp.results.machine import cpu_name
 
 RESULTS = PROJECT_ROOT / "experiments" / "results"
 
@@ -26,12 +24,3 @@ def display_path(path: Path) -> str:
         return str(Path(path).resolve().relative_to(PROJECT_ROOT.resolve()))
     except ValueError:
         return str(path)
-
-
-def machine() -> str:
-    import torch
-
-    text = f"{cpu_name()}, {os.cpu_count()} cores"
-    if torch.cuda.is_available():
-        text += f", {torch.cuda.device_count()} x {torch.cuda.get_device_name()}"
-    return text

@@ -63,11 +63,7 @@ def scale(metric: str) -> float:
 
 
 def mean_std(summary: statistics.Summary | None, factor: float) -> str:
-    if summary is None:
-        return ""
-    if summary.std is None:
-        return f"{factor * summary.mean:.2f}"
-    return f"{factor * summary.mean:.2f} ± {factor * summary.std:.2f}"
+    return summary.text(factor) if summary else ""
 
 
 def interval(low: float | None, high: float | None, factor: float) -> str:
@@ -123,12 +119,9 @@ def differences_section(configurations: list[Configuration], headline: str, page
         return ""
     reference = reference_of(configurations, page)
     others = [c for c in configurations if c is not reference]
-    found = [
-        statistics.difference(c.values(headline), reference.values(headline))
-        if c.values(headline) and reference.values(headline)
-        else None
-        for c in others
-    ]
+    reference_values = reference.values(headline)
+    arms = [c.values(headline) for c in others]
+    found = [statistics.difference(arm, reference_values) if arm and reference_values else None for arm in arms]
     adjusted = statistics.holm_adjusted([d.p if d else None for d in found])
     factor = scale(headline)
     unit = " (percentage points)" if factor == 100 else ""

@@ -8,7 +8,6 @@ presence or that routing routes."""
 from __future__ import annotations
 
 import re
-import statistics
 
 from capsexp.results.metric_names import presence_metric
 from capsexp.results.runs import Configuration
@@ -17,16 +16,9 @@ _ROUTING = re.compile(r"^routing/(?P<layer>[^/]+)/(?P<measure>entropy|activation
 PRESENCE = {name: presence_metric(name) for name in ("gap", "target", "largest_other")}
 
 
-def _mean_std(values: list[float]) -> str:
-    if not values:
-        return ""
-    if len(values) == 1:
-        return f"{values[0]:.2f}"
-    return f"{statistics.fmean(values):.2f} ± {statistics.stdev(values):.2f}"
-
-
-def _final(configuration: Configuration, tag: str) -> list[float]:
-    return [v for run in configuration.runs if (v := run.final(tag)) is not None]
+def _mean_std(configuration: Configuration, tag: str) -> str:
+    summary = configuration.summary(tag)
+    return summary.text() if summary else ""
 
 
 def diagnostics_section(configurations: list[Configuration]) -> str:
@@ -46,11 +38,11 @@ def diagnostics_section(configurations: list[Configuration]) -> str:
     for configuration in configurations:
         cells = [configuration.label]
         if presence:
-            cells.append(_mean_std(_final(configuration, PRESENCE["gap"])))
-            target, other = (_final(configuration, PRESENCE[name]) for name in ("target", "largest_other"))
-            cells.append(f"{_mean_std(target)} / {_mean_std(other)}" if target and other else "")
-        cells += [_mean_std(_final(configuration, f"routing/{layer}/entropy")) for layer in layers]
-        cells += [_mean_std(_final(configuration, f"routing/{layer}/activation_std_across_inputs")) for layer in layers]
+            cells.append(_mean_std(configuration, PRESENCE["gap"]))
+            target, other = (_mean_std(configuration, PRESENCE[name]) for name in ("target", "largest_other"))
+            cells.append(f"{target} / {other}" if target and other else "")
+        cells += [_mean_std(configuration, f"routing/{layer}/entropy") for layer in layers]
+        cells += [_mean_std(configuration, f"routing/{layer}/activation_std_across_inputs") for layer in layers]
         lines.append("| " + " | ".join(cells) + " |")
     return (
         "## Presence and routing\n\n"

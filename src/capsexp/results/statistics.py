@@ -27,6 +27,12 @@ class Summary:
     low: float | None = None
     high: float | None = None
 
+    def text(self, factor: float = 1.0) -> str:
+        """``mean ± std`` (times ``factor``: 100 for %), the mean alone for one run."""
+        if self.std is None:
+            return f"{factor * self.mean:.2f}"
+        return f"{factor * self.mean:.2f} ± {factor * self.std:.2f}"
+
 
 def summarise(values: Sequence[float]) -> Summary:
     """mean ± t_{n-1} s / sqrt(n) at :data:`CONFIDENCE`."""
