@@ -1,5 +1,4 @@
-"""The study drivers in experiments/, on tiny synthetic data: they run their sweeps through the CLI and
-write their results pages."""
+"""experiments/: the benchmarks run on tiny synthetic data, and the results pages are portable."""
 
 from __future__ import annotations
 
@@ -12,28 +11,6 @@ import sys
 import pytest
 
 from capsexp import PROJECT_ROOT
-from tests.helpers import TINY_RUN
-
-TINY_CAPSNET = ["model.net.conv_channels=16", "model.net.primary_types=4"]
-
-
-def run_driver(name: str, *arguments: str, timeout: int = 600) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, str(PROJECT_ROOT / "experiments" / f"{name}.py"), *arguments],
-        cwd=PROJECT_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-
-
-def run_quick(
-    name: str, data_dir, log_dir, output, *overrides: str, options: tuple[str, ...] = ()
-) -> subprocess.CompletedProcess:
-    """A study driver in ``--quick`` mode on ``data_dir``, its runs under ``log_dir``, its page in ``output``;
-    ``options`` are the driver's own (before ``--quick``: a list option ends there), ``overrides`` Hydra's."""
-    quick = ["--quick", "--data-dir", str(data_dir), "--log-dir", str(log_dir), "--output", str(output)]
-    return run_driver(name, *options, *quick, *overrides)
 
 
 def test_results_pages_are_portable_and_say_things_once():
@@ -120,22 +97,3 @@ def test_bench_em_caps_compares_with_the_routing_of_a_git_revision():
         [*worker, "--worker-task", "compare", "--baseline", "no-such-rev"], capture_output=True, text=True
     )
     assert result.returncode != 0 and "git cannot show" in result.stderr
-
-
-@pytest.mark.slow  # a training run and the driver (about 20 s): make test-all
-def test_routing_convergence_traces_a_trained_capsnets_routing_for_more_iterations(mnist_dir, tmp_path):
-    env = {**os.environ, "CAPSEXP_DATA_DIR": str(mnist_dir)}
-    train = [sys.executable, "-m", "capsexp", "model=capsnet", "data=mnist", *TINY_CAPSNET, *TINY_RUN]
-    train += ["trainer.max_steps=2", "test=false", f"paths.log_dir={tmp_path}"]
-    assert subprocess.run(train, cwd=PROJECT_ROOT, env=env, capture_output=True, timeout=300).returncode == 0
-    (run,) = (tmp_path / "train" / "runs").iterdir()
-    page = tmp_path / "page.md"
-    command = [sys.executable, "experiments/routing_convergence.py", str(run), "--iterations", "5", "--images", "30"]
-    result = subprocess.run(
-        [*command, "--output", str(page)], cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=300
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    rows = [line.split(" | ") for line in page.read_text().splitlines() if re.match(r"\| \d+ \|", line)]
-    assert [row[0] for row in rows] == [f"| {r}" for r in range(1, 6)]  # iterations 1 .. 5, a row each
-    assert all(float(row[1]) > 0 for row in rows)  # the logit change: the agreement added after each
-    assert rows[0][2] == "" and all(float(row[2]) >= 0 for row in rows[1:])  # update changes from iteration 2

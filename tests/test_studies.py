@@ -5,6 +5,7 @@ its page, the user's overrides win, and a wrong budget is a short error."""
 from __future__ import annotations
 
 import itertools
+import re
 import subprocess
 import sys
 
@@ -16,7 +17,9 @@ from omegaconf import OmegaConf, open_dict
 
 from capsexp import CONFIG_DIR, PROJECT_ROOT
 from capsexp.config import hydra_setup
+from capsexp.results.events import load_events
 from capsexp.results.study import figure_for, load_study_page
+from capsexp.studies.dr import CONVERGENCE, RoutingConvergence
 from tests.helpers import TINY_RUN
 
 EXPERIMENTS = sorted(p.stem for p in (CONFIG_DIR / "experiment").glob("*.yaml"))
@@ -96,6 +99,19 @@ def test_a_study_runs_from_the_command_line_and_ends_with_its_page(mnist_dir, tm
     assert "| paper: test error (%) |" in page and "| 0.25 ± 0.005 |" in page and "| 0.34 ± 0.032 |" in page
     assert "## Against `model.net.routing.iterations=3 model.net.reconstruction=True`" in page
     assert "Comparison of the runs:" in result.stderr + result.stdout
+    # After the sweep, each run's routing traced for 10 iterations (the paper's Appendix A) into its events.
+    settles = page.split("## How routing settles (the paper's Appendix A)")[1]
+    assert [int(r) for r in re.findall(r"^\| (\d+) \|", settles, re.MULTILINE)] == list(range(2, 11))
+    traces = sorted(sweep.rglob(f"*.{CONVERGENCE}"))
+    assert len(traces) == 4
+    for job in jobs:  # logged at the run's last time: the run's span stays its training's
+        events = load_events(job)
+        last = {tag: events.Scalars(tag)[-1].wall_time for tag in events.Tags()["scalars"]}
+        traced = [time for tag, time in last.items() if tag.startswith(CONVERGENCE)]
+        assert traced and max(traced) <= max(time for tag, time in last.items() if not tag.startswith(CONVERGENCE))
+    hydra_setup.register()
+    RoutingConvergence()(sweep)  # again, as when the page is remade: nothing traced twice
+    assert sorted(sweep.rglob(f"*.{CONVERGENCE}")) == traces
 
 
 @pytest.mark.parametrize(

@@ -131,3 +131,11 @@ def model_of_run(ckpt_path: str | Path, where: str) -> tuple[Any, Any]:
     module = build_model(where, cfg.model)
     module.load_state_dict(check_checkpoint(ckpt_path, module, where)["state_dict"])
     return module, cfg
+
+
+def best_checkpoint(run: Path) -> Path:
+    """The run's best checkpoint by validation accuracy (the one beside ``last.ckpt``)."""
+    found = [p for p in sorted((run / "checkpoints").glob("*.ckpt")) if p.name != "last.ckpt"]
+    if not found:
+        raise CheckpointError(f"{run} saved no best checkpoint (did it validate?)")
+    return found[0]

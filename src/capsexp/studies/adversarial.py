@@ -18,22 +18,14 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from capsexp.errors import CapsexpError
 from capsexp.results.runs import LOCATION_OVERRIDE, Run, find_runs, group
 from capsexp.results.study import StudyPage, matches
+from capsexp.run.checkpoints import best_checkpoint
 
 log = logging.getLogger("capsexp")
 
 BLACKBOX = "blackbox"  # the folder of the black-box runs, in the sweep's folder
 _ATTACK = re.compile(r"^attack/(?P<name>[^/]+)/(?P<measure>acc|fgsm_acc|zero_gradient_fraction|unseen_input_fraction)$")
-
-
-def best_checkpoint(run: Path) -> Path:
-    """The run's best checkpoint by validation accuracy (the one beside ``last.ckpt``)."""
-    found = [p for p in sorted((run / "checkpoints").glob("*.ckpt")) if p.name != "last.ckpt"]
-    if not found:
-        raise CapsexpError(f"{run} saved no best checkpoint (did it validate?)")
-    return found[0]
 
 
 @dataclass

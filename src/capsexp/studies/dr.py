@@ -1,12 +1,26 @@
-"""Sections of the dynamic-routing (CapsNet) studies' pages."""
+"""The dynamic-routing (CapsNet) studies' own steps and page sections: the paper's Fig. 5
+(reconstructions) and its Appendix A (how routing settles over iterations)."""
 
 from __future__ import annotations
 
+import itertools
+import logging
+import statistics
+from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+from torch.utils.tensorboard import SummaryWriter
+
+from capsexp.nn import RoutingCapsules
+from capsexp.nn.functional import dynamic_routing_trace
 from capsexp.results.events import load_events
-from capsexp.results.runs import Run, group
+from capsexp.results.runs import Configuration, Run, find_runs, group
 from capsexp.results.study import StudyPage, matches
+from capsexp.run.build import instantiate
+from capsexp.run.checkpoints import best_checkpoint, model_of_run
+
+log = logging.getLogger("capsexp")
 
 RECONSTRUCTIONS = "val/reconstructions"  # the image capsexp.callbacks.image_logging logs at each validation
 
@@ -33,3 +47,136 @@ def reconstructions(runs: list[Run], page: StudyPage, output: Path) -> str:
                 "overlaid.\n\n![reconstructions](reconstructions.png)\n"
             )
     return ""
+
+
+CONVERGENCE = "routing_convergence"  # tags routing_convergence/<layer>/<measure>, logged at step = iteration
+IMAGES = f"{CONVERGENCE}/images"  # how many validation images were routed
+MEASURES = ("logit_change", "update_change", "coupling_change")  # RoutingTrace's measures, in its order
+
+
+@dataclass
+class RoutingConvergence:
+    """After the sweep: how dynamic routing settles in each trained CapsNet (Sabour et al. 2017,
+    Appendix A). Each run's best checkpoint routes its digit capsules' votes on the first ``images``
+    validation images for ``iterations`` iterations (whatever the run trained with), and
+    :func:`~capsexp.nn.functional.dynamic_routing_trace`'s measures of each iteration go into the run's
+    event files as ``routing_convergence/<layer>/<measure>`` at step = iteration."""
+
+    iterations: int = 10
+    images: int = 1000
+
+    def __call__(self, folder: Path) -> None:
+        for run in find_runs(folder):
+            if any(tag.startswith(f"{CONVERGENCE}/") for tag in run.scalars):
+                continue  # traced before
+            votes = _votes_of(run.folder, self.images)
+            if not votes:
+                continue  # no dynamic-routing layer
+            # Logged at the run's last logged time, so that the run's span stays its training time.
+            events = load_events(run.folder)
+            wall_time = max(e.wall_time for tag in events.Tags()["scalars"] for e in events.Scalars(tag))
+            writer = SummaryWriter(str(run.folder / "tensorboard"), filename_suffix=f".{CONVERGENCE}")
+            writer.add_scalar(IMAGES, len(next(iter(votes.values()))), 0, walltime=wall_time)
+            for layer, layer_votes in votes.items():
+                trace = dynamic_routing_trace(layer_votes, self.iterations)
+                for measure, values in zip(MEASURES, trace[1:], strict=True):
+                    first = self.iterations - len(values) + 1  # the changes between iterations start at 2
+                    for iteration, value in enumerate(values.tolist(), start=first):
+                        writer.add_scalar(f"{CONVERGENCE}/{layer}/{measure}", value, iteration, walltime=wall_time)
+            writer.close()
+            log.info(f"Routing convergence traced: {run.folder} ({', '.join(votes)})")
+
+
+def _votes_of(run: Path, images: int) -> dict[str, torch.Tensor]:
+    """{layer name: its votes (B, I, J, D)} for each dynamic-routing layer of the run's best checkpoint
+    (its last, when it saved no other), on the first ``images`` validation images of the run's data."""
+    saved = [p for p in (run / "checkpoints").glob("*.ckpt") if p.name != "last.ckpt"]
+    module, cfg = model_of_run(best_checkpoint(run) if saved else run / "checkpoints" / "last.ckpt", str(run))
+    layers = {name: m for name, m in module.net.named_modules() if isinstance(m, RoutingCapsules)}
+    if not layers:
+        return {}
+    datamodule = instantiate("data", cfg.data)
+    datamodule.prepare_data()
+    datamodule.setup("fit")
+    captured: dict[str, list[torch.Tensor]] = {name: [] for name in layers}
+    hooks = [
+        layer.register_forward_hook(lambda m, inputs, _, name=name: captured[name].append(m.votes(inputs[0])))
+        for name, layer in layers.items()
+    ]
+    seen = 0
+    with torch.no_grad():
+        for batch in datamodule.val_dataloader():
+            images_in_batch = datamodule.on_after_batch_transfer(batch, 0)[0]
+            module.eval()(images_in_batch)
+            seen += len(images_in_batch)
+            if seen >= images:
+                break
+    for hook in hooks:
+        hook.remove()
+    return {name: torch.cat(votes)[:images] for name, votes in captured.items()}
+
+
+def _mean_series(configuration: Configuration, tag: str) -> dict[int, float]:
+    """{iteration: the mean over the configuration's runs} of one traced measure."""
+    by_step: dict[int, list[float]] = {}
+    for run in configuration.runs:
+        for step, value in run.scalars.get(tag, []):
+            by_step.setdefault(step, []).append(value)
+    return {step: statistics.fmean(values) for step, values in sorted(by_step.items())}
+
+
+def routing_convergence(runs: list[Run], page: StudyPage, output: Path) -> str:
+    """Appendix A's measurement: per configuration (the mean over its runs), layer and iteration, the
+    update change |u_hat_j|i . (v_j^(r) - v_j^(r-1))|, 0 once the parents stop moving; and whether it
+    falls at every iteration, beside what the logit change and the coupling change do meanwhile."""
+    images = 0
+    rows: dict[str, dict[str, dict[int, float]]] = {}  # "configuration, layer" -> measure -> iteration -> mean
+    for configuration in group(runs):
+        for tag in sorted({t for run in configuration.runs for t in run.scalars if t.startswith(f"{CONVERGENCE}/")}):
+            if tag == IMAGES:
+                images = int(configuration.runs[0].scalars[tag][-1].value)
+                continue
+            _, layer, measure = tag.split("/")
+            rows.setdefault(f"{configuration.label}, {layer}", {})[measure] = _mean_series(configuration, tag)
+    if not rows:
+        return ""
+    iterations = sorted({step for series in rows.values() for step in series["update_change"]})
+    names = list(rows)
+    table = [
+        "| iteration | " + " | ".join(f"`{name}`" for name in names) + " |",
+        "| ---: |" + " ---: |" * len(names),
+        *(
+            f"| {r} | " + " | ".join(f"{rows[name]['update_change'].get(r, float('nan')):.3g}" for name in names) + " |"
+            for r in iterations
+        ),
+    ]
+    findings = []
+    for name, measures in rows.items():
+        updates, logits, couplings = (
+            list(measures[measure].values()) for measure in ("update_change", "logit_change", "coupling_change")
+        )
+        falls = all(later < earlier for earlier, later in itertools.pairwise(updates))
+        findings.append(
+            f"- `{name}`: the update change {'falls' if falls else 'does not fall'} at every iteration from "
+            f"{iterations[0]} to {iterations[-1]} ({updates[0]:.3g} to {updates[-1]:.3g}, a factor "
+            f"{updates[0] / updates[-1]:.3g}); meanwhile the logit change goes from {logits[0]:.3g} to "
+            f"{logits[-1]:.3g} and the coupling change from {couplings[0]:.3g} to {couplings[-1]:.3g}."
+        )
+    return (
+        "## How routing settles (the paper's Appendix A)\n\n"
+        f"Each run's best checkpoint routes its digit capsules' votes on the first {images:,} validation "
+        f"images for iterations 1 to {iterations[-1]} (whatever it trained with). Means over images, primary "
+        "capsules i, digit capsules j and the configuration's runs of the update change "
+        "|u_hat_j|i . (v_j^(r) - v_j^(r-1))|: how much iteration r's addition to the routing logit b_ij "
+        "differs from iteration r - 1's, 0 once the digit capsules stop moving. TensorBoard: "
+        f"`{CONVERGENCE}/<layer>/update_change`, beside `logit_change` (the addition |u_hat_j|i . v_j^(r)| "
+        "itself) and `coupling_change` (|c_ij^(r) - c_ij^(r-1)|).\n\n"
+        + "\n".join(table)
+        + "\n\n"
+        + "\n".join(findings)
+        + "\n\nThe paper (a CapsNet trained 500 epochs on MNIST) reports an average logit change of about 0.007 at "
+        "iteration 2 that falls almost linearly in log scale, to about 1e-5 at iteration 5. Procedure 1 adds the "
+        "agreement u_hat . v to b_ij at every iteration, so the logit change itself tends to the agreement of the "
+        "settled digit capsules, not to 0; what can fall that way is the update change. A net trained far less "
+        "than the paper's need not settle as fast.\n"
+    )

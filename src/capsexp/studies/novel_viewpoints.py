@@ -19,7 +19,7 @@ from pathlib import Path
 from capsexp.results.metric_names import TEST_ACC, VAL_ACC_BEST
 from capsexp.results.runs import LOCATION_OVERRIDE, Run, find_runs
 from capsexp.results.study import StudyPage, figure_for
-from capsexp.studies.adversarial import best_checkpoint
+from capsexp.run.checkpoints import best_checkpoint
 
 log = logging.getLogger("capsexp")
 
