@@ -13,7 +13,7 @@ import yaml
 from torch.utils.tensorboard import SummaryWriter
 
 from capsexp.compare import main
-from capsexp.errors import NoRunsError
+from capsexp.errors import ConfigError, NoRunsError
 from capsexp.results.compare import compare
 from capsexp.results.events import last_scalar, load_events
 
@@ -296,8 +296,9 @@ page:
     quick:
       tolerance: 0.01
       figures:
-        iterations=1: 0.955
-        iterations=3: 0.90
+        iterations=1 reconstruction=true: 0.955
+        iterations=3 reconstruction=true: {mean: 0.975, std: 0.003, runs: 2}  # within 2 x 0.003 x sqrt(2 / 2)
+        iterations=3 reconstruction=false: {mean: 0.975, std: 0.003, runs: 2}
 """
 
 
@@ -371,15 +372,47 @@ def test_an_experiments_page_its_paper_figures_statistics_and_reproduction_check
         "| iterations=3 reconstruction=false | 2 | -1.50 |" in against
         and f"| {adjusted[p_second]:.3f} | no |" in against
     )
-    # The reproduction check: iterations=1 expected 95.5 (here 95.5), iterations=3 expected 90 +- 1: the
-    # more specific keys of the reference do not exist, so both iterations=3 rows are checked against 90.
-    assert "| iterations=1 reconstruction=true | 95.50 | 95.50 | yes |" in page
-    assert "| iterations=3 reconstruction=true | 90.00 | 98.00 | **no** |" in page
-    assert result.failed == ["iterations=3 reconstruction=true", "iterations=3 reconstruction=false"]
+    # The reproduction check: iterations=1 expected 95.5 within the budget's 1 point (here 95.5), both
+    # iterations=3 rows 97.5 within 0.6 points, from their two runs' std: 98.0 within, 96.5 not.
+    assert "| iterations=1 reconstruction=true | 95.50 | ±1.00 | 95.50 | yes |" in page
+    assert "| iterations=3 reconstruction=true | 97.50 | ±0.60 | 98.00 | yes |" in page
+    assert "| iterations=3 reconstruction=false | 97.50 | ±0.60 | 96.50 | **no** |" in page
+    assert result.failed == ["iterations=3 reconstruction=false"]
     with pytest.raises(SystemExit) as exit_info:
         main([str(tmp_path / "sweep"), "--check"])
     assert exit_info.value.code == 1
-    assert "outside the expected figures' tolerance: iterations=3 reconstruction=true;" in capsys.readouterr().err
+    assert "outside the expected figures' tolerance: iterations=3 reconstruction=false" in capsys.readouterr().err
+
+
+def test_runs_given_other_settings_than_the_studys_are_not_checked_against_its_figures(tmp_path, monkeypatch):
+    from capsexp.results import study
+
+    (tmp_path / "conf" / "experiment").mkdir(parents=True)
+    (tmp_path / "conf" / "experiment" / "toy.yaml").write_text(EXPERIMENT)
+    monkeypatch.setattr(study, "CONFIG_DIR", tmp_path / "conf")
+    accuracies = {
+        ("iterations=1", "reconstruction=true"): [0.95],
+        ("iterations=1", "reconstruction=true", "trainer.max_steps=5"): [0.5],  # a user's shorter run
+        ("iterations=3",): [0.5],  # not a job of the study: the figures name both of its settings
+    }
+    make_study(tmp_path / "sweep", accuracies)
+    result = compare(tmp_path / "sweep")
+    check = (result.output / "README.md").read_text().split("## Reproduction check (study=quick)")[1]
+    rows = [line for line in check.splitlines() if line.startswith("| iterations=")]
+    assert rows == ["| iterations=1 reconstruction=true | 95.50 | ±1.00 | 95.00 | yes |"]
+    assert result.failed == []
+
+
+def test_an_expected_figure_without_a_tolerance_is_a_config_error(tmp_path, monkeypatch):
+    from capsexp.results import study
+
+    (tmp_path / "conf" / "experiment").mkdir(parents=True)
+    without = EXPERIMENT.replace("      tolerance: 0.01\n", "")  # iterations=1's figure is of one run
+    (tmp_path / "conf" / "experiment" / "toy.yaml").write_text(without)
+    monkeypatch.setattr(study, "CONFIG_DIR", tmp_path / "conf")
+    message = r"toy.yaml: its page is malformed .*'iterations=1 reconstruction=true' is of one run"
+    with pytest.raises(ConfigError, match=message):
+        study.load_study_page("toy", "quick")
 
 
 def test_a_page_with_its_runs_kept_beside_it_rebuilds_byte_identical(tmp_path):

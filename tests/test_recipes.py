@@ -127,7 +127,7 @@ RECIPES = {
         "lr_scheduler": CONSTANT_LR,
     },
     # Sabour et al. 2017, section 5: conv 256, 256, 128 (5x5, stride 1), fully connected 328, 192, dropout,
-    # softmax with cross-entropy. No optimiser given: Adam at 1e-4, constant (baseline_cnn.md).
+    # softmax with cross-entropy. No optimiser given: Adam at 1e-4, constant (docs/baseline_cnn.md).
     "baseline_cnn": {
         **CLASSIFIER,
         "net": {

@@ -7,7 +7,15 @@ import math
 
 import pytest
 
-from capsexp.results.statistics import PAIRED, WELCH, difference, holm_adjusted, summarise
+from capsexp.results.statistics import (
+    PAIRED,
+    REPRODUCTION_FLOOR,
+    WELCH,
+    difference,
+    holm_adjusted,
+    reproduction_tolerance,
+    summarise,
+)
 
 T_975_DF2 = 4.302653
 
@@ -69,3 +77,11 @@ def test_holms_step_down_adjustment():
     assert adjusted[:4] == pytest.approx([0.03, 0.06, 0.06, None]) and math.isnan(adjusted[4])
     assert holm_adjusted([0.6, 0.7]) == [1.0, 1.0]  # capped at 1
     assert holm_adjusted([]) == []
+
+
+def test_a_reproduction_tolerance_is_two_standard_errors_of_a_difference_of_means_with_a_floor():
+    # 3 seeds of std 1.63 points: 2 x 1.63 x sqrt(2/3) = 2.66 points
+    assert reproduction_tolerance(0.0163, 3) == pytest.approx(0.02662, abs=1e-5)
+    assert reproduction_tolerance(0.0003, 3) == REPRODUCTION_FLOOR  # 3 seeds that happened to agree
+    with pytest.raises(ValueError, match="a spread needs two runs at least, not 1"):
+        reproduction_tolerance(0.01, 1)

@@ -53,9 +53,11 @@ def test_every_budget_of_a_study_composes_and_its_figures_name_configurations_it
         assert len(jobs) >= 2
         page = load_study_page(name, budget)
         assert page.title and page.notes, f"{name}: the page says what the {budget} budget runs"
-        figures = [*(page.paper.figures if page.paper else {}), *(page.expected.figures if page.expected else {})]
-        for key in figures:  # a key that matches no job is a typo: its figure would never show
+        for key in page.paper.figures if page.paper else {}:  # a key that matches no job is a typo
             assert any(figure_for({key: 0}, job) is not None for job in jobs), f"{name}: {key} matches no job"
+        choices = [{o.lower() for o in job if not o.startswith("seed=")} for job in jobs]
+        for key in page.expected.figures if page.expected else {}:  # names a job's choices, all of them
+            assert {part.lower() for part in key.split()} in choices, f"{name}: {key} is no job's choices"
         if page.reference:
             assert any(figure_for({page.reference: 0}, job) is not None for job in jobs)
 

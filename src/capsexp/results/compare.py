@@ -11,6 +11,7 @@ import csv
 import importlib
 import math
 import os
+import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +28,7 @@ from capsexp.results.runs import (
     LOCATION_OVERRIDE,
     OVERRIDES,
     OVERRIDES_AS_RUN,
+    SEED_OVERRIDE,
     SWEEP_COMMAND,
     Configuration,
     Run,
@@ -152,9 +154,25 @@ def differences_section(configurations: list[Configuration], headline: str, page
     return "\n".join(lines) + "\n"
 
 
+# Overrides of a study's run that leave it the study's job: which study and budget, and the console's look.
+_AS_THE_STUDY_RUNS_IT = re.compile(r"^(experiment|study|callbacks\.progress_bar)=")
+
+
+def _as_the_study_runs_it(key: str, overrides: list[str]) -> bool:
+    """Whether runs with ``overrides`` are the study's job that an expected figure's ``key`` names: their
+    overrides, beyond where they went and their seed, are the key's (a run given other settings, e.g.
+    fewer steps, is not checked against the study's figure)."""
+    chosen = {
+        o.lower()
+        for o in overrides
+        if not (LOCATION_OVERRIDE.match(o) or SEED_OVERRIDE.match(o) or _AS_THE_STUDY_RUNS_IT.match(o))
+    }
+    return chosen == {part.lower() for part in key.split()}
+
+
 def reproduction(configurations: list[Configuration], headline: str, page: StudyPage) -> tuple[str, list[str]]:
-    """The expected figures of this budget against ours: the section, and the configurations outside
-    their tolerance (for ``--check``)."""
+    """The expected figures of this budget against ours, for the configurations run as the study runs
+    them: the section, and the configurations outside their tolerance (for ``--check``)."""
     expected = page.expected
     if expected is None:
         return "", []
@@ -163,22 +181,33 @@ def reproduction(configurations: list[Configuration], headline: str, page: Study
         f"## Reproduction check (study={page.budget})",
         "",
         f"conf/experiment/{page.experiment}.yaml states what this budget gave on the project's machine; a mean "
-        f"within ±{factor * expected.tolerance:.2f}{' points' if factor == 100 else ''} of it reproduces it.",
+        f"within its tolerance{' (in points)' if factor == 100 else ''} reproduces it. The tolerance of a figure "
+        "over several seeds is twice the standard error of the difference of two means over as many seeds, from "
+        f"their std, and at least {factor * statistics.REPRODUCTION_FLOOR:g}; of a figure of one run, the budget's.",
         "",
-        f"| configuration | expected {headline} | here | within tolerance |",
-        "| --- | ---: | ---: | --- |",
+        f"| configuration | expected {headline} | tolerance | here | within tolerance |",
+        "| --- | ---: | ---: | ---: | --- |",
     ]
     failed = []
+    checked = 0
     for configuration in configurations:
-        figure = figure_for(expected.figures, configuration.runs[0].overrides)
-        summary = configuration.summary(headline)
-        if figure is None:
+        overrides = configuration.runs[0].overrides
+        key = next((k for k in expected.figures if _as_the_study_runs_it(k, overrides)), None)
+        if key is None:
             continue
-        within = summary is not None and abs(summary.mean - figure) <= expected.tolerance + 1e-9
+        checked += 1
+        figure, tolerance = expected.figures[key]
+        summary = configuration.summary(headline)
+        within = summary is not None and abs(summary.mean - figure) <= tolerance + 1e-9
         if not within:
             failed.append(configuration.label)
         here = f"{factor * summary.mean:.2f}" if summary else "not logged"
-        lines.append(f"| {configuration.label} | {factor * figure:.2f} | {here} | {'yes' if within else '**no**'} |")
+        lines.append(
+            f"| {configuration.label} | {factor * figure:.2f} | ±{factor * tolerance:.2f} | {here} | "
+            f"{'yes' if within else '**no**'} |"
+        )
+    if not checked:  # none of these runs is a job of the study as configured
+        return "", []
     return "\n".join(lines) + "\n", failed
 
 

@@ -113,3 +113,17 @@ def holm_adjusted(p_values: Sequence[float | None]) -> list[float | None]:
         running = max(running, min(1.0, (len(tested) - rank) * p))
         adjusted[index] = running
     return adjusted
+
+
+# No reproduction check tighter than this (a fraction: 0.2 points, 10 of 5,000 validation digits): two or
+# three seeds can give a std far below the seeds' true spread.
+REPRODUCTION_FLOOR = 0.002
+
+
+def reproduction_tolerance(std: float, runs: int) -> float:
+    """How far a re-run's mean over ``runs`` seeds may fall from a committed mean over as many seeds with
+    standard deviation ``std``: twice the standard error of the difference of two such means,
+    2 std sqrt(2 / runs), and at least :data:`REPRODUCTION_FLOOR`."""
+    if runs < 2:
+        raise ValueError(f"a spread needs two runs at least, not {runs}")
+    return max(2 * std * math.sqrt(2 / runs), REPRODUCTION_FLOOR)

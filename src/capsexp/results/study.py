@@ -15,7 +15,9 @@ and the functions that add what a table cannot show. A comparison of runs made w
         error: true                    # they are errors in %: ours shown as errors beside them
         figures: {model.net.routing.iterations=1 model.net.reconstruction=false: 0.34 ± 0.032}
       expected:                        # what each budget gave on this project's machine
-        quick: {tolerance: 0.01, figures: {model=lenet5: 0.95}}
+        quick:
+          tolerance: 0.01                # for a figure of one run: no spread to derive one from
+          figures: {model=lenet5: 0.95, model=capsnet: {mean: 0.97, std: 0.002, runs: 3}}
       sections: [capsexp.studies.dr.reconstructions]      # functions (runs, page, folder) -> Markdown
 
 A configuration matches a figure's key when its overrides include every override of the key.
@@ -31,6 +33,7 @@ from omegaconf import OmegaConf
 from capsexp import CONFIG_DIR
 from capsexp.errors import ConfigError
 from capsexp.results.metric_names import TEST_ACC, VAL_ACC, VAL_ACC_BEST
+from capsexp.results.statistics import reproduction_tolerance
 
 # The budget of a run without study=...: the one conf/config.yaml sets.
 DEFAULT_BUDGET = str(OmegaConf.load(CONFIG_DIR / "config.yaml").study)
@@ -46,8 +49,22 @@ class PaperFigures:
 
 @dataclass(frozen=True)
 class Expected:
-    tolerance: float
-    figures: dict[str, float]
+    figures: dict[str, tuple[float, float]]  # configuration key -> (the mean it gave, the tolerance)
+
+
+def _expected(node: dict) -> Expected:
+    """A budget's ``expected`` node: each figure the mean, std and number of runs its page gave (checked
+    within :func:`~capsexp.results.statistics.reproduction_tolerance` of them), or a number, the figure
+    of one run, checked within the budget's ``tolerance``."""
+    figures = {}
+    for key, figure in node["figures"].items():
+        if isinstance(figure, dict):
+            figures[key] = (float(figure["mean"]), reproduction_tolerance(float(figure["std"]), int(figure["runs"])))
+        elif node.get("tolerance") is None:
+            raise ValueError(f"expected figure {key!r} is of one run, and the budget gives no tolerance for it")
+        else:
+            figures[key] = (float(figure), float(node["tolerance"]))
+    return Expected(figures)
 
 
 @dataclass(frozen=True)
@@ -108,9 +125,7 @@ def load_study_page(experiment: str | None, budget: str | None) -> StudyPage:
             paper=PaperFigures(paper["source"], paper["metric"], bool(paper.get("error")), paper["figures"])
             if paper
             else None,
-            expected=Expected(float(expected["tolerance"]), {k: float(v) for k, v in expected["figures"].items()})
-            if expected
-            else None,
+            expected=_expected(expected) if expected else None,
             sections=list(page.get("sections") or []),
         )
     except (KeyError, TypeError, ValueError) as error:
