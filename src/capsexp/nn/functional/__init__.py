@@ -1,11 +1,16 @@
 """Capsule operations as plain functions: the one public import path for each.
 
 Dynamic routing (Sabour, Frosst & Hinton 2017) is in ``_capsnet.py``; EM routing (Hinton, Sabour &
-Frosst 2018, Procedure 1) in ``_em_caps.py``. Import them from here::
+Frosst 2018, Procedure 1) in ``_em_caps.py``; self-routing (Hahn et al. 2019) in ``_self_routing.py``,
+inverted dot-product attention routing (Tsai et al. 2020) in ``_attention_routing.py``, Efficient-CapsNet's
+self-attention routing (Mazzia et al. 2021) in ``_efficient_routing.py``, and the baselines that do not
+route by agreement (uniform and random couplings) with the result they all return in ``_routing.py``.
+Import them from here::
 
     from capsexp.nn.functional import dynamic_routing, em_routing
 """
 
+from capsexp.nn.functional._attention_routing import attention_routing
 from capsexp.nn.functional._capsnet import (
     RoutingTrace,
     dynamic_routing,
@@ -14,6 +19,7 @@ from capsexp.nn.functional._capsnet import (
     margin_loss,
     squash,
 )
+from capsexp.nn.functional._efficient_routing import efficient_routing, efficient_squash
 from capsexp.nn.functional._em_caps import (
     COST_NORMALIZATIONS,
     CostNormalization,
@@ -22,18 +28,27 @@ from capsexp.nn.functional._em_caps import (
     responsibility_entropy,
     spread_loss,
 )
+from capsexp.nn.functional._routing import Routed, random_routing, uniform_routing
+from capsexp.nn.functional._self_routing import self_routing
 
 __all__ = [
     "COST_NORMALIZATIONS",
     "CostNormalization",
+    "Routed",
     "RoutingTrace",
+    "attention_routing",
     "dynamic_routing",
     "dynamic_routing_trace",
+    "efficient_routing",
+    "efficient_squash",
     "em_routing",
     "fully_connected_routing",
     "inverse_temperatures",
     "margin_loss",
+    "random_routing",
     "responsibility_entropy",
+    "self_routing",
     "spread_loss",
     "squash",
+    "uniform_routing",
 ]

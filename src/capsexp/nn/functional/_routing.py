@@ -1,0 +1,52 @@
+"""What every routing algorithm returns, and the two baselines that do not route by agreement.
+
+Shapes: ``B`` batch, ``I`` child capsules, ``J`` parent capsules, ``D`` the parents' pose size. Votes
+u_hat_j|i (the child's prediction of the parent's pose) have shape (B, I, J, D).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from capsexp.nn.functional._capsnet import squash
+
+
+class Routed(NamedTuple):
+    """A routing algorithm's output: the parents' poses (B, J, D) and activations (B, J) in [0, 1], and its
+    assignment (B, I, J): the weight of child i's vote in parent j (couplings, responsibilities)."""
+
+    poses: torch.Tensor
+    activations: torch.Tensor
+    assignment: torch.Tensor
+
+
+def length(poses: torch.Tensor) -> torch.Tensor:
+    """|v_j|, the activation of a squashed pose (Sabour et al. 2017, section 2): (B, J, D) -> (B, J)."""
+    return poses.norm(dim=-1)
+
+
+def weighted_sum(couplings: torch.Tensor, votes: torch.Tensor) -> torch.Tensor:
+    """s_j = sum_i c_ij u_hat_j|i: couplings (B, I, J), votes (B, I, J, D) -> (B, J, D)."""
+    return torch.einsum("bij,bijd->bjd", couplings, votes)
+
+
+def uniform_routing(votes: torch.Tensor) -> Routed:
+    """No routing: every coupling c_ij = 1/J, then s_j = sum_i c_ij u_hat_j|i and v_j = squash(s_j)
+    (Eq. 1), the activation |v_j|. Dynamic routing's first iteration, and its baseline in Paik et al.
+    2019 ("Capsule networks need an improved routing algorithm")."""
+    batch, children, parents, _ = votes.shape
+    couplings = votes.new_full((batch, children, parents), 1.0 / parents)
+    poses = squash(weighted_sum(couplings, votes))
+    return Routed(poses, length(poses), couplings)
+
+
+def random_routing(votes: torch.Tensor, generator: torch.Generator | None = None) -> Routed:
+    """Random couplings (Paik et al. 2019's other baseline): c_i = softmax_j(b_i) with logits
+    b_ij ~ N(0, 1) drawn afresh for every example and child at every call; then as
+    :func:`uniform_routing`. No gradient reaches the couplings."""
+    logits = torch.randn(votes.shape[:-1], generator=generator, dtype=votes.dtype, device=votes.device)
+    couplings = torch.softmax(logits, dim=-1)
+    poses = squash(weighted_sum(couplings, votes))
+    return Routed(poses, length(poses), couplings)
