@@ -227,7 +227,7 @@ def test_fused_layer_matches_votes_then_routing_with_interleaved_calls():
     small = RoutingCapsules(in_caps=40, in_dim=8, out_caps=10, out_dim=16)
     large = RoutingCapsules(in_caps=72, in_dim=8, out_caps=10, out_dim=16)
     inputs = [torch.randn(3, 40, 8, requires_grad=True), torch.randn(5, 72, 8, requires_grad=True)]
-    parents = [small(inputs[0]), large(inputs[1]), small(inputs[0] * 2)]
+    parents = [small(inputs[0]).poses, large(inputs[1]).poses, small(inputs[0] * 2).poses]
     sum(p.pow(2).sum() for p in parents).backward()
     fused = [small.weight.grad, large.weight.grad, inputs[0].grad, inputs[1].grad]
 
@@ -248,7 +248,7 @@ def test_routing_is_finite_under_bf16_autocast():
     layer = RoutingCapsules(in_caps=72, in_dim=8, out_caps=10, out_dim=16)
     inputs = torch.randn(4, 72, 8, requires_grad=True)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        parents = layer(inputs)
+        parents = layer(inputs).poses
     assert parents.dtype == torch.bfloat16  # as autocast runs the vote matmul
     parents.float().norm(dim=-1).sum().backward()
     assert torch.isfinite(parents.float()).all()
@@ -302,5 +302,5 @@ def test_a_net_first_run_under_inference_mode_still_trains_and_differentiates():
     with torch.inference_mode():
         layer(torch.randn(3, 30, 4))
     inputs = torch.randn(3, 30, 4, requires_grad=True)
-    layer(inputs).sum().backward()
+    layer(inputs).poses.sum().backward()
     assert inputs.grad.abs().sum() > 0

@@ -54,7 +54,7 @@ EM_ROUTING_PAPER = {
     "e_step_temperature": 1.0,
 }
 # capsexp's EM routing (docs/em_training.md): 2 iterations (em_routing_ablation_quick), standardised costs
-# with a learned factor on lambda, final lambda 10 (em_presence_quick), floor 0.01 (em_training_quick),
+# with a learned factor on lambda, final lambda 10 (em_training_quick), floor 0.01 (Gritzman 2019),
 # each window routed on its own, the E-step at temperature 4 (em_routing_ablation_quick).
 EM_ROUTING_CAPSEXP = {
     **EM_ROUTING_PAPER,
@@ -85,7 +85,7 @@ def matrix_capsnet(a: int, b: int, c: int, d: int, routing: dict, conv1_norm: bo
         "routing": routing,
         "coordinate_addition": True,
         "recompute": False,
-        "conv1_norm": conv1_norm,  # not in the paper; capsexp's recipe (em_caps_mnist_one_epoch.md)
+        "conv1_norm": conv1_norm,  # not in the paper; capsexp's recipe (yl-1993/Matrix-Capsules-EM-PyTorch)
         "weight_std": None,
     }
 
@@ -103,7 +103,7 @@ def em_recipe(net: dict, lr: float, lr_scheduler: dict, margin: dict) -> dict:
 
 
 # capsexp's EM training recipe: Adam at a peak of 1e-2 (3e-3 on the small net), cosine decay to 0 over
-# the run, the margin ramp over the first 35% of it (em_caps_mnist_one_epoch.md, em_margin_run_quick).
+# the run, the margin ramp over the first 35% of it (em_margin_run_quick).
 COSINE = {
     "scheduler": {"_target_": "capsexp.lit.schedulers.cosine_decay", "_partial_": True},
     "interval": "step",

@@ -2,7 +2,7 @@
 
 On the first ``num_images`` images of the validation set, after the validation (one forward pass):
 
-Dynamic routing (each :class:`~capsexp.nn.RoutingCapsules` layer, e.g. CapsNet's ``digits``):
+Each :class:`~capsexp.nn.RoutingCapsules` layer (e.g. CapsNet's ``digits``), under dynamic routing:
 
 - ``routing/<layer>/logit_change_iter<r>``: the mean absolute change of the routing logits b_ij made by
   iteration r's agreement update u_hat . v (Sabour et al. 2017, Appendix A, follows the logits'
@@ -13,7 +13,8 @@ Dynamic routing (each :class:`~capsexp.nn.RoutingCapsules` layer, e.g. CapsNet's
 - image ``routing/<layer>/couplings``: one heat map per class over the primary capsules' grid: the
   coupling coefficient c_ij of each primary capsule to that class's capsule (last iteration), averaged
   over the capsule types and over the images of that class. Mid-grey is the uniform coupling 1/J; white
-  and black the figure's largest departures above and below it.
+  and black the figure's largest departures above and below it. Under another algorithm
+  (``model/routing=<name>``) only this image, of the weight the algorithm gives each child's vote.
 
 EM routing (each :class:`~capsexp.nn.ClassMatrixCapsules` layer, the class capsules):
 
@@ -38,7 +39,7 @@ from torchvision.utils import make_grid
 
 from capsexp.callbacks.image_logging import tensorboard_writer
 from capsexp.config.arguments import checked
-from capsexp.nn import ClassMatrixCapsules, PrimaryCapsules, RoutingCapsules
+from capsexp.nn import ClassMatrixCapsules, DynamicRouting, PrimaryCapsules, RoutingCapsules
 from capsexp.nn.functional import dynamic_routing_trace
 
 _HEAT_MAP_SCALE = 8  # pixels per primary-capsule position in the heat maps
@@ -85,17 +86,20 @@ class RoutingFigures(L.Callback):
         step = trainer.global_step
         primary = next((m for m in net.modules() if isinstance(m, PrimaryCapsules)), None)
         for name, layer in dynamic.items():
-            trace = dynamic_routing_trace(layer.votes(captured[name][0]), layer.routing.iterations)
-            for r, change in enumerate(trace.logit_changes.tolist(), start=1):
-                writer.add_scalar(f"routing/{name}/logit_change_iter{r}", change, step)
-            for r, change in enumerate(trace.update_changes.tolist(), start=2):
-                writer.add_scalar(f"routing/{name}/update_change_iter{r}", change, step)
-            for r, change in enumerate(trace.coupling_changes.tolist(), start=2):
-                writer.add_scalar(f"routing/{name}/coupling_change_iter{r}", change, step)
+            children = captured[name][0]
+            if isinstance(layer.routing, DynamicRouting):
+                trace = dynamic_routing_trace(layer.votes(children), layer.routing.iterations)
+                for r, change in enumerate(trace.logit_changes.tolist(), start=1):
+                    writer.add_scalar(f"routing/{name}/logit_change_iter{r}", change, step)
+                for r, change in enumerate(trace.update_changes.tolist(), start=2):
+                    writer.add_scalar(f"routing/{name}/update_change_iter{r}", change, step)
+                for r, change in enumerate(trace.coupling_changes.tolist(), start=2):
+                    writer.add_scalar(f"routing/{name}/coupling_change_iter{r}", change, step)
+                couplings = trace.couplings[-1]
+            else:  # the weight of each child's vote in each parent, as the layer's algorithm set it
+                couplings = layer.router(layer.votes(children), children, children.norm(dim=-1)).assignment
             if primary is not None:
-                writer.add_image(
-                    f"routing/{name}/couplings", coupling_maps(trace.couplings[-1], labels, primary.num_types), step
-                )
+                writer.add_image(f"routing/{name}/couplings", coupling_maps(couplings, labels, primary.num_types), step)
         for name in em:
             _, activations, responsibilities = captured[name]
             present = F.one_hot(labels, activations.shape[-1]).bool()

@@ -20,10 +20,28 @@ from hydra.utils import get_object
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from capsexp import CONFIG_DIR, PROJECT_ROOT
-from capsexp.config.routing_options import EM_PAPER, DynamicRouting, EMRouting
+from capsexp.config.routing_options import (
+    EM_PAPER,
+    AttentionRouting,
+    DynamicRouting,
+    EfficientRouting,
+    EMRouting,
+    RandomRouting,
+    SelfRouting,
+    UniformRouting,
+)
 
 # model/routing=<name>: how the capsule layers route (model.net.routing).
-ROUTINGS = {"em": EMRouting(), "em_paper": EM_PAPER, "dynamic": DynamicRouting()}
+ROUTINGS = {
+    "dynamic": DynamicRouting(),
+    "em": EMRouting(),
+    "em_paper": EM_PAPER,
+    "self": SelfRouting(),
+    "attention": AttentionRouting(),
+    "efficient": EfficientRouting(),
+    "uniform": UniformRouting(),
+    "random": RandomRouting(),
+}
 # model/net=<class name>: the nets a model config builds (model.net), each node made from its
 # constructor's signature. A model config chooses one and sets only what differs from its defaults.
 NETS = ("capsexp.models.LeNet5", "capsexp.models.BaselineCNN", "capsexp.models.CapsNet", "capsexp.models.MatrixCapsNet")

@@ -44,16 +44,16 @@ class EMRouting:
     # Inverse temperature at the last iteration, lambda_t = final_lambda (1 - 0.95^(t+1)) (the authors'
     # schedule, OpenReview); the paper's final_lambda is 0.01. With standardised costs the spread of the
     # activations is set by lambda alone, so each layer also learns a factor on it (learn_inverse_temperature).
-    # Values compared: experiments/results/em_presence_quick/.
+    # Against a fixed final lambda of 3: experiments/results/em_training_quick/ (one seed).
     final_lambda: PositiveFloat = 10.0
     # Added to every variance. Paper: none given (its recipe here: 1e-4). A floor guards the E-step against
-    # near-zero variances when few votes agree (Gritzman 2019, pitfall 1); compared with 1e-4 in
-    # experiments/results/em_training_quick/.
+    # near-zero variances when few votes agree (Gritzman 2019, pitfall 1). The arm sigma_eps_1e_4 of
+    # experiment=em_training compares it with 1e-4.
     sigma_eps: PositiveFloat = 0.01
     # none (paper) | standardize (costs standardised over the parent types of each position, as
     # www0wwwjs1/Matrix-Capsules-EM-Tensorflow does) | data (amount of data relative to the mean parent's,
     # Gritzman 2019, pitfall 2) | layer (amount of data divided by the children per parent,
-    # IBM/matrix-capsules-with-em-routing; every class activation saturated at 1 in em_presence_quick).
+    # IBM/matrix-capsules-with-em-routing; the net did not learn with it in em_training_quick).
     cost_normalization: CostNormalization = "standardize"
     # ConvCaps: false (paper; Gritzman 2019, pitfall 3) shares a child among the parents of all the windows
     # that hold it; true routes each window's children on their own, as most public ports do. With
@@ -73,6 +73,51 @@ class EMRouting:
     # significant after Holm's correction); at 4 they still route (entropy below 1) at no cost three seeds
     # detect (experiments/results/em_routing_ablation_quick/).
     e_step_temperature: PositiveFloat = 4.0
+
+
+@checked
+@dataclass(frozen=True)
+class UniformRouting:
+    """No routing: every coupling 1/J (:func:`~capsexp.nn.functional.uniform_routing`; Paik et al. 2019's
+    baseline). No options."""
+
+
+@checked
+@dataclass(frozen=True)
+class RandomRouting:
+    """Couplings drawn at random at every pass (:func:`~capsexp.nn.functional.random_routing`; Paik et al.
+    2019's other baseline). No options."""
+
+
+@checked
+@dataclass(frozen=True)
+class SelfRouting:
+    """Self-routing (Hahn et al. 2019, :func:`~capsexp.nn.functional.self_routing`): each child's couplings
+    from its own pose by learned weights, no iterations. No options."""
+
+
+@checked
+@dataclass(frozen=True)
+class AttentionRouting:
+    """Inverted dot-product attention routing (Tsai et al. 2020, :func:`~capsexp.nn.functional.attention_routing`)."""
+
+    # Passes, the first with uniform coefficients (the parents start at 0). 2: one attention update.
+    # apple/ml-capsules-inverted-attention-routing counts the same way (--num_routing, default 1, "recommended:
+    # 0,1,2,3").
+    iterations: PositiveInt = 2
+
+
+@checked
+@dataclass(frozen=True)
+class EfficientRouting:
+    """Efficient-CapsNet's self-attention routing (Mazzia et al. 2021,
+    :func:`~capsexp.nn.functional.efficient_routing`): one pass, with learned log priors. No options."""
+
+
+# Every routing algorithm's options, by class: the type a capsule layer's ``routing`` argument takes.
+RoutingOptions = (
+    DynamicRouting | EMRouting | UniformRouting | RandomRouting | SelfRouting | AttentionRouting | EfficientRouting
+)
 
 
 # EM routing as the paper has it (Hinton, Sabour & Frosst 2018, Procedure 1, and the authors' OpenReview

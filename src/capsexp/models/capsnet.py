@@ -19,11 +19,11 @@ from torch import nn
 
 from capsexp.config.arguments import checked
 from capsexp.models.input_check import check_images
-from capsexp.nn import DynamicRouting, PrimaryCapsules, RoutingCapsules
+from capsexp.nn import DynamicRouting, PrimaryCapsules, RoutingCapsules, RoutingOptions
 
 
 class CapsNetOutput(NamedTuple):
-    scores: torch.Tensor  # (B, classes): lengths of the class capsules
+    scores: torch.Tensor  # (B, classes): the class capsules' activations (dynamic routing: their lengths)
     poses: torch.Tensor  # (B, classes, pose_dim): the class capsules
     # (B, C, H, W) in [0, 1], or (B, T, C, H, W) for T objects per image; None without a decoder
     reconstructions: torch.Tensor | None
@@ -37,8 +37,10 @@ class CapsNet(nn.Module):
         in_channels: image channels (2 for stereo smallNORB).
         image_size: input height and width (28 for MNIST, 32 for smallNORB crops, 40 for affNIST-style).
         num_classes: number of class capsules.
-        routing: how PrimaryCaps route to DigitCaps (:class:`~capsexp.nn.DynamicRouting`; the paper's
-            3 iterations by default).
+        routing: how PrimaryCaps route to DigitCaps: the options of any routing algorithm
+            (``model/routing=<name>``, :mod:`capsexp.nn.routers`); the paper's dynamic routing with 3
+            iterations by default. The class scores are the class capsules' activations (their lengths
+            under dynamic routing).
         reconstruction: build the decoder (the reconstruction regulariser of section 4.1).
         objects: objects per image (MultiMNIST: 2), each reconstructed from its own capsule; in
             evaluation, the ``objects`` longest capsules are decoded.
@@ -52,7 +54,7 @@ class CapsNet(nn.Module):
         num_classes: PositiveInt = 10,
         reconstruction: bool = True,
         objects: PositiveInt = 1,
-        routing: DynamicRouting = DynamicRouting(),
+        routing: RoutingOptions = DynamicRouting(),
         conv_channels: PositiveInt = 256,
         primary_types: PositiveInt = 32,
         primary_dim: PositiveInt = 8,
@@ -97,12 +99,10 @@ class CapsNet(nn.Module):
         check_images(images, self.image_shape, "CapsNet")
         # In place: conv1's backward needs its input, not its output; saves a 52 MB buffer at batch 128.
         primary = self.primary(F.relu(self.conv1(images), inplace=True))
-        poses = self.digits(primary)  # (B, classes, pose_dim)
-        # vector_norm's gradient at a zero vector is 0, not NaN.
-        lengths = torch.linalg.vector_norm(poses, dim=-1)
+        poses, scores, _ = self.digits(primary)  # (B, classes, pose_dim), (B, classes)
         reconstructions = None
         if self.decoder is not None:
             if targets is None:
-                targets = lengths.argmax(dim=-1) if self.objects == 1 else lengths.topk(self.objects, dim=-1).indices
+                targets = scores.argmax(dim=-1) if self.objects == 1 else scores.topk(self.objects, dim=-1).indices
             reconstructions = self.decode(poses, targets)
-        return CapsNetOutput(lengths, poses, reconstructions)
+        return CapsNetOutput(scores, poses, reconstructions)

@@ -43,8 +43,8 @@ class MatrixCapsNet(nn.Module):
             layers are then never held at once: about a third less peak memory for a quarter more
             time. Same results.
         conv1_norm: BatchNorm after conv1 (before its ReLU), as yl-1993/Matrix-Capsules-EM-PyTorch has;
-            not in the paper (model=em_caps_paper: false). It helped with final_lambda 10 and was
-            neutral with 3 in the em_training study (experiments/results/em_training_quick/).
+            not in the paper (model=em_caps_paper: false). The arm no_batchnorm of experiment=em_training
+            trains without it.
         weight_std: initial std of the transformation matrices (None: 1/sqrt(P)).
     """
 

@@ -1,20 +1,36 @@
 """Capsule operations and layers (pure ``torch.nn``)."""
 
-from capsexp.config.routing_options import EM_PAPER, DynamicRouting, EMRouting
+from capsexp.config.routing_options import (
+    EM_PAPER,
+    AttentionRouting,
+    DynamicRouting,
+    EfficientRouting,
+    EMRouting,
+    RandomRouting,
+    RoutingOptions,
+    SelfRouting,
+    UniformRouting,
+)
 from capsexp.nn.capsnet import PrimaryCapsules, RoutingCapsules
 from capsexp.nn.em_caps import ClassMatrixCapsules, ConvMatrixCapsules, EMRouter, PrimaryMatrixCapsules
 from capsexp.nn.functional import dynamic_routing, em_routing, fully_connected_routing, margin_loss, spread_loss, squash
 
 __all__ = [
     "EM_PAPER",
+    "AttentionRouting",
     "ClassMatrixCapsules",
     "ConvMatrixCapsules",
     "DynamicRouting",
     "EMRouter",
     "EMRouting",
+    "EfficientRouting",
     "PrimaryCapsules",
     "PrimaryMatrixCapsules",
+    "RandomRouting",
     "RoutingCapsules",
+    "RoutingOptions",
+    "SelfRouting",
+    "UniformRouting",
     "dynamic_routing",
     "em_routing",
     "fully_connected_routing",

@@ -5,8 +5,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from capsexp.config.routing_options import DynamicRouting
-from capsexp.nn.functional import fully_connected_routing, squash
+from capsexp.config.routing_options import DynamicRouting, RoutingOptions
+from capsexp.nn.functional import Routed, fully_connected_routing, squash
+from capsexp.nn.routers import make_router
 
 
 class PrimaryCapsules(nn.Module):
@@ -38,12 +39,13 @@ class PrimaryCapsules(nn.Module):
 
 
 class RoutingCapsules(nn.Module):
-    """A fully connected capsule layer routed by agreement (DigitCaps).
+    """A fully connected capsule layer (DigitCaps), routed by the algorithm ``routing`` names.
 
     One ``out_dim x in_dim`` matrix W_ij per (input capsule i, output capsule j); votes
-    u_hat_j|i = W_ij u_i (section 2), then :func:`~capsexp.nn.functional.dynamic_routing` (fused, see
-    :func:`~capsexp.nn.functional.fully_connected_routing`).
-    No bias, as in the paper's parameter count.
+    u_hat_j|i = W_ij u_i (section 2), then the routing (:mod:`capsexp.nn.routers`), given the children's
+    activations |u_i| where it uses them (the inputs are squashed capsules). Dynamic routing (the paper's)
+    runs fused with the votes (:func:`~capsexp.nn.functional.fully_connected_routing`), without its
+    couplings; ``self.router`` gives them. No bias, as in the paper's parameter count.
     """
 
     def __init__(
@@ -52,12 +54,13 @@ class RoutingCapsules(nn.Module):
         in_dim: int,
         out_caps: int,
         out_dim: int,
-        routing: DynamicRouting = DynamicRouting(),
+        routing: RoutingOptions = DynamicRouting(),
         init_std: float = 0.01,
     ) -> None:
         super().__init__()
         self.in_caps, self.in_dim, self.out_caps, self.out_dim = in_caps, in_dim, out_caps, out_dim
         self.routing = routing
+        self.router = make_router(routing, in_caps, in_dim, out_caps, out_dim)
         # Stored (I, in_dim, J * out_dim): the votes are then one batched matmul over the inputs i.
         self.weight = nn.Parameter(torch.randn(in_caps, in_dim, out_caps * out_dim) * init_std)
 
@@ -73,13 +76,19 @@ class RoutingCapsules(nn.Module):
         votes = votes.view(self.in_caps, batch, self.out_caps, self.out_dim)
         return votes.permute(1, 2, 0, 3).contiguous().transpose(1, 2)  # (B, I, J, D)
 
-    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+    def forward(self, inputs: torch.Tensor) -> Routed:
+        """The parents routed from input capsules (B, I, in_dim); the assignment is None where dynamic
+        routing runs fused."""
         if inputs.shape[1:] != (self.in_caps, self.in_dim):
             raise ValueError(
                 f"expected input capsules of shape (B, {self.in_caps}, {self.in_dim}), got {tuple(inputs.shape)}"
             )
-        # Same as dynamic_routing(self.votes(inputs), ...), with the vote matmul fused into the backward.
-        return fully_connected_routing(inputs, self.weight, self.out_caps, self.routing)
+        if isinstance(self.routing, DynamicRouting):
+            # Same as dynamic_routing(self.votes(inputs), ...), with the vote matmul fused into the backward.
+            poses = fully_connected_routing(inputs, self.weight, self.out_caps, self.routing)
+            # vector_norm's gradient at a zero vector is 0, not NaN.
+            return Routed(poses, torch.linalg.vector_norm(poses, dim=-1), None)
+        return self.router(self.votes(inputs), inputs, torch.linalg.vector_norm(inputs, dim=-1))
 
     def extra_repr(self) -> str:
         return (

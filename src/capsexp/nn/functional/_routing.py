@@ -15,11 +15,12 @@ from capsexp.nn.functional._capsnet import squash
 
 class Routed(NamedTuple):
     """A routing algorithm's output: the parents' poses (B, J, D) and activations (B, J) in [0, 1], and its
-    assignment (B, I, J): the weight of child i's vote in parent j (couplings, responsibilities)."""
+    assignment (B, I, J): the weight of child i's vote in parent j (couplings, responsibilities); None
+    where a fused computation does not keep it."""
 
     poses: torch.Tensor
     activations: torch.Tensor
-    assignment: torch.Tensor
+    assignment: torch.Tensor | None
 
 
 def length(poses: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,157 @@
+"""Routing as a swappable part of a fully connected capsule layer: one module per algorithm, holding
+the algorithm's options and its learned parameters, all called alike,
+
+    router(votes (B, I, J, D), children (B, I, in_dim), child_activations (B, I)) -> Routed
+
+and returning the parents' poses, activations in [0, 1] and the assignment (couplings,
+responsibilities), so that a forward hook sees what any algorithm did. :func:`make_router` builds the
+one the options name. Dynamic routing's module is used where the couplings are wanted; in training,
+:class:`~capsexp.nn.RoutingCapsules` runs it fused with the votes instead.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from capsexp.config.routing_options import (
+    AttentionRouting,
+    DynamicRouting,
+    EfficientRouting,
+    EMRouting,
+    RandomRouting,
+    RoutingOptions,
+    SelfRouting,
+    UniformRouting,
+)
+from capsexp.nn.functional import (
+    Routed,
+    attention_routing,
+    dynamic_routing,
+    efficient_routing,
+    em_routing,
+    random_routing,
+    self_routing,
+    uniform_routing,
+)
+
+
+class _Router(nn.Module):
+    def __init__(self, routing: RoutingOptions) -> None:
+        super().__init__()
+        self.routing = routing
+
+    def extra_repr(self) -> str:
+        return repr(self.routing)
+
+
+class DynamicRouter(_Router):
+    """Procedure 1 of Sabour et al. 2017 (:func:`~capsexp.nn.functional.dynamic_routing`); activation |v_j|."""
+
+    def forward(self, votes: torch.Tensor, children: torch.Tensor, child_activations: torch.Tensor) -> Routed:
+        poses, couplings = dynamic_routing(votes, self.routing, return_couplings=True)
+        return Routed(poses, torch.linalg.vector_norm(poses, dim=-1), couplings)
+
+
+class EMVectorRouter(_Router):
+    """EM routing (Hinton et al. 2018, :func:`~capsexp.nn.functional.em_routing`) on vector poses: every
+    pose element one Gaussian dimension, beta_u and beta_a learned per parent, and the learned factor on
+    the inverse temperatures where the options ask for it."""
+
+    def __init__(self, routing: EMRouting, out_caps: int) -> None:
+        super().__init__(routing)
+        self.beta_u = nn.Parameter(torch.zeros(out_caps))
+        self.beta_a = nn.Parameter(torch.zeros(out_caps))
+        self.log_inverse_temperature = nn.Parameter(torch.zeros(())) if routing.learn_inverse_temperature else None
+
+    def forward(self, votes: torch.Tensor, children: torch.Tensor, child_activations: torch.Tensor) -> Routed:
+        scale = None if self.log_inverse_temperature is None else self.log_inverse_temperature.exp()
+        poses, activations, responsibilities = em_routing(
+            votes,
+            child_activations,
+            self.beta_u,
+            self.beta_a,
+            self.routing,
+            return_responsibilities=True,
+            inverse_temperature_scale=scale,
+        )
+        return Routed(poses, activations, responsibilities)
+
+
+class SelfRouter(_Router):
+    """Self-routing (Hahn et al. 2019, :func:`~capsexp.nn.functional.self_routing`): child i's routing
+    logits W^route_i u_i + b^route_i over the parents, W^route and b^route starting at 0 (uniform
+    couplings), as coder3000/SR-CapsNet initialises them."""
+
+    def __init__(self, routing: SelfRouting, in_caps: int, in_dim: int, out_caps: int) -> None:
+        super().__init__(routing)
+        self.weight = nn.Parameter(torch.zeros(in_caps, in_dim, out_caps))
+        self.bias = nn.Parameter(torch.zeros(in_caps, out_caps))
+
+    def forward(self, votes: torch.Tensor, children: torch.Tensor, child_activations: torch.Tensor) -> Routed:
+        logits = torch.einsum("bik,ikj->bij", children, self.weight) + self.bias
+        return self_routing(votes, child_activations, logits)
+
+
+class AttentionRouter(_Router):
+    """Inverted dot-product attention routing (Tsai et al. 2020, :func:`~capsexp.nn.functional.attention_routing`):
+    the parents' LayerNorm (affine, from the identity) and the class logit's linear map shared by the
+    parents (``nn.Linear(D, 1)``'s initialisation), as the paper's model has them."""
+
+    def __init__(self, routing: AttentionRouting, out_dim: int) -> None:
+        super().__init__(routing)
+        self.norm = nn.LayerNorm(out_dim)
+        self.score = nn.Linear(out_dim, 1)
+
+    def forward(self, votes: torch.Tensor, children: torch.Tensor, child_activations: torch.Tensor) -> Routed:
+        return attention_routing(
+            votes, self.routing.iterations, self.norm.weight, self.norm.bias, self.score.weight[0], self.score.bias[0]
+        )
+
+
+class EfficientRouter(_Router):
+    """Efficient-CapsNet's self-attention routing (Mazzia et al. 2021,
+    :func:`~capsexp.nn.functional.efficient_routing`), its log priors b (I, J) starting at 0, as its code
+    initialises them."""
+
+    def __init__(self, routing: EfficientRouting, in_caps: int, out_caps: int) -> None:
+        super().__init__(routing)
+        self.log_priors = nn.Parameter(torch.zeros(in_caps, out_caps))
+
+    def forward(self, votes: torch.Tensor, children: torch.Tensor, child_activations: torch.Tensor) -> Routed:
+        return efficient_routing(votes, self.log_priors)
+
+
+class UniformRouter(_Router):
+    """Every coupling 1/J (:func:`~capsexp.nn.functional.uniform_routing`)."""
+
+    def forward(self, votes: torch.Tensor, children: torch.Tensor, child_activations: torch.Tensor) -> Routed:
+        return uniform_routing(votes)
+
+
+class RandomRouter(_Router):
+    """Random couplings at every pass (:func:`~capsexp.nn.functional.random_routing`), from torch's global
+    generator (so ``seed=`` fixes them)."""
+
+    def forward(self, votes: torch.Tensor, children: torch.Tensor, child_activations: torch.Tensor) -> Routed:
+        return random_routing(votes)
+
+
+def make_router(routing: RoutingOptions, in_caps: int, in_dim: int, out_caps: int, out_dim: int) -> nn.Module:
+    """The router module of the algorithm ``routing`` names, for I = ``in_caps`` children of ``in_dim``
+    dimensions and J = ``out_caps`` parents of ``out_dim``."""
+    if isinstance(routing, DynamicRouting):
+        return DynamicRouter(routing)
+    if isinstance(routing, EMRouting):
+        return EMVectorRouter(routing, out_caps)
+    if isinstance(routing, SelfRouting):
+        return SelfRouter(routing, in_caps, in_dim, out_caps)
+    if isinstance(routing, AttentionRouting):
+        return AttentionRouter(routing, out_dim)
+    if isinstance(routing, EfficientRouting):
+        return EfficientRouter(routing, in_caps, out_caps)
+    if isinstance(routing, UniformRouting):
+        return UniformRouter(routing)
+    if isinstance(routing, RandomRouting):
+        return RandomRouter(routing)
+    raise TypeError(f"no router for {type(routing).__name__}")
