@@ -578,7 +578,7 @@ def test_net_options_batchnorm_and_weight_scale():
     )
 
 
-def test_routing_diagnostics_are_logged_for_em_layers_only(mnist_dir, tmp_path):
+def test_routing_diagnostics_are_logged_for_each_em_layer(mnist_dir, tmp_path):
     result = run_cli_in_process(
         *TINY_RUN,
         f"paths.data_dir={mnist_dir}",

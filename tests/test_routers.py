@@ -51,10 +51,15 @@ def test_capsnet_trains_with_every_routing_from_the_command_line(name, mnist_dir
         "trainer.val_check_interval=2",
         "trainer.limit_val_batches=1",
         "trainer.limit_test_batches=1",
+        "callbacks.routing_diagnostics.every_n_steps=1",
         f"hydra.run.dir={tmp_path}",
     )
     assert result.returncode == 0, result.stderr[-3000:]
     logged = scalars(tmp_path)
     assert "test/acc" in logged and "train/margin_loss_step" in logged
+    # The routing diagnostics, whatever the algorithm: how decided the assignment, how input-dependent the activations.
+    assert [e.step for e in logged["routing/digits/entropy"]] == [0, 1]
+    assert all(0 <= e.value <= 1 + 1e-6 for e in logged["routing/digits/entropy"])
+    assert logged["routing/digits/activation_std_across_inputs"][0].value >= 0
     # What routing did, whatever the algorithm: the weight of each primary capsule's vote per class.
     assert "routing/digits/couplings" in load_events(tmp_path, images=0).Tags()["images"]

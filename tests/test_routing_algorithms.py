@@ -164,6 +164,7 @@ def test_efficient_routing_is_its_papers_equations_in_values_and_gradients():
         0.1 * torch.randn(I, J, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
     ).requires_grad_()
     routed = efficient_routing(votes, log_priors)
+    torch.testing.assert_close(routed.assignment.sum(-1), torch.ones(B, I, dtype=torch.float64))  # c, without b
     _same_values_and_gradients(
         (routed.poses, routed.activations),
         (poses := transcribe_efficient_routing(votes, log_priors), poses.norm(dim=-1)),

@@ -1,11 +1,12 @@
-"""What EM routing does during training, in TensorBoard: the quantities that tell a stuck run.
+"""What routing does during training, in TensorBoard: the quantities that tell a stuck run.
 
-Every ``every_n_steps`` training steps, for each EM capsule layer of the net (``conv_caps1``,
-``conv_caps2``, ``class_caps``):
+Every ``every_n_steps`` training steps, for each routing layer of the net: the EM capsule layers
+(``conv_caps1``, ``conv_caps2``, ``class_caps``) and CapsNet's ``digits``, whatever its algorithm:
 
-- ``routing/<layer>/entropy``: mean entropy of each child's responsibilities over the parents that
-  receive it, divided by its maximum (1: uniform, routing undecided; 0: hard assignments). A value
-  near 0 after the first E-step is the collapse that stalls training (see docs/em_training.md);
+- ``routing/<layer>/entropy``: mean entropy of each child's assignment (responsibilities, couplings) over
+  the parents that receive it, divided by its maximum (1: uniform, routing undecided; 0: hard
+  assignments). A value near 0 after the first E-step is the collapse that stalls EM training (see
+  docs/em_training.md);
 - ``routing/<layer>/activation_mean`` and ``activation_std``: parent activations over all capsules
   and inputs (all near 0.5 means the sigmoid argument is too small to tell parents apart);
 - ``routing/<layer>/activation_std_across_inputs``: the std of each capsule's (parent type at one
@@ -16,7 +17,7 @@ Every ``every_n_steps`` training steps, for each EM capsule layer of the net (``
 - ``grad_norm/<layer>``: norm of the gradient of the layer's parameters (which layer's vanish);
 - histograms ``routing/<layer>/activations`` and ``routing/<layer>/entropy``.
 
-A no-op for nets without EM capsule layers (LeNet5, CapsNet), so it sits in the default callbacks.
+A no-op for nets without routing layers (LeNet5), so it sits in the default callbacks.
 """
 
 from __future__ import annotations
@@ -29,15 +30,18 @@ from pydantic import PositiveInt
 
 from capsexp.callbacks.image_logging import tensorboard_writer
 from capsexp.config.arguments import checked
-from capsexp.nn import ClassMatrixCapsules, ConvMatrixCapsules
+from capsexp.nn import ClassMatrixCapsules, ConvMatrixCapsules, RoutingCapsules
 from capsexp.nn.functional import responsibility_entropy
 
-EM_LAYERS = (ConvMatrixCapsules, ClassMatrixCapsules)
+ROUTING_LAYERS = (ConvMatrixCapsules, ClassMatrixCapsules, RoutingCapsules)
 
 
-def em_layers(module: torch.nn.Module) -> dict[str, torch.nn.Module]:
-    """The EM capsule layers of a module, by their name relative to its ``net``."""
-    return {name.removeprefix("net."): layer for name, layer in module.named_modules() if isinstance(layer, EM_LAYERS)}
+def routing_layers(module: torch.nn.Module) -> dict[str, torch.nn.Module]:
+    """The routing layers of a module, by their name relative to its ``net``: each has a ``router`` whose
+    forward returns (poses, parent activations, assignment)."""
+    return {
+        name.removeprefix("net."): layer for name, layer in module.named_modules() if isinstance(layer, ROUTING_LAYERS)
+    }
 
 
 @checked
@@ -53,7 +57,7 @@ class RoutingDiagnostics(L.Callback):
         self._hooks: list[torch.utils.hooks.RemovableHandle] = []
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch, batch_idx: int) -> None:
-        layers = em_layers(pl_module)
+        layers = routing_layers(pl_module)
         due = bool(layers) and trainer.global_step % self.every_n_steps == 0 and tensorboard_writer(trainer) is not None
         self._step, self._grad_norms, self._routing = (trainer.global_step if due else None), {}, {}
         if due:  # a forward hook on each layer's router, for this step only
@@ -77,7 +81,7 @@ class RoutingDiagnostics(L.Callback):
     def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer) -> None:
         if self._step is None:
             return
-        for name, layer in em_layers(pl_module).items():
+        for name, layer in routing_layers(pl_module).items():
             grads = [p.grad.detach().float() for p in layer.parameters() if p.grad is not None]
             if grads:
                 self._grad_norms[name] = torch.linalg.vector_norm(torch.stack([g.norm() for g in grads])).item()
@@ -92,12 +96,15 @@ class RoutingDiagnostics(L.Callback):
             hook.remove()
         self._hooks, recorded, self._routing = [], self._routing, {}
         writer = tensorboard_writer(trainer)
-        for name, layer in em_layers(pl_module).items():
+        for name, layer in routing_layers(pl_module).items():
             routing = recorded.get(name)
             if name in self._grad_norms:
                 writer.add_scalar(f"grad_norm/{name}", self._grad_norms[name], step)
-            if layer.log_inverse_temperature is not None:
-                scale = layer.log_inverse_temperature.detach().exp().item()
+            log_inverse_temperature = getattr(layer, "log_inverse_temperature", None)
+            if log_inverse_temperature is None:  # an EM router in CapsNet's place keeps its own
+                log_inverse_temperature = getattr(layer.router, "log_inverse_temperature", None)
+            if log_inverse_temperature is not None:
+                scale = log_inverse_temperature.detach().exp().item()
                 writer.add_scalar(f"routing/{name}/inverse_temperature_scale", scale, step)
             if routing is None:
                 continue

@@ -45,7 +45,8 @@ class RoutingCapsules(nn.Module):
     u_hat_j|i = W_ij u_i (section 2), then the routing (:mod:`capsexp.nn.routers`), given the children's
     activations |u_i| where it uses them (the inputs are squashed capsules). Dynamic routing (the paper's)
     runs fused with the votes (:func:`~capsexp.nn.functional.fully_connected_routing`), without its
-    couplings; ``self.router`` gives them. No bias, as in the paper's parameter count.
+    couplings; while a forward hook watches ``self.router``, the router also runs (without gradient) so
+    that the hook sees them. No bias, as in the paper's parameter count.
     """
 
     def __init__(
@@ -86,6 +87,9 @@ class RoutingCapsules(nn.Module):
         if isinstance(self.routing, DynamicRouting):
             # Same as dynamic_routing(self.votes(inputs), ...), with the vote matmul fused into the backward.
             poses = fully_connected_routing(inputs, self.weight, self.out_caps, self.routing)
+            if self.router._forward_hooks:  # someone watches the routing (diagnostics): show it the couplings
+                with torch.no_grad():
+                    self.router(self.votes(inputs), inputs, torch.linalg.vector_norm(inputs, dim=-1))
             # vector_norm's gradient at a zero vector is 0, not NaN.
             return Routed(poses, torch.linalg.vector_norm(poses, dim=-1), None)
         return self.router(self.votes(inputs), inputs, torch.linalg.vector_norm(inputs, dim=-1))

@@ -28,11 +28,11 @@ def efficient_routing(votes: torch.Tensor, log_priors: torch.Tensor | None = Non
     - s_j = sum_i (c_ij + b_ij) u_hat_j|i, with the learned log priors b (I, J) (zero: none);
     - v_j = (1 - e^(-|s_j|)) s_j / |s_j| (:func:`efficient_squash`), the activation |v_j|.
 
-    The assignment returned is c + b (B, I, J), the weights the votes are summed with.
+    The assignment returned is c (B, I, J), each child's row summing to 1; the priors b, shared by all
+    inputs, are the layer's parameters.
     """
     agreement = torch.einsum("bijd,bjd->bij", votes, votes.sum(dim=1)) / math.sqrt(votes.shape[-1])
     couplings = torch.softmax(agreement, dim=-1)
-    if log_priors is not None:
-        couplings = couplings + log_priors
-    poses = efficient_squash(weighted_sum(couplings, votes))
+    weights = couplings if log_priors is None else couplings + log_priors
+    poses = efficient_squash(weighted_sum(weights, votes))
     return Routed(poses, length(poses), couplings)
