@@ -133,6 +133,7 @@ def test_capsnet_on_rotated_mnist_logs_each_angle_and_the_figures(mnist_dir, tmp
     # TensorBoard's HParams tab: the run's hyperparameters, and every test set among its metrics.
     hparams = hparams_summary(tmp_path)
     assert hparams["hparams"]["model/net/routing/iterations"] == 3
+    assert hparams["hparams"]["model/params"] > 0 and hparams["hparams"]["model/flops_per_image"] > 0
     assert hparams["hparams"]["data/_target_"].endswith("MNISTDataModule")
     # Locations are not hyperparameters: no machine's paths in a run's event files.
     assert not [k for k in hparams["hparams"] if k.endswith(("data_dir", "default_root_dir", "dirpath"))]

@@ -1,5 +1,6 @@
 """Routing as a swappable part: every algorithm in CapsNet's place (``model=capsnet model/routing=<name>``)
-trains from the command line, and each router returns what the class scores and diagnostics read."""
+trains from the command line, and each router returns what the class scores and diagnostics read; what
+a model costs, as a run reports it."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import torch
 
 from capsexp.config.hydra_setup import ROUTINGS
 from capsexp.nn import DynamicRouting, RoutingCapsules
+from capsexp.run.model_cost import forward_flops_per_image
 from tests.helpers import TINY_RUN, load_events, run_cli_in_process, scalars
 
 
@@ -63,3 +65,10 @@ def test_capsnet_trains_with_every_routing_from_the_command_line(name, mnist_dir
     assert logged["routing/digits/activation_std_across_inputs"][0].value >= 0
     # What routing did, whatever the algorithm: the weight of each primary capsule's vote per class.
     assert "routing/digits/couplings" in load_events(tmp_path, images=0).Tags()["images"]
+
+
+def test_a_models_forward_flops_are_its_matrix_products_per_image_and_its_mode_is_kept():
+    net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(2 * 5 * 5, 7), torch.nn.ReLU(), torch.nn.Linear(7, 3))
+    net.train()
+    assert forward_flops_per_image(net, channels=2, image_size=5) == 2 * (50 * 7 + 7 * 3)  # 2 per multiply-add
+    assert net.training

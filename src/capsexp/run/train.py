@@ -25,6 +25,7 @@ from capsexp.run.build import build_model, instantiate, instantiate_all
 from capsexp.run.checkpoints import check_checkpoint
 from capsexp.run.distributed import DDPJob, ddp_job
 from capsexp.run.hparams import log_hyperparameters, metric_names
+from capsexp.run.model_cost import forward_flops_per_image, parameter_count
 from capsexp.run.resume import LAST_CHECKPOINT
 from capsexp.run.run_folder import StepSeen, no_files_left_if_failed_early, say_run_folder, shown_path
 
@@ -93,8 +94,12 @@ def _fit_and_test(
     trainer: L.Trainer,
 ) -> dict[str, float]:
     hparams = OmegaConf.to_container(cfg, resolve=True)
-    hparams["model/params"] = sum(p.numel() for p in module.parameters())
-    log.info(f"{type(getattr(module, 'net', module)).__name__}: {hparams['model/params']:,} parameters")
+    hparams["model/params"] = parameter_count(module)
+    hparams["model/flops_per_image"] = forward_flops_per_image(module, cfg.geometry.channels, cfg.geometry.image_size)
+    log.info(
+        f"{type(getattr(module, 'net', module)).__name__}: {hparams['model/params']:,} parameters, "
+        f"{hparams['model/flops_per_image'] / 1e6:,.1f} MFLOPs per image (forward)"
+    )
     log_hyperparameters(trainer.loggers, hparams, metric_names(datamodule.test_set_names))
 
     metrics: dict[str, float] = {}
