@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 from torch.utils.tensorboard import SummaryWriter
 
-from capsexp.nn import RoutingCapsules
+from capsexp.nn import DynamicRouting, RoutingCapsules
 from capsexp.nn.functional import dynamic_routing_trace
 from capsexp.results.events import load_events
 from capsexp.results.runs import Configuration, Run, find_runs, group
@@ -92,7 +92,11 @@ def _votes_of(run: Path, images: int) -> dict[str, torch.Tensor]:
     (its last, when it saved no other), on the first ``images`` validation images of the run's data."""
     saved = [p for p in (run / "checkpoints").glob("*.ckpt") if p.name != "last.ckpt"]
     module, cfg = model_of_run(best_checkpoint(run) if saved else run / "checkpoints" / "last.ckpt", str(run))
-    layers = {name: m for name, m in module.net.named_modules() if isinstance(m, RoutingCapsules)}
+    layers = {
+        name: m
+        for name, m in module.net.named_modules()
+        if isinstance(m, RoutingCapsules) and isinstance(m.routing, DynamicRouting)
+    }
     if not layers:
         return {}
     datamodule = instantiate("data", cfg.data)
@@ -152,8 +156,10 @@ def routing_convergence(runs: list[Run], page: StudyPage, output: Path) -> str:
     ]
     findings = []
     for name, measures in rows.items():
+        # Each measure from the first iteration with an update change (2) to the last.
         updates, logits, couplings = (
-            list(measures[measure].values()) for measure in ("update_change", "logit_change", "coupling_change")
+            [measures[measure][r] for r in iterations]
+            for measure in ("update_change", "logit_change", "coupling_change")
         )
         falls = all(later < earlier for earlier, later in itertools.pairwise(updates))
         findings.append(
