@@ -20,7 +20,8 @@ and the functions that add what a table cannot show. A comparison of runs made w
           figures: {model=lenet5: 0.95, model=capsnet: {mean: 0.97, std: 0.002, runs: 3}}
       sections: [capsexp.studies.dr.reconstructions]      # functions (runs, page, folder) -> Markdown
 
-A configuration matches a figure's key when its overrides include every override of the key.
+A configuration matches a paper figure's key when its overrides include every override of the key; an
+expected figure's key is the whole of a job's choices (its seed aside), and checks only runs made so.
 """
 
 from __future__ import annotations
