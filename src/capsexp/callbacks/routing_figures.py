@@ -64,15 +64,15 @@ class RoutingFigures(L.Callback):
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         writer = tensorboard_writer(trainer)
         net = getattr(pl_module, "net", pl_module)
-        dynamic = {name: m for name, m in net.named_modules() if isinstance(m, RoutingCapsules)}
+        fully_connected = {name: m for name, m in net.named_modules() if isinstance(m, RoutingCapsules)}
         em = {name: m for name, m in net.named_modules() if isinstance(m, ClassMatrixCapsules)}
-        if trainer.sanity_checking or writer is None or self._batch is None or not (dynamic or em):
+        if trainer.sanity_checking or writer is None or self._batch is None or not (fully_connected or em):
             return
         images, labels = self._batch
         captured: dict[str, tuple] = {}
         hooks = [
             layer.register_forward_hook(functools.partial(_keep_input, captured, name))
-            for name, layer in dynamic.items()
+            for name, layer in fully_connected.items()
         ]
         hooks += [
             layer.router.register_forward_hook(functools.partial(_keep_output, captured, name))
@@ -85,7 +85,7 @@ class RoutingFigures(L.Callback):
                 hook.remove()
         step = trainer.global_step
         primary = next((m for m in net.modules() if isinstance(m, PrimaryCapsules)), None)
-        for name, layer in dynamic.items():
+        for name, layer in fully_connected.items():
             children = captured[name][0]
             if isinstance(layer.routing, DynamicRouting):
                 trace = dynamic_routing_trace(layer.votes(children), layer.routing.iterations)
