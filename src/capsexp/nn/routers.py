@@ -5,8 +5,8 @@ the algorithm's options and its learned parameters, all called alike,
 
 and returning the parents' poses, activations in [0, 1] and the assignment (couplings,
 responsibilities), so that a forward hook sees what any algorithm did. :func:`make_router` builds the
-one the options name. Dynamic routing's module is used where the couplings are wanted; in training,
-:class:`~capsexp.nn.RoutingCapsules` runs it fused with the votes instead.
+one the options name. :class:`~capsexp.nn.RoutingCapsules` runs dynamic routing fused with the votes
+instead, and calls its module only while a hook watches it (the fused path keeps no couplings).
 """
 
 from __future__ import annotations

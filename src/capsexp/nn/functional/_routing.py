@@ -24,8 +24,9 @@ class Routed(NamedTuple):
 
 
 def length(poses: torch.Tensor) -> torch.Tensor:
-    """|v_j|, the activation of a squashed pose (Sabour et al. 2017, section 2): (B, J, D) -> (B, J)."""
-    return poses.norm(dim=-1)
+    """|v_j|, the activation of a squashed pose (Sabour et al. 2017, section 2): (B, J, D) -> (B, J).
+    ``vector_norm``'s gradient at a zero pose is 0, not NaN."""
+    return torch.linalg.vector_norm(poses, dim=-1)
 
 
 def weighted_sum(couplings: torch.Tensor, votes: torch.Tensor) -> torch.Tensor:
