@@ -71,7 +71,7 @@ class RoutingFigures(L.Callback):
         images, labels = self._batch
         captured: dict[str, tuple] = {}
         hooks = [
-            layer.register_forward_hook(functools.partial(_keep_input, captured, name))
+            layer.register_forward_hook(functools.partial(_keep_input_and_output, captured, name))
             for name, layer in fully_connected.items()
         ]
         hooks += [
@@ -86,8 +86,8 @@ class RoutingFigures(L.Callback):
         step = trainer.global_step
         primary = next((m for m in net.modules() if isinstance(m, PrimaryCapsules)), None)
         for name, layer in fully_connected.items():
-            children = captured[name][0]
-            if isinstance(layer.routing, DynamicRouting):
+            children, routed = captured[name]
+            if isinstance(layer.routing, DynamicRouting):  # fused: its couplings are traced from the votes
                 trace = dynamic_routing_trace(layer.votes(children), layer.routing.iterations)
                 for r, change in enumerate(trace.logit_changes.tolist(), start=1):
                     writer.add_scalar(f"routing/{name}/logit_change_iter{r}", change, step)
@@ -96,8 +96,8 @@ class RoutingFigures(L.Callback):
                 for r, change in enumerate(trace.coupling_changes.tolist(), start=2):
                     writer.add_scalar(f"routing/{name}/coupling_change_iter{r}", change, step)
                 couplings = trace.couplings[-1]
-            else:  # the weight of each child's vote in each parent, as the layer's algorithm set it
-                couplings = layer.router(layer.votes(children), children, children.norm(dim=-1)).assignment
+            else:  # the weight of each child's vote in each parent, as the pass just made set it
+                couplings = routed.assignment
             if primary is not None:
                 writer.add_image(f"routing/{name}/couplings", coupling_maps(couplings, labels, primary.num_types), step)
         for name in em:
@@ -109,8 +109,8 @@ class RoutingFigures(L.Callback):
             writer.add_histogram(f"routing/{name}/responsibility_to_present", to_present.float().cpu(), step)
 
 
-def _keep_input(captured: dict, name: str, module: torch.nn.Module, inputs: tuple, output) -> None:
-    captured[name] = (inputs[0].detach(),)
+def _keep_input_and_output(captured: dict, name: str, module: torch.nn.Module, inputs: tuple, output) -> None:
+    captured[name] = (inputs[0].detach(), output)
 
 
 def _keep_output(captured: dict, name: str, module: torch.nn.Module, inputs: tuple, output) -> None:
