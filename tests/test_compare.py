@@ -485,3 +485,47 @@ def test_the_machine_line_names_the_cpus_vector_instructions_where_recorded():
     del recorded["cpu_capability"]  # a record written before it was kept
     assert describe_text({**recorded, "gpus": []}) == "AMD EPYC, 2 cores, CPU only, torch 2.14.1"
     assert describe()["cpu_capability"] in ("DEFAULT", "AVX2", "AVX512", "ZVECTOR", "VSX", "NEON", "SVE256")
+
+
+TWO_REFERENCES = """
+page:
+  title: Two references
+  metric: [test/acc, val/acc]
+  reference: [arm=uniform, arm=dynamic]
+  notes: {quick: Two references.}
+"""
+
+
+def test_each_configuration_against_each_reference_for_each_compared_metric_holm_over_the_metrics_comparisons(
+    tmp_path, monkeypatch
+):
+    from capsexp.results import statistics, study
+
+    (tmp_path / "conf" / "experiment").mkdir(parents=True)
+    (tmp_path / "conf" / "experiment" / "toy.yaml").write_text(TWO_REFERENCES)
+    monkeypatch.setattr(study, "CONFIG_DIR", tmp_path / "conf")
+    accuracies = {
+        ("arm=dynamic",): [0.97, 0.99, 0.98],
+        ("arm=self",): [0.95, 0.96, 0.98],
+        ("arm=uniform",): [0.96, 0.97, 0.97],
+    }
+    make_study(tmp_path / "sweep", accuracies)
+    page = (compare(tmp_path / "sweep").output / "README.md").read_text()
+    for metric in ("test/acc", "val/acc"):
+        section = page[page.index(f"## Against `arm=uniform`, `arm=dynamic`: {metric}") :]
+        section = section[: section.index("\n## ", 1)] if "\n## " in section[1:] else section
+        assert "4 comparisons: p-values adjusted by Holm's method" in section
+        rows = [line for line in section.splitlines() if line.startswith("| arm=")]
+        assert [tuple(line.split(" | ")[:2]) for line in rows] == [
+            ("| arm=uniform", "arm=dynamic"),
+            ("| arm=uniform", "arm=self"),
+            ("| arm=dynamic", "arm=self"),
+            ("| arm=dynamic", "arm=uniform"),
+        ]
+    # dynamic minus uniform, paired by seed: +1, +2, +1 points.
+    differences = [0.01, 0.02, 0.01]
+    p = statistics.difference(
+        list(enumerate(accuracies[("arm=dynamic",)])), list(enumerate(accuracies[("arm=uniform",)]))
+    ).p
+    assert f"| arm=uniform | arm=dynamic | 3 | {100 * statistics.summarise(differences).mean:+.2f} |" in page
+    assert f"| paired t | {p:.3f} |" in page

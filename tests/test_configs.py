@@ -66,8 +66,11 @@ def test_groups_of_the_design_exist():
 
 @pytest.mark.parametrize("group,option", OPTIONS, ids=[f"{g}={o}" for g, o in OPTIONS])
 def test_every_option_composes_and_resolves(group, option):
-    # The groups under model/ belong to a model config that lists them (the margin: EM capsules).
-    model = ["model=em_caps_small"] if group.startswith("model/") else []
+    # The groups under model/ belong to a model config that lists them (the margin: EM capsules; the
+    # loss: CapsNet).
+    model = (
+        [f"model={'capsnet_small' if group == 'model/loss' else 'em_caps_small'}"] if group.startswith("model/") else []
+    )
     if group == "model/net":
         model = [f"model={MODEL_OF_NET[option]}"]
     if group.startswith("arm/"):
@@ -103,7 +106,9 @@ def test_unknown_option_lists_the_available_ones():
     result = run_cli_in_process("model=nope")
     assert result.returncode == 2
     assert "error: model=nope: no such option" in result.stderr
-    assert "model is one of: baseline_cnn, capsnet, em_caps," in result.stderr and "lenet5" in result.stderr
+    assert (
+        "model is one of: baseline_cnn, capsnet, capsnet_small, em_caps," in result.stderr and "lenet5" in result.stderr
+    )
 
 
 def test_cfg_job_prints_the_composed_config_without_training():

@@ -156,6 +156,8 @@ RECIPES = {
             "reconstruction": True,
             "objects": 1,
             "routing": {"_target_": "capsexp.nn.DynamicRouting", "iterations": 3, "detach_agreement": False},
+            "head": "capsules",
+            "class_scores": "activations",
             "conv_channels": 256,
             "primary_types": 32,
             "primary_dim": 8,
@@ -171,12 +173,19 @@ RECIPES = {
         "optimizer": adam(1e-3),
         "lr_scheduler": exponential_decay(2000, staircase=False),
     },
+    "capsnet_small": None,  # set below: capsnet's recipe, with conv1 64 channels and 8 PrimaryCaps types
     # The large net (A=B=C=D=32) and the small one (A=64, B=8, C=D=16), each under capsexp's recipe and
     # under the paper's.
     "em_caps": em_recipe(matrix_capsnet(32, 32, 32, 32, EM_ROUTING_CAPSEXP, True), lr=0.01, **CAPSEXP_SCHEDULE),
     "em_caps_small": em_recipe(matrix_capsnet(64, 8, 16, 16, EM_ROUTING_CAPSEXP, True), lr=0.003, **CAPSEXP_SCHEDULE),
     "em_caps_paper": em_recipe(matrix_capsnet(32, 32, 32, 32, EM_ROUTING_PAPER, False), **PAPER_SCHEDULE),
     "em_caps_small_paper": em_recipe(matrix_capsnet(64, 8, 16, 16, EM_ROUTING_PAPER, False), **PAPER_SCHEDULE),
+}
+
+
+RECIPES["capsnet_small"] = {
+    **RECIPES["capsnet"],
+    "net": {**RECIPES["capsnet"]["net"], "conv_channels": 64, "primary_types": 8},
 }
 
 

@@ -4,10 +4,14 @@ a model costs, as a run reports it."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
 from capsexp.config.hydra_setup import ROUTINGS
+from capsexp.lit import ActivationNLL
+from capsexp.models import CapsNet
 from capsexp.nn import DynamicRouting, RoutingCapsules
 from capsexp.run.model_cost import forward_flops_per_image
 from tests.helpers import TINY_RUN, load_events, run_cli_in_process, scalars
@@ -40,6 +44,16 @@ def test_dynamic_routings_activations_are_its_capsules_lengths():
     assert routed.assignment is None  # fused: the couplings are not kept
 
 
+# Two training steps, one validation and one test batch, the routing diagnostics at every step.
+TWO_STEPS = [
+    "trainer.max_steps=2",
+    "trainer.val_check_interval=2",
+    "trainer.limit_val_batches=1",
+    "trainer.limit_test_batches=1",
+    "callbacks.routing_diagnostics.every_n_steps=1",
+]
+
+
 @pytest.mark.parametrize("name", list(ROUTINGS))
 def test_capsnet_trains_with_every_routing_from_the_command_line(name, mnist_dir, tmp_path):
     result = run_cli_in_process(
@@ -49,11 +63,7 @@ def test_capsnet_trains_with_every_routing_from_the_command_line(name, mnist_dir
         f"model/routing={name}",
         "model.net.conv_channels=8",
         "model.net.primary_types=2",
-        "trainer.max_steps=2",
-        "trainer.val_check_interval=2",
-        "trainer.limit_val_batches=1",
-        "trainer.limit_test_batches=1",
-        "callbacks.routing_diagnostics.every_n_steps=1",
+        *TWO_STEPS,
         f"hydra.run.dir={tmp_path}",
     )
     assert result.returncode == 0, result.stderr[-3000:]
@@ -72,3 +82,57 @@ def test_a_models_forward_flops_are_its_matrix_products_per_image_and_its_mode_i
     net.train()
     assert forward_flops_per_image(net, channels=2, image_size=5) == 2 * (50 * 7 + 7 * 3)  # 2 per multiply-add
     assert net.training
+
+
+def test_the_fully_connected_head_has_digitcaps_size_and_the_same_outputs_shape():
+    kwargs = dict(image_size=40, conv_channels=16, primary_types=4)
+    capsules, plain = CapsNet(**kwargs), CapsNet(head="fully_connected", **kwargs)
+    digits = sum(p.numel() for p in capsules.digits.parameters())
+    head = sum(p.numel() for p in plain.digits.parameters())
+    # W_ij's I in_dim J D weights, against the head's first layer (as many, plus J D biases) and its J D J + J logits.
+    assert head == digits + 10 * 16 + 10 * 16 * 10 + 10
+    images = torch.rand(3, 1, 40, 40)
+    out = plain(images, targets=torch.tensor([1, 2, 3]))
+    assert out.scores.shape == (3, 10) and out.poses.shape == (3, 10, 16)
+    assert ((out.scores > 0) & (out.scores < 1)).all()
+    assert out.reconstructions.shape == (3, 1, 40, 40)
+
+
+def test_pose_logits_are_one_linear_map_of_each_class_pose_shared_by_the_classes():
+    net = CapsNet(conv_channels=8, primary_types=2, class_scores="pose_logits", reconstruction=False)
+    out = net(torch.rand(2, 1, 28, 28))
+    weight, bias = net.class_logit.weight[0], net.class_logit.bias[0]
+    torch.testing.assert_close(out.scores, out.poses @ weight + bias)
+    assert out.scores.shape == (2, 10)
+
+
+def test_the_activation_nll_is_minus_the_log_of_the_targets_share_of_the_activations():
+    activations = torch.tensor([[0.2, 0.6, 0.2], [0.1, 0.1, 0.3]], dtype=torch.float64)
+    loss = ActivationNLL()(activations, images=None, targets=torch.tensor([1, 2]))
+    expected = -(math.log(0.6 / 1.0) + math.log(0.3 / 0.5)) / 2
+    assert loss["loss"].item() == pytest.approx(expected) and loss["nll"] is loss["loss"]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "term"),
+    [
+        # Self-routing with its paper's loss, inverted dot-product attention routing with its paper's.
+        (["model/routing=self", "model/loss=nll"], "train/nll_step"),
+        (["model/routing=attention", "model/loss=cross_entropy"], "train/loss_step"),
+        # The plain reference: no routing, no routing diagnostics.
+        (["model.net.head=fully_connected"], "train/margin_loss_step"),
+    ],
+)
+def test_capsnet_trains_with_each_papers_loss_and_with_the_plain_head(overrides, term, mnist_dir, tmp_path):
+    result = run_cli_in_process(
+        *TINY_RUN,
+        f"paths.data_dir={mnist_dir}",
+        "model=capsnet_small",
+        *overrides,
+        *TWO_STEPS,
+        f"hydra.run.dir={tmp_path}",
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    logged = scalars(tmp_path)
+    assert "test/acc" in logged and term in logged
+    assert ("routing/digits/entropy" in logged) == ("model.net.head=fully_connected" not in overrides)

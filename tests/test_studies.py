@@ -58,8 +58,8 @@ def test_every_budget_of_a_study_composes_and_its_figures_name_configurations_it
         choices = [{o.lower() for o in job if not o.startswith("seed=")} for job in jobs]
         for key in page.expected.figures if page.expected else {}:  # names a job's choices, all of them
             assert {part.lower() for part in key.split()} in choices, f"{name}: {key} is no job's choices"
-        if page.reference:
-            assert any(figure_for({page.reference: 0}, job) is not None for job in jobs)
+        for reference in page.references:
+            assert any(figure_for({reference: 0}, job) is not None for job in jobs), f"{name}: {reference} is no job"
 
 
 def run_multirun(*arguments: str) -> subprocess.CompletedProcess:

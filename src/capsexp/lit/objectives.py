@@ -92,6 +92,28 @@ class CapsuleLoss:
 
 
 @checked
+class ActivationNLL:
+    """The negative log-likelihood of the target class under the class activations normalised to sum to
+    one, -log(a_t / sum_j a_j): self-routing's loss (Hahn et al. 2019, whose class activations
+    a_j = sum_i c_ij a_i / sum_i a_i already sum to one, so that coder3000/SR-CapsNet takes the NLL of
+    log a_j). The normalisation makes it a likelihood for any routing's positive activations.
+    Logged term: ``nll``."""
+
+    terms = ("loss", "nll")
+    presence_scores = True  # the activations of the class capsules
+    several_objects = False  # one target class per image
+
+    # Keeps the log finite for an activation that underflowed to 0.
+    EPS = 1e-12
+
+    def __call__(self, output: Any, images: torch.Tensor, targets: torch.Tensor) -> dict[str, torch.Tensor]:
+        scores = class_scores(output)
+        log_shares = (scores + self.EPS).log() - (scores.sum(dim=1, keepdim=True) + self.EPS).log()
+        loss = F.nll_loss(log_shares, targets)
+        return {"loss": loss, "nll": loss}
+
+
+@checked
 class SpreadLoss:
     """Spread loss of the EM-routing paper (section 3.1) on the class activations.
 

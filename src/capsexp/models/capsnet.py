@@ -10,7 +10,7 @@ training, otherwise the ``objects`` longest.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -21,10 +21,37 @@ from capsexp.config.arguments import checked
 from capsexp.models.input_check import check_images
 from capsexp.nn import DynamicRouting, PrimaryCapsules, RoutingCapsules, RoutingOptions
 
+# What stands between PrimaryCaps and the decoder: the class capsules (routed) or the plain reference.
+Head = Literal["capsules", "fully_connected"]
+# The class scores: the class capsules' activations (capsule lengths under dynamic routing), or a logit
+# per class from its pose by one linear map shared by the classes, w . v_j + b (inverted dot-product
+# attention routing's classifier, Tsai et al. 2020, section 2.2), for a cross-entropy loss.
+ClassScores = Literal["activations", "pose_logits"]
+
+
+class FullyConnectedHead(nn.Module):
+    """The non-capsule reference in DigitCaps' place, of matched size: the same children flattened
+    (I x in_dim features), a ReLU layer of J x D units, and J logits. Its first layer has as many weights
+    as DigitCaps' W_ij (I in_dim J D); the second adds J D J. The hidden units, read as D features per
+    class, are what the decoder reconstructs from, as it reads the class capsules; the scores are
+    sigmoid(logits), in (0, 1) like capsule lengths, so that the same margin loss applies."""
+
+    def __init__(self, in_caps: int, in_dim: int, out_caps: int, out_dim: int) -> None:
+        super().__init__()
+        self.out_caps, self.out_dim = out_caps, out_dim
+        self.hidden = nn.Linear(in_caps * in_dim, out_caps * out_dim)
+        self.logits = nn.Linear(out_caps * out_dim, out_caps)
+
+    def forward(self, inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """inputs (B, I, in_dim) -> features (B, J, D), scores (B, J)."""
+        features = F.relu(self.hidden(inputs.flatten(1)))
+        return features.view(-1, self.out_caps, self.out_dim), torch.sigmoid(self.logits(features))
+
 
 class CapsNetOutput(NamedTuple):
-    scores: torch.Tensor  # (B, classes): the class capsules' activations (dynamic routing: their lengths)
-    poses: torch.Tensor  # (B, classes, pose_dim): the class capsules
+    # (B, classes): the class capsules' activations (dynamic routing: their lengths), or logits
+    scores: torch.Tensor
+    poses: torch.Tensor  # (B, classes, pose_dim): the class capsules (head=fully_connected: its features)
     # (B, C, H, W) in [0, 1], or (B, T, C, H, W) for T objects per image; None without a decoder
     reconstructions: torch.Tensor | None
 
@@ -41,6 +68,10 @@ class CapsNet(nn.Module):
             (``model/routing=<name>``, :mod:`capsexp.nn.routers`); the paper's dynamic routing with 3
             iterations by default. The class scores are the class capsules' activations (their lengths
             under dynamic routing).
+        head: ``capsules`` (DigitCaps, routed) or ``fully_connected``, the plain-network reference of
+            matched size (:class:`FullyConnectedHead`; ``routing`` is then unused).
+        class_scores: ``activations`` (presence scores in [0, 1], for the margin loss) or
+            ``pose_logits`` (w . v_j + b, for a cross-entropy loss: ``model/loss=cross_entropy``).
         reconstruction: build the decoder (the reconstruction regulariser of section 4.1).
         objects: objects per image (MultiMNIST: 2), each reconstructed from its own capsule; in
             evaluation, the ``objects`` longest capsules are decoded.
@@ -55,6 +86,8 @@ class CapsNet(nn.Module):
         reconstruction: bool = True,
         objects: PositiveInt = 1,
         routing: RoutingOptions = DynamicRouting(),
+        head: Head = "capsules",
+        class_scores: ClassScores = "activations",
         conv_channels: PositiveInt = 256,
         primary_types: PositiveInt = 32,
         primary_dim: PositiveInt = 8,
@@ -69,7 +102,12 @@ class CapsNet(nn.Module):
         if feature_size < 9:
             raise ValueError(f"CapsNet: image_size={image_size} is too small for two 9x9 convolutions (needs >= 17)")
         num_primary = self.primary.output_size(feature_size, feature_size)
-        self.digits = RoutingCapsules(num_primary, primary_dim, num_classes, pose_dim, routing)
+        self.digits = (
+            RoutingCapsules(num_primary, primary_dim, num_classes, pose_dim, routing)
+            if head == "capsules"
+            else FullyConnectedHead(num_primary, primary_dim, num_classes, pose_dim)
+        )
+        self.class_logit = nn.Linear(pose_dim, 1) if class_scores == "pose_logits" else None
         self.decoder = (
             nn.Sequential(
                 nn.Linear(num_classes * pose_dim, 512),
@@ -99,7 +137,9 @@ class CapsNet(nn.Module):
         check_images(images, self.image_shape, "CapsNet")
         # In place: conv1's backward needs its input, not its output; saves a 52 MB buffer at batch 128.
         primary = self.primary(F.relu(self.conv1(images), inplace=True))
-        poses, scores, _ = self.digits(primary)  # (B, classes, pose_dim), (B, classes)
+        poses, scores, *_ = self.digits(primary)  # (B, classes, pose_dim), (B, classes)
+        if self.class_logit is not None:
+            scores = self.class_logit(poses).squeeze(-1)
         reconstructions = None
         if self.decoder is not None:
             if targets is None:

@@ -104,50 +104,63 @@ def results_table(configurations: list[Configuration], metrics: list[str], headl
     return "\n".join(lines) + "\n"
 
 
-def reference_of(configurations: list[Configuration], page: StudyPage) -> Configuration:
-    """The experiment's reference configuration where the runs include it, else the first (a user may
-    run some arms of a study only)."""
-    if page.reference:
-        found = [c for c in configurations if matches(page.reference, c.runs[0].overrides)]
-        if found:
-            return found[0]
-    return configurations[0]
+def references_of(configurations: list[Configuration], page: StudyPage) -> list[Configuration]:
+    """The experiment's reference configurations that the runs include, else the first configuration (a
+    user may run some arms of a study only)."""
+    found = []
+    for reference in page.references:
+        match = next((c for c in configurations if matches(reference, c.runs[0].overrides)), None)
+        if match is not None and all(match is not f for f in found):
+            found.append(match)
+    return found or configurations[:1]
 
 
 def differences_section(configurations: list[Configuration], headline: str, page: StudyPage) -> str:
-    """Each configuration's headline metric minus the reference's, with its interval and test; the
-    p-values adjusted by Holm's method over the comparisons made."""
+    """Each compared metric (the headline first, then the page's others): each configuration minus each
+    reference, with its interval and test; the p-values adjusted by Holm's method over the comparisons
+    made for that metric."""
     if len(configurations) < 2:
         return ""
-    reference = reference_of(configurations, page)
-    others = [c for c in configurations if c is not reference]
-    reference_values = reference.values(headline)
-    arms = [c.values(headline) for c in others]
-    found = [statistics.difference(arm, reference_values) if arm and reference_values else None for arm in arms]
-    adjusted = statistics.holm_adjusted([d.p if d else None for d in found])
-    factor = scale(headline)
-    unit = " (percentage points)" if factor == 100 else ""
-    lines = [
-        f"## Against `{reference.label}`",
-        "",
-        f"{headline}, each configuration minus `{reference.label}`{unit}, with the {100 * statistics.CONFIDENCE:.0f}% "
-        "confidence interval of the difference: a paired t-test where the two share their seeds, Welch's "
-        f"t-test otherwise (two runs a side at least). {len(others)} comparison"
-        f"{'s' if len(others) > 1 else ''}: p-values adjusted by Holm's method; significant means an adjusted "
-        f"p below {statistics.SIGNIFICANCE}.",
-        "",
-        "| configuration | runs | difference | 95% CI | test | p | p (Holm) | significant |",
-        "| --- | ---: | ---: | ---: | --- | ---: | ---: | --- |",
+    references = references_of(configurations, page)
+    metrics = [headline, *(m for m in page.metrics if m != headline)]
+    return "\n".join(_differences(configurations, metric, references, len(metrics) > 1) for metric in metrics)
+
+
+def _differences(
+    configurations: list[Configuration], metric: str, references: list[Configuration], titled_by_metric: bool
+) -> str:
+    pairs = [(reference, c) for reference in references for c in configurations if c is not reference]
+    found = [
+        statistics.difference(arm, base) if (arm := c.values(metric)) and (base := r.values(metric)) else None
+        for r, c in pairs
     ]
-    for configuration, difference, p_holm in zip(others, found, adjusted, strict=True):
+    adjusted = statistics.holm_adjusted([d.p if d else None for d in found])
+    factor = scale(metric)
+    unit = " (percentage points)" if factor == 100 else ""
+    against = ", ".join(f"`{r.label}`" for r in references)
+    lines = [
+        f"## Against {against}" + (f": {metric}" if titled_by_metric else ""),
+        "",
+        f"{metric}, each configuration minus {'each of ' if len(references) > 1 else ''}{against}{unit}, with the "
+        f"{100 * statistics.CONFIDENCE:.0f}% confidence interval of the difference: a paired t-test where the two "
+        "share their seeds, Welch's t-test otherwise (two runs a side at least). "
+        f"{len(pairs)} comparison{'s' if len(pairs) > 1 else ''}: p-values adjusted by Holm's method; "
+        f"significant means an adjusted p below {statistics.SIGNIFICANCE}.",
+        "",
+        ("| reference " if len(references) > 1 else "")
+        + "| configuration | runs | difference | 95% CI | test | p | p (Holm) | significant |",
+        ("| --- " if len(references) > 1 else "") + "| --- | ---: | ---: | ---: | --- | ---: | ---: | --- |",
+    ]
+    for (reference, configuration), difference, p_holm in zip(pairs, found, adjusted, strict=True):
+        first = f"| {reference.label} " if len(references) > 1 else ""
         if difference is None:
-            lines.append(f"| {configuration.label} | {len(configuration.runs)} | not logged by both | | | | | |")
+            lines.append(f"{first}| {configuration.label} | {len(configuration.runs)} | not logged by both | | | | | |")
             continue
         verdict = ""
         if p_holm is not None and not math.isnan(p_holm):
             verdict = "yes" if p_holm < statistics.SIGNIFICANCE else "no"
         lines.append(
-            f"| {configuration.label} | {len(configuration.runs)} | {factor * difference.mean:+.2f} | "
+            f"{first}| {configuration.label} | {len(configuration.runs)} | {factor * difference.mean:+.2f} | "
             f"{interval(difference.low, difference.high, factor)} | {difference.test or 'too few runs'} | "
             f"{p_text(difference.p)} | {p_text(p_holm)} | {verdict} |"
         )
@@ -257,8 +270,12 @@ def header(page: StudyPage, runs: list[Run], folder: Path, folder_text: str, reb
     )
 
 
+RECORDED_HPARAMS = Path("tensorboard") / "hparams.yaml"  # the Lightning logger's record of the run's config
+
+
 def keep_runs(runs: list[Run], folder: Path, output: Path) -> Path:
-    """Copy what a page needs of each run (overrides, machine record, event files: kilobytes) into
+    """Copy what a page needs of each run (overrides, machine record, event files, recorded
+    hyperparameters: kilobytes) into
     ``output/runs/`` (replacing what it held), by the runs' paths under ``folder``. Overrides that name
     this machine's folders (``hydra.sweep.dir=...``, ``ckpt_path=...``) are left out."""
     kept = output / KEPT_RUNS
@@ -282,6 +299,8 @@ def keep_runs(runs: list[Run], folder: Path, output: Path) -> Path:
         (target / "tensorboard").mkdir()
         for events in sorted((run.folder / "tensorboard").glob("events.out.tfevents.*")):
             shutil.copy2(events, target / "tensorboard" / events.name)
+        if (run.folder / RECORDED_HPARAMS).exists():  # the parameters and FLOPs the run recorded
+            shutil.copy2(run.folder / RECORDED_HPARAMS, target / RECORDED_HPARAMS)
     return kept
 
 

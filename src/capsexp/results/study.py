@@ -6,8 +6,10 @@ and the functions that add what a table cannot show. A comparison of runs made w
 
     page:
       title: Rotation robustness
-      metric: test/acc                 # the metric compared across configurations (default below)
-      reference: model=lenet5          # the configuration the others are compared with (default: the first)
+      metric: test/acc                 # the metric compared across configurations (default below); a list
+                                       # compares each (the first is the headline)
+      reference: model=lenet5          # the configuration the others are compared with (default: the first);
+                                       # a list compares them with each
       notes: {quick: "...", full: "..."}
       paper:                           # shown beside ours
         source: Sabour et al. 2017, Table 1
@@ -73,18 +75,23 @@ class StudyPage:
     experiment: str | None = None
     budget: str = DEFAULT_BUDGET
     title: str = "Run comparison"
-    metric: str | None = None
-    reference: str | None = None
+    metrics: tuple[str, ...] = ()  # compared with the references; the first is the headline
+    references: tuple[str, ...] = ()
     notes: str = ""
     paper: PaperFigures | None = None
     expected: Expected | None = None
     sections: list[str] = field(default_factory=list)
 
+    @property
+    def reference(self) -> str | None:
+        """The first reference: the configuration a figure of one configuration shows first."""
+        return self.references[0] if self.references else None
+
     def headline_metric(self, logged: list[str]) -> str:
-        """The metric compared: the page's, else the first logged of the test accuracy, the best and the
-        final validation accuracy, else the first metric logged."""
-        if self.metric:
-            return self.metric
+        """The metric compared: the page's first, else the first logged of the test accuracy, the best and
+        the final validation accuracy, else the first metric logged."""
+        if self.metrics:
+            return self.metrics[0]
         return next((m for m in (TEST_ACC, VAL_ACC_BEST, VAL_ACC) if m in logged), logged[0] if logged else TEST_ACC)
 
 
@@ -105,6 +112,13 @@ def experiment_file(name: str) -> Path:
     return CONFIG_DIR / "experiment" / f"{name}.yaml"
 
 
+def _strings(value: str | list[str] | None) -> tuple[str, ...]:
+    """A page key that takes one string or a list of them."""
+    if value is None:
+        return ()
+    return (value,) if isinstance(value, str) else tuple(str(v) for v in value)
+
+
 def load_study_page(experiment: str | None, budget: str | None) -> StudyPage:
     """The ``page`` of ``conf/experiment/<experiment>.yaml`` for ``budget`` (a plain page for runs of
     no experiment, or of one this project does not hold)."""
@@ -120,8 +134,8 @@ def load_study_page(experiment: str | None, budget: str | None) -> StudyPage:
             experiment,
             budget,
             title=page.get("title", StudyPage.title),
-            metric=page.get("metric"),
-            reference=page.get("reference"),
+            metrics=_strings(page.get("metric")),
+            references=_strings(page.get("reference")),
             notes=((page.get("notes") or {}).get(budget) or "").strip(),
             paper=PaperFigures(paper["source"], paper["metric"], bool(paper.get("error")), paper["figures"])
             if paper

@@ -1,0 +1,108 @@
+"""The routing comparison's page section: what each configuration costs (parameters, forward FLOPs,
+training time per step) and its validation accuracy at a matched training time, read from its runs.
+
+Every configuration trains the same number of steps, so that the results table compares them at matched
+steps; a slower routing had more time for them. At matched time, each run's validation accuracy is read
+at the step it had reached when the fastest configuration finished: the training time of a step is the
+run's own (``perf/train_epoch_s``, without validation), and the accuracy is interpolated linearly between
+the validations around that step (a run that had finished by then gives its last)."""
+
+from __future__ import annotations
+
+import statistics as stats
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+from capsexp.results import statistics
+from capsexp.results.compare import RECORDED_HPARAMS
+from capsexp.results.metric_names import VAL_ACC
+from capsexp.results.runs import Configuration, Run, group
+from capsexp.results.study import StudyPage
+
+TRAIN_SECONDS = "perf/train_epoch_s"  # capsexp.callbacks.EpochTimer: per epoch, validation excluded
+PARAMETERS, FLOPS = "model/params", "model/flops_per_image"
+
+
+def training_seconds(run: Run) -> float | None:
+    """The run's training time: its epochs' training seconds, validation excluded."""
+    epochs = run.scalars.get(TRAIN_SECONDS)
+    return sum(e.value for e in epochs) if epochs else None
+
+
+def seconds_per_step(run: Run) -> float | None:
+    """The run's training time per step: its epochs' training seconds over the steps they took."""
+    epochs = run.scalars.get(TRAIN_SECONDS)
+    if not epochs or epochs[-1].step <= 0:
+        return None
+    return training_seconds(run) / epochs[-1].step
+
+
+def accuracy_at_step(run: Run, step: float) -> float | None:
+    """``val/acc`` at ``step``, linear between the validations around it; the last after the run's end
+    (it had finished in that time); None before the first validation."""
+    curve = run.scalars.get(VAL_ACC)
+    if not curve or step < curve[0].step:
+        return None
+    return float(np.interp(step, [s.step for s in curve], [s.value for s in curve]))
+
+
+def model_cost(run: Run) -> tuple[int | None, int | None]:
+    """Parameters and forward FLOPs per image, as the run recorded them."""
+    path = run.folder / RECORDED_HPARAMS
+    if not path.exists():
+        return None, None
+    recorded = yaml.safe_load(path.read_text()) or {}
+    return recorded.get(PARAMETERS), recorded.get(FLOPS)
+
+
+def _median(configuration: Configuration, measure) -> float | None:
+    """The median over the configuration's runs of ``measure(run)``, where it is known."""
+    found = [value for run in configuration.runs if (value := measure(run)) is not None]
+    return stats.median(found) if found else None
+
+
+def cost_and_matched_time(runs: list[Run], page: StudyPage, output: Path) -> str:
+    """The section: per configuration, parameters, MFLOPs, median training seconds per step and, at the
+    fastest configuration's training time, the steps reached and the validation accuracy (mean ± std and
+    95% interval over runs)."""
+    configurations = group(runs)
+    totals = {c.label: total for c in configurations if (total := _median(c, training_seconds)) is not None}
+    if not totals:
+        return ""
+    matched = min(totals.values())
+    fastest = min(totals, key=totals.get)
+    lines = [
+        "| configuration | parameters | MFLOPs per image | training s per step | steps in the matched time "
+        f"| {VAL_ACC} at the matched time | 95% CI |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for configuration in configurations:
+        parameters, flops = model_cost(configuration.runs[0])
+        per_step = _median(configuration, seconds_per_step)
+        at_time = [
+            a
+            for run in configuration.runs
+            if (s := seconds_per_step(run)) is not None and (a := accuracy_at_step(run, matched / s)) is not None
+        ]
+        summary = statistics.summarise(at_time) if at_time else None
+        cells = [
+            configuration.label,
+            f"{parameters:,}" if parameters is not None else "",
+            f"{flops / 1e6:,.1f}" if flops is not None else "",
+            f"{per_step:.3f}" if per_step is not None else "",
+            f"{matched / per_step:.0f}" if per_step else "",
+            summary.text(100) if summary else "",
+            f"[{100 * summary.low:.2f}, {100 * summary.high:.2f}]" if summary and summary.low is not None else "",
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return (
+        "## Cost, and accuracy at matched training time\n\n"
+        "Parameters and forward MFLOPs per image (matrix products and convolutions, 2 per multiply-add) as each "
+        "run recorded them; training seconds per step: the median over the runs of each run's training time "
+        "(validation excluded) over its steps, as the runs ran (see the notes for what shared the machine). "
+        f"Matched time: {matched:.0f} s of training, the median of `{fastest}`, the fastest configuration, "
+        f"over its runs. Each run's {VAL_ACC} at the step it reached in that time, interpolated between the "
+        "validations around it; mean ± std over the runs (%).\n\n" + "\n".join(lines) + "\n"
+    )
