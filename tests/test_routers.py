@@ -12,7 +12,7 @@ import torch
 from capsexp.config.hydra_setup import ROUTINGS
 from capsexp.lit import ActivationNLL
 from capsexp.models import CapsNet
-from capsexp.nn import DynamicRouting, RoutingCapsules
+from capsexp.nn import AttentionRouting, DynamicRouting, RoutingCapsules
 from capsexp.run.model_cost import forward_flops_per_image
 from tests.helpers import TINY_RUN, load_events, run_cli_in_process, scalars
 
@@ -75,6 +75,12 @@ def test_capsnet_trains_with_every_routing_from_the_command_line(name, mnist_dir
     assert logged["routing/digits/activation_std_across_inputs"][0].value >= 0
     # What routing did, whatever the algorithm: the weight of each primary capsule's vote per class.
     assert "routing/digits/couplings" in load_events(tmp_path, images=0).Tags()["images"]
+    # How it settles over the iterations, for an algorithm that iterates.
+    iterations = getattr(ROUTINGS[name], "iterations", 1)
+    settles = "routing/digits/update_change_iter2" if name == "dynamic" else "routing/digits/pose_change_iter2"
+    assert (settles in logged) == (iterations > 1)
+    if iterations > 1:
+        assert "routing/digits/coupling_change_iter2" in logged
 
 
 def test_a_models_forward_flops_are_its_matrix_products_per_image_and_its_mode_is_kept():
@@ -136,3 +142,16 @@ def test_capsnet_trains_with_each_papers_loss_and_with_the_plain_head(overrides,
     logged = scalars(tmp_path)
     assert "test/acc" in logged and term in logged
     assert ("routing/digits/entropy" in logged) == ("model.net.head=fully_connected" not in overrides)
+
+
+def test_routing_by_iteration_ends_where_the_layer_routes_and_leaves_its_options_as_they_were():
+    torch.manual_seed(0)
+    layer = RoutingCapsules(in_caps=12, in_dim=8, out_caps=4, out_dim=6, routing=AttentionRouting(iterations=3))
+    children = torch.randn(3, 12, 8) * 0.3
+    by_iteration = layer.routed_by_iteration(children)
+    assert len(by_iteration) == 3 and layer.router.routing == AttentionRouting(iterations=3)
+    torch.testing.assert_close(by_iteration[-1].poses, layer(children).poses)
+    first = RoutingCapsules(in_caps=12, in_dim=8, out_caps=4, out_dim=6, routing=AttentionRouting(iterations=1))
+    first.load_state_dict(layer.state_dict())
+    torch.testing.assert_close(by_iteration[0].assignment, first(children).assignment)
+    assert not torch.allclose(by_iteration[0].assignment, by_iteration[-1].assignment)  # it moved

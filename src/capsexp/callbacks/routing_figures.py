@@ -29,6 +29,7 @@ A no-op for nets without these layers (LeNet5). Off with ``callbacks.routing_fig
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 
 import lightning as L
@@ -98,6 +99,12 @@ class RoutingFigures(L.Callback):
                 couplings = trace.couplings[-1]
             else:  # the weight of each child's vote in each parent, as the pass just made set it
                 couplings = routed.assignment
+                by_iteration = layer.routed_by_iteration(children)
+                for r, (previous, current) in enumerate(itertools.pairwise(by_iteration), start=2):
+                    pose_change = (current.poses - previous.poses).abs().mean().item()
+                    writer.add_scalar(f"routing/{name}/pose_change_iter{r}", pose_change, step)
+                    coupling_change = (current.assignment - previous.assignment).abs().mean().item()
+                    writer.add_scalar(f"routing/{name}/coupling_change_iter{r}", coupling_change, step)
             if primary is not None:
                 writer.add_image(f"routing/{name}/couplings", coupling_maps(couplings, labels, primary.num_types), step)
         for name in em:

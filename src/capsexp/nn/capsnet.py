@@ -7,7 +7,7 @@ from torch import nn
 
 from capsexp.config.routing_options import DynamicRouting, RoutingOptions
 from capsexp.nn.functional import Routed, fully_connected_routing, squash
-from capsexp.nn.routers import make_router
+from capsexp.nn.routers import make_router, routed_by_iteration
 
 
 class PrimaryCapsules(nn.Module):
@@ -36,6 +36,11 @@ class PrimaryCapsules(nn.Module):
         batch, _, height, width = out.shape
         capsules = out.view(batch, self.num_types, self.dim, height, width).permute(0, 1, 3, 4, 2)
         return squash(capsules.reshape(batch, self.num_types * height * width, self.dim))
+
+
+def _lengths(capsules: torch.Tensor) -> torch.Tensor:
+    """|u|: a squashed capsule's activation. vector_norm's gradient at a zero vector is 0, not NaN."""
+    return torch.linalg.vector_norm(capsules, dim=-1)
 
 
 class RoutingCapsules(nn.Module):
@@ -89,10 +94,14 @@ class RoutingCapsules(nn.Module):
             poses = fully_connected_routing(inputs, self.weight, self.out_caps, self.routing)
             if self.router._forward_hooks:  # someone watches the routing (diagnostics): show it the couplings
                 with torch.no_grad():
-                    self.router(self.votes(inputs), inputs, torch.linalg.vector_norm(inputs, dim=-1))
-            # vector_norm's gradient at a zero vector is 0, not NaN.
-            return Routed(poses, torch.linalg.vector_norm(poses, dim=-1), None)
-        return self.router(self.votes(inputs), inputs, torch.linalg.vector_norm(inputs, dim=-1))
+                    self.router(self.votes(inputs), inputs, _lengths(inputs))
+            return Routed(poses, _lengths(poses), None)
+        return self.router(self.votes(inputs), inputs, _lengths(inputs))
+
+    def routed_by_iteration(self, inputs: torch.Tensor) -> list[Routed]:
+        """The parents and assignment after each iteration of the layer's algorithm (without gradient):
+        :func:`capsexp.nn.routers.routed_by_iteration` on these inputs' votes."""
+        return routed_by_iteration(self.router, self.votes(inputs), inputs, _lengths(inputs))
 
     def extra_repr(self) -> str:
         return (

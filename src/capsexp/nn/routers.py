@@ -11,6 +11,8 @@ instead, and calls its module only while a hook watches it (the fused path keeps
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 from torch import nn
 
@@ -155,3 +157,24 @@ def make_router(routing: RoutingOptions, in_caps: int, in_dim: int, out_caps: in
     if isinstance(routing, RandomRouting):
         return RandomRouter(routing)
     raise TypeError(f"no router for {type(routing).__name__}")
+
+
+@torch.no_grad()
+def routed_by_iteration(
+    router: nn.Module, votes: torch.Tensor, children: torch.Tensor, child_activations: torch.Tensor
+) -> list[Routed]:
+    """What ``router`` gives after 1, 2, ..., R iterations of its algorithm on the same inputs (R: its
+    options' ``iterations``; one entry for an algorithm that does not iterate), without gradient: how
+    its parents and assignment settle. Each entry is the algorithm run afresh with fewer iterations,
+    which for a deterministic algorithm is its state after that iteration."""
+    final = router.routing
+    if not isinstance(getattr(final, "iterations", None), int):
+        return [router(votes, children, child_activations)]
+    try:
+        routed = []
+        for iterations in range(1, final.iterations + 1):
+            router.routing = dataclasses.replace(final, iterations=iterations)
+            routed.append(router(votes, children, child_activations))
+        return routed
+    finally:
+        router.routing = final
