@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from capsexp import PROJECT_ROOT
 
@@ -97,3 +98,21 @@ def test_bench_em_caps_compares_with_the_routing_of_a_git_revision():
         [*worker, "--worker-task", "compare", "--baseline", "no-such-rev"], capture_output=True, text=True
     )
     assert result.returncode != 0 and "git cannot show" in result.stderr
+
+
+def test_bench_routing_measures_every_routing_and_the_plain_head_as_the_study_builds_them():
+    from bench_routing import PLAIN_HEAD, Step, nets
+    from capsexp.config.hydra_setup import ROUTINGS
+
+    assert list(nets()) == [*ROUTINGS, PLAIN_HEAD]
+    step = Step(nets()["attention"])
+    assert step.images.shape == (32, 1, 40, 40)  # the study's data and batch
+    assert type(step.net.digits.routing).__name__ == "AttentionRouting" and step.net.conv1.out_channels == 64
+    before = step.net.digits.weight.detach().clone()
+    step()
+    assert not torch.equal(before, step.net.digits.weight)  # a training step: the weights moved
+    # A net's peak memory, in a process of its own: the votes alone are 32 x 1,152 x 10 x 16 floats (23.6 MB).
+    child = [sys.executable, str(PROJECT_ROOT / "experiments" / "bench_routing.py"), "--memory-of", "uniform"]
+    result = subprocess.run(child, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert 23.6 < json.loads(result.stdout) < 2000
