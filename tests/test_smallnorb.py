@@ -99,6 +99,18 @@ def test_novel_viewpoint_splits(norb_dir, viewpoint, column, trained):
     assert set(familiar.data_test.extras[column].tolist()) == trained
     assert set(novel.data_test.extras[column].tolist()).isdisjoint(trained)
     assert len(familiar.data_test) + len(novel.data_test) == COUNT
+    # Both from one run: the familiar viewpoints first, the novel ones as the test set "novel".
+    both = prepared(norb_dir, viewpoint=viewpoint, familiar=True, val_size=6, extra_test_sets=["novel"])
+    assert both.test_set_names == ["", "novel"]
+    first, second = both.test_dataloader()
+    assert sum(len(b[1]) for b in first) == len(familiar.data_test)
+    assert torch.equal(torch.cat([b[1] for b in second]), novel.data_test.targets)
+
+
+def test_the_novel_test_set_needs_the_familiar_viewpoints_protocol(norb_dir):
+    for wrong in ({}, {"viewpoint": "azimuth", "familiar": False}):
+        with pytest.raises(ValueError, match=r"needs data\.viewpoint=azimuth or elevation and data\.familiar=true"):
+            SmallNORBDataModule(data_dir=norb_dir, extra_test_sets=["novel"], **wrong)
 
 
 def test_cache_is_built_once_and_rebuilt_when_a_source_changes(norb_dir):

@@ -129,6 +129,7 @@ class InMemoryDataModule(L.LightningDataModule):
     files: Sequence[str]  # the official files, each plain or .gz in data_folder
     data_folder: Path  # where the dataset's files live (named in errors)
     test_set_names: Sequence[str] = (PLAIN,)  # a property in subclasses where it varies
+    extra_tests: tuple[ImageTensorDataset, ...] = ()  # the test sets after the first, in test_set_names' order
     objects_per_image = 1  # targets (N,); with more, (N, objects) (capsexp.lit.classifier)
 
     data_train: ImageTensorDataset | None = None
@@ -278,5 +279,8 @@ class InMemoryDataModule(L.LightningDataModule):
     def val_dataloader(self) -> DataLoader | DeviceBatchLoader:
         return self._loader(self.data_val, shuffle=False)
 
-    def test_dataloader(self) -> DataLoader | list[DataLoader]:
+    def test_dataloader(self) -> DataLoader | DeviceBatchLoader | list[DataLoader | DeviceBatchLoader]:
+        """The test set's loader, or one per test set where there are extra ones (``test_set_names``)."""
+        if self.extra_tests:
+            return [self._loader(dataset, shuffle=False) for dataset in (self.data_test, *self.extra_tests)]
         return self._loader(self.data_test, shuffle=False)

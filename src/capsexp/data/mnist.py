@@ -207,8 +207,6 @@ class MNISTDataModule(MNISTFiles):
             default) the ``affnist`` test set reads.
     """
 
-    extra_tests: tuple[ImageTensorDataset, ...] = ()  # the extra_test_sets, in order
-
     def __init__(
         self,
         data_dir: str | os.PathLike = "data",
@@ -297,9 +295,7 @@ class MNISTDataModule(MNISTFiles):
 
     def test_dataloader(self) -> DataLoader | list[DataLoader]:
         if self.hparams.test_rotations is None:
-            if self.extra_tests:
-                return [self._loader(dataset, shuffle=False) for dataset in (self.data_test, *self.extra_tests)]
-            return self._loader(self.data_test, shuffle=False)
+            return super().test_dataloader()
         # The same images for every angle; each loader's batches are rotated on the device.
         return [self._loader(self.data_test, shuffle=False) for _ in self.hparams.test_rotations]
 

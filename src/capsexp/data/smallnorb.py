@@ -11,6 +11,7 @@ brightness and contrast and test images the centre crop, then per-image standard
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
 
@@ -24,6 +25,7 @@ from capsexp.data.base import DownloadFailed, InMemoryDataModule, data_folder_er
 from capsexp.data.norb_format import SMALLNORB_FILES, read_matrix
 from capsexp.data.tensor_dataset import ImageTensorDataset
 from capsexp.errors import CorruptDatasetError
+from capsexp.results.metric_names import PLAIN
 
 PREFIX = {"train": "smallnorb-5x46789x9x18x6x2x96x96-training", "test": "smallnorb-5x01235x9x18x6x2x96x96-testing"}
 INFO_FIELDS = ("instance", "elevation", "azimuth", "lighting")
@@ -54,6 +56,8 @@ class SmallNORBDataModule(InMemoryDataModule):
         viewpoint: ``null`` (all data), ``azimuth`` or ``elevation``: the novel-viewpoint protocol of
             section 5.1. Training keeps the azimuths 300-40 degrees, or the 3 lowest elevations.
         familiar: with ``viewpoint``: test on the training viewpoints (true) or on the others (false).
+        extra_test_sets: ``[novel]``, with ``viewpoint`` and ``familiar``: the novel viewpoints as a
+            second test set (``test/acc_novel``) beside the familiar ones, from the same checkpoint.
         resize, crop_size: the 96x96 images are downsampled once to ``resize`` (48), then cropped to
             ``crop_size`` (32): randomly in training, centred for evaluation.
         brightness, contrast: training jitter: a brightness offset in [-brightness, brightness] (pixel
@@ -80,19 +84,32 @@ class SmallNORBDataModule(InMemoryDataModule):
         stereo: Literal["both", "left", "split"] = "both",
         viewpoint: Literal["azimuth", "elevation"] | None = None,
         familiar: bool = True,
+        extra_test_sets: Sequence[Literal["novel"]] = (),
         resize: PositiveInt = 48,
         crop_size: PositiveInt = 32,
         brightness: NonNegativeFloat = 63 / 255,
         contrast: tuple[PositiveFloat, PositiveFloat] = (0.2, 1.8),
     ) -> None:
         super().__init__()
+        if extra_test_sets and (viewpoint is None or not familiar):
+            raise ValueError(
+                f"extra_test_sets={list(extra_test_sets)} tests the novel viewpoints beside the familiar ones: "
+                "it needs data.viewpoint=azimuth or elevation and data.familiar=true"
+            )
         contrast = tuple(contrast)  # saved as a tuple (a ListConfig would not load weights-only)
+        extra_test_sets = list(extra_test_sets)
         self.save_arguments(locals())
         self.data_folder = self.data_dir / "smallnorb"
 
     @property
     def dims(self) -> tuple[int, int, int]:
         return (2 if self.hparams.stereo == "both" else 1, self.hparams.crop_size, self.hparams.crop_size)
+
+    @property
+    def test_set_names(self) -> list[str]:
+        """One name per test DataLoader (:mod:`capsexp.results.metric_names`): the plain set, then the novel
+        viewpoints where asked for."""
+        return [PLAIN, *self.hparams.extra_test_sets]
 
     @property
     def cache_path(self) -> Path:
@@ -176,13 +193,16 @@ class SmallNORBDataModule(InMemoryDataModule):
         extras = {field: info[:, column] for column, field in enumerate(INFO_FIELDS)}
         return ImageTensorDataset(images.contiguous(), targets, extras)
 
-    def _viewpoint_mask(self, info: torch.Tensor, training: bool) -> torch.Tensor:
+    def _viewpoint_mask(self, info: torch.Tensor, training: bool, familiar: bool | None = None) -> torch.Tensor:
+        """The samples of the training viewpoints (``training``), else of the test's: the familiar ones or the
+        novel ones, as ``familiar`` (default: ``data.familiar``) says."""
         viewpoint = self.hparams.viewpoint
         if viewpoint is None:
             return torch.ones(len(info), dtype=torch.bool)
         column, trained = (2, TRAIN_AZIMUTHS) if viewpoint == "azimuth" else (1, TRAIN_ELEVATIONS)
-        familiar = torch.isin(info[:, column], torch.tensor(trained))
-        return familiar if training or self.hparams.familiar else ~familiar
+        seen = torch.isin(info[:, column], torch.tensor(trained))
+        familiar = self.hparams.familiar if familiar is None else familiar
+        return seen if training or familiar else ~seen
 
     @data_folder_errors
     def setup(self, stage: str | None = None) -> None:
@@ -197,6 +217,10 @@ class SmallNORBDataModule(InMemoryDataModule):
         self.data_train = self._dataset(train, training.sort().values)
         test = cache["test"]
         self.data_test = self._dataset(test, self._viewpoint_mask(test["info"], training=False).nonzero().squeeze(1))
+        self.extra_tests = tuple(
+            self._dataset(test, self._viewpoint_mask(test["info"], training=False, familiar=False).nonzero().squeeze(1))
+            for _ in self.hparams.extra_test_sets  # "novel", the one extra set
+        )
 
     # ---- on the device -----------------------------------------------------------------------
     def pixel_batch(self, batch: tuple[torch.Tensor, torch.Tensor], dataloader_idx: int) -> tuple:
