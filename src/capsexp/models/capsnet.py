@@ -25,7 +25,7 @@ from capsexp.nn import DynamicRouting, PrimaryCapsules, RoutingCapsules, Routing
 Head = Literal["capsules", "fully_connected"]
 # The class scores: the class capsules' activations (capsule lengths under dynamic routing), or a logit
 # per class from its pose by one linear map shared by the classes, w . v_j + b (inverted dot-product
-# attention routing's classifier, Tsai et al. 2020, section 2.2), for a cross-entropy loss.
+# attention routing's classifier, Tsai et al. 2020), for a cross-entropy loss.
 ClassScores = Literal["activations", "pose_logits"]
 
 

@@ -275,9 +275,8 @@ RECORDED_HPARAMS = Path("tensorboard") / "hparams.yaml"  # the Lightning logger'
 
 def keep_runs(runs: list[Run], folder: Path, output: Path) -> Path:
     """Copy what a page needs of each run (overrides, machine record, event files, recorded
-    hyperparameters: kilobytes) into
-    ``output/runs/`` (replacing what it held), by the runs' paths under ``folder``. Overrides that name
-    this machine's folders (``hydra.sweep.dir=...``, ``ckpt_path=...``) are left out."""
+    hyperparameters: kilobytes) into ``output/runs/`` (replacing what it held), by the runs' paths under
+    ``folder``. Overrides that name this machine's folders (``hydra.sweep.dir=...``, ``ckpt_path=...``) are left out."""
     kept = output / KEPT_RUNS
     if kept.resolve() == folder.resolve():
         return kept  # rebuilding from the kept runs: they stay as they are
