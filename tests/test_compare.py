@@ -529,3 +529,28 @@ def test_each_configuration_against_each_reference_for_each_compared_metric_holm
     ).p
     assert f"| arm=uniform | arm=dynamic | 3 | {100 * statistics.summarise(differences).mean:+.2f} |" in page
     assert f"| paired t | {p:.3f} |" in page
+
+
+def test_the_diagnostics_give_each_routing_layers_coupling_change_at_its_last_iteration(tmp_path):
+    from capsexp.results.diagnostics import diagnostics_section
+    from capsexp.results.runs import find_runs, group, label_configurations
+
+    changes = {
+        "0": ("arm=dynamic", {2: 0.002, 3: 0.0007}),
+        "1": ("arm=em", {2: 0.05}),
+        "2": ("arm=dynamic", {3: 0.0009}),
+    }
+    for name, (arm, by_iteration) in changes.items():
+        (tmp_path / name / ".hydra").mkdir(parents=True)
+        (tmp_path / name / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump([arm, f"seed={name}"]))
+        with SummaryWriter(str(tmp_path / name / "tensorboard")) as writer:
+            writer.add_scalar("routing/digits/entropy", 0.9, 10)
+            for iteration, change in by_iteration.items():
+                writer.add_scalar(f"routing/digits/coupling_change_iter{iteration}", change, 10)
+    runs = find_runs(tmp_path)
+    label_configurations(runs)
+    rows = {
+        line.split(" | ")[0][2:]: line for line in diagnostics_section(group(runs)).splitlines() if "| arm=" in line
+    }
+    assert rows["arm=dynamic"].endswith("| 0.0008 (iteration 3) |")  # the mean of its runs' last iterations
+    assert rows["arm=em"].endswith("| 0.05 (iteration 2) |")
