@@ -94,9 +94,10 @@ class CapsuleLoss:
 @checked
 class ActivationNLL:
     """The negative log-likelihood of the target class under the class activations normalised to sum to
-    one, -log(a_t / sum_j a_j): self-routing's loss (Hahn et al. 2019, whose class activations
-    a_j = sum_i c_ij a_i / sum_i a_i already sum to one, so that coder3000/SR-CapsNet takes the NLL of
-    log a_j). The normalisation makes it a likelihood for any routing's positive activations.
+    one, -log(a_t / sum_j a_j): self-routing's loss (Hahn et al. 2019). coder3000/SR-CapsNet takes the
+    log of the class activations, which under self-routing already sum to one
+    (a_j = sum_i c_ij a_i / sum_i a_i), and divides the dynamic- and EM-routing heads' lengths and
+    activations by their sum first, as here, so that every head it compares trains with this loss.
     Logged term: ``nll``."""
 
     terms = ("loss", "nll")
