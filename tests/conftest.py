@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from capsexp.config import hydra_setup
-from tests.helpers import real_data_dir, write_mnist, write_norb
+from tests.helpers import real_data_dir, write_image_folder, write_mnist, write_norb
 
 # Tests compose configs and resolve saved ones (${project_root:}) outside the command line.
 hydra_setup.register()
@@ -39,6 +39,18 @@ def mnist_dir(tmp_path: Path) -> Path:
 def norb_dir(tmp_path: Path) -> Path:
     """A data_dir holding small smallNORB files in the official format (108 pairs per split)."""
     return write_norb(tmp_path / "data")
+
+
+@pytest.fixture
+def colour_folder(tmp_path: Path) -> Path:
+    """An image folder of three classes of RGB images (20 each), told apart by their colour."""
+    return write_image_folder(tmp_path / "images")
+
+
+@pytest.fixture
+def colour_folder_of(request: pytest.FixtureRequest):
+    """The colour_folder fixture, made only when a test asks for it (data=image_folder)."""
+    return lambda: request.getfixturevalue("colour_folder")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

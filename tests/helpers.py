@@ -8,6 +8,7 @@ import os
 import struct
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -231,3 +232,36 @@ class FakeTrainer:
 @dataclass
 class FakeStrategy:
     root_device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+
+
+# The classes of write_image_folder's images, in the order ImageFolder numbers their folders.
+COLOURS = ("blue", "green", "red")
+
+
+def write_png(image: torch.Tensor, path: str | Path) -> None:
+    """A (3, H, W) uint8 tensor as a PNG file."""
+    from PIL import Image
+
+    Image.fromarray(image.permute(1, 2, 0).numpy()).save(path)
+
+
+def write_image_folder(folder: Path, per_class: int = 20, size: tuple[int, int] = (36, 40), seed: int = 0) -> Path:
+    """An image folder (one sub-folder per class) of RGB PNGs of three classes told apart by their
+    dominant colour channel: a separable task."""
+    generator = torch.Generator().manual_seed(seed)
+    for name in COLOURS:
+        channel = {"red": 0, "green": 1, "blue": 2}[name]
+        (folder / name).mkdir(parents=True, exist_ok=True)
+        for i in range(per_class):
+            image = (torch.rand(3, *size, generator=generator) * 60).to(torch.uint8)
+            image[channel] += 150
+            write_png(image, folder / name / f"{i:03d}.png")
+    return folder
+
+
+def data_overrides(data: str, colour_folder_of: Callable[[], Path]) -> list[str]:
+    """What a data config needs on the command line beside its name: an image folder's root (colour
+    images, 32x32; ``colour_folder_of`` makes it only when asked)."""
+    if data != "image_folder":
+        return []
+    return [f"data.root={colour_folder_of()}", "data.channels=3", "data.image_size=32"]

@@ -16,7 +16,7 @@ from omegaconf import OmegaConf
 from capsexp import CONFIG_DIR
 from capsexp.config.hydra_setup import NETS, ROUTINGS
 from capsexp.lit import Classifier, class_scores
-from tests.helpers import TINY_EM_CAPS, compose_config, run_cli_in_process
+from tests.helpers import TINY_EM_CAPS, compose_config, data_overrides, run_cli_in_process
 
 # Every config group, nested ones too ("model/optimizer"), and its options: files under conf/, and the
 # nodes capsexp.config.hydra_setup generates from the code (the routing options, the nets).
@@ -65,7 +65,7 @@ def test_groups_of_the_design_exist():
 
 
 @pytest.mark.parametrize("group,option", OPTIONS, ids=[f"{g}={o}" for g, o in OPTIONS])
-def test_every_option_composes_and_resolves(group, option):
+def test_every_option_composes_and_resolves(group, option, colour_folder_of):
     # The groups under model/ belong to a model config that lists them (the margin: EM capsules; the
     # loss: CapsNet).
     model = (
@@ -77,7 +77,8 @@ def test_every_option_composes_and_resolves(group, option):
         assert group in ARM_EXPERIMENT, f"no experiment config sweeps {group}"
         cfg = compose_config([f"experiment={ARM_EXPERIMENT[group]}", f"+{group}={option}"])
     else:
-        cfg = compose_config([*model, f"{group}={option}"])
+        extra = data_overrides(option, colour_folder_of) if group == "data" else []
+        cfg = compose_config([*model, f"{group}={option}", *extra])
     # Resolve every interpolation, as the run does when it logs its hyperparameters (compose_config
     # has set paths.output_dir, the one value that comes from Hydra's run time).
     resolved = OmegaConf.to_container(cfg, resolve=True)
@@ -87,8 +88,14 @@ def test_every_option_composes_and_resolves(group, option):
 
 @pytest.mark.parametrize("model", MODELS)
 @pytest.mark.parametrize("data", DATASETS)
-def test_every_model_data_pair_instantiates_and_runs_forward(model, data, tmp_path):
-    cfg = compose_config([f"model={model}", f"data={data}", "model/lr_scheduler=exponential"], output_dir=tmp_path)
+def test_every_model_data_pair_instantiates_and_runs_forward(model, data, tmp_path, colour_folder_of):
+    overrides = [
+        f"model={model}",
+        f"data={data}",
+        "model/lr_scheduler=exponential",
+        *data_overrides(data, colour_folder_of),
+    ]
+    cfg = compose_config(overrides, output_dir=tmp_path)
     module = instantiate(cfg.model, _convert_="partial")
     datamodule = instantiate(cfg.data)
     assert isinstance(module, Classifier)

@@ -28,7 +28,7 @@ from capsexp.lit.schedulers import exponential_decay
 from capsexp.models import BaselineCNN, CapsNet, LeNet5, MatrixCapsNet
 from capsexp.nn import DynamicRouting, EMRouting
 from capsexp.run.checkpoints import _LINE_LIMIT, check_checkpoint, model_of_run
-from tests.helpers import TINY_RUN, compose_config, run_cli_in_process
+from tests.helpers import TINY_RUN, compose_config, data_overrides, run_cli_in_process
 
 
 def _options(group: str) -> list[str]:
@@ -37,8 +37,9 @@ def _options(group: str) -> list[str]:
 
 # ---- the config check ------------------------------------------------------------------------------
 @pytest.mark.parametrize("model,data", list(itertools.product(_options("model"), _options("data"))))
-def test_every_shipped_model_and_data_config_passes_the_check(model, data):
-    assert config_problems(compose_config([f"model={model}", f"data={data}"])) == []
+def test_every_shipped_model_and_data_config_passes_the_check(model, data, colour_folder_of):
+    overrides = [f"model={model}", f"data={data}", *data_overrides(data, colour_folder_of)]
+    assert config_problems(compose_config(overrides)) == []
 
 
 @pytest.mark.parametrize(

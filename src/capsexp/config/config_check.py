@@ -15,7 +15,7 @@ from hydra.utils import get_object
 from omegaconf import DictConfig, MissingMandatoryValue, OmegaConf
 
 from capsexp.config.arguments import argument_problems, shown
-from capsexp.errors import ConfigError
+from capsexp.errors import CapsexpError, ConfigError
 
 _SHOWN = 8  # problems listed; the rest are counted
 
@@ -91,6 +91,11 @@ def _stand_in(node: dict) -> Any:
 def _unresolved(key: str, error: Exception) -> str:
     if isinstance(error, MissingMandatoryValue):
         return f"{key}: needs a value (the config leaves it ???); set {key}=..."
+    cause = error
+    while cause is not None and not isinstance(cause, CapsexpError):
+        cause = cause.__cause__ or cause.__context__
+    if cause is not None:  # a resolver's own message for the user (an image folder that is not there)
+        return f"{key}: {cause}"
     return f"{key}: cannot be resolved ({str(error).splitlines()[0]})"
 
 
@@ -128,8 +133,17 @@ def _combination_problems(cfg: DictConfig) -> list[str]:
     return problems
 
 
+def _merged(problems: list[str]) -> list[str]:
+    """Problems that say the same of several keys (one value they all read), said once for all of them."""
+    keys: dict[str, list[str]] = {}
+    for problem in problems:
+        key, _, text = problem.partition(": ")
+        keys.setdefault(text, []).append(key)
+    return [f"{', '.join(names)}: {text}" for text, names in keys.items()]
+
+
 def check_config(cfg: DictConfig) -> None:
     """Raise :class:`ConfigError` naming every key whose value is not allowed."""
-    if problems := config_problems(cfg):
+    if problems := _merged(config_problems(cfg)):
         more = [f"... and {len(problems) - _SHOWN} more"] if len(problems) > _SHOWN else []
         raise ConfigError("invalid configuration:\n  " + "\n  ".join(problems[:_SHOWN] + more))

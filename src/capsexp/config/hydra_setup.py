@@ -20,6 +20,7 @@ from hydra.utils import get_object
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from capsexp import CONFIG_DIR, PROJECT_ROOT
+from capsexp.config.image_folder_classes import number_of_classes
 from capsexp.config.routing_options import (
     EM_PAPER,
     AttentionRouting,
@@ -90,11 +91,13 @@ def signature_node(target: str) -> dict[str, Any]:
 
 
 def register_routing() -> None:
-    """The resolvers (``${project_root:}``, ``${stereo_channels:...}``, ``${bf16_if_native:}``) and the
+    """The resolvers (``${project_root:}``, ``${stereo_channels:...}``, ``${image_folder_classes:...}``,
+    ``${bf16_if_native:}``) and the
     routing options (:data:`ROUTINGS`), without importing torch: what the command-line checks need."""
     resolvers = (
         ("project_root", lambda: str(PROJECT_ROOT)),
         ("stereo_channels", smallnorb_channels),
+        ("image_folder_classes", number_of_classes),
         ("bf16_if_native", bf16_if_native),
     )
     for name, resolver in resolvers:

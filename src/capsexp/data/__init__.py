@@ -1,8 +1,15 @@
 """LightningDataModules and datasets."""
 
+from capsexp.data.image_folder import ImageFolderDataModule
 from capsexp.data.mnist import MNISTDataModule
 from capsexp.data.multi_mnist import MultiMNISTDataModule
 from capsexp.data.smallnorb import SmallNORBDataModule
 from capsexp.data.tensor_dataset import ImageTensorDataset
 
-__all__ = ["ImageTensorDataset", "MNISTDataModule", "MultiMNISTDataModule", "SmallNORBDataModule"]
+__all__ = [
+    "ImageFolderDataModule",
+    "ImageTensorDataset",
+    "MNISTDataModule",
+    "MultiMNISTDataModule",
+    "SmallNORBDataModule",
+]
