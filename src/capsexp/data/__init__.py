@@ -1,5 +1,6 @@
 """LightningDataModules and datasets."""
 
+from capsexp.data.colour import CIFAR10DataModule, SVHNDataModule
 from capsexp.data.image_folder import ImageFolderDataModule
 from capsexp.data.mnist import MNISTDataModule
 from capsexp.data.multi_mnist import MultiMNISTDataModule
@@ -7,9 +8,11 @@ from capsexp.data.smallnorb import SmallNORBDataModule
 from capsexp.data.tensor_dataset import ImageTensorDataset
 
 __all__ = [
+    "CIFAR10DataModule",
     "ImageFolderDataModule",
     "ImageTensorDataset",
     "MNISTDataModule",
     "MultiMNISTDataModule",
+    "SVHNDataModule",
     "SmallNORBDataModule",
 ]

@@ -29,6 +29,12 @@ def random_crop(images: torch.Tensor, size: int, generator: torch.Generator | No
     return crop_at(images, size, top, left)
 
 
+def random_horizontal_flip(images: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Each image (B, C, H, W) mirrored left to right with probability 1/2."""
+    flip = torch.rand(images.shape[0], device=images.device, generator=generator) < 0.5
+    return torch.where(flip[:, None, None, None], images.flip(-1), images)
+
+
 def center_crop(images: torch.Tensor, size: int) -> torch.Tensor:
     top, left = (images.shape[-2] - size) // 2, (images.shape[-1] - size) // 2
     return images[..., top : top + size, left : left + size]
