@@ -55,9 +55,10 @@ def synthetic_digits(count: int, seed: int, size: int = 28) -> tuple[np.ndarray,
     return images, labels.astype(np.uint8)
 
 
-def write_mnist(root: Path, train: int = 300, test: int = 100, gz: bool = True) -> Path:
-    """Write the four MNIST IDX files, with synthetic content, into ``root/MNIST/raw``."""
-    raw = root / "MNIST" / "raw"
+def write_mnist(root: Path, train: int = 300, test: int = 100, gz: bool = True, folder: str = "MNIST") -> Path:
+    """Write the four MNIST IDX files, with synthetic content, into ``root/<folder>/raw`` (``FashionMNIST``:
+    Fashion-MNIST's files, in the same format)."""
+    raw = root / folder / "raw"
     raw.mkdir(parents=True, exist_ok=True)
     data = {True: synthetic_digits(train, seed=0), False: synthetic_digits(test, seed=1)}
     for name, (kind, is_train) in MNIST_FILES.items():

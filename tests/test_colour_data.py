@@ -1,4 +1,4 @@
-"""CIFAR-10 and SVHN from their official file formats (written small by the tests): read, checked
+"""CIFAR-10, SVHN and Fashion-MNIST from their official file formats (written small by the tests): read, checked
 against the published md5s, refused cleanly offline, augmented as the capsule papers did, trained on."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import pytest
 import torch
 from scipy.io import savemat
 
-from capsexp.data import CIFAR10DataModule, SVHNDataModule
+from capsexp.data import CIFAR10DataModule, FashionMNISTDataModule, SVHNDataModule
 from capsexp.errors import CorruptDatasetError, DatasetNotFoundError
-from tests.helpers import TINY_RUN, run_cli_in_process, scalars
+from tests.helpers import TINY_RUN, run_cli_in_process, scalars, write_mnist
 
 CIFAR_NAMES = [b"airplane", b"automobile", b"bird", b"cat", b"deer", b"dog", b"frog", b"horse", b"ship", b"truck"]
 
@@ -126,6 +126,7 @@ def test_each_colour_dataset_trains_from_the_command_line(data, write, model, tm
         f"paths.data_dir={write(tmp_path / 'data')}",
         "data.val_size=10",
         "data.batch_size=10",
+        *(["data.verify_checksums=false"] if data == "fashion_mnist" else []),
         f"model={model}",
         "trainer.max_steps=2",
         "trainer.val_check_interval=2",
@@ -133,3 +134,24 @@ def test_each_colour_dataset_trains_from_the_command_line(data, write, model, tm
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "test/acc" in scalars(tmp_path / "run")
+
+
+def test_fashion_mnist_is_read_from_its_idx_files_and_checked_against_its_gz_md5s(tmp_path):
+    data_dir = write_mnist(tmp_path / "data", train=120, test=40, folder="FashionMNIST")
+    datamodule = FashionMNISTDataModule(data_dir=data_dir, val_size=20, verify_checksums=False)
+    datamodule.prepare_data()
+    datamodule.setup()
+    assert (len(datamodule.data_train), len(datamodule.data_val), len(datamodule.data_test)) == (100, 20, 40)
+    raw = data_dir / "FashionMNIST" / "raw"
+    with pytest.raises(
+        CorruptDatasetError, match=r"train-images-idx3-ubyte\.gz: md5 differs from the official Fashion-MNIST"
+    ):
+        FashionMNISTDataModule(data_dir=data_dir).prepare_data()
+    (raw / "train-images-idx3-ubyte.gz").unlink()  # unpacked only: no published md5 to check it against
+    with pytest.raises(CorruptDatasetError, match=r"published for its \.gz files only"):
+        FashionMNISTDataModule(data_dir=data_dir).prepare_data()
+    (raw / "train-images-idx3-ubyte").unlink()
+    with pytest.raises(
+        DatasetNotFoundError, match=r"(?s)Fashion-MNIST not found in .*FashionMNIST/raw.*Downloading is off"
+    ):
+        FashionMNISTDataModule(data_dir=data_dir, download=False).prepare_data()

@@ -14,14 +14,14 @@ import struct
 import zlib
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, ClassVar, Literal
 from urllib.error import URLError
 
 import torch
 from annotated_types import Ge, Le, MinLen
 from pydantic import NonNegativeInt, PositiveInt
 from torch.utils.data import DataLoader
-from torchvision.datasets import MNIST
+from torchvision.datasets import MNIST, FashionMNIST
 from torchvision.datasets.utils import download_and_extract_archive
 
 from capsexp.config.arguments import checked
@@ -49,7 +49,6 @@ UNPACKED_MD5 = {
     "t10k-images-idx3-ubyte": "2646ac647ad5339dbf082846283269ea",
     "t10k-labels-idx1-ubyte": "27ae3e4e09519cfbb04c329615203637",
 }
-GZ_MD5 = dict(MNIST.resources)
 MNIST_MEAN, MNIST_STD = 0.1307, 0.3081
 DIGIT_SIZE = 28  # MNIST digits are 28x28
 
@@ -108,15 +107,20 @@ def _unpack(gz_path: Path, path: Path) -> None:
 
 class MNISTFiles(InMemoryDataModule):
     """The official MNIST files of a DataModule built on MNIST: found, downloaded where allowed,
-    unpacked and checked (hyperparameters ``download`` and ``verify_checksums``), then read."""
+    unpacked and checked (hyperparameters ``download`` and ``verify_checksums``), then read. A dataset
+    in MNIST's four IDX files (Fashion-MNIST) names its torchvision class, which holds its mirrors and
+    the md5s of its ``.gz`` files, and the md5s of the files unpacked where they are published."""
 
     dataset_name = "MNIST"
     num_classes = 10
     files = tuple(UNPACKED_MD5)
+    torchvision_dataset: ClassVar[type[MNIST]] = MNIST
+    unpacked_md5: ClassVar[dict[str, str] | None] = UNPACKED_MD5
+    mean, std = MNIST_MEAN, MNIST_STD  # of the training images' pixels in [0, 1] (data.normalize)
 
     @property
     def data_folder(self) -> Path:
-        return self.data_dir / "MNIST" / "raw"
+        return self.data_dir / self.torchvision_dataset.__name__ / "raw"
 
     # ---- files -------------------------------------------------------------------------------
     @data_folder_errors
@@ -134,10 +138,10 @@ class MNISTFiles(InMemoryDataModule):
         self.data_folder.mkdir(parents=True, exist_ok=True)
         for name in missing:
             errors = []
-            for mirror in MNIST.mirrors:
+            for mirror in self.torchvision_dataset.mirrors:
                 try:
                     download_and_extract_archive(
-                        f"{mirror}{name}.gz", download_root=str(self.data_folder), md5=GZ_MD5[f"{name}.gz"]
+                        f"{mirror}{name}.gz", download_root=str(self.data_folder), md5=self._gz_md5(name)
                     )
                     break
                 except (URLError, RuntimeError, OSError) as error:
@@ -148,6 +152,9 @@ class MNISTFiles(InMemoryDataModule):
             else:
                 raise self.not_found(missing, "Download failed (offline?):\n  " + "\n  ".join(errors))
 
+    def _gz_md5(self, name: str) -> str:
+        return dict(self.torchvision_dataset.resources)[f"{name}.gz"]
+
     def _check(self, name: str) -> None:
         path, gz_path = self.data_folder / name, self.data_folder / f"{name}.gz"
         unpacked_here = not path.exists()
@@ -155,19 +162,35 @@ class MNISTFiles(InMemoryDataModule):
             _unpack(gz_path, path)
         try:
             check_idx_file(path, IMAGES_MAGIC if "images" in name else LABELS_MAGIC)
-            if self.hparams.verify_checksums and md5sum(path) != UNPACKED_MD5[name]:
-                raise CorruptDatasetError(
-                    f"{gz_path if unpacked_here else path}: md5 differs from the official MNIST file. "
-                    "Delete it and download it again; for your own data in the IDX format, "
-                    "pass data.verify_checksums=false."
-                )
+            if self.hparams.verify_checksums:
+                self._check_md5(name, gz_path if unpacked_here else path)
         except CorruptDatasetError:
             if unpacked_here:  # do not leave a bad unpacked copy that later runs would trust
                 path.unlink(missing_ok=True)
             raise
 
+    def _check_md5(self, name: str, shown: Path) -> None:
+        """The unpacked file against its official md5 or, where only the ``.gz`` files' are published,
+        the ``.gz`` file against its own (``shown`` is the file the message names)."""
+        path, gz_path = self.data_folder / name, self.data_folder / f"{name}.gz"
+        if self.unpacked_md5 is not None:
+            matches = md5sum(path) == self.unpacked_md5[name]
+        elif gz_path.exists():
+            matches, shown = md5sum(gz_path) == self._gz_md5(name), gz_path
+        else:
+            raise CorruptDatasetError(
+                f"{path}: {self.dataset_name}'s md5s are published for its .gz files only, and {gz_path.name} is "
+                "not there to check. Put the .gz file beside it, or pass data.verify_checksums=false."
+            )
+        if not matches:
+            raise CorruptDatasetError(
+                f"{shown}: md5 differs from the official {self.dataset_name} file. "
+                "Delete it and download it again; for your own data in the IDX format, "
+                "pass data.verify_checksums=false."
+            )
+
     def _load(self, train: bool) -> ImageTensorDataset:
-        dataset = MNIST(str(self.data_dir), train=train, download=False)
+        dataset = self.torchvision_dataset(str(self.data_dir), train=train, download=False)
         return ImageTensorDataset(dataset.data.unsqueeze(1), dataset.targets)
 
 
@@ -318,5 +341,18 @@ class MNISTDataModule(MNISTFiles):
         return images, targets
 
     def input_transform(self, images: torch.Tensor) -> torch.Tensor:
-        """Standardised with MNIST's mean and std where ``normalize`` asks; the pixels otherwise."""
-        return (images - MNIST_MEAN) / MNIST_STD if self.hparams.normalize else images
+        """Standardised with the training set's mean and std where ``normalize`` asks; the pixels otherwise."""
+        return (images - self.mean) / self.std if self.hparams.normalize else images
+
+
+@checked
+class FashionMNISTDataModule(MNISTDataModule):
+    """Fashion-MNIST (Xiao, Rasul & Vollgraf 2017): 28x28 grey images of 10 kinds of clothing in MNIST's
+    four IDX files, in ``<data_dir>/FashionMNIST/raw/`` (torchvision's layout), with every option of
+    :class:`MNISTDataModule`. Only the ``.gz`` files' md5s are published (zalandoresearch/fashion-mnist),
+    so those files are what ``verify_checksums`` checks."""
+
+    dataset_name = "Fashion-MNIST"
+    torchvision_dataset = FashionMNIST
+    unpacked_md5 = None
+    mean, std = 0.2860, 0.3530  # of the training images (as the public Fashion-MNIST recipes give them)
