@@ -75,7 +75,9 @@ def test_every_option_composes_and_resolves(group, option, colour_folder_of):
         model = [f"model={MODEL_OF_NET[option]}"]
     if group.startswith("arm/"):
         assert group in ARM_EXPERIMENT, f"no experiment config sweeps {group}"
-        cfg = compose_config([f"experiment={ARM_EXPERIMENT[group]}", f"+{group}={option}"])
+        # An image folder's classes are counted when the config resolves: a folder of images to count.
+        root = [f"image_folder_root={colour_folder_of()}"] if option == "image_folder" else []
+        cfg = compose_config([f"experiment={ARM_EXPERIMENT[group]}", f"+{group}={option}", *root])
     else:
         extra = data_overrides(option, colour_folder_of) if group == "data" else []
         cfg = compose_config([*model, f"{group}={option}", *extra])
