@@ -12,7 +12,7 @@ from capsexp.callbacks import epoch_timer, progress_log
 from capsexp.callbacks.epoch_timer import EpochTimer
 from capsexp.callbacks.image_logging import displayable
 from capsexp.callbacks.progress_log import ProgressLog, batch_size_of
-from capsexp.callbacks.routing_figures import coupling_maps
+from capsexp.callbacks.routing_figures import class_coupling_maps, coupling_figure
 
 
 class Clock:
@@ -184,28 +184,24 @@ def test_a_stereo_pair_is_shown_side_by_side_left_then_right():
     assert (shown[..., :3] == 0.25).all() and (shown[..., 3:] == 1.0).all()  # clipped to the image range
 
 
-def test_coupling_maps_show_each_class_mean_coupling_per_position_as_departures_from_uniform():
+def test_coupling_maps_are_each_class_mean_coupling_per_position_shown_on_one_scale_around_uniform():
     """Recomputed by hand: children type-major over a 2x2 grid of 2 types, 3 classes, images of
-    classes 0, 0 and 2 (none of class 1, whose map is then 0: the largest departure, black)."""
+    classes 0, 0 and 2 (none of class 1, whose map is then undefined and its panel says so)."""
     torch.manual_seed(0)
     couplings = torch.softmax(torch.randn(3, 2 * 2 * 2, 3), dim=-1)
     labels = torch.tensor([0, 0, 2])
-    grid = coupling_maps(couplings, labels, num_types=2)
-    maps = torch.zeros(3, 2, 2)
-    for j in range(3):
+    maps = class_coupling_maps(couplings, labels, num_types=2)
+    for j in (0, 2):
         images = [b for b in range(3) if labels[b] == j]
         for x in range(2):
             for y in range(2):
                 values = [couplings[b, t * 4 + x * 2 + y, j] for b in images for t in range(2)]
-                maps[j, x, y] = sum(values) / len(values) if values else 0.0
-    departure = maps - 1 / 3
-    expected = 0.5 + 0.5 * departure / departure.abs().max()
-    scale, cell = 8, 2 * 8 + 2  # 8 pixels per position, 2 of padding between the maps
-    assert grid.shape == (3, cell + 2, 3 * cell + 2) and (grid[:, :2] == 0.5).all() and (grid[:, :, :2] == 0.5).all()
-    for j in range(3):
-        for x in range(2):
-            for y in range(2):
-                block = grid[
-                    :, 2 + x * scale : 2 + (x + 1) * scale, 2 + j * cell + y * scale : 2 + j * cell + (y + 1) * scale
-                ]
-                torch.testing.assert_close(block, expected[j, x, y].expand_as(block))
+                assert maps[j, x, y].item() == pytest.approx(sum(values).item() / len(values))
+    assert torch.isnan(maps[1]).all()
+    figure = coupling_figure(maps, ["cat", "dog", "bird"])
+    panels = [ax for ax in figure.axes if ax.get_images()]
+    assert [ax.get_title() for ax in panels] == ["cat", "dog (no image)", "bird"]
+    low, high = panels[0].get_images()[0].get_clim()
+    assert (low + high) / 2 == pytest.approx(1 / 3)  # centred at the uniform coupling
+    assert high - 1 / 3 == pytest.approx((maps[[0, 2]] - 1 / 3).abs().max().item())
+    assert any("uniform: 1/3" in ax.get_ylabel() for ax in figure.axes)  # the colour bar's label

@@ -122,10 +122,10 @@ def test_capsnet_on_rotated_mnist_logs_each_angle_and_the_figures(mnist_dir, tmp
     # The perturbation figure: 16 rows (pose dims) x 11 columns (steps) of 28x28 digits, 1 px padding.
     figure = events.Images("test/pose_perturbation_0")[-1]
     assert (figure.height, figure.width) == (16 * 29 + 1, 11 * 29 + 1)
-    # What routing did, at the validation: a heat map per class over the 6x6 grid of primary capsules
-    # (8 px per position, 2 px padding), and the logit and coupling changes of the 3 iterations.
+    # What routing did, at the validation: a labelled heat map per class (two rows of five, a colour bar),
+    # and the logit and coupling changes of the 3 iterations.
     couplings = events.Images("routing/digits/couplings")[-1]
-    assert (couplings.height, couplings.width) == (6 * 8 + 4, 10 * (6 * 8 + 2) + 2)
+    assert couplings.width >= 1000 and couplings.height >= 350
     assert all(logged[f"routing/digits/logit_change_iter{r}"][-1].value > 0 for r in (1, 2, 3))
     assert all(0 <= logged[f"routing/digits/coupling_change_iter{r}"][-1].value < 1 for r in (2, 3))
     assert all(logged[f"routing/digits/update_change_iter{r}"][-1].value >= 0 for r in (2, 3))

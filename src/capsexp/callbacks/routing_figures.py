@@ -10,10 +10,11 @@ Each :class:`~capsexp.nn.RoutingCapsules` layer (e.g. CapsNet's ``digits``), und
   iteration r - 1's, which falls to 0 as the parents settle; ``coupling_change_iter<r>``: the mean
   absolute change of the couplings c_ij from iteration r - 1 to r
   (:func:`capsexp.nn.functional.dynamic_routing_trace`);
-- image ``routing/<layer>/couplings``: one heat map per class over the primary capsules' grid: the
-  coupling coefficient c_ij of each primary capsule to that class's capsule (last iteration), averaged
-  over the capsule types and over the images of that class. Mid-grey is the uniform coupling 1/J; white
-  and black the figure's largest departures above and below it. Under another algorithm
+- figure ``routing/<layer>/couplings``: one heat map per class, titled by the class's name (the data's
+  ``class_names`` where it has them), over the primary capsules' grid: the coupling coefficient c_ij
+  of each primary capsule to that class's capsule (last iteration), averaged over the capsule types and
+  over the images of that class, on one colour scale centred at the uniform coupling 1/J (white), red
+  above it and blue below, with a colour bar. Under another algorithm
   (``model/routing=<name>``) only this image, of the weight the algorithm gives each child's vote.
 
 EM routing (each :class:`~capsexp.nn.ClassMatrixCapsules` layer, the class capsules):
@@ -31,19 +32,18 @@ from __future__ import annotations
 import functools
 import itertools
 import math
+from collections.abc import Sequence
 
 import lightning as L
 import torch
 import torch.nn.functional as F
+from matplotlib.figure import Figure
 from pydantic import PositiveInt
-from torchvision.utils import make_grid
 
 from capsexp.callbacks.image_logging import tensorboard_writer
 from capsexp.config.arguments import checked
 from capsexp.nn import ClassMatrixCapsules, DynamicRouting, PrimaryCapsules, RoutingCapsules
 from capsexp.nn.functional import dynamic_routing_trace
-
-_HEAT_MAP_SCALE = 8  # pixels per primary-capsule position in the heat maps
 
 
 @checked
@@ -106,7 +106,10 @@ class RoutingFigures(L.Callback):
                     coupling_change = (current.assignment - previous.assignment).abs().mean().item()
                     writer.add_scalar(f"routing/{name}/coupling_change_iter{r}", coupling_change, step)
             if primary is not None:
-                writer.add_image(f"routing/{name}/couplings", coupling_maps(couplings, labels, primary.num_types), step)
+                maps = class_coupling_maps(couplings, labels, primary.num_types)
+                writer.add_figure(
+                    f"routing/{name}/couplings", coupling_figure(maps, _class_names(trainer, maps.shape[0])), step
+                )
         for name in em:
             _, activations, responsibilities = captured[name]
             present = F.one_hot(labels, activations.shape[-1]).bool()
@@ -114,6 +117,12 @@ class RoutingFigures(L.Callback):
             writer.add_histogram(f"routing/{name}/activation_absent", activations[~present].float().cpu(), step)
             to_present = responsibilities.gather(-1, labels[:, None, None].expand(-1, responsibilities.shape[1], 1))
             writer.add_histogram(f"routing/{name}/responsibility_to_present", to_present.float().cpu(), step)
+
+
+def _class_names(trainer: L.Trainer, classes: int) -> list[str]:
+    """The data's class names where it has them (an image folder's, CIFAR-10's), else the class numbers."""
+    names = getattr(trainer.datamodule, "class_names", None)
+    return list(names) if names is not None and len(names) == classes else [str(j) for j in range(classes)]
 
 
 def _keep_input_and_output(captured: dict, name: str, module: torch.nn.Module, inputs: tuple, output) -> None:
@@ -124,18 +133,38 @@ def _keep_output(captured: dict, name: str, module: torch.nn.Module, inputs: tup
     captured[name] = tuple(tensor.detach() for tensor in output)
 
 
-def coupling_maps(couplings: torch.Tensor, labels: torch.Tensor, num_types: int) -> torch.Tensor:
-    """(3, H, W) image: for each class j, the mean over the images of class j of c_ij (couplings (B, I, J),
-    children type-major over a square grid), averaged over the types, as one heat map per class."""
+def class_coupling_maps(couplings: torch.Tensor, labels: torch.Tensor, num_types: int) -> torch.Tensor:
+    """(J, S, S): for each class j, the mean over the images of class j of c_ij (couplings (B, I, J),
+    children type-major over a square S x S grid), averaged over the types; NaN for a class with no
+    image among them."""
     batch, children, classes = couplings.shape
     side = math.isqrt(children // num_types)
     per_position = couplings.view(batch, num_types, side, side, classes).mean(dim=1)  # (B, S, S, J)
     one_hot = F.one_hot(labels, classes).to(per_position.dtype)  # (B, J)
-    counts = one_hot.sum(dim=0).clamp_min(1)
-    maps = torch.einsum("bxyj,bj->jxy", per_position, one_hot) / counts[:, None, None]  # (J, S, S)
-    # Routing shows as departures from the uniform couplings 1/J: mid-grey, white and black at the
-    # largest departure of the figure either way.
-    departure = maps - 1.0 / classes
-    maps = 0.5 + 0.5 * departure / departure.abs().amax().clamp_min(1e-12)
-    maps = F.interpolate(maps[:, None].float().cpu(), scale_factor=_HEAT_MAP_SCALE, mode="nearest")
-    return make_grid(maps, nrow=classes, padding=2, pad_value=0.5)
+    counts = one_hot.sum(dim=0)
+    maps = torch.einsum("bxyj,bj->jxy", per_position, one_hot) / counts[:, None, None]  # 0/0 = NaN: no image
+    return maps.float().cpu()
+
+
+def coupling_figure(maps: torch.Tensor, class_names: Sequence[str]) -> Figure:
+    """One heat map per class (titled by its name) over the primary capsules' grid, on one diverging
+    colour scale centred at the uniform coupling 1/J, with a colour bar."""
+    classes = maps.shape[0]
+    uniform = 1.0 / classes
+    reach = float((maps - uniform).abs().nan_to_num(0).amax().clamp_min(1e-6))
+    columns = min(classes, 5)
+    rows = math.ceil(classes / columns)
+    figure = Figure(figsize=(1.9 * columns + 1.2, 2.0 * rows), layout="constrained")
+    axes = figure.subplots(rows, columns, squeeze=False)
+    for j, ax in enumerate(axes.flat):
+        if j >= classes:
+            ax.set_axis_off()
+            continue
+        shown = ax.imshow(maps[j].numpy(), cmap="RdBu_r", vmin=uniform - reach, vmax=uniform + reach)
+        seen = not torch.isnan(maps[j]).all()
+        ax.set_title(str(class_names[j]) if seen else f"{class_names[j]} (no image)", fontsize=9)
+        ax.set_xticks([]), ax.set_yticks([])
+    axes[0, 0].set_ylabel("primary capsule\nposition", fontsize=8)
+    bar = figure.colorbar(shown, ax=axes, shrink=0.8)
+    bar.set_label(f"mean coupling to the class (uniform: 1/{classes})", fontsize=8)
+    return figure
