@@ -51,14 +51,17 @@ def paper_squash(s: torch.Tensor) -> torch.Tensor:
     return squared_norm / (1 + squared_norm) * s / torch.sqrt(squared_norm)
 
 
-def procedure_1(votes: torch.Tensor, iterations: int, detach_agreement: bool = False):
-    """Plain transcription of Procedure 1 with explicit loops over examples, children and parents."""
+def procedure_1(votes: torch.Tensor, iterations: int, detach_agreement: bool = False, none_of_the_above: bool = False):
+    """Plain transcription of Procedure 1 with explicit loops over examples, children and parents; with
+    ``none_of_the_above``, each child's softmax also over a last logit fixed at 0, whose share is dropped
+    (section 7; the official code's leaky routing)."""
     batch, children, parents, _ = votes.shape
     outputs, couplings = [], []
     for n in range(batch):
         b = [[votes.new_zeros(()) for _ in range(parents)] for _ in range(children)]
         for r in range(iterations):
-            c = [torch.softmax(torch.stack(b[i]), dim=0) for i in range(children)]
+            extra = [votes.new_zeros(())] if none_of_the_above else []
+            c = [torch.softmax(torch.stack(b[i] + extra), dim=0)[:parents] for i in range(children)]
             s = [sum(c[i][j] * votes[n, i, j] for i in range(children)) for j in range(parents)]
             v = [paper_squash(s[j]) for j in range(parents)]
             if r < iterations - 1:
@@ -144,6 +147,33 @@ def test_defaults_are_the_papers_three_iterations_with_learning_couplings():
         fully_connected_routing(inputs, weight, 4, DynamicRouting(3, False)), inputs, upstream
     )
     assert torch.equal(default, paper)
+
+
+@pytest.mark.parametrize("iterations", [1, 3])
+def test_the_none_of_the_above_category_matches_its_transcription_and_takes_a_share_of_each_child(iterations):
+    torch.manual_seed(iterations)
+    votes = torch.randn(2, 6, 4, 3, dtype=torch.float64, requires_grad=True)
+    routing = DynamicRouting(iterations, none_of_the_above=True)
+    v, c = dynamic_routing(votes, routing, return_couplings=True)
+    v_ref, c_ref = procedure_1(votes, iterations, none_of_the_above=True)
+    assert torch.allclose(v, v_ref) and torch.allclose(c, c_ref)
+    assert (c.sum(dim=-1) < 1).all()  # the rest went to the dropped category
+    if iterations == 1:
+        assert torch.allclose(c, torch.full_like(c, 1 / 5))  # 1 / (J + 1)
+    upstream = torch.randn_like(v)
+    (grad,) = torch.autograd.grad(v, votes, upstream)
+    (grad_ref,) = torch.autograd.grad(v_ref, votes, upstream)
+    assert torch.allclose(grad, grad_ref, rtol=1e-5, atol=1e-7)
+    # Fused with the votes, the same parents and gradients.
+    inputs = torch.randn(3, 7, 5, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(7, 5, 4 * 3, dtype=torch.float64, requires_grad=True)
+    fused = fully_connected_routing(inputs, weight, 4, routing)
+    unfused = dynamic_routing(torch.einsum("bip,ipq->biq", inputs, weight).view(3, 7, 4, 3), routing)
+    torch.testing.assert_close(fused, unfused, rtol=1e-12, atol=1e-14)
+    got = torch.autograd.grad(fused.sum(), (inputs, weight))
+    want = torch.autograd.grad(unfused.sum(), (inputs, weight))
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-12)
 
 
 @pytest.mark.parametrize("iterations", [1, 3])

@@ -155,7 +155,12 @@ RECIPES = {
             "num_classes": 10,
             "reconstruction": True,
             "objects": 1,
-            "routing": {"_target_": "capsexp.nn.DynamicRouting", "iterations": 3, "detach_agreement": False},
+            "routing": {
+                "_target_": "capsexp.nn.DynamicRouting",
+                "iterations": 3,
+                "detach_agreement": False,
+                "none_of_the_above": False,
+            },
             "head": "capsules",
             "class_scores": "activations",
             "conv_channels": 256,
@@ -174,6 +179,7 @@ RECIPES = {
         "lr_scheduler": exponential_decay(2000, staircase=False),
     },
     "capsnet_small": None,  # set below: capsnet's recipe, with conv1 64 channels and 8 PrimaryCaps types
+    "capsnet_cifar10": None,  # set below
     # The large net (A=B=C=D=32) and the small one (A=64, B=8, C=D=16), each under capsexp's recipe and
     # under the paper's.
     "em_caps": em_recipe(matrix_capsnet(32, 32, 32, 32, EM_ROUTING_CAPSEXP, True), lr=0.01, **CAPSEXP_SCHEDULE),
@@ -186,6 +192,15 @@ RECIPES = {
 RECIPES["capsnet_small"] = {
     **RECIPES["capsnet"],
     "net": {**RECIPES["capsnet"]["net"], "conv_channels": 64, "primary_types": 8},
+}
+# Sabour et al. 2017, section 7: 64 primary capsule types and a none-of-the-above routing category.
+RECIPES["capsnet_cifar10"] = {
+    **RECIPES["capsnet"],
+    "net": {
+        **RECIPES["capsnet"]["net"],
+        "primary_types": 64,
+        "routing": {**RECIPES["capsnet"]["net"]["routing"], "none_of_the_above": True},
+    },
 }
 
 

@@ -29,6 +29,10 @@ class DynamicRouting:
     # false: gradients flow through the agreement updates b += u_hat . v (paper, official code); see
     # capsexp.nn.functional.dynamic_routing.
     detach_agreement: bool = False
+    # The paper's CIFAR-10 models: "a none-of-the-above category for the routing softmax" (section 7): one
+    # more parent, of routing logit 0, takes its share of each child's coupling and is dropped (the
+    # official code's leaky routing). Off for MNIST, as in the paper.
+    none_of_the_above: bool = False
 
 
 @checked

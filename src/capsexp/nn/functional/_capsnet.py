@@ -74,7 +74,10 @@ def dynamic_routing(
             false (the paper, and the official code), the loss differentiates through the agreement
             updates b += u_hat . v, so the couplings themselves learn; if true, the couplings are
             constants in the backward pass and gradients reach the votes only through the last
-            s_j = sum_i c_ij u_hat_j|i (as some public ports do); cheaper.
+            s_j = sum_i c_ij u_hat_j|i (as some public ports do); cheaper. ``none_of_the_above``: the
+            routing softmax over the J parents and one more whose logit stays 0, which takes its share
+            of each child's coupling and is then dropped (section 7's CIFAR-10 models; the official
+            code's leaky routing): c_ij = exp(b_ij) / (1 + sum_k exp(b_ik)), summing to less than 1.
         return_couplings: also return the last coupling coefficients c, shape (B, I, J).
 
     The backward pass is written out (derivation in ``_routing_gradient_factors``), not left to autograd:
@@ -87,16 +90,22 @@ def dynamic_routing(
     parent_major_votes = votes.transpose(1, 2)
     if not parent_major_votes.is_contiguous():
         parent_major_votes = parent_major_votes.contiguous()
-    parents, couplings = _DynamicRouting.apply(parent_major_votes, routing.iterations, routing.detach_agreement)
+    parents, couplings = _DynamicRouting.apply(
+        parent_major_votes, routing.iterations, routing.detach_agreement, routing.none_of_the_above
+    )
     if return_couplings:
         return parents, couplings.transpose(1, 2)
     return parents
 
 
-def _route(votes: torch.Tensor, iterations: int) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
+def _route(
+    votes: torch.Tensor, iterations: int, none_of_the_above: bool = False
+) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
     """Procedure 1 on parent-major votes (B, J, I, D); returns every iteration's c, s and v.
 
-    c: (B, J, I), s and v: (B, J, D). Sums over children are batched matrix-vector products.
+    c: (B, J, I), s and v: (B, J, D). Sums over children are batched matrix-vector products. With
+    ``none_of_the_above``, the softmax also covers a parent of logit 0 that is dropped; the backward pass
+    is the same (its Jacobian dc_j / db_k = c_j (delta_jk - c_k) keeps the form of the softmax's).
     """
     batch, num_parents, num_children, _ = votes.shape
     # The routing state (b, c, s, v) is small: keep it at least float32 when the votes are half/bf16.
@@ -105,7 +114,9 @@ def _route(votes: torch.Tensor, iterations: int) -> tuple[list[torch.Tensor], li
     couplings, totals, parents = [], [], []
     for r in range(iterations):
         if r == 0:  # softmax of zero logits: exactly uniform, no need to compute it
-            c = logits.new_full(logits.shape, 1.0 / num_parents)
+            c = logits.new_full(logits.shape, 1.0 / (num_parents + none_of_the_above))
+        elif none_of_the_above:
+            c = torch.softmax(F.pad(logits, (0, 0, 0, 1)), dim=1)[:, :num_parents]  # the extra parent's b = 0
         else:
             c = torch.softmax(logits, dim=1)  # over parents j
         s = torch.matmul(c.to(votes.dtype).unsqueeze(2), votes).squeeze(2).to(state_dtype)  # s_j = sum_i c_ij u_hat_j|i
@@ -127,7 +138,7 @@ class RoutingTrace(NamedTuple):
 
 
 @torch.no_grad()
-def dynamic_routing_trace(votes: torch.Tensor, iterations: int) -> RoutingTrace:
+def dynamic_routing_trace(votes: torch.Tensor, iterations: int, none_of_the_above: bool = False) -> RoutingTrace:
     """Procedure 1 on votes (B, I, J, D) as :func:`dynamic_routing` runs it, recording every
     iteration's couplings and three measures of how routing settles (means over images, children
     and parents):
@@ -142,7 +153,7 @@ def dynamic_routing_trace(votes: torch.Tensor, iterations: int) -> RoutingTrace:
     - the absolute change of the couplings c_ij from iteration r - 1 to r.
     """
     parent_major = votes.transpose(1, 2).contiguous()
-    couplings, _, parents = _route(parent_major, iterations)
+    couplings, _, parents = _route(parent_major, iterations, none_of_the_above)
     agreements = [_dot_each_child(parent_major, v) for v in parents]
     logit_changes = torch.stack([a.abs().mean() for a in agreements])
     none = logit_changes.new_zeros(0)
@@ -208,10 +219,10 @@ class _DynamicRouting(torch.autograd.Function):
     """Routing on parent-major votes (B, J, I, D), with the backward pass written out."""
 
     @staticmethod
-    def forward(ctx, votes: torch.Tensor, iterations: int, detach_agreement: bool):
+    def forward(ctx, votes: torch.Tensor, iterations: int, detach_agreement: bool, none_of_the_above: bool):
         # Autocast off: the votes keep the dtype they come in, the small routing state is float32.
         with torch.autocast(device_type=votes.device.type, enabled=False):
-            couplings, totals, parents = _route(votes, iterations)
+            couplings, totals, parents = _route(votes, iterations, none_of_the_above)
         ctx.detach_agreement = detach_agreement
         ctx.save_for_backward(votes, *couplings, *totals, *parents)
         ctx.mark_non_differentiable(couplings[-1])  # returned for inspection, not for a loss
@@ -227,7 +238,7 @@ class _DynamicRouting(torch.autograd.Function):
             grad_votes = torch.matmul(
                 torch.stack(left, dim=-1).to(votes.dtype), torch.stack(right, dim=-2).to(votes.dtype)
             )
-        return grad_votes, None, None
+        return grad_votes, None, None, None
 
 
 def fully_connected_routing(
@@ -247,14 +258,25 @@ def fully_connected_routing(
     else:
         dtype = torch.result_type(inputs, weight)
     return _VotesAndRouting.apply(
-        inputs.to(dtype), weight.to(dtype), out_caps, routing.iterations, routing.detach_agreement
+        inputs.to(dtype),
+        weight.to(dtype),
+        out_caps,
+        routing.iterations,
+        routing.detach_agreement,
+        routing.none_of_the_above,
     )
 
 
 class _VotesAndRouting(torch.autograd.Function):
     @staticmethod
     def forward(
-        ctx, inputs: torch.Tensor, weight: torch.Tensor, num_parents: int, iterations: int, detach_agreement: bool
+        ctx,
+        inputs: torch.Tensor,
+        weight: torch.Tensor,
+        num_parents: int,
+        iterations: int,
+        detach_agreement: bool,
+        none_of_the_above: bool,
     ):
         num_children, batch = weight.shape[0], inputs.shape[0]
         with torch.autocast(device_type=inputs.device.type, enabled=False):
@@ -262,7 +284,7 @@ class _VotesAndRouting(torch.autograd.Function):
             torch.bmm(inputs.transpose(0, 1), weight, out=child_major)  # (I, B, J*D)
             # Parent-major (B, J, I, D): each routing sum becomes a contiguous matrix-vector product.
             votes = child_major.view(num_children, batch, num_parents, -1).permute(1, 2, 0, 3).contiguous()
-            couplings, totals, parents = _route(votes, iterations)
+            couplings, totals, parents = _route(votes, iterations, none_of_the_above)
         ctx.detach_agreement = detach_agreement
         ctx.save_for_backward(inputs, weight, votes, *couplings, *totals, *parents)
         return parents[-1].to(votes.dtype)
@@ -288,7 +310,7 @@ class _VotesAndRouting(torch.autograd.Function):
                 grad_inputs = torch.bmm(grad_votes, weight.transpose(1, 2)).transpose(0, 1)
             if ctx.needs_input_grad[1]:
                 grad_weight = torch.bmm(inputs.transpose(0, 1).transpose(1, 2), grad_votes)
-        return grad_inputs, grad_weight, None, None, None
+        return grad_inputs, grad_weight, None, None, None, None
 
 
 def margin_loss(
