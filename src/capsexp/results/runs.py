@@ -20,7 +20,9 @@ OVERRIDES = Path(".hydra") / "overrides.yaml"
 # them here (tests/test_studies.py checks that both compose the same job).
 OVERRIDES_AS_RUN = Path(".hydra") / "overrides_as_run.yaml"
 # Overrides that say where a run went (or which seed), not what it was: no part of its configuration.
-LOCATION_OVERRIDE = re.compile(r"^\+{0,2}(hydra\.[\w.]+|paths\.[\w.]+|ckpt_path|attack\.source|tags|task_name)=")
+LOCATION_OVERRIDE = re.compile(
+    r"^\+{0,2}(hydra\.[\w.]+|paths\.[\w.]+|ckpt_path|attack\.source|tags|task_name|image_folder_root)="
+)
 SEED_OVERRIDE = re.compile(r"^\+?seed=")
 
 
