@@ -164,3 +164,15 @@ def test_a_small_capsnet_learns_real_format_digits(mnist_dir, tmp_path):
     start, end = sum(losses[:10]) / 10, sum(losses[-10:]) / 10
     assert end < 0.3 * start, (start, end)
     assert trainer.callback_metrics["val/acc"] >= 0.9
+
+
+def test_the_resnet_backbone_keeps_the_images_size_so_primarycaps_sees_a_larger_grid():
+    conv = CapsNet(in_channels=3, image_size=32, conv_channels=16, primary_types=4)
+    resnet = CapsNet(in_channels=3, image_size=32, conv_channels=16, primary_types=4, backbone="resnet")
+    # PrimaryCaps' 9x9 stride-2 convolution: on 24x24 (after conv1's 9x9) an 8x8 grid, on 32x32 a 12x12 one.
+    assert (conv.digits.in_caps, resnet.digits.in_caps) == (4 * 8 * 8, 4 * 12 * 12)
+    features = resnet.conv1(torch.rand(2, 3, 32, 32))
+    assert features.shape == (2, 16, 32, 32) and (features >= 0).all()
+    out = resnet(torch.rand(2, 3, 32, 32))
+    out.scores.sum().backward()
+    assert all(p.grad is not None for p in resnet.conv1.parameters())

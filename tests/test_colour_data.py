@@ -128,6 +128,7 @@ def test_each_colour_dataset_trains_from_the_command_line(data, write, model, tm
         "data.batch_size=10",
         *(["data.verify_checksums=false"] if data == "fashion_mnist" else []),
         f"model={model}",
+        *(["model.net.backbone=resnet"] if model == "capsnet_small" else []),  # the colour backbone
         "trainer.max_steps=2",
         "trainer.val_check_interval=2",
         f"hydra.run.dir={tmp_path / 'run'}",

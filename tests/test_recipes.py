@@ -161,6 +161,7 @@ RECIPES = {
                 "detach_agreement": False,
                 "none_of_the_above": False,
             },
+            "backbone": "conv",
             "head": "capsules",
             "class_scores": "activations",
             "conv_channels": 256,

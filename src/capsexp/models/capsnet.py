@@ -19,8 +19,11 @@ from torch import nn
 
 from capsexp.config.arguments import checked
 from capsexp.models.input_check import check_images
-from capsexp.nn import DynamicRouting, PrimaryCapsules, RoutingCapsules, RoutingOptions
+from capsexp.nn import DynamicRouting, PrimaryCapsules, ResNetStem, RoutingCapsules, RoutingOptions
 
+# What makes the features PrimaryCaps reads: the paper's conv1 (9x9, valid), or a small ResNet stem at the
+# image's resolution (capsexp.nn.ResNetStem), as the later routing papers use on colour images.
+Backbone = Literal["conv", "resnet"]
 # What stands between PrimaryCaps and the decoder: the class capsules (routed) or the plain reference.
 Head = Literal["capsules", "fully_connected"]
 # The class scores: the class capsules' activations (capsule lengths under dynamic routing), or a logit
@@ -68,6 +71,9 @@ class CapsNet(nn.Module):
             (``model/routing=<name>``, :mod:`capsexp.nn.routers`); the paper's dynamic routing with 3
             iterations by default. The class scores are the class capsules' activations (their lengths
             under dynamic routing).
+        backbone: ``conv`` (the paper's conv1, 9x9) or ``resnet`` (:class:`~capsexp.nn.ResNetStem`:
+            3x3 convolutions and two residual blocks of ``conv_channels`` channels that keep the image's
+            size, so that PrimaryCaps sees a larger grid).
         head: ``capsules`` (DigitCaps, routed) or ``fully_connected``, the plain-network reference of
             matched size (:class:`FullyConnectedHead`; ``routing`` is then unused).
         class_scores: ``activations`` (presence scores in [0, 1], for the margin loss) or
@@ -86,6 +92,7 @@ class CapsNet(nn.Module):
         reconstruction: bool = True,
         objects: PositiveInt = 1,
         routing: RoutingOptions = DynamicRouting(),
+        backbone: Backbone = "conv",
         head: Head = "capsules",
         class_scores: ClassScores = "activations",
         conv_channels: PositiveInt = 256,
@@ -96,9 +103,13 @@ class CapsNet(nn.Module):
         super().__init__()
         self.image_shape = (in_channels, image_size, image_size)
         self.num_classes, self.pose_dim, self.objects = num_classes, pose_dim, objects
-        self.conv1 = nn.Conv2d(in_channels, conv_channels, kernel_size=9)
+        if backbone == "conv":
+            self.conv1 = nn.Conv2d(in_channels, conv_channels, kernel_size=9)
+            feature_size = image_size - 8
+        else:
+            self.conv1 = ResNetStem(in_channels, conv_channels)
+            feature_size = image_size
         self.primary = PrimaryCapsules(conv_channels, primary_types, primary_dim, kernel_size=9, stride=2)
-        feature_size = image_size - 8
         if feature_size < 9:
             raise ValueError(f"CapsNet: image_size={image_size} is too small for two 9x9 convolutions (needs >= 17)")
         num_primary = self.primary.output_size(feature_size, feature_size)
@@ -135,8 +146,11 @@ class CapsNet(nn.Module):
     def forward(self, images: torch.Tensor, targets: torch.Tensor | None = None) -> CapsNetOutput:
         """``targets`` (B,) or (B, T) in training; None in evaluation (the longest capsules are decoded)."""
         check_images(images, self.image_shape, "CapsNet")
-        # In place: conv1's backward needs its input, not its output; saves a 52 MB buffer at batch 128.
-        primary = self.primary(F.relu(self.conv1(images), inplace=True))
+        features = self.conv1(images)
+        if not isinstance(self.conv1, ResNetStem):  # the stem ends in its own ReLU
+            # In place: conv1's backward needs its input, not its output; saves a 52 MB buffer at batch 128.
+            features = F.relu(features, inplace=True)
+        primary = self.primary(features)
         poses, scores, *_ = self.digits(primary)  # (B, classes, pose_dim), (B, classes)
         if self.class_logit is not None:
             scores = self.class_logit(poses).squeeze(-1)

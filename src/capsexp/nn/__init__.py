@@ -14,6 +14,7 @@ from capsexp.config.routing_options import (
 from capsexp.nn.capsnet import PrimaryCapsules, RoutingCapsules
 from capsexp.nn.em_caps import ClassMatrixCapsules, ConvMatrixCapsules, EMRouter, PrimaryMatrixCapsules
 from capsexp.nn.functional import dynamic_routing, em_routing, fully_connected_routing, margin_loss, spread_loss, squash
+from capsexp.nn.resnet_stem import ResNetStem
 
 __all__ = [
     "EM_PAPER",
@@ -27,6 +28,7 @@ __all__ = [
     "PrimaryCapsules",
     "PrimaryMatrixCapsules",
     "RandomRouting",
+    "ResNetStem",
     "RoutingCapsules",
     "RoutingOptions",
     "SelfRouting",
