@@ -87,6 +87,7 @@ def matrix_capsnet(a: int, b: int, c: int, d: int, routing: dict, conv1_norm: bo
         "recompute": False,
         "conv1_norm": conv1_norm,  # not in the paper; capsexp's recipe (yl-1993/Matrix-Capsules-EM-PyTorch)
         "weight_std": None,
+        "backbone": "conv",
     }
 
 

@@ -7,7 +7,7 @@ The class activations are the scores.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -17,7 +17,7 @@ from torch.utils.checkpoint import checkpoint
 
 from capsexp.config.arguments import checked
 from capsexp.models.input_check import check_images
-from capsexp.nn import ClassMatrixCapsules, ConvMatrixCapsules, EMRouting, PrimaryMatrixCapsules
+from capsexp.nn import ClassMatrixCapsules, ConvMatrixCapsules, EMRouting, PrimaryMatrixCapsules, ResNetStem
 
 
 class MatrixCapsNetOutput(NamedTuple):
@@ -46,6 +46,9 @@ class MatrixCapsNet(nn.Module):
             not in the paper (model=em_caps_paper: false). The arm no_batchnorm of experiment=em_training
             trains without it.
         weight_std: initial std of the transformation matrices (None: 1/sqrt(P)).
+        backbone: ``conv`` (the paper's conv1 alone) or ``resnet``: a small ResNet stem
+            (:class:`~capsexp.nn.ResNetStem`, ``conv_channels`` channels at the image's size) before conv1,
+            for colour data; the layers' geometry is unchanged.
     """
 
     def __init__(
@@ -64,12 +67,16 @@ class MatrixCapsNet(nn.Module):
         recompute: bool = False,
         conv1_norm: bool = True,
         weight_std: PositiveFloat | None = None,
+        backbone: Literal["conv", "resnet"] = "conv",
     ) -> None:
         super().__init__()
         self.recompute = recompute
         self.image_shape = (in_channels, image_size, image_size)
         layer = dict(pose_size=pose_size, routing=routing, weight_std=weight_std)
-        self.conv1 = nn.Conv2d(in_channels, conv_channels, kernel_size=5, stride=2)
+        self.stem = ResNetStem(in_channels, conv_channels) if backbone == "resnet" else nn.Identity()
+        self.conv1 = nn.Conv2d(
+            conv_channels if backbone == "resnet" else in_channels, conv_channels, kernel_size=5, stride=2
+        )
         # BatchNorm between conv1 and its ReLU, as yl-1993/Matrix-Capsules-EM-PyTorch has; not in the paper.
         self.conv1_norm = nn.BatchNorm2d(conv_channels) if conv1_norm else nn.Identity()
         self.primary = PrimaryMatrixCapsules(conv_channels, primary_types, pose_size)
@@ -101,7 +108,7 @@ class MatrixCapsNet(nn.Module):
 
     def forward(self, images: torch.Tensor) -> MatrixCapsNetOutput:
         check_images(images, self.image_shape, "MatrixCapsNet")
-        poses, activations = self.primary(F.relu(self.conv1_norm(self.conv1(images))))
+        poses, activations = self.primary(F.relu(self.conv1_norm(self.conv1(self.stem(images)))))
         poses, activations = self._run(self.conv_caps1, poses, activations)
         poses, activations = self._run(self.conv_caps2, poses, activations)
         class_poses, class_activations = self._run(self.class_caps, poses, activations, self.centres)
