@@ -260,6 +260,11 @@ def write_image_folder(folder: Path, per_class: int = 20, size: tuple[int, int] 
     return folder
 
 
+# Data configs whose input geometry another one has: the model x data products take one per geometry,
+# as these build the same nets (fashion_mnist is mnist's 1x28x28, svhn cifar10's 3x32x32 of 10 classes).
+SAME_GEOMETRY_AS = {"fashion_mnist": "mnist", "svhn": "cifar10"}
+
+
 def data_overrides(data: str, colour_folder_of: Callable[[], Path]) -> list[str]:
     """What a data config needs on the command line beside its name: an image folder's root (colour
     images, 32x32; ``colour_folder_of`` makes it only when asked)."""

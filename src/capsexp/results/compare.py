@@ -22,7 +22,15 @@ from capsexp.errors import ConfigError, NoRunsError
 from capsexp.results import statistics
 from capsexp.results.diagnostics import diagnostics_section
 from capsexp.results.machine import MACHINE_FILE, describe_text
-from capsexp.results.metric_names import PRESENCE_GAP, TEST_ACC, VAL_ACC, VAL_ACC_BEST, rotation_angle
+from capsexp.results.metric_names import (
+    MODEL_FLOPS,
+    MODEL_PARAMETERS,
+    PRESENCE_GAP,
+    TEST_ACC,
+    VAL_ACC,
+    VAL_ACC_BEST,
+    rotation_angle,
+)
 from capsexp.results.plots import write_plots
 from capsexp.results.runs import (
     LOCATION_OVERRIDE,
@@ -274,8 +282,8 @@ RECORDED_HPARAMS = Path("tensorboard") / "hparams.yaml"  # the Lightning logger'
 
 
 def keep_runs(runs: list[Run], folder: Path, output: Path) -> Path:
-    """Copy what a page needs of each run (overrides, machine record, event files, recorded
-    hyperparameters: kilobytes) into ``output/runs/`` (replacing what it held), by the runs' paths under
+    """Copy what a page needs of each run (overrides, machine record, event files, the model's recorded
+    parameters and FLOPs: kilobytes) into ``output/runs/`` (replacing what it held), by the runs' paths under
     ``folder``. Overrides that name this machine's folders (``hydra.sweep.dir=...``, ``ckpt_path=...``) are left out."""
     kept = output / KEPT_RUNS
     if kept.resolve() == folder.resolve():
@@ -298,8 +306,10 @@ def keep_runs(runs: list[Run], folder: Path, output: Path) -> Path:
         (target / "tensorboard").mkdir()
         for events in sorted((run.folder / "tensorboard").glob("events.out.tfevents.*")):
             shutil.copy2(events, target / "tensorboard" / events.name)
-        if (run.folder / RECORDED_HPARAMS).exists():  # the parameters and FLOPs the run recorded
-            shutil.copy2(run.folder / RECORDED_HPARAMS, target / RECORDED_HPARAMS)
+        if (run.folder / RECORDED_HPARAMS).exists():  # the model's cost the run recorded; no paths
+            recorded = yaml.safe_load((run.folder / RECORDED_HPARAMS).read_text()) or {}
+            cost = {key: recorded[key] for key in (MODEL_PARAMETERS, MODEL_FLOPS) if key in recorded}
+            (target / RECORDED_HPARAMS).write_text(yaml.safe_dump(cost))
     return kept
 
 

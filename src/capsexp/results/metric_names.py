@@ -25,6 +25,10 @@ PRESENCE_GAP = f"{_PRESENCE}gap"
 
 PLAIN = ""  # the name of the one unmodified test set
 
+# What a run records of its model before training, beside its hyperparameters (capsexp.run.train).
+MODEL_PARAMETERS = "model/params"
+MODEL_FLOPS = "model/flops_per_image"  # forward, per image
+
 _ROTATION_METRIC = re.compile(rf"^{TEST_ACC}_rot(-?[\d.]+)$")
 
 

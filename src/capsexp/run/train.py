@@ -20,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from capsexp.callbacks.model_checkpoint import requeue_signal
 from capsexp.errors import Interrupted
 from capsexp.results.machine import write_machine
+from capsexp.results.metric_names import MODEL_FLOPS, MODEL_PARAMETERS
 from capsexp.run import slurm
 from capsexp.run.build import build_model, instantiate, instantiate_all
 from capsexp.run.checkpoints import check_checkpoint
@@ -94,11 +95,11 @@ def _fit_and_test(
     trainer: L.Trainer,
 ) -> dict[str, float]:
     hparams = OmegaConf.to_container(cfg, resolve=True)
-    hparams["model/params"] = parameter_count(module)
-    hparams["model/flops_per_image"] = forward_flops_per_image(module, cfg.geometry.channels, cfg.geometry.image_size)
+    hparams[MODEL_PARAMETERS] = parameter_count(module)
+    hparams[MODEL_FLOPS] = forward_flops_per_image(module, cfg.geometry.channels, cfg.geometry.image_size)
     log.info(
-        f"{type(getattr(module, 'net', module)).__name__}: {hparams['model/params']:,} parameters, "
-        f"{hparams['model/flops_per_image'] / 1e6:,.1f} MFLOPs per image (forward)"
+        f"{type(getattr(module, 'net', module)).__name__}: {hparams[MODEL_PARAMETERS]:,} parameters, "
+        f"{hparams[MODEL_FLOPS] / 1e6:,.1f} MFLOPs per image (forward)"
     )
     log_hyperparameters(trainer.loggers, hparams, metric_names(datamodule.test_set_names))
 

@@ -17,12 +17,11 @@ import yaml
 
 from capsexp.results import statistics
 from capsexp.results.compare import RECORDED_HPARAMS
-from capsexp.results.metric_names import VAL_ACC
+from capsexp.results.metric_names import MODEL_FLOPS, MODEL_PARAMETERS, VAL_ACC
 from capsexp.results.runs import Configuration, Run, group
 from capsexp.results.study import StudyPage
 
 TRAIN_SECONDS = "perf/train_epoch_s"  # capsexp.callbacks.EpochTimer: per epoch, validation excluded
-PARAMETERS, FLOPS = "model/params", "model/flops_per_image"
 
 
 def training_seconds(run: Run) -> float | None:
@@ -54,7 +53,7 @@ def model_cost(run: Run) -> tuple[int | None, int | None]:
     if not path.exists():
         return None, None
     recorded = yaml.safe_load(path.read_text()) or {}
-    return recorded.get(PARAMETERS), recorded.get(FLOPS)
+    return recorded.get(MODEL_PARAMETERS), recorded.get(MODEL_FLOPS)
 
 
 def _median(configuration: Configuration, measure) -> float | None:
