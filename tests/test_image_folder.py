@@ -95,7 +95,8 @@ def test_a_missing_folder_on_the_command_line_is_a_few_lines(tmp_path):
     assert "Traceback" not in result.stderr
 
 
-@pytest.mark.parametrize("model", ["lenet5", "capsnet_small"])
+# CapsNet's run is slow (make test-all); the routing and colour-data CLI tests train it on colour input too.
+@pytest.mark.parametrize("model", ["lenet5", pytest.param("capsnet_small", marks=pytest.mark.slow)])
 def test_a_colour_folder_trains_and_its_classes_are_the_models_outputs(model, tmp_path):
     write_images(tmp_path / "images", per_class=30)
     result = run_cli_in_process(
