@@ -116,8 +116,17 @@ def test_training_batches_are_padded_cropped_and_mirrored_and_evaluation_is_cent
     assert standardized[0, 0].abs().max() < 1e-6  # the red channel's mean maps to 0
 
 
+def write_fashion(data_dir: Path) -> Path:
+    return write_mnist(data_dir, train=120, test=40, folder="FashionMNIST")
+
+
 @pytest.mark.parametrize(
-    ("data", "write", "model"), [("cifar10", write_cifar, "lenet5"), ("svhn", write_svhn, "capsnet_small")]
+    ("data", "write", "model"),
+    [
+        ("cifar10", write_cifar, "lenet5"),
+        ("svhn", write_svhn, "capsnet_small"),
+        ("fashion_mnist", write_fashion, "lenet5"),
+    ],
 )
 def test_each_colour_dataset_trains_from_the_command_line(data, write, model, tmp_path):
     result = run_cli_in_process(
