@@ -1,4 +1,4 @@
-"""DDP on 2 CPU processes (gloo) through the CLI, alone and inside a multirun."""
+"""DDP on 2 CPU processes (gloo) through the CLI, each job of a multirun on its own 2 processes."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from omegaconf import OmegaConf, open_dict
 
 from capsexp import CONFIG_DIR
 from capsexp.run.distributed import LAUNCH_ENVIRONMENT, child_process_command
-from tests.helpers import TINY_RUN, run_cli, scalars, write_mnist
+from tests.helpers import TINY_RUN, run_cli, run_cli_in_process, scalars, write_mnist
 
 TWO_PROCESSES = ["trainer.accelerator=cpu", "trainer.devices=2"]
 
@@ -62,40 +62,50 @@ def test_a_rank_is_started_as_this_job_alone_in_its_folder(tmp_path):
         HydraConfig.instance().cfg = None
 
 
-@pytest.mark.filterwarnings("ignore:Be aware that when using `ckpt_path`")
-def test_two_process_run_writes_one_folder_and_exact_metrics(uneven_mnist_dir, tmp_path, monkeypatch):
+@pytest.mark.filterwarnings("ignore:Be aware that when using `ckpt_path`", "ignore:The dirpath has changed")
+def test_a_multirun_of_two_process_jobs_runs_each_job_once_in_one_folder_with_exact_metrics(
+    uneven_mnist_dir, tmp_path, monkeypatch
+):
     clean_environment(monkeypatch)
     log_dir = tmp_path / "logs"
-    # val_size=61: the validation shares are uneven too.
+    # Two datasets: MultiMNIST's pairs, composed on each process from its own shard, train under DDP too.
+    # val_size=61: the validation shares are uneven as well.
+    job_overrides = [*TINY_RUN, "data.val_size=61", f"paths.data_dir={uneven_mnist_dir}"]
     result = run_cli(
-        *TINY_RUN,
-        "data.val_size=61",
+        "-m",
+        "model=lenet5",
+        "data=mnist,multi_mnist",
+        *job_overrides,
         *TWO_PROCESSES,
-        f"paths.data_dir={uneven_mnist_dir}",
         "trainer.max_epochs=2",
+        "trainer.limit_train_batches=6",
         env={"CAPSEXP_LOG_DIR": str(log_dir)},
+        timeout=600,
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    (run_dir,) = (log_dir / "train" / "runs").iterdir()  # rank 1 made no folder of its own
-    assert list(log_dir.glob("train/*")) == [log_dir / "train" / "runs"]
-    checkpoints = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
-    assert len(checkpoints) == 2 and "last.ckpt" in checkpoints, checkpoints
-    assert (run_dir / "capsexp_rank1.log").exists() and (run_dir / ".hydra" / "config.yaml").exists()
-
-    distributed = scalars(run_dir)
-    # 240 training images, a global batch of 20 split over 2 processes: 12 steps per epoch.
-    assert [s.step for s in distributed["val/acc"]] == [11, 23]
+    assert list(log_dir.glob("train/*")) == [log_dir / "train" / "multiruns"], "a rank wrote a run folder"
+    assert result.stdout.count("Launching 2 jobs") + result.stderr.count("Launching 2 jobs") == 1
+    (sweep,) = (log_dir / "train" / "multiruns").iterdir()
+    jobs = sorted(p for p in sweep.iterdir() if p.is_dir())
+    assert [job.name for job in jobs] == ["0", "1"]
+    for job, data in zip(jobs, ("mnist", "multi_mnist"), strict=True):
+        assert yaml.safe_load((job / ".hydra" / "overrides.yaml").read_text())[:2] == ["model=lenet5", f"data={data}"]
+        checkpoints = sorted(p.name for p in (job / "checkpoints").iterdir())
+        assert len(checkpoints) == 2 and "last.ckpt" in checkpoints, checkpoints
+        # Each job trained once: one "Training" line per process log, one test/acc value.
+        assert (job / "capsexp.log").read_text().count("] - Training") == 1
+        assert (job / "capsexp_rank1.log").read_text().count("] - Training") == 1
+        logged = scalars(job)
+        # 6 steps of a global batch of 20 split over 2 processes per epoch.
+        assert [s.step for s in logged["val/acc"]] == [5, 11] and len(logged["test/acc"]) == 1
 
     # The best checkpoint tested by one process must give exactly what the 2 processes reported:
     # every test image counted once (no padding), and the accuracy reduced over both processes.
-    best = next(p for p in (run_dir / "checkpoints").iterdir() if p.name != "last.ckpt")
-    result = run_cli(
-        *TINY_RUN,
-        "data.val_size=61",
-        "train=false",
-        f"ckpt_path={best}",
-        f"paths.data_dir={uneven_mnist_dir}",
-        f"hydra.run.dir={tmp_path / 'single'}",
+    mnist_job = jobs[0]
+    distributed = scalars(mnist_job)
+    best = next(p for p in (mnist_job / "checkpoints").iterdir() if p.name != "last.ckpt")
+    result = run_cli_in_process(
+        *job_overrides, "data=mnist", "train=false", f"ckpt_path={best}", f"hydra.run.dir={tmp_path / 'single'}"
     )
     assert result.returncode == 0, result.stderr[-3000:]
     single = scalars(tmp_path / "single")
@@ -106,7 +116,8 @@ def test_two_process_run_writes_one_folder_and_exact_metrics(uneven_mnist_dir, t
 
     # Validation too (it picks the best checkpoint and is what sweepers optimise): the last state,
     # validated by one process, gives what the 2 processes logged at the final validation.
-    assert validate_on_one_process(run_dir, run_dir / "checkpoints" / "last.ckpt") == distributed["val/acc"][-1].value
+    last = mnist_job / "checkpoints" / "last.ckpt"
+    assert validate_on_one_process(mnist_job, last) == distributed["val/acc"][-1].value
 
 
 def validate_on_one_process(run_dir: Path, checkpoint: Path) -> float:
@@ -117,37 +128,3 @@ def validate_on_one_process(run_dir: Path, checkpoint: Path) -> float:
     trainer = L.Trainer(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False)
     (metrics,) = trainer.validate(module, datamodule=datamodule, ckpt_path=checkpoint, verbose=False)
     return metrics["val/acc"]
-
-
-def test_multirun_of_two_process_jobs_runs_each_job_once(mnist_dir, tmp_path, monkeypatch):
-    clean_environment(monkeypatch)
-    log_dir = tmp_path / "logs"
-    # Two datasets: MultiMNIST's pairs, composed on each process from its own shard, train under DDP too.
-    result = run_cli(
-        "-m",
-        "model=lenet5",
-        "data=mnist,multi_mnist",
-        *TINY_RUN,
-        *TWO_PROCESSES,
-        f"paths.data_dir={mnist_dir}",
-        "trainer.max_epochs=1",
-        "trainer.limit_train_batches=6",
-        env={"CAPSEXP_LOG_DIR": str(log_dir)},
-        timeout=600,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert list(log_dir.glob("train/*")) == [log_dir / "train" / "multiruns"], "a child wrote a run folder"
-    (sweep,) = (log_dir / "train" / "multiruns").iterdir()
-    jobs = sorted(p for p in sweep.iterdir() if p.is_dir())
-    assert [job.name for job in jobs] == ["0", "1"]
-    expected = [["model=lenet5", f"data={data}"] for data in ("mnist", "multi_mnist")]
-    for job, job_overrides in zip(jobs, expected, strict=True):
-        assert yaml.safe_load((job / ".hydra" / "overrides.yaml").read_text())[:2] == job_overrides
-        assert (job / "checkpoints" / "last.ckpt").exists()
-        assert (job / "capsexp_rank1.log").exists()
-        # Each job trained once: one "Training" line per process log, one test/acc value.
-        assert (job / "capsexp.log").read_text().count("] - Training") == 1
-        assert (job / "capsexp_rank1.log").read_text().count("] - Training") == 1
-        logged = scalars(job)
-        assert len(logged["test/acc"]) == 1 and logged["val/acc"][-1].step == 5
-    assert result.stdout.count("Launching 2 jobs") + result.stderr.count("Launching 2 jobs") == 1

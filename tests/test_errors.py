@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import itertools
 import math
 import signal
 import zipfile
@@ -28,7 +27,7 @@ from capsexp.lit.schedulers import exponential_decay
 from capsexp.models import BaselineCNN, CapsNet, LeNet5, MatrixCapsNet
 from capsexp.nn import DynamicRouting, EMRouting
 from capsexp.run.checkpoints import _LINE_LIMIT, check_checkpoint, model_of_run
-from tests.helpers import SAME_GEOMETRY_AS, TINY_RUN, compose_config, data_overrides, run_cli_in_process
+from tests.helpers import TINY_RUN, compose_config, run_cli_in_process
 
 
 def _options(group: str) -> list[str]:
@@ -36,18 +35,7 @@ def _options(group: str) -> list[str]:
 
 
 # ---- the config check ------------------------------------------------------------------------------
-# Every model with one data config per input geometry, and every data config with CapsNet: the data
-# configs of the same geometry build the same nets (SAME_GEOMETRY_AS).
-MODEL_DATA = sorted(
-    set(itertools.product(_options("model"), [d for d in _options("data") if d not in SAME_GEOMETRY_AS]))
-    | {("capsnet", data) for data in _options("data")}
-)
-
-
-@pytest.mark.parametrize("model,data", MODEL_DATA)
-def test_every_shipped_model_and_data_config_passes_the_check(model, data, colour_folder_of):
-    overrides = [f"model={model}", f"data={data}", *data_overrides(data, colour_folder_of)]
-    assert config_problems(compose_config(overrides)) == []
+# Every model x data pair passes it: tests/test_configs.py, where each pair is also built.
 
 
 @pytest.mark.parametrize(

@@ -20,7 +20,7 @@ from capsexp.config import hydra_setup
 from capsexp.results.events import load_events
 from capsexp.results.study import figure_for, load_study_page
 from capsexp.studies.dr import CONVERGENCE, RoutingConvergence
-from tests.helpers import TINY_RUN
+from tests.helpers import TINY_RUN, run_cli_in_process
 
 EXPERIMENTS = sorted(p.stem for p in (CONFIG_DIR / "experiment").glob("*.yaml"))
 STUDIES = [name for name in EXPERIMENTS if "budgets" in OmegaConf.load(CONFIG_DIR / "experiment" / f"{name}.yaml")]
@@ -78,7 +78,9 @@ def test_a_study_runs_from_the_command_line_and_ends_with_its_page(mnist_dir, tm
     the user's seed and tiny budget winning over the study's, and the page beside the runs with the
     paper's errors."""
     sweep = tmp_path / "sweep"
-    result = run_multirun(
+    result = run_cli_in_process(
+        "-m",
+        *TINY_RUN,
         "experiment=dr_mnist",
         "study=quick",
         "seed=5",
