@@ -9,11 +9,11 @@ over the whole step, from one extra profiled step; the peak RSS is read before i
     python experiments/bench_em_caps.py                     # batch 8 and 32, model=em_caps and em_caps_paper
     python experiments/bench_em_caps.py --batch-sizes 8     # one size
     python experiments/bench_em_caps.py --accuracy          # + a fixed number of MNIST steps via the CLI
-    python experiments/bench_em_caps.py --baseline HEAD     # + the routing of a git revision, side by side
+    python experiments/bench_em_caps.py --baseline HEAD     # + the net of a git revision, side by side
 
-``--baseline REV`` loads ``src/capsexp/nn/functional/_em_caps.py`` as it is at git revision REV (that
-file alone) and, in one process per row, interleaves training steps that route with it and with the
-working tree's, on the same net and batch; its peak RSS comes from a process of its own.
+``--baseline REV`` imports the package as ``src/`` is at git revision REV beside this tree's, builds
+the net with it (the same weights) and, in one process per row, interleaves training steps of the two
+nets on the same batch; each one's peak RSS comes from processes of its own.
 ``--baseline-name`` says on the page what REV is (the page names no revision: it outlives them).
 """
 
@@ -22,14 +22,18 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
-import importlib.util
+import importlib
 import inspect
+import io
 import json
+import re
 import resource
 import statistics
 import subprocess
 import sys
+import tarfile
 import tempfile
+import types
 from pathlib import Path
 
 import torch
@@ -79,47 +83,73 @@ def recipe_text(recipe: str) -> str:
     )
 
 
-ROUTING_FILE = "src/capsexp/nn/functional/_em_caps.py"
-RSS_PROCESSES = 5  # per routing, with --baseline
+RSS_PROCESSES = 5  # per implementation, with --baseline
 RSS_STEPS = 6  # training steps per peak-RSS process: past the second, the peak grows by under 1%
 
 
-def routing_at(revision: str):
-    """``em_routing`` as ``ROUTING_FILE`` defines it at a git revision (the file alone, imported
-    under a private name), called as today's is. Options it does not know (added since) are dropped."""
-    source = subprocess.run(
-        ["git", "show", f"{revision}:{ROUTING_FILE}"], cwd=PROJECT_ROOT, capture_output=True, text=True
-    )
-    if source.returncode != 0:
-        sys.exit(f"--baseline {revision}: git cannot show {ROUTING_FILE} there: {source.stderr.strip()}")
-    path = Path(tempfile.mkdtemp()) / "baseline_em_routing.py"
-    path.write_text(source.stdout)
-    # Revisions from before the routing options moved into capsexp.config import them by their old name.
-    import capsexp.config.routing_options
+def package_at(revision: str) -> types.SimpleNamespace:
+    """capsexp as ``src/`` is at a git revision, imported beside this tree's (its modules under their
+    own names while it loads, then set aside; what it built keeps using them): its MatrixCapsNet,
+    EMRouting and em_routing."""
+    archive = subprocess.run(["git", "archive", revision, "src"], cwd=PROJECT_ROOT, capture_output=True)
+    if archive.returncode != 0:
+        sys.exit(f"--baseline {revision}: git cannot show src/ there: {archive.stderr.decode().strip()}")
+    root = Path(tempfile.mkdtemp())
+    with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as files:
+        files.extractall(root, filter="data")
+    ours = {name: sys.modules.pop(name) for name in list(sys.modules) if name.partition(".")[0] == "capsexp"}
+    sys.path.insert(0, str(root / "src"))
+    try:
+        models = importlib.import_module("capsexp.models")
+        functional = importlib.import_module("capsexp.nn.functional")
+        options = importlib.import_module("capsexp.nn")
+        return types.SimpleNamespace(
+            MatrixCapsNet=models.MatrixCapsNet, EMRouting=options.EMRouting, em_routing=functional.em_routing
+        )
+    finally:
+        sys.path.remove(str(root / "src"))
+        for name in [name for name in sys.modules if name.partition(".")[0] == "capsexp"]:
+            del sys.modules[name]
+        sys.modules.update(ours)
 
-    sys.modules.setdefault("capsexp.routing_options", capsexp.config.routing_options)
-    spec = importlib.util.spec_from_file_location("baseline_em_routing", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    known = inspect.signature(module.em_routing).parameters
+
+def baseline_routing(revision: str):
+    """``em_routing`` of a git revision's package, called as today's is; options it does not know
+    (added since) are dropped."""
+    module_routing = package_at(revision).em_routing
+    known = inspect.signature(module_routing).parameters
 
     def em_routing(votes, activations, beta_u, beta_a, routing, **kwargs):
         if "routing" in known:
-            return module.em_routing(votes, activations, beta_u, beta_a, routing, **kwargs)
+            return module_routing(votes, activations, beta_u, beta_a, routing, **kwargs)
         # A revision whose em_routing took the options one by one.
         options = {**dataclasses.asdict(routing), **kwargs}
-        return module.em_routing(votes, activations, beta_u, beta_a, **{k: v for k, v in options.items() if k in known})
+        return module_routing(votes, activations, beta_u, beta_a, **{k: v for k, v in options.items() if k in known})
 
     return em_routing
 
 
-def training_step(batch_size: int, recipe: str):
-    """The net of a recipe and one training step of it (forward, spread loss, backward, Adam)."""
+def training_step(batch_size: int, recipe: str, revision: str | None = None):
+    """The net of a recipe and one training step of it (forward, spread loss, backward, Adam): the net
+    as this tree builds it, or as a git revision's package does (with the same weights)."""
     from capsexp.models import MatrixCapsNet
     from capsexp.nn.functional import spread_loss
 
     torch.manual_seed(0)
-    net = MatrixCapsNet(in_channels=2, num_classes=5, image_size=32, **net_options(recipe))
+    options = net_options(recipe)
+    net = MatrixCapsNet(in_channels=2, num_classes=5, image_size=32, **options)
+    if revision is not None:
+        package = package_at(revision)
+        known = inspect.signature(package.MatrixCapsNet).parameters
+        routing = options["routing"]
+        options["routing"] = package.EMRouting(
+            **{f.name: getattr(routing, f.name) for f in dataclasses.fields(package.EMRouting)}
+        )
+        weights = net.state_dict()
+        net = package.MatrixCapsNet(
+            in_channels=2, num_classes=5, image_size=32, **{k: v for k, v in options.items() if k in known}
+        )
+        net.load_state_dict(weights)
     optimizer = torch.optim.Adam(net.parameters())  # its rate does not change a step's time
     images, targets = torch.rand(batch_size, 2, 32, 32), torch.randint(0, 5, (batch_size,))
 
@@ -132,19 +162,19 @@ def training_step(batch_size: int, recipe: str):
 
 
 def compare(batch_size: int, repeats: int, recipe: str, revision: str) -> dict[str, float]:
-    """Run in a fresh process: training steps routed by the working tree's em_routing and by
-    revision's, interleaved on one net (the shared machine's noise hits both alike)."""
-    import capsexp.nn.em_caps as em_caps_layers
-
-    routings = {"current": em_caps_layers.em_routing, "baseline": routing_at(revision)}
-    _, _, step = training_step(batch_size, recipe)
+    """Run in a fresh process: training steps of the net as this tree builds it and as revision's
+    package does, with the same weights and batch, interleaved (the shared machine's noise hits both
+    alike)."""
+    steps = {
+        "current": training_step(batch_size, recipe)[2],
+        "baseline": training_step(batch_size, recipe, revision)[2],
+    }
     times: dict[str, list[float]] = {"current": [], "baseline": []}
     for repeat in range(repeats + 1):  # the first round warms up
         # Alternating which goes first: the second of a pair runs on memory the first just freed.
         for name in ("current", "baseline") if repeat % 2 else ("baseline", "current"):
-            em_caps_layers.em_routing = routings[name]  # the name the layers call
             with Stopwatch() as watch:
-                step()
+                steps[name]()
             if repeat:
                 times[name].append(watch.seconds)
     ratios = [current / baseline for current, baseline in zip(times["current"], times["baseline"], strict=True)]
@@ -157,16 +187,14 @@ def compare(batch_size: int, repeats: int, recipe: str, revision: str) -> dict[s
 
 
 def peak_rss(batch_size: int, recipe: str, revision: str | None) -> float:
-    """Run in a fresh process: the peak RSS (GiB) of training steps routed by revision's em_routing
-    (None: the working tree's)."""
-    import capsexp.nn.em_caps as em_caps_layers
-
-    if revision is not None:
-        em_caps_layers.em_routing = routing_at(revision)
-    _, _, step = training_step(batch_size, recipe)
+    """Run in a fresh process: the peak RSS (GiB) of training steps of the net as revision's package
+    builds it (None: this tree), counted from after the net is built (VmHWM reset)."""
+    _, _, step = training_step(batch_size, recipe, revision)
+    Path("/proc/self/clear_refs").write_text("5")  # the peak from here on: not the imports'
     for _ in range(RSS_STEPS):
         step()
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    status = Path("/proc/self/status").read_text()
+    return int(re.search(r"^VmHWM:\s+(\d+) kB", status, re.MULTILINE).group(1)) / 2**20
 
 
 def measure(batch_size: int, repeats: int, recipe: str = "default") -> dict[str, float]:
@@ -332,7 +360,7 @@ def main() -> None:
     parser.add_argument(
         "--baseline",
         metavar="REV",
-        help=f"also compare with the routing of git revision REV ({ROUTING_FILE} there), interleaved",
+        help="also compare with the net as git revision REV's src/ builds it (same weights), interleaved",
     )
     parser.add_argument(
         "--baseline-name",
@@ -405,7 +433,7 @@ def main() -> None:
     precision_rows = []
     routings = {"this tree": None, "float64, inputs rounded": float64_on_rounded_inputs}
     if args.baseline:
-        routings["baseline"] = routing_at(args.baseline)
+        routings["baseline"] = baseline_routing(args.baseline)
     for recipe in args.recipes:
         for inactive_far in (False, True):
             for spread in (0.01, 0.03):
@@ -428,7 +456,7 @@ def main() -> None:
             f"{INACTIVE_ACTIVATION:g} voting",
             f'{INACTIVE_OFFSET:g} lower than the active ones. Routing "float64, inputs rounded": float64 on the',
             "inputs rounded to float32, whose rounding is then the only error: the floor of any float32 routing."
-            + (" Baseline: the routing of the comparison below." if args.baseline else ""),
+            + (" Baseline: the em_routing of the revision compared below." if args.baseline else ""),
             "",
             "| recipe | children | spread | routing | poses | activations | responsibilities | vote gradient |",
             "| --- | --- | ---: | --- | ---: | ---: | ---: | ---: |",
@@ -450,13 +478,13 @@ def main() -> None:
             [
                 f"## This tree's EM routing against {baseline_name}",
                 "",
-                f"`{' '.join(command)}`, REV being {baseline_name}: {ROUTING_FILE} as at REV",
-                "against the working tree's, on the same net and batch; training steps interleaved in one",
+                f"`{' '.join(command)}`, REV being {baseline_name}: the net as src/ at REV builds it",
+                "against the working tree's, with the same weights and batch; training steps interleaved in one",
                 f"process (which goes first alternating), medians of {args.repeats} each; the ratio is this tree's",
                 "step over the baseline's",
                 "(median of the paired ratios, quartiles in brackets: below 1 is faster). Peak RSS: each",
-                f"routing in processes of its own ({RSS_STEPS} training steps each), the median of {RSS_PROCESSES}",
-                "alternating ones.",
+                f"in processes of its own ({RSS_STEPS} training steps each, the peak counted from after the net",
+                f"is built), the median of {RSS_PROCESSES} alternating ones.",
                 "",
                 "| recipe | batch | step, this tree | step, baseline | ratio "
                 "| peak RSS, this tree | peak RSS, baseline |",

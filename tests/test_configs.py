@@ -208,12 +208,9 @@ def test_a_model_config_sets_only_what_differs_from_its_nets_defaults(path):
         assert _plain(value) != _plain(defaults[name].default), f"{path.name}: net.{name}={value} is the default"
 
 
-@pytest.mark.parametrize(
-    ("model", "override", "expected"),
-    [("em_caps", "model.net.recompute=true", True), ("capsnet", "model.net.pose_dim=8", 8)],
-)
+@pytest.mark.parametrize(("model", "override", "expected"), [("capsnet", "model.net.pose_dim=8", 8)])
 def test_every_constructor_argument_of_a_net_is_settable_without_plus(model, override, expected):
-    """Arguments no model config names (MatrixCapsNet's recompute) are in the composed config all the same."""
+    """Arguments no model config names (CapsNet's pose_dim) are in the composed config all the same."""
     key = override.split("=")[0]
     assert OmegaConf.select(compose_config([f"model={model}"]), key) != expected
     net = instantiate(compose_config([f"model={model}", override]).model.net)

@@ -208,24 +208,43 @@ def test_detached_responsibilities_change_the_gradients_of_a_net_not_its_scores(
     assert torch.isfinite(detached_gradient).all() and not torch.allclose(detached_gradient, gradient)
 
 
-def test_recomputed_routing_gives_the_same_scores_and_gradients():
-    """recompute=True (activation checkpointing) reruns each capsule layer, votes centred in place
-    included, in the backward pass: the same results as keeping everything."""
+def test_routing_in_chunks_of_the_batch_gives_what_one_chunk_gives(monkeypatch):
+    """A batch routed chunk by chunk (a small CHUNK_BYTES: chunks of 2, 2 and 1 items) gives the scores
+    and gradients, of the parameters and of the images, that routing it whole gives, in float64; and
+    so do votes given as a tensor, for the votes and the activations."""
+    import capsexp.nn.functional._em_caps as em
 
-    def scores_and_gradients(recompute: bool):
+    def net_results():
         torch.manual_seed(0)
-        net = MatrixCapsNet(
-            conv_channels=8, primary_types=4, conv_caps1_types=4, conv_caps2_types=4, recompute=recompute
-        )
-        scores = net(torch.rand(3, 1, 28, 28)).scores
-        spread_loss(scores, torch.tensor([0, 1, 2]), 0.5).backward()
-        return scores.detach(), {name: p.grad for name, p in net.named_parameters()}
+        net = MatrixCapsNet(conv_channels=8, primary_types=4, conv_caps1_types=4, conv_caps2_types=4).double()
+        images = torch.rand(5, 1, 28, 28, dtype=torch.float64, requires_grad=True)
+        scores = net(images).scores
+        spread_loss(scores, torch.tensor([0, 1, 2, 3, 4]), 0.5).backward()
+        return [scores.detach(), images.grad, *(p.grad for p in net.parameters())]
 
-    plain_scores, plain_grads = scores_and_gradients(False)
-    scores, grads = scores_and_gradients(True)
-    torch.testing.assert_close(scores, plain_scores)
-    for name, grad in grads.items():
-        torch.testing.assert_close(grad, plain_grads[name], msg=name)
+    layer = ConvMatrixCapsules(3, 4, kernel_size=2, stride=1)
+    child_index = layer.child_index(3, 3, torch.device("cpu"))
+
+    def votes_results():
+        torch.manual_seed(0)
+        votes = torch.randn(5, 4, 12, 4, 16, dtype=torch.float64, requires_grad=True)
+        activations = torch.rand(5, 27, dtype=torch.float64, requires_grad=True)
+        beta = torch.zeros(4, dtype=torch.float64)
+        mu, parent_activations = em_routing(votes, activations, beta, beta, EMRouting(), child_index=child_index)
+        (mu.sum() + (parent_activations * torch.arange(4)).sum()).backward()
+        return [mu.detach(), parent_activations.detach(), votes.grad, activations.grad]
+
+    whole = net_results(), votes_results()
+    # 2.5 items' [V' | V'^2] in float64: of ConvCaps1 (Q=6x6 positions, J=4, M=3x3x4), of the votes.
+    monkeypatch.setattr(em, "CHUNK_BYTES", int(2.5 * 2 * 36 * 4 * 36 * 16 * 8))
+    assert [hi - lo for lo, hi in em._chunks(5, (36, 4, 36, 16), torch.float64)] == [2, 2, 1]
+    chunked_net = net_results()
+    monkeypatch.setattr(em, "CHUNK_BYTES", int(2.5 * 2 * 4 * 4 * 12 * 16 * 8))
+    assert [hi - lo for lo, hi in em._chunks(5, (4, 4, 12, 16), torch.float64)] == [2, 2, 1]
+    chunked = chunked_net, votes_results()
+    for results, expected in zip(chunked, whole, strict=True):
+        for got, want in zip(results, expected, strict=True):
+            torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
 
 
 def test_dense_responsibilities_sum_to_one_and_activations_in_unit_interval():
@@ -500,16 +519,12 @@ def test_em_routing_defaults_are_the_papers():
     assert recipe_routing("em_caps_paper") == EM_PAPER and recipe_routing("em_caps") == EMRouting()
 
 
-def test_inplace_centres_the_callers_votes_instead_of_copying_them():
+def test_routing_leaves_the_callers_votes_as_they_were():
     torch.manual_seed(0)
-    parent_major = torch.randn(2, 3, 6, 16) + 5  # (B, J, I, H) in memory, as the layers make them
-    activations, beta = torch.rand(2, 6), torch.zeros(3)
-    copied = em_routing(parent_major.transpose(1, 2), activations, beta, beta)
-    assert parent_major.mean() > 4  # untouched
-    centred = em_routing(parent_major.transpose(1, 2), activations, beta, beta, inplace=True)
-    assert parent_major.abs().mean() < 2  # now holds V - c
-    for a, b in zip(copied, centred, strict=True):
-        torch.testing.assert_close(a, b)
+    parent_major = torch.randn(2, 3, 6, 16) + 5  # (B, J, I, H) in memory, as a layer may make them
+    kept = parent_major.clone()
+    em_routing(parent_major.transpose(1, 2), torch.rand(2, 6), torch.zeros(3), torch.zeros(3))
+    assert torch.equal(parent_major, kept)
 
 
 def test_responsibility_entropy_is_one_when_uniform_and_zero_when_hard():

@@ -84,7 +84,6 @@ def matrix_capsnet(a: int, b: int, c: int, d: int, routing: dict, conv1_norm: bo
         "image_size": 28,
         "routing": routing,
         "coordinate_addition": True,
-        "recompute": False,
         "conv1_norm": conv1_norm,  # not in the paper; capsexp's recipe (yl-1993/Matrix-Capsules-EM-PyTorch)
         "weight_std": None,
         "backbone": "conv",

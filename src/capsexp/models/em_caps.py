@@ -13,7 +13,6 @@ import torch
 import torch.nn.functional as F
 from pydantic import PositiveFloat, PositiveInt
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 
 from capsexp.config.arguments import checked
 from capsexp.models.input_check import check_images
@@ -38,10 +37,6 @@ class MatrixCapsNet(nn.Module):
         kernel_size: ConvCaps kernel size (K). pose_size: pose matrices are pose_size x pose_size (P).
         routing: how every capsule layer routes (:class:`~capsexp.nn.EMRouting`; its defaults are
             capsexp's recipe).
-        recompute: in training, keep only each capsule layer's (small) input and recompute its
-            routing during the backward pass (activation checkpointing). The vote tensors of all
-            layers are then never held at once: about a third less peak memory for a quarter more
-            time. Same results.
         conv1_norm: BatchNorm after conv1 (before its ReLU), as yl-1993/Matrix-Capsules-EM-PyTorch has;
             not in the paper (model=em_caps_paper: false). The arm no_batchnorm of experiment=em_training
             trains without it.
@@ -64,13 +59,11 @@ class MatrixCapsNet(nn.Module):
         image_size: PositiveInt = 28,
         routing: EMRouting = EMRouting(),
         coordinate_addition: bool = True,
-        recompute: bool = False,
         conv1_norm: bool = True,
         weight_std: PositiveFloat | None = None,
         backbone: Literal["conv", "resnet"] = "conv",
     ) -> None:
         super().__init__()
-        self.recompute = recompute
         self.image_shape = (in_channels, image_size, image_size)
         layer = dict(pose_size=pose_size, routing=routing, weight_std=weight_std)
         self.stem = ResNetStem(in_channels, conv_channels) if backbone == "resnet" else nn.Identity()
@@ -101,15 +94,10 @@ class MatrixCapsNet(nn.Module):
             "centres", torch.stack(torch.meshgrid(centres, centres, indexing="ij"), dim=-1), persistent=False
         )
 
-    def _run(self, layer: nn.Module, *inputs: torch.Tensor):
-        if self.recompute and torch.is_grad_enabled() and self.training:
-            return checkpoint(layer, *inputs, use_reentrant=False)
-        return layer(*inputs)
-
     def forward(self, images: torch.Tensor) -> MatrixCapsNetOutput:
         check_images(images, self.image_shape, "MatrixCapsNet")
         poses, activations = self.primary(F.relu(self.conv1_norm(self.conv1(self.stem(images)))))
-        poses, activations = self._run(self.conv_caps1, poses, activations)
-        poses, activations = self._run(self.conv_caps2, poses, activations)
-        class_poses, class_activations = self._run(self.class_caps, poses, activations, self.centres)
+        poses, activations = self.conv_caps1(poses, activations)
+        poses, activations = self.conv_caps2(poses, activations)
+        class_poses, class_activations = self.class_caps(poses, activations, self.centres)
         return MatrixCapsNetOutput(class_activations, class_poses)

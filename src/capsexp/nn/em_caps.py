@@ -14,8 +14,56 @@ from torch import nn
 
 from capsexp.config.routing_options import EMRouting
 from capsexp.nn.functional import em_routing
+from capsexp.nn.functional._em_caps import VoteMaker
 
 CapsuleMap = tuple[torch.Tensor, torch.Tensor]
+
+
+def transform(matrices: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """Votes V = M W (section 4) for children that share a transformation matrix per group.
+
+    ``matrices``: (G, R, P*P), the row-major pose matrices of R children in each group g (a kernel
+    position and input type, or an input type); ``weight``: (G, J, P, P), one W per group and parent
+    type. Returns (G, R, J, P*P).
+
+    One GEMM per group on a block-diagonal W (P copies of W along the diagonal, so each of the P rows
+    of M meets W): 4 times the multiplications of M W for 4x4 poses, but each vote's P*P elements come
+    out contiguous, so the copy into the routing's parent-major layout moves 64-byte runs. The plain
+    product leaves each vote's rows J * P elements apart, and that copy ran 6 times slower than the
+    product itself.
+    """
+    groups, parents, pose_size = weight.shape[0], weight.shape[1], weight.shape[-1]
+    eye = torch.eye(pose_size, dtype=weight.dtype, device=weight.device)
+    # block[g, (a', b), (j, a, c)] = [a' = a] W[g, j, b, c]
+    block = torch.einsum("xy,gjbc->gxbjyc", eye, weight).reshape(groups, pose_size**2, parents * pose_size**2)
+    return torch.bmm(matrices, block).view(groups, matrices.shape[1], parents, pose_size**2)
+
+
+def _grouped(matrices: torch.Tensor) -> torch.Tensor:
+    """(b, G, R, P*P) -> (G, b * R, P*P): each group's matrices for :func:`transform`."""
+    batch, groups, rows, elements = matrices.shape
+    return matrices.transpose(0, 1).reshape(groups, batch * rows, elements)
+
+
+def conv_votes(matrices: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """A ConvCaps layer's votes, parent-major (b, Q, J, K*K*I, P*P) (a view), from the poses in each
+    window slot, ``matrices`` (b, K*K*I, Q, P*P), and W (K*K*I, J, P, P)."""
+    batch, slots, positions, elements = matrices.shape
+    votes = transform(_grouped(matrices), weight)  # (K*K*I, b*Q, J, P*P)
+    return votes.view(slots, batch, positions, weight.shape[1], elements).permute(1, 2, 3, 0, 4)
+
+
+def class_votes(matrices: torch.Tensor, weight: torch.Tensor, *offsets: torch.Tensor) -> torch.Tensor:
+    """The class capsules' votes, parent-major (b, 1, J, H*W*I, P*P) (children numbered (h, w, i)), from
+    the poses ``matrices`` (b, I, H*W, P*P) and W (I, J, P, P), plus ``offsets`` (H*W, P*P) if given
+    (coordinate addition)."""
+    batch, in_types, positions, elements = matrices.shape
+    parents = weight.shape[1]
+    votes = transform(_grouped(matrices), weight).view(in_types, batch, positions, parents, elements)
+    votes = votes.permute(1, 3, 2, 0, 4)  # (b, J, H*W, I, P*P)
+    if offsets:
+        votes = votes + offsets[0].view(1, 1, positions, 1, elements)
+    return votes.reshape(batch, 1, parents, positions * in_types, elements)
 
 
 class PrimaryMatrixCapsules(nn.Module):
@@ -77,8 +125,7 @@ class _EMLayer(nn.Module):
         self.beta_a = nn.Parameter(torch.zeros(out_types))
         self.log_inverse_temperature = nn.Parameter(torch.zeros(())) if routing.learn_inverse_temperature else None
 
-    def _route(self, votes: torch.Tensor, activations: torch.Tensor, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
-        kwargs["inplace"] = True  # the votes are this layer's temporary: centred in place, no copy
+    def _route(self, votes: VoteMaker, activations: torch.Tensor, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
         if self.log_inverse_temperature is not None:
             kwargs["inverse_temperature_scale"] = self.log_inverse_temperature.exp()
         mu, parent_activations, _ = self.router(votes, activations, self.beta_u, self.beta_a, **kwargs)
@@ -128,12 +175,15 @@ class ConvMatrixCapsules(_EMLayer):
 
     def forward(self, poses: torch.Tensor, activations: torch.Tensor) -> CapsuleMap:
         batch, in_types, elements, height, width = poses.shape
-        pose_windows = self._unfold(poses.reshape(batch, in_types * elements, height, width))
-        pose_windows = pose_windows.reshape(batch, -1, self.kernel_size**2, in_types, self.pose_size, self.pose_size)
-        # Parent-major (N, Q, J, K*K*I, P*P), the layout em_routing works in; passed as its
-        # (N, Q, M, J, P*P) view.
-        votes = torch.einsum("nqkiab,kijbc->nqjkiac", pose_windows, self.weight)
-        votes = votes.reshape(batch, votes.shape[1], self.out_types, -1, elements).transpose(2, 3)
+        patches = F.unfold(
+            poses.reshape(batch, in_types * elements, height, width), self.kernel_size, stride=self.stride
+        )
+        positions, slots = patches.shape[-1], self.kernel_size**2 * in_types
+        # The poses in each (kernel position, input type) slot of every window: (N, K*K*I, Q, P*P).
+        matrices = patches.view(batch, in_types, elements, self.kernel_size**2, positions).permute(0, 3, 1, 4, 2)
+        matrices = matrices.reshape(batch, slots, positions, elements)
+        weight = self.weight.flatten(0, 1)
+        votes = VoteMaker(conv_votes, (matrices,), (weight,), (positions, self.out_types, slots, elements))
         child_index, child_activations = self.child_index(height, width, poses.device), activations.reshape(batch, -1)
         if self.router.routing.route_per_window:
             # Every (window, slot) is a child of its own: R sums to 1 over the parent types of one
@@ -177,24 +227,30 @@ class ClassMatrixCapsules(_EMLayer):
         cols = (torch.arange(width, device=device) + 0.5) / width
         return torch.stack(torch.meshgrid(rows, cols, indexing="ij"), dim=-1)
 
-    def votes(self, poses: torch.Tensor, centres: torch.Tensor | None = None) -> torch.Tensor:
-        """V = M W plus coordinate addition for poses (N, I, P*P, H, W): (N, J, H, W, I, P, P), parent-major."""
-        batch, in_types, _, height, width = poses.shape
-        matrices = poses.permute(0, 3, 4, 1, 2).reshape(batch, height, width, in_types, self.pose_size, self.pose_size)
-        votes = torch.einsum("nhwiab,ijbc->njhwiac", matrices, self.weight)
+    def vote_maker(self, poses: torch.Tensor, centres: torch.Tensor | None = None) -> VoteMaker:
+        """How the votes V = M W (plus coordinate addition) of poses (N, I, P*P, H, W) are made:
+        :func:`class_votes` of the poses, W and the offsets."""
+        batch, in_types, elements, height, width = poses.shape
+        matrices = poses.reshape(batch, in_types, elements, height * width).transpose(2, 3)
+        shared = (self.weight,)
         if self.coordinate_addition:
             if centres is None:
                 centres = self.grid_centres(height, width, poses.device)
-            offsets = votes.new_zeros(height, width, self.pose_size, self.pose_size)
+            offsets = poses.new_zeros(height, width, self.pose_size, self.pose_size)
             offsets[..., 0, -1], offsets[..., 1, -1] = centres[..., 0], centres[..., 1]
-            votes = votes + offsets[:, :, None]
-        return votes
+            shared += (offsets.view(height * width, elements),)
+        return VoteMaker(class_votes, (matrices,), shared, (1, self.out_types, height * width * in_types, elements))
+
+    def votes(self, poses: torch.Tensor, centres: torch.Tensor | None = None) -> torch.Tensor:
+        """V = M W plus coordinate addition for poses (N, I, P*P, H, W): (N, J, H, W, I, P, P), parent-major."""
+        batch, in_types, _, height, width = poses.shape
+        maker = self.vote_maker(poses, centres)
+        votes = maker.make(*maker.batched, *maker.shared)
+        return votes.view(batch, self.out_types, height, width, in_types, self.pose_size, self.pose_size)
 
     def forward(
         self, poses: torch.Tensor, activations: torch.Tensor, centres: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        batch, _, elements = poses.shape[:3]
-        # Children numbered (h, w, i); passed as the (N, children, J, P*P) view of parent-major votes.
-        votes = self.votes(poses, centres).reshape(batch, self.out_types, -1, elements).transpose(1, 2)
-        child_activations = activations.permute(0, 2, 3, 1).reshape(batch, -1)
-        return self._route(votes, child_activations)
+        # Children numbered (h, w, i).
+        child_activations = activations.permute(0, 2, 3, 1).reshape(poses.shape[0], -1)
+        return self._route(self.vote_maker(poses, centres), child_activations)

@@ -11,7 +11,10 @@ position q's receptive field, and the E-step normalises over all slots holding t
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import math
+from collections.abc import Callable
 from typing import NamedTuple, get_args
 
 import torch
@@ -29,8 +32,34 @@ def inverse_temperatures(routing: EMRouting) -> list[float]:
     return [routing.final_lambda * (1.0 - 0.95 ** (t + 1)) for t in range(routing.iterations)]
 
 
+@dataclasses.dataclass(frozen=True)
+class VoteMaker:
+    """Votes made on demand from the smaller tensors they come from, one chunk of the batch at a time.
+
+    ``make(*batched, *shared)`` returns the votes of the batch items in ``batched`` (every tensor of it
+    sliced to the chunk along its first dimension), parent-major (b, Q, J, M, H), in any strides.
+    :func:`em_routing` calls it in the forward pass and again in the backward pass, so that no
+    vote-sized tensor is kept between them; the gradients of ``batched`` and ``shared`` come through
+    ``make``'s own autograd graph. ``shape`` is (Q, J, M, H), the votes of one batch item.
+
+    Not a NamedTuple: a module that takes one as input would show module hooks (torch's module
+    tracker, which FLOP counting uses) its tensors, and views of parameters made under no_grad
+    break them.
+    """
+
+    make: Callable[..., torch.Tensor]
+    batched: tuple[torch.Tensor, ...]
+    shared: tuple[torch.Tensor, ...]
+    shape: tuple[int, int, int, int]
+
+
+# The centred votes and their squares that one chunk of the batch routes on at most: routing holds them
+# with a few vote-sized gradients of the chunk, so this bounds its memory whatever the batch size.
+CHUNK_BYTES = 128 * 2**20
+
+
 def em_routing(
-    votes: torch.Tensor,
+    votes: torch.Tensor | VoteMaker,
     activations: torch.Tensor,
     beta_u: torch.Tensor,
     beta_a: torch.Tensor,
@@ -38,7 +67,6 @@ def em_routing(
     child_index: torch.Tensor | None = None,
     num_children: int | None = None,
     return_responsibilities: bool = False,
-    inplace: bool = False,
     inverse_temperature_scale: torch.Tensor | None = None,
 ):
     """Procedure 1 of the paper: parent poses and activations from votes and child activations.
@@ -50,9 +78,8 @@ def em_routing(
     over the parents of child i.
 
     Args:
-        votes: V, shape (B, I, J, H) for a dense layer, or (B, Q, M, J, H) for a convolutional one.
-            Stored parent-major in memory ((B, Q, J, M, H), i.e. a ``transpose(-3, -2)`` view, as the
-            matrix-capsule layers make them), no copy is made.
+        votes: V, shape (B, I, J, H) for a dense layer, or (B, Q, M, J, H) for a convolutional one; or
+            a :class:`VoteMaker` that makes them (parent-major), as the matrix-capsule layers pass them.
         activations: child activations a_i: (B, I) dense; (B, num_children) with ``child_index``.
         beta_u, beta_a: learned per parent type, shape (J,) (broadcast over positions).
         routing: the routing options (:class:`~capsexp.nn.EMRouting`, where each is explained with its
@@ -65,9 +92,6 @@ def em_routing(
         return_responsibilities: also return R, shape of ``votes`` without H.
         inverse_temperature_scale: a scalar tensor s multiplying every lambda_t (default 1): a
             learned inverse temperature (log-parametrised by the layers), not in the paper.
-        inplace: centre ``votes`` in place (see Computation below): the caller's tensor then holds
-            V - c afterwards, and no vote-sized copy is made. For callers whose votes are a temporary
-            nothing else reads, as the matrix-capsule layers'. Gradients are unchanged.
 
     Returns:
         poses mu (B, J, H) or (B, Q, J, H); activations a_j (B, J) or (B, Q, J) [; R].
@@ -92,46 +116,48 @@ def em_routing(
 
     Computation: the votes are first centred, V' = V - c with c each parent's mean vote weighted by
     R a_i at the start (the first M-step's mu; detached: routing is translation-equivariant, mu(V) =
-    c + mu(V - c) with everything else unchanged, so c carries no gradient of its own). The Gaussian
-    is then expanded on V', sum R'(V' - mu')^2 = sum R'V'^2 - 2 mu' sum R'V' + mu'^2 sum R' and
-    (V' - mu')^2 / sigma^2 = V'^2 . (1 / sigma^2) - 2 V' . (mu' / sigma^2) + mu'^2 / sigma^2, so that
-    with V' and V'^2 computed once, every sum over children (M-step) and over pose elements (E-step)
-    is a batched matrix-vector product. Centring is what keeps float32 exact: expanded around 0,
-    votes far from zero compared with their spread cancel catastrophically (offset 20, spread 0.01:
-    activations off by 0.1, vote gradients by 100%); around c, each term is of the order of the
-    spread of the votes that carry weight (weighted, c stays near the parents' means also where
-    inactive children vote far from the active ones). No (B, Q, M, J, H)-sized tensor is made per
-    iteration, and the backward pass (:class:`_EMRouting`) builds the gradient of V from low-rank
-    factors instead of keeping every intermediate: memory and time stay near those of the votes.
-    Safeguards, in float32 at least whatever the input dtype: the variance is clamped at 0 before
-    adding ``sigma_eps`` (the expansion can round below 0); sums of R' are floored at 1e-8 before
-    dividing (which keeps mu translation-equivariant; a parent that receives no data sits near c); the
-    E-step runs in the log domain (log a_j is ``logsigmoid`` of its argument, the normalisation a
-    log-sum-exp per child), so R is never 0/0.
+    c + mu(V - c) with everything else unchanged, so c carries no gradient of its own). V' and V'^2
+    are stored side by side, [V' | V'^2] (one (M, 2H) matrix per parent), and the Gaussian expanded on
+    them: sum R'(V' - mu')^2 = sum R'V'^2 - 2 mu' sum R'V' + mu'^2 sum R', and the E-step's
+    log a_j N(V'; mu', sigma^2) = [V' | V'^2] . [mu' / sigma^2 | -1 / (2 sigma^2)] + (terms of j alone).
+    So each M-step reads the votes once (one batched vector-matrix product gives both sums) and each
+    E-step once (one product, its constant added in the same call, gives log R). Centring is what
+    keeps float32 exact: expanded around 0, votes far from zero compared with their spread cancel
+    catastrophically (offset 20, spread 0.01: activations off by 0.1, vote gradients by 100%); around
+    c, each term is of the order of the spread of the votes that carry weight (weighted, c stays near
+    the parents' means also where inactive children vote far from the active ones).
+
+    Memory: the batch is routed in chunks of at most :data:`CHUNK_BYTES` of [V' | V'^2]; the
+    backward pass (:class:`_EMRouting`) keeps no vote-sized tensor from the forward pass (a
+    :class:`VoteMaker` makes the votes again; votes given as a tensor are the caller's), replays the
+    iterations from the products the forward pass kept, and builds the gradient of V from low-rank
+    factors instead of keeping every intermediate.
+
+    Safeguards, in float32 at least whatever the input dtype (also under autocast): the variance is
+    clamped at 0 before adding ``sigma_eps`` (the expansion can round below 0); sums of R' are
+    floored at 1e-8 before dividing (which keeps mu translation-equivariant; a parent that receives
+    no data sits near c); the E-step runs in the log domain (log a_j is ``logsigmoid`` of its
+    argument, the normalisation a log-sum-exp per child), so R is never 0/0.
     """
-    dense = votes.ndim == 4
-    if dense:
-        if child_index is not None:
+    dense = child_index is None
+    if isinstance(votes, VoteMaker):
+        maker = votes
+    elif dense:
+        if votes.ndim != 4:
+            raise ValueError("convolutional votes (B, Q, M, J, H) need child_index (Q, M)")
+        # (B, I, J, H) -> parent-major (B, 1, J, I, H), a view
+        maker = VoteMaker(_given, (votes.transpose(1, 2).unsqueeze(1),), (), (1, *votes.shape[2:0:-1], votes.shape[3]))
+    else:
+        if votes.ndim != 5:
             raise ValueError("child_index is for convolutional votes (B, Q, M, J, H)")
-        votes, activations = votes.unsqueeze(1), activations.unsqueeze(1)  # Q = 1, children = slots
-    elif child_index is None:
-        raise ValueError("convolutional votes (B, Q, M, J, H) need child_index (Q, M)")
-    with torch.autocast(device_type=votes.device.type, enabled=False):
-        dtype = torch.promote_types(votes.dtype, torch.float32)  # float32 at least
-        parent_major = votes.transpose(2, 3)  # (B, Q, J, M, H)
-        copied = parent_major.dtype != dtype or not parent_major.is_contiguous()
-        parent_major = parent_major.to(dtype).contiguous()
+        maker = VoteMaker(_given, (votes.transpose(2, 3),), (), (votes.shape[1], votes.shape[3], *votes.shape[2::2]))
+    with torch.autocast(device_type=activations.device.type, enabled=False):
+        dtype = torch.promote_types(maker.batched[0].dtype, torch.float32)  # float32 at least
         children = _Children(child_index, num_children)
-        scale = votes.new_ones(()) if inverse_temperature_scale is None else inverse_temperature_scale
+        scale = beta_u.new_ones(()) if inverse_temperature_scale is None else inverse_temperature_scale
+        small = [t.to(dtype) for t in (activations.unsqueeze(1) if dense else activations, beta_u, beta_a, scale)]
         mu, parent_activations, responsibilities = _route(
-            parent_major,
-            activations.to(dtype),
-            beta_u.to(dtype),
-            beta_a.to(dtype),
-            scale.to(dtype),
-            routing,
-            children,
-            inplace or copied,
+            maker.make, maker.shape, routing, children, len(maker.batched), *small, *maker.batched, *maker.shared
         )
 
     responsibilities = responsibilities.transpose(2, 3)  # (B, Q, M, J)
@@ -142,6 +168,11 @@ def em_routing(
     return mu, parent_activations
 
 
+def _given(votes: torch.Tensor) -> torch.Tensor:
+    """The votes of a :class:`VoteMaker` for votes given as a tensor: that tensor."""
+    return votes
+
+
 class _Children(NamedTuple):
     """Which child sits in each receptive-field slot: see em_routing's ``child_index``, ``num_children``."""
 
@@ -150,36 +181,34 @@ class _Children(NamedTuple):
 
 
 def _em_iterations(
-    votes,
-    squares,
-    activations,
+    votes_and_squares,
+    slot_activations,
+    uniform,
     beta_u,
     beta_a,
     temperature_scale,
     routing: EMRouting,
     children: _Children,
-    over_children,
-    over_elements,
+    products,
 ):
-    """Procedure 1 on parent-major votes V (B, Q, J, M, H) and V^2 (centred ones: see em_routing).
+    """Procedure 1 on parent-major [V' | V'^2] (B, Q, J, M, 2H) (centred votes: see em_routing).
 
-    ``over_children(x, big)``: sum_m x[..., m] big[..., m, :]; ``over_elements(big, y)``:
-    sum_h big[..., h] y[..., h]: the only operations that read the vote-sized tensors.
+    ``products`` computes the only two operations that read the vote-sized tensor:
+    ``products.over_children(weights)``: sum_m weights[..., m] [V' | V'^2][..., m, :], (B, Q, J, 2H);
+    ``products.over_elements(vector, constant)``: constant + sum_h [V' | V'^2][..., h] vector[..., h],
+    (B, Q, J, M). ``slot_activations`` a_i in each slot, (B, Q or 1, 1, M); ``uniform`` the starting R.
     Returns mu (B, Q, J, H), a (B, Q, J), R (B, Q, J, M).
     """
-    _, _, parents, slots, elements = votes.shape
-    child_index, num_children = children
-    if child_index is not None:
-        num_children = num_children or int(child_index.max()) + 1
-    slot_activations, responsibilities = _uniform_assignment(votes, activations, children)
-
+    _, _, parents, slots, doubled = votes_and_squares.shape
+    elements = doubled // 2
+    responsibilities = uniform
     for t, inverse_temperature in enumerate(inverse_temperatures(routing)):
         # M-step: R'_ij = R_ij a_i; mu_j and sigma_j^2 weighted by R'; cost; a_j.
         weighted = responsibilities * slot_activations  # (B, Q, J, M)
         weight_sum = weighted.sum(dim=-1, keepdim=True)  # (B, Q, J, 1)
         denominator = weight_sum.clamp_min(1e-8)
-        first = over_children(weighted, votes)  # sum_i R' V   (B, Q, J, H)
-        second = over_children(weighted, squares)  # sum_i R' V^2
+        sums = products.over_children(weighted)
+        first, second = sums[..., :elements], sums[..., elements:]  # sum_i R' V', sum_i R' V'^2
         mu = first / denominator
         # sum_i R' (V - mu)^2 / denominator, expanded (exact also where the floor shrinks mu).
         variance = ((second - 2 * mu * first + mu.square() * weight_sum) / denominator).clamp_min(0)
@@ -197,21 +226,21 @@ def _em_iterations(
         parent_activations = torch.sigmoid(logit)
         if t == routing.iterations - 1:
             break
-        # E-step: log N(V_ij; mu_j, sigma_j^2), summed over h with two matrix-vector products.
+        # E-step: log a_j N(V'_ij; mu_j, sigma_j^2)^(1/T) = [V' | V'^2] . vector + constant.
         precision = 1.0 / variance
-        quadratic = over_elements(squares, precision) - 2 * over_elements(votes, mu * precision)  # (B, Q, J, M)
-        constant = (mu.square() * precision + log_variance).sum(dim=-1, keepdim=True) + elements * LOG_2PI
-        log_r = F.logsigmoid(logit).unsqueeze(-1) - (0.5 / routing.e_step_temperature) * (quadratic + constant)
-        responsibilities = _normalise_per_child(log_r, child_index, num_children)
+        vector = torch.cat([mu * precision, -0.5 * precision], dim=-1) / routing.e_step_temperature
+        normaliser = (mu.square() * precision + log_variance).sum(dim=-1) + elements * LOG_2PI
+        constant = F.logsigmoid(logit) - (0.5 / routing.e_step_temperature) * normaliser
+        responsibilities = _normalise_per_child(products.over_elements(vector, constant), children)
         if routing.detach_responsibilities:  # the backward pass (run on a graph) then skips the E-step
             responsibilities = responsibilities.detach()
     return mu, parent_activations, responsibilities
 
 
-def _uniform_assignment(votes: torch.Tensor, activations: torch.Tensor, children: _Children):
+def _uniform_assignment(shape: torch.Size, activations: torch.Tensor, children: _Children):
     """a_i in each receptive-field slot, (B, Q or 1, 1, M), and the uniform R (B, Q, J, M) routing
-    starts from: 1 / the number of parents receiving the child."""
-    batch, positions, parents, slots, _ = votes.shape
+    starts from: 1 / the number of parents receiving the child. ``shape``: the votes' (B, Q, J, M, ...)."""
+    batch, positions, parents, slots = shape[:4]
     if children.index is None:
         slot_activations = activations.view(batch, 1, 1, slots)  # (B, 1, 1, M)
         fan_out = float(parents)
@@ -220,9 +249,9 @@ def _uniform_assignment(votes: torch.Tensor, activations: torch.Tensor, children
         num_children = children.count or int(flat_index.max()) + 1
         slot_activations = activations[:, flat_index].view(batch, positions, 1, slots)
         # Parents receiving each child: (positions whose field holds it) x (parent types).
-        counts = _children_counts(flat_index, num_children, votes.dtype)
+        counts = _children_counts(flat_index, num_children, activations.dtype)
         fan_out = (counts[flat_index] * parents).view(1, positions, 1, slots)
-    return slot_activations, (votes.new_ones(()) / fan_out).expand(batch, positions, parents, slots)
+    return slot_activations, (activations.new_ones(()) / fan_out).expand(batch, positions, parents, slots)
 
 
 def _children_counts(flat_index: torch.Tensor, num_children: int, dtype: torch.dtype) -> torch.Tensor:
@@ -232,8 +261,87 @@ def _children_counts(flat_index: torch.Tensor, num_children: int, dtype: torch.d
     return torch.zeros(num_children, dtype=dtype, device=flat_index.device).index_add_(0, flat_index, ones)
 
 
-def _sum_over_children(weights: torch.Tensor, big: torch.Tensor) -> torch.Tensor:
-    return torch.matmul(weights.unsqueeze(-2), big).squeeze(-2)
+def _rows(tensor: torch.Tensor) -> torch.Tensor:
+    """(B, Q, J, M, X) -> (B * Q * J, M, X), a view."""
+    return tensor.view(-1, *tensor.shape[-2:])
+
+
+def _over_children(weights: torch.Tensor, votes_and_squares: torch.Tensor) -> torch.Tensor:
+    """sum_m weights[..., m] [V' | V'^2][..., m, :]: (B, Q, J, M), (B, Q, J, M, 2H) -> (B, Q, J, 2H)."""
+    rows = torch.bmm(weights.reshape(-1, 1, weights.shape[-1]), _rows(votes_and_squares))
+    return rows.view(*weights.shape[:-1], votes_and_squares.shape[-1])
+
+
+def _over_elements(votes_and_squares: torch.Tensor, vector: torch.Tensor, constant: torch.Tensor) -> torch.Tensor:
+    """constant + sum_h [V' | V'^2][..., h] vector[..., h]: -> (B, Q, J, M). Written x^T V^T, the
+    (1 x 2H) @ (2H x M) form BLAS runs fastest here, with the constant added in the same call."""
+    rows = torch.baddbmm(
+        constant.reshape(-1, 1, 1),
+        vector.reshape(-1, 1, vector.shape[-1]),
+        _rows(votes_and_squares).transpose(1, 2),
+    )
+    return rows.view(constant.shape + votes_and_squares.shape[-2:-1])
+
+
+class _Products:
+    """The forward pass's products: computed, and kept in ``kept`` for the backward pass to replay."""
+
+    def __init__(self, votes_and_squares: torch.Tensor) -> None:
+        self.votes_and_squares, self.kept = votes_and_squares, []
+
+    def over_children(self, weights):
+        self.kept.append(_over_children(weights, self.votes_and_squares))
+        return self.kept[-1]
+
+    def over_elements(self, vector, constant):
+        self.kept.append(_over_elements(self.votes_and_squares, vector, constant))
+        return self.kept[-1]
+
+
+class _ReplayedProducts:
+    """The backward pass's products: each returns what the forward pass computed (no read of the
+    votes), as a :class:`_Replayed` node whose backward reads them once for its inputs' gradient and
+    records the factors of theirs."""
+
+    def __init__(self, votes_and_squares: torch.Tensor, kept: list[torch.Tensor], anchor: torch.Tensor) -> None:
+        self.votes_and_squares, self.kept, self.anchor = votes_and_squares, iter(kept), anchor
+        self.factors: tuple[list, list] = ([], [])  # over m, over [h | h]
+
+    def over_children(self, weights):
+        return _Replayed.apply(next(self.kept), self, self.anchor, weights)
+
+    def over_elements(self, vector, constant):
+        return _Replayed.apply(next(self.kept), self, self.anchor, vector, constant)
+
+
+class _Replayed(torch.autograd.Function):
+    """One product of the iterations, replayed: its output is the forward pass's; its backward pass
+    returns the gradients of its small inputs and appends the (child-vector, element-vector) factor
+    pair of the gradient of [V' | V'^2] (an outer product) to ``products.factors``. ``anchor``, an
+    empty tensor that requires grad, keeps every product in the graph, also the first, whose weights
+    need no gradient when the activations are constants."""
+
+    @staticmethod
+    def forward(ctx, kept, products, anchor, *small):
+        ctx.products = products
+        ctx.save_for_backward(*small)
+        return kept
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad):
+        small = ctx.saved_tensors
+        products, ctx.products = ctx.products, None  # no cycle through the graph
+        over_m, over_h = products.factors
+        votes_and_squares = products.votes_and_squares
+        if len(small) == 1:  # out_h = sum_m w_m X_mh: g(w_m) = sum_h g_h X_mh
+            (weights,) = small
+            over_m.append(weights), over_h.append(grad)
+            zero = grad.new_zeros(grad.shape[:-1])
+            return None, None, None, _over_elements(votes_and_squares, grad, zero)
+        vector, _ = small  # out_m = c + sum_h X_mh x_h: g(x_h) = sum_m g_m X_mh, g(c) = sum_m g_m
+        over_m.append(grad), over_h.append(vector)
+        return None, None, None, _over_children(grad, votes_and_squares), grad.sum(dim=-1)
 
 
 @torch.compiler.disable
@@ -244,146 +352,165 @@ def _route(*inputs):
     return _EMRouting.apply(*inputs)
 
 
-class _EMRouting(torch.autograd.Function):
-    """EM routing on centred votes whose backward pass never holds more than a few vote-sized tensors.
+def _chunks(batch: int, shape: tuple[int, ...], dtype: torch.dtype) -> list[tuple[int, int]]:
+    """[lo, hi) ranges of the batch whose [V' | V'^2] take at most CHUNK_BYTES each (one item at least)."""
+    item_bytes = 2 * math.prod(shape) * torch.finfo(dtype).bits // 8
+    size = max(1, CHUNK_BYTES // item_bytes)
+    return [(lo, min(lo + size, batch)) for lo in range(0, batch, size)]
 
-    Forward: Procedure 1 without a graph; only V is saved. Backward: the iterations run again on a
-    graph of the small tensors, in which each read of V or V^2 is a :class:`_Contraction` that
-    records its (child-vector, pose-vector) factor pair instead of a vote-sized gradient. The
-    gradient of V is then sum(factor products) + 2 V * sum(factor products of V^2), built with two
-    batched matmuls. Autograd alone would keep every intermediate and one gradient per read.
+
+def _chunk_of(inputs, batched: int, lo: int, hi: int) -> list[torch.Tensor]:
+    return [tensor[lo:hi] if i < batched else tensor for i, tensor in enumerate(inputs)]
+
+
+def _centred_with_squares(votes: torch.Tensor, weights: torch.Tensor, centre: torch.Tensor | None = None):
+    """[V - c | (V - c)^2] (B, Q, J, M, 2H), contiguous, from parent-major votes in any strides, and c
+    (B, Q, J, 1, H): the mean vote weighted by ``weights`` (R a_i at the start), or ``centre`` if given."""
+    *leading, elements = votes.shape
+    out = votes.new_empty(*leading, 2 * elements)
+    centred = out[..., :elements]
+    centred.copy_(votes)  # into the routing's layout (a copy of 64-byte runs for the layers' votes)
+    if centre is None:
+        weight_sum = weights.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(votes.dtype).tiny)
+        centre = (_over_children(weights, centred) / weight_sum).unsqueeze(-2)
+    centred.sub_(centre)
+    torch.square(centred, out=out[..., elements:])
+    return out, centre
+
+
+class _EMRouting(torch.autograd.Function):
+    """EM routing, chunk by chunk of the batch, whose backward pass never holds more than a few
+    vote-sized tensors of one chunk.
+
+    Forward: for each chunk, its votes made and centred, Procedure 1 without a graph, the products
+    that read the votes kept (small: (B, Q, J, 2H) per M-step, (B, Q, J, M) per E-step) with the
+    centres. Backward: for each chunk, its votes made again (on a graph to the vote maker's inputs),
+    the iterations replayed on a graph of the small tensors from the kept products (:class:`_Replayed`),
+    the gradient of [V' | V'^2] built from the factors the replay recorded with two batched matmuls,
+    and taken back through the vote maker.
     """
 
     @staticmethod
-    def forward(ctx, votes, activations, beta_u, beta_a, temperature_scale, routing, children, centre_in_place):
-        # c (B, Q, J, 1, H): the first M-step's mu, the mean vote weighted by R a_i. Weighted, it sits
-        # among the votes that carry data, also where inactive children vote far from the active ones.
-        slot_activations, uniform = _uniform_assignment(votes, activations, children)
-        weighted = uniform * slot_activations
-        weight_sum = weighted.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(votes.dtype).tiny)
-        centre = (_sum_over_children(weighted, votes) / weight_sum).unsqueeze(-2)
-        # V' = V - c. In place (the input modified without mark_dirty: its gradient is that of V' (c
-        # carries none, see em_routing), and the callers that allow it read the votes nowhere else):
-        # here, after autograd has taken the votes' grad_fn, an in-place change of a view costs no
-        # vote-sized as_strided scatter in the backward pass.
-        centred = votes.sub_(centre) if centre_in_place else votes - centre
-        mu, parent_activations, responsibilities = _em_iterations(
-            centred,
-            centred.square(),
-            activations,
-            beta_u,
-            beta_a,
-            temperature_scale,
+    def forward(ctx, make_votes, shape, routing, children, batched, activations, beta_u, beta_a, scale, *inputs):
+        dtype = activations.dtype
+        results, kept, centres = [], [], []
+        for lo, hi in _chunks(activations.shape[0], shape, dtype):
+            votes = make_votes(*[t.to(dtype) for t in _chunk_of(inputs, batched, lo, hi)])
+            slot_activations, uniform = _uniform_assignment(votes.shape, activations[lo:hi], children)
+            votes_and_squares, centre = _centred_with_squares(votes, uniform * slot_activations)
+            del votes
+            products = _Products(votes_and_squares)
+            mu, parent_activations, responsibilities = _em_iterations(
+                votes_and_squares, slot_activations, uniform, beta_u, beta_a, scale, routing, children, products
+            )
+            results.append((mu + centre.squeeze(-2), parent_activations, responsibilities))
+            kept.append(products.kept)
+            centres.append(centre)
+        ctx.make_votes, ctx.shape, ctx.routing, ctx.children, ctx.batched = (
+            make_votes,
+            shape,
             routing,
             children,
-            _sum_over_children,
-            _dot_pose,
+            batched,
         )
-        ctx.routing, ctx.children = routing, children
-        ctx.save_for_backward(centred, activations, beta_u, beta_a, temperature_scale)
-        ctx.mark_non_differentiable(responsibilities)
-        return mu + centre.squeeze(-2), parent_activations, responsibilities
+        ctx.kept_count = len(kept[0])
+        ctx.save_for_backward(activations, beta_u, beta_a, scale, *inputs, *centres, *(t for k in kept for t in k))
+        outputs = [torch.cat(parts) if len(results) > 1 else parts[0] for parts in zip(*results, strict=True)]
+        ctx.mark_non_differentiable(outputs[2])
+        return tuple(outputs)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_mu, grad_activations, _grad_responsibilities):
-        votes, *small = ctx.saved_tensors  # activations, beta_u, beta_a, temperature_scale
-        leaves = [
-            tensor.detach().requires_grad_(needed)
-            for tensor, needed in zip(small, ctx.needs_input_grad[1:5], strict=True)
-        ]
-        factors = {"votes": ([], []), "squares": ([], [])}
-        squares = votes.square()
-        # Every read of V must be visited by the backward pass, also those whose small input needs no
-        # gradient (the first iteration's weights when the activations are constants): each
-        # contraction also takes this empty leaf, which is among the inputs asked for.
-        anchor = votes.new_empty(0, requires_grad=True)
-
-        def over_children(weights, big):
-            return _Contraction.apply(weights, big, True, factors["votes" if big is votes else "squares"], anchor)
-
-        def over_elements(big, vectors):
-            return _Contraction.apply(vectors, big, False, factors["votes" if big is votes else "squares"], anchor)
-
-        with torch.enable_grad():
-            mu, parent_activations, _ = _em_iterations(
-                votes, squares, *leaves, ctx.routing, ctx.children, over_children, over_elements
+        saved = ctx.saved_tensors
+        small, rest = saved[:4], saved[4:]  # activations, beta_u, beta_a, scale
+        inputs, rest = rest[: len(ctx.needs_input_grad) - 9], rest[len(ctx.needs_input_grad) - 9 :]
+        chunks = _chunks(small[0].shape[0], ctx.shape, small[0].dtype)
+        centres, kept = rest[: len(chunks)], rest[len(chunks) :]
+        needs_small, needs_inputs = ctx.needs_input_grad[5:9], ctx.needs_input_grad[9:]
+        dtype = small[0].dtype
+        small_grads = [[] for _ in small]
+        input_grads = [[] for _ in inputs]
+        for number, (lo, hi) in enumerate(chunks):
+            activations = small[0][lo:hi]
+            leaves = [
+                tensor.detach().requires_grad_(needed)
+                for tensor, needed in zip([activations, *small[1:]], needs_small, strict=True)
+            ]
+            vote_leaves = [
+                tensor.detach().requires_grad_(needed)
+                for tensor, needed in zip(_chunk_of(inputs, ctx.batched, lo, hi), needs_inputs, strict=True)
+            ]
+            with torch.enable_grad():
+                votes = ctx.make_votes(*[t.to(dtype) for t in vote_leaves])
+            votes_and_squares, _ = _centred_with_squares(votes.detach(), None, centres[number])
+            anchor = votes_and_squares.new_empty(0, requires_grad=True)
+            products = _ReplayedProducts(
+                votes_and_squares, list(kept[number * ctx.kept_count : (number + 1) * ctx.kept_count]), anchor
             )
-            wanted = [leaf for leaf in leaves if leaf.requires_grad]
-            grads = torch.autograd.grad(
-                (mu, parent_activations), [anchor, *wanted], (grad_mu, grad_activations), allow_unused=True
-            )
-        grads = iter(grads[1:])
-        leaf_grads = [next(grads) if leaf.requires_grad else None for leaf in leaves]
-        del squares
-        grad_votes = None
-        if ctx.needs_input_grad[0]:
-            # g(V) = sum_t L_t (x) R_t over the reads of V, + 2 V * (the same over the reads of V^2).
-            grad_votes = _outer_sum(*factors["squares"], votes.shape).mul_(votes).mul_(2)
-            left, right = factors["votes"]
-            flat = grad_votes.view(-1, *votes.shape[-2:])
-            flat.baddbmm_(torch.stack(left, -1).flatten(0, -3), torch.stack(right, -2).flatten(0, -3))
-        return grad_votes, *leaf_grads, None, None, None
+            with torch.enable_grad():
+                slot_activations, uniform = _uniform_assignment(votes.shape, leaves[0], ctx.children)
+                mu, parent_activations, _ = _em_iterations(
+                    votes_and_squares, slot_activations, uniform, *leaves[1:], ctx.routing, ctx.children, products
+                )
+                wanted = [leaf for leaf in leaves if leaf.requires_grad]
+                grads = torch.autograd.grad(
+                    (mu, parent_activations),
+                    [anchor, *wanted],
+                    (grad_mu[lo:hi], grad_activations[lo:hi]),
+                    allow_unused=True,
+                )
+            grads = iter(grads[1:])
+            for collected, leaf in zip(small_grads, leaves, strict=True):
+                collected.append(next(grads) if leaf.requires_grad else None)
+            if any(needs_inputs):
+                grad_votes = _vote_gradient(votes_and_squares, *products.factors)
+                del votes_and_squares, products
+                wanted = [leaf for leaf in vote_leaves if leaf.requires_grad]
+                grads = iter(torch.autograd.grad(votes, wanted, grad_votes, allow_unused=True))
+                for collected, leaf in zip(input_grads, vote_leaves, strict=True):
+                    collected.append(next(grads) if leaf.requires_grad else None)
+        small_grads = [_joined(parts, batched=i == 0) for i, parts in enumerate(small_grads)]
+        input_grads = [_joined(parts, batched=i < ctx.batched) for i, parts in enumerate(input_grads)]
+        return None, None, None, None, None, *small_grads, *input_grads
 
 
-def _outer_sum(left: list[torch.Tensor], right: list[torch.Tensor], shape: torch.Size) -> torch.Tensor:
-    """sum_t left_t[..., m] right_t[..., h] as one batched matmul: (B, Q, J, M, T) @ (B, Q, J, T, H)."""
-    return torch.matmul(torch.stack(left, dim=-1), torch.stack(right, dim=-2)).view(shape)
+def _joined(parts: list, batched: bool):
+    """The gradient of an input from its chunks' parts: concatenated along the batch, or summed."""
+    if not parts or parts[0] is None:
+        return None
+    if batched:
+        return torch.cat(parts) if len(parts) > 1 else parts[0]
+    return functools.reduce(torch.add, parts)
 
 
-class _Contraction(torch.autograd.Function):
-    """One read of a vote-sized tensor ``big`` (B, Q, J, M, H) by a small one.
-
-    over children (``small`` (B, Q, J, M)): out = sum_m small_m big_m,h;
-    over elements (``small`` (B, Q, J, H)): out = sum_h big_m,h small_h.
-    The backward pass returns the small tensor's gradient and appends the factors of big's gradient
-    (an outer product) to ``factors`` = (left list over m, right list over h).
-    """
-
-    @staticmethod
-    def forward(ctx, small, big, over_children: bool, factors, anchor):
-        ctx.over_children, ctx.factors = over_children, factors
-        ctx.save_for_backward(small, big)
-        return _sum_over_children(small, big) if over_children else _dot_pose(big, small)
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, grad_out):
-        small, big = ctx.saved_tensors
-        # Detached, and the list dropped: a factor that kept its grad_fn would tie the graph to
-        # this context in a cycle through C++ objects that the garbage collector cannot free.
-        left, right = ctx.factors
-        ctx.factors = None
-        small = small.detach()
-        if ctx.over_children:  # out_h = sum_m small_m big_mh: g(small_m) = sum_h g_h big_mh
-            left.append(small), right.append(grad_out)
-            return _dot_pose(big, grad_out), None, None, None, None
-        left.append(grad_out), right.append(small)  # out_m = sum_h big_mh small_h
-        return _sum_over_children(grad_out, big), None, None, None, None
+def _vote_gradient(votes_and_squares: torch.Tensor, over_m: list, over_h: list) -> torch.Tensor:
+    """g(V') = G[..., :H] + 2 V' * G[..., H:], G = sum_t over_m[t] (x) over_h[t], the gradient of
+    [V' | V'^2]: (B, Q, J, M, T) @ (B, Q, J, T, 2H) as batched matmuls, one per half."""
+    elements = votes_and_squares.shape[-1] // 2
+    left = torch.stack(over_m, dim=-1)
+    right = torch.stack(over_h, dim=-2)
+    grad = torch.matmul(left, 2 * right[..., elements:]).mul_(votes_and_squares[..., :elements])
+    flat = grad.view(-1, *grad.shape[-2:])
+    flat.baddbmm_(left.flatten(0, -3), right[..., :elements].flatten(0, -3))
+    return grad
 
 
-def _dot_pose(votes: torch.Tensor, parent_vectors: torch.Tensor) -> torch.Tensor:
-    """sum_h V_ijh x_jh for every child: (B, Q, J, M, H), (B, Q, J, H) -> (B, Q, J, M).
-
-    Written x^T V^T, the (1 x H) @ (H x M) form BLAS runs fastest (as in dynamic routing).
-    """
-    return torch.matmul(parent_vectors.unsqueeze(-2), votes.transpose(-1, -2)).squeeze(-2)
-
-
-def _normalise_per_child(log_r: torch.Tensor, child_index: torch.Tensor | None, num_children: int | None):
+def _normalise_per_child(log_r: torch.Tensor, children: _Children) -> torch.Tensor:
     """exp(log_r) (B, Q, J, M) normalised to sum to 1 over every (position, parent type) holding a child."""
+    child_index, num_children = children
     if child_index is None:
         return torch.softmax(log_r, dim=2)
+    num_children = num_children or int(child_index.max()) + 1
     batch, positions, _, slots = log_r.shape
     flat_index = child_index.reshape(-1).expand(batch, -1)  # (B, Q*M)
     slot_max = log_r.amax(dim=2).reshape(batch, -1)  # (B, Q*M)
     child_max = slot_max.new_full((batch, num_children), -torch.inf)
     child_max = child_max.scatter_reduce(1, flat_index, slot_max, reduce="amax").detach()
-    shifted = log_r - child_max.gather(1, flat_index).view(batch, positions, 1, slots)
-    slot_sum = shifted.exp().sum(dim=2).reshape(batch, -1)
+    exponentials = torch.exp(log_r - child_max.gather(1, flat_index).view(batch, positions, 1, slots))
+    slot_sum = exponentials.sum(dim=2).reshape(batch, -1)
     child_sum = slot_sum.new_zeros(batch, num_children).scatter_add(1, flat_index, slot_sum)
-    log_norm = torch.log(child_sum.gather(1, flat_index)).view(batch, positions, 1, slots)
-    return torch.exp(shifted - log_norm)
+    return exponentials * child_sum.gather(1, flat_index).reciprocal().view(batch, positions, 1, slots)
 
 
 def responsibility_entropy(
