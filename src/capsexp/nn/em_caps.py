@@ -13,18 +13,25 @@ import torch.nn.functional as F
 from torch import nn
 
 from capsexp.config.routing_options import EMRouting
-from capsexp.nn.functional import em_routing
-from capsexp.nn.functional._em_caps import VoteMaker
+from capsexp.nn.functional import VoteMaker, em_routing
 
 CapsuleMap = tuple[torch.Tensor, torch.Tensor]
 
 
-def transform(matrices: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+def block_diagonal(weight: torch.Tensor) -> torch.Tensor:
+    """W (G, J, P, P) as the (G, P*P, J*P*P) matrices :func:`transform` multiplies by: for each group g,
+    block[(a', b), (j, a, c)] = [a' = a] W[g, j, b, c], P copies of each W_j along a diagonal."""
+    groups, parents, pose_size = weight.shape[:3]
+    eye = torch.eye(pose_size, dtype=weight.dtype, device=weight.device)
+    return torch.einsum("xy,gjbc->gxbjyc", eye, weight).reshape(groups, pose_size**2, parents * pose_size**2)
+
+
+def transform(matrices: torch.Tensor, block: torch.Tensor) -> torch.Tensor:
     """Votes V = M W (section 4) for children that share a transformation matrix per group.
 
     ``matrices``: (G, R, P*P), the row-major pose matrices of R children in each group g (a kernel
-    position and input type, or an input type); ``weight``: (G, J, P, P), one W per group and parent
-    type. Returns (G, R, J, P*P).
+    position and input type, or an input type); ``block``: the group's W_j, (G, J, P, P), as
+    :func:`block_diagonal` lays them out. Returns (G, R, J, P*P).
 
     One GEMM per group on a block-diagonal W (P copies of W along the diagonal, so each of the P rows
     of M meets W): 4 times the multiplications of M W for 4x4 poses, but each vote's P*P elements come
@@ -32,11 +39,8 @@ def transform(matrices: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     product leaves each vote's rows J * P elements apart, and that copy ran 6 times slower than the
     product itself.
     """
-    groups, parents, pose_size = weight.shape[0], weight.shape[1], weight.shape[-1]
-    eye = torch.eye(pose_size, dtype=weight.dtype, device=weight.device)
-    # block[g, (a', b), (j, a, c)] = [a' = a] W[g, j, b, c]
-    block = torch.einsum("xy,gjbc->gxbjyc", eye, weight).reshape(groups, pose_size**2, parents * pose_size**2)
-    return torch.bmm(matrices, block).view(groups, matrices.shape[1], parents, pose_size**2)
+    elements = matrices.shape[-1]
+    return torch.bmm(matrices, block).view(*matrices.shape[:2], -1, elements)
 
 
 def _grouped(matrices: torch.Tensor) -> torch.Tensor:
@@ -45,21 +49,22 @@ def _grouped(matrices: torch.Tensor) -> torch.Tensor:
     return matrices.transpose(0, 1).reshape(groups, batch * rows, elements)
 
 
-def conv_votes(matrices: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+def conv_votes(matrices: torch.Tensor, block: torch.Tensor) -> torch.Tensor:
     """A ConvCaps layer's votes, parent-major (b, Q, J, K*K*I, P*P) (a view), from the poses in each
-    window slot, ``matrices`` (b, K*K*I, Q, P*P), and W (K*K*I, J, P, P)."""
+    window slot, ``matrices`` (b, K*K*I, Q, P*P), and W (K*K*I, J, P, P) as :func:`block_diagonal` lays
+    it out."""
     batch, slots, positions, elements = matrices.shape
-    votes = transform(_grouped(matrices), weight)  # (K*K*I, b*Q, J, P*P)
-    return votes.view(slots, batch, positions, weight.shape[1], elements).permute(1, 2, 3, 0, 4)
+    votes = transform(_grouped(matrices), block)  # (K*K*I, b*Q, J, P*P)
+    return votes.view(slots, batch, positions, -1, elements).permute(1, 2, 3, 0, 4)
 
 
-def class_votes(matrices: torch.Tensor, weight: torch.Tensor, *offsets: torch.Tensor) -> torch.Tensor:
+def class_votes(matrices: torch.Tensor, block: torch.Tensor, *offsets: torch.Tensor) -> torch.Tensor:
     """The class capsules' votes, parent-major (b, 1, J, H*W*I, P*P) (children numbered (h, w, i)), from
-    the poses ``matrices`` (b, I, H*W, P*P) and W (I, J, P, P), plus ``offsets`` (H*W, P*P) if given
-    (coordinate addition)."""
+    the poses ``matrices`` (b, I, H*W, P*P) and W (I, J, P, P) as :func:`block_diagonal` lays it out,
+    plus ``offsets`` (H*W, P*P) if given (coordinate addition)."""
     batch, in_types, positions, elements = matrices.shape
-    parents = weight.shape[1]
-    votes = transform(_grouped(matrices), weight).view(in_types, batch, positions, parents, elements)
+    parents = block.shape[-1] // elements
+    votes = transform(_grouped(matrices), block).view(in_types, batch, positions, parents, elements)
     votes = votes.permute(1, 3, 2, 0, 4)  # (b, J, H*W, I, P*P)
     if offsets:
         votes = votes + offsets[0].view(1, 1, positions, 1, elements)
@@ -182,8 +187,8 @@ class ConvMatrixCapsules(_EMLayer):
         # The poses in each (kernel position, input type) slot of every window: (N, K*K*I, Q, P*P).
         matrices = patches.view(batch, in_types, elements, self.kernel_size**2, positions).permute(0, 3, 1, 4, 2)
         matrices = matrices.reshape(batch, slots, positions, elements)
-        weight = self.weight.flatten(0, 1)
-        votes = VoteMaker(conv_votes, (matrices,), (weight,), (positions, self.out_types, slots, elements))
+        block = block_diagonal(self.weight.flatten(0, 1))
+        votes = VoteMaker(conv_votes, (matrices,), (block,), (positions, self.out_types, slots, elements))
         child_index, child_activations = self.child_index(height, width, poses.device), activations.reshape(batch, -1)
         if self.router.routing.route_per_window:
             # Every (window, slot) is a child of its own: R sums to 1 over the parent types of one
@@ -232,7 +237,7 @@ class ClassMatrixCapsules(_EMLayer):
         :func:`class_votes` of the poses, W and the offsets."""
         batch, in_types, elements, height, width = poses.shape
         matrices = poses.reshape(batch, in_types, elements, height * width).transpose(2, 3)
-        shared = (self.weight,)
+        shared = (block_diagonal(self.weight),)
         if self.coordinate_addition:
             if centres is None:
                 centres = self.grid_centres(height, width, poses.device)

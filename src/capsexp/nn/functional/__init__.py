@@ -23,6 +23,7 @@ from capsexp.nn.functional._efficient_routing import efficient_routing, efficien
 from capsexp.nn.functional._em_caps import (
     COST_NORMALIZATIONS,
     CostNormalization,
+    VoteMaker,
     em_routing,
     inverse_temperatures,
     responsibility_entropy,
@@ -36,6 +37,7 @@ __all__ = [
     "CostNormalization",
     "Routed",
     "RoutingTrace",
+    "VoteMaker",
     "attention_routing",
     "dynamic_routing",
     "dynamic_routing_trace",

@@ -262,7 +262,7 @@ def _children_counts(flat_index: torch.Tensor, num_children: int, dtype: torch.d
 
 
 def _rows(tensor: torch.Tensor) -> torch.Tensor:
-    """(B, Q, J, M, X) -> (B * Q * J, M, X), a view."""
+    """(B, Q, J, M, X) -> (B * Q * J, M, X), a view (of any strides in M and X)."""
     return tensor.view(-1, *tensor.shape[-2:])
 
 
@@ -369,11 +369,15 @@ def _centred_with_squares(votes: torch.Tensor, weights: torch.Tensor, centre: to
     *leading, elements = votes.shape
     out = votes.new_empty(*leading, 2 * elements)
     centred = out[..., :elements]
-    centred.copy_(votes)  # into the routing's layout (a copy of 64-byte runs for the layers' votes)
     if centre is None:
+        strides, sizes = votes.stride(), votes.shape
+        if strides[0] != strides[1] * sizes[1] or strides[1] != strides[2] * sizes[2]:
+            # (B, Q, J) do not flatten into the batch of one product: read the votes from the copy.
+            votes = centred.copy_(votes)
         weight_sum = weights.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(votes.dtype).tiny)
-        centre = (_over_children(weights, centred) / weight_sum).unsqueeze(-2)
-    centred.sub_(centre)
+        centre = (_over_children(weights, votes) / weight_sum).unsqueeze(-2)
+    # Copied into the routing's layout and centred in one pass (64-byte runs for the layers' votes).
+    torch.sub(votes, centre, out=centred)
     torch.square(centred, out=out[..., elements:])
     return out, centre
 
@@ -422,6 +426,12 @@ class _EMRouting(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_mu, grad_activations, _grad_responsibilities):
+        # As the forward pass: in float32 at least, also where backward() is called under autocast.
+        with torch.autocast(device_type=grad_mu.device.type, enabled=False):
+            return _EMRouting._gradients(ctx, grad_mu, grad_activations)
+
+    @staticmethod
+    def _gradients(ctx, grad_mu, grad_activations):
         saved = ctx.saved_tensors
         small, rest = saved[:4], saved[4:]  # activations, beta_u, beta_a, scale
         inputs, rest = rest[: len(ctx.needs_input_grad) - 9], rest[len(ctx.needs_input_grad) - 9 :]
