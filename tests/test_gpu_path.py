@@ -130,16 +130,11 @@ def test_every_model_trains_under_bf16_mixed_without_nan(mnist_dir, tmp_path, mo
 
 
 # Under bf16 autocast against float32, on the same weights and batch: the largest score difference
-# over the largest score, and the difference of all gradients together over their norm. Measured here:
-# LeNet5 0.005 and 0.02, BaselineCNN 0.005 and 0.07, CapsNet 0.006 and 0.01 (each conv and linear
-# layer rounds its inputs to 8 bits); MatrixCapsNet computes in float32 under autocast (its paper
-# recipe's gradients moved by a third in bf16), so it gives float32's results.
-BF16_TOLERANCE = {
-    "LeNet5": (0.02, 0.15),
-    "BaselineCNN": (0.02, 0.15),
-    "CapsNet": (0.02, 0.15),
-    "MatrixCapsNet": (1e-6, 1e-5),
-}
+# over the largest score, and the difference of all gradients together over their norm. Measured here
+# on these nets: LeNet5 0.005 and 0.017, BaselineCNN 0.006 and 0.011, CapsNet 0.006 and 0.014 (each
+# conv and linear layer rounds its inputs to 8 bits); MatrixCapsNet computes in float32 under autocast
+# (its paper recipe's gradients moved by a third in bf16), so it gives float32's results exactly.
+BF16_TOLERANCE = {"LeNet5": (0.02, 0.05), "BaselineCNN": (0.02, 0.05), "CapsNet": (0.02, 0.05), "MatrixCapsNet": (0, 0)}
 
 
 @pytest.mark.parametrize("name", list(BF16_TOLERANCE))
@@ -148,7 +143,7 @@ def test_bf16_autocast_keeps_every_nets_scores_and_gradients_near_float32(name):
     from capsexp.models import BaselineCNN
     from capsexp.nn.functional import spread_loss
 
-    nets = {**_nets(), "BaselineCNN": BaselineCNN}
+    nets = {**_nets(), "BaselineCNN": lambda: BaselineCNN(conv_layers=(32, 32, 16), hidden_sizes=(64, 32))}
     if name == "MatrixCapsNet":  # the paper's recipe, whose gradients bf16 moved most
         nets[name] = lambda: MatrixCapsNet(
             conv_channels=8, primary_types=4, conv_caps1_types=4, conv_caps2_types=4, routing=EM_PAPER, conv1_norm=False
