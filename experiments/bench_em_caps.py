@@ -2,9 +2,10 @@
 
 The smallNORB network (A=B=C=D=32, K=3, 4x4 poses) under the routing options of model=em_caps and of
 model=em_caps_paper, on 2x32x32 inputs with
-5 classes. Each batch size runs in its own process, so that its peak RSS is its own. Routing's share
-is the CPU time of the profiled ``em_routing`` calls (forward and the autograd nodes they created)
-over the whole step, from one extra profiled step; the peak RSS is read before it.
+5 classes. Each batch size runs in its own process, so that its peak RSS is its own (counted from
+after the net is built). Routing's share is the CPU time of the profiled ``em_routing`` calls (forward,
+the autograd nodes they created and every operation run inside those) over the whole step, from one
+extra profiled step; the peak RSS is read before it.
 
     python experiments/bench_em_caps.py                     # batch 8 and 32, model=em_caps and em_caps_paper
     python experiments/bench_em_caps.py --batch-sizes 8     # one size
@@ -27,7 +28,6 @@ import inspect
 import io
 import json
 import re
-import resource
 import statistics
 import subprocess
 import sys
@@ -190,9 +190,18 @@ def peak_rss(batch_size: int, recipe: str, revision: str | None) -> float:
     """Run in a fresh process: the peak RSS (GiB) of training steps of the net as revision's package
     builds it (None: this tree), counted from after the net is built (VmHWM reset)."""
     _, _, step = training_step(batch_size, recipe, revision)
-    Path("/proc/self/clear_refs").write_text("5")  # the peak from here on: not the imports'
+    reset_peak_rss()
     for _ in range(RSS_STEPS):
         step()
+    return peak_rss_gib()
+
+
+def reset_peak_rss() -> None:
+    """Count the peak resident set from here on (not the imports' and the net's)."""
+    Path("/proc/self/clear_refs").write_text("5")
+
+
+def peak_rss_gib() -> float:
     status = Path("/proc/self/status").read_text()
     return int(re.search(r"^VmHWM:\s+(\d+) kB", status, re.MULTILINE).group(1)) / 2**20
 
@@ -205,6 +214,7 @@ def measure(batch_size: int, repeats: int, recipe: str = "default") -> dict[str,
     from capsexp.nn.functional import em_routing
 
     net, images, step = training_step(batch_size, recipe)
+    reset_peak_rss()
 
     @torch.no_grad()
     def infer() -> None:
@@ -223,10 +233,11 @@ def measure(batch_size: int, repeats: int, recipe: str = "default") -> dict[str,
             infer()
         inference.append(watch.seconds)
 
-    peak_rss_gib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # before the profiler's own memory
+    peak = peak_rss_gib()  # before the profiler's own memory
 
     # Routing's share: tag em_routing's forward; its backward nodes are the autograd functions
-    # created inside that scope, which the profiler links by sequence number.
+    # created inside that scope, which the profiler links by sequence number, and every operation
+    # run inside them counts too (the vote maker's and the replayed iterations' included).
     original = em_routing
 
     def tagged(*args, **kwargs):
@@ -240,18 +251,14 @@ def measure(batch_size: int, repeats: int, recipe: str = "default") -> dict[str,
     events = prof.events()
     total = sum(e.self_cpu_time_total for e in events)
     forward_ids = {e.sequence_nr for e in events if e.sequence_nr >= 0 and _under(e, "em_routing")}
-    routing = sum(
-        e.self_cpu_time_total
-        for e in events
-        if _under(e, "em_routing") or (e.sequence_nr in forward_ids and _is_backward(e))
-    )
+    routing = sum(e.self_cpu_time_total for e in events if _under(e, "em_routing") or _in_backward_of(e, forward_ids))
     return {
         "batch_size": batch_size,
         "train_images_per_s": batch_size / statistics.median(steps),
         "train_step_s": statistics.median(steps),
         "inference_images_per_s": batch_size / statistics.median(inference),
         "routing_share": routing / total if total else float("nan"),
-        "peak_rss_gib": peak_rss_gib,
+        "peak_rss_gib": peak,
     }
 
 
@@ -264,12 +271,14 @@ def _under(event, name: str) -> bool:
     return False
 
 
-def _is_backward(event) -> bool:
-    parent = event
-    while parent is not None:
-        if "Backward" in parent.name or parent.name.startswith("autograd::engine"):
+def _in_backward_of(event, forward_ids: set[int]) -> bool:
+    """Whether ``event`` is, or runs inside, the backward node of an operation with one of
+    ``forward_ids`` (sequence numbers): the operations a custom autograd function's backward pass
+    runs count with it."""
+    while event is not None:
+        if event.sequence_nr in forward_ids and ("Backward" in event.name or event.name.startswith("autograd::engine")):
             return True
-        parent = parent.cpu_parent
+        event = event.cpu_parent
     return False
 
 
