@@ -470,6 +470,8 @@ class _EMRouting(torch.autograd.Function):
                     (grad_mu[lo:hi], grad_activations[lo:hi]),
                     allow_unused=True,
                 )
+            # The replayed graph goes now: a product it never reached still holds this chunk's votes.
+            del mu, parent_activations
             grads = iter(grads[1:])
             for collected, leaf in zip(small_grads, leaves, strict=True):
                 collected.append(next(grads) if leaf.requires_grad else None)
