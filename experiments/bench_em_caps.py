@@ -138,6 +138,7 @@ def training_step(batch_size: int, recipe: str, revision: str | None = None):
     torch.manual_seed(0)
     options = net_options(recipe)
     net = MatrixCapsNet(in_channels=2, num_classes=5, image_size=32, **options)
+    images, targets = torch.rand(batch_size, 2, 32, 32), torch.randint(0, 5, (batch_size,))
     if revision is not None:
         package = package_at(revision)
         known = inspect.signature(package.MatrixCapsNet).parameters
@@ -151,7 +152,6 @@ def training_step(batch_size: int, recipe: str, revision: str | None = None):
         )
         net.load_state_dict(weights)
     optimizer = torch.optim.Adam(net.parameters())  # its rate does not change a step's time
-    images, targets = torch.rand(batch_size, 2, 32, 32), torch.randint(0, 5, (batch_size,))
 
     def step() -> None:
         optimizer.zero_grad(set_to_none=True)
