@@ -98,6 +98,16 @@ def run_cli(*overrides: str, timeout: int = 300, env: dict | None = None) -> sub
     )
 
 
+def two_step_run(run_dir: Path, *overrides: str) -> dict:
+    """``python -m capsexp <overrides>`` in this process for two training steps, validated after the
+    second, then tested, writing into ``run_dir``: it must exit 0; its logged scalars."""
+    result = run_cli_in_process(
+        *overrides, "trainer.max_steps=2", "trainer.val_check_interval=2", f"hydra.run.dir={run_dir}"
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return scalars(run_dir)
+
+
 def run_cli_in_process(*overrides: str) -> subprocess.CompletedProcess:
     """``python -m capsexp`` run in this process, training included: what it prints and its exit status,
     as :func:`run_cli` gives them, without the seconds a new process spends importing torch and
