@@ -19,11 +19,8 @@ from torch import nn
 
 from capsexp.config.arguments import checked
 from capsexp.models.input_check import check_images
-from capsexp.nn import DynamicRouting, PrimaryCapsules, ResNetStem, RoutingCapsules, RoutingOptions
+from capsexp.nn import Backbone, DynamicRouting, PrimaryCapsules, ResNetStem, RoutingCapsules, RoutingOptions
 
-# What makes the features PrimaryCaps reads: the paper's conv1 (9x9, valid), or a small ResNet stem at the
-# image's resolution (capsexp.nn.ResNetStem), as the later routing papers use on colour images.
-Backbone = Literal["conv", "resnet"]
 # What stands between PrimaryCaps and the decoder: the class capsules (routed) or the plain reference.
 Head = Literal["capsules", "fully_connected"]
 # The class scores: the class capsules' activations (capsule lengths under dynamic routing), or a logit

@@ -7,7 +7,7 @@ The class activations are the scores.
 
 from __future__ import annotations
 
-from typing import Literal, NamedTuple
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -16,7 +16,7 @@ from torch import nn
 
 from capsexp.config.arguments import checked
 from capsexp.models.input_check import check_images
-from capsexp.nn import ClassMatrixCapsules, ConvMatrixCapsules, EMRouting, PrimaryMatrixCapsules, ResNetStem
+from capsexp.nn import Backbone, ClassMatrixCapsules, ConvMatrixCapsules, EMRouting, PrimaryMatrixCapsules, ResNetStem
 
 
 class MatrixCapsNetOutput(NamedTuple):
@@ -61,7 +61,7 @@ class MatrixCapsNet(nn.Module):
         coordinate_addition: bool = True,
         conv1_norm: bool = True,
         weight_std: PositiveFloat | None = None,
-        backbone: Literal["conv", "resnet"] = "conv",
+        backbone: Backbone = "conv",
     ) -> None:
         super().__init__()
         self.image_shape = (in_channels, image_size, image_size)

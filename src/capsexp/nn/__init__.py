@@ -14,11 +14,12 @@ from capsexp.config.routing_options import (
 from capsexp.nn.capsnet import PrimaryCapsules, RoutingCapsules
 from capsexp.nn.em_caps import ClassMatrixCapsules, ConvMatrixCapsules, EMRouter, PrimaryMatrixCapsules
 from capsexp.nn.functional import dynamic_routing, em_routing, fully_connected_routing, margin_loss, spread_loss, squash
-from capsexp.nn.resnet_stem import ResNetStem
+from capsexp.nn.resnet_stem import Backbone, ResNetStem
 
 __all__ = [
     "EM_PAPER",
     "AttentionRouting",
+    "Backbone",
     "ClassMatrixCapsules",
     "ConvMatrixCapsules",
     "DynamicRouting",

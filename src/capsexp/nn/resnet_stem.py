@@ -4,9 +4,15 @@ size that keeps the image's resolution (3x3 convolutions, padding 1, stride 1)."
 
 from __future__ import annotations
 
+from typing import Literal
+
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+# What makes the features a capsule model's first capsules read: the paper's own convolution, or a
+# ResNetStem at the image's resolution, as the later routing papers use on colour images.
+Backbone = Literal["conv", "resnet"]
 
 
 class BasicBlock(nn.Module):
