@@ -18,6 +18,7 @@ from capsexp.lit import Classifier, SpreadLoss
 from capsexp.lit.margin import LinearMargin, SigmoidMargin
 from capsexp.models import LeNet5, MatrixCapsNet
 from capsexp.nn import EM_PAPER, ClassMatrixCapsules, ConvMatrixCapsules, EMRouting, PrimaryMatrixCapsules
+from capsexp.nn.em_caps import conv_votes
 from capsexp.nn.functional import (
     COST_NORMALIZATIONS,
     em_routing,
@@ -245,6 +246,52 @@ def test_routing_in_chunks_of_the_batch_gives_what_one_chunk_gives(monkeypatch):
     for results, expected in zip(chunked, whole, strict=True):
         for got, want in zip(results, expected, strict=True):
             torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+
+
+def _vote_gradient_inputs():
+    """Factor pairs of a replay (3 products) and votes laid out as a ConvCaps layer makes them."""
+    import capsexp.nn.functional._em_caps as em
+
+    torch.manual_seed(0)
+    matrices, block = torch.randn(2, 18, 4, 16, dtype=torch.float64), torch.randn(18, 16, 5 * 16, dtype=torch.float64)
+    votes = conv_votes(matrices, block)  # (2, 4, 5, 18, 16), strided
+    votes_and_squares = torch.randn(2, 4, 5, 18, 32, dtype=torch.float64)
+    over_m = [torch.randn(2, 4, 5, 18, dtype=torch.float64) for _ in range(3)]
+    over_h = [torch.randn(2, 4, 5, 32, dtype=torch.float64) for _ in range(3)]
+    return em, votes, votes_and_squares, over_m, over_h
+
+
+def test_fused_vote_gradient_is_the_matmul_form_in_the_votes_layout(monkeypatch):
+    """The compiled one-pass vote gradient that large chunks take equals the two-matmul form, and both
+    come back laid out as the votes are (so the vote GEMM's backward pass copies nothing)."""
+    em, votes, votes_and_squares, over_m, over_h = _vote_gradient_inputs()
+    results = {}
+    for name, threshold in (("matmul", 2**62), ("fused", 0)):
+        monkeypatch.setattr(em, "FUSED_MIN_ELEMENTS", threshold)
+        grad = em._vote_gradient(votes_and_squares, over_m, over_h, em._Workspace(votes), votes)
+        assert grad.stride() == votes.stride()
+        results[name] = grad.clone()
+    centred = votes_and_squares[..., :16]
+    factors = sum(m.unsqueeze(-1) * h.unsqueeze(-2) for m, h in zip(over_m, over_h, strict=True))
+    torch.testing.assert_close(results["matmul"], factors[..., :16] + 2 * centred * factors[..., 16:])
+    torch.testing.assert_close(results["fused"], results["matmul"], rtol=1e-12, atol=1e-12)
+
+
+def test_a_vote_gradient_that_cannot_be_compiled_warns_and_is_computed_eagerly(monkeypatch):
+    em, votes, votes_and_squares, over_m, over_h = _vote_gradient_inputs()
+
+    def no_compiler(*args, **kwargs):
+        raise RuntimeError("no C++ compiler found")
+
+    monkeypatch.setattr(torch, "compile", no_compiler)
+    monkeypatch.setattr(em, "_FUSED_VOTE_GRADIENT", em._Compiled(em._vote_gradient_fused))
+    monkeypatch.setattr(em, "FUSED_MIN_ELEMENTS", 0)
+    with pytest.warns(RuntimeWarning, match="no C.. compiler found.*eager form"):
+        fused = em._vote_gradient(votes_and_squares, over_m, over_h, em._Workspace(votes), votes).clone()
+    assert not em._FUSED_VOTE_GRADIENT.usable
+    monkeypatch.setattr(em, "FUSED_MIN_ELEMENTS", 2**62)
+    matmul = em._vote_gradient(votes_and_squares, over_m, over_h, em._Workspace(votes), votes)
+    torch.testing.assert_close(fused, matmul)
 
 
 def test_dense_responsibilities_sum_to_one_and_activations_in_unit_interval():

@@ -26,12 +26,13 @@ def block_diagonal(weight: torch.Tensor) -> torch.Tensor:
     return torch.einsum("xy,gjbc->gxbjyc", eye, weight).reshape(groups, pose_size**2, parents * pose_size**2)
 
 
-def transform(matrices: torch.Tensor, block: torch.Tensor) -> torch.Tensor:
+def transform(matrices: torch.Tensor, block: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """Votes V = M W (section 4) for children that share a transformation matrix per group.
 
     ``matrices``: (G, R, P*P), the row-major pose matrices of R children in each group g (a kernel
     position and input type, or an input type); ``block``: the group's W_j, (G, J, P, P), as
-    :func:`block_diagonal` lays them out. Returns (G, R, J, P*P).
+    :func:`block_diagonal` lays them out. Returns (G, R, J, P*P), written into the flat buffer ``out``
+    if given.
 
     One GEMM per group on a block-diagonal W (P copies of W along the diagonal, so each of the P rows
     of M meets W): 4 times the multiplications of M W for 4x4 poses, but each vote's P*P elements come
@@ -40,7 +41,29 @@ def transform(matrices: torch.Tensor, block: torch.Tensor) -> torch.Tensor:
     product itself.
     """
     elements = matrices.shape[-1]
-    return torch.bmm(matrices, block).view(*matrices.shape[:2], -1, elements)
+    if out is None:
+        votes = torch.bmm(matrices, block)
+    else:
+        out = out[: matrices.shape[0] * matrices.shape[1] * block.shape[-1]].view(*matrices.shape[:2], -1)
+        votes = _ProductInto.apply(matrices, block, (out,))
+    return votes.view(*matrices.shape[:2], -1, elements)
+
+
+class _ProductInto(torch.autograd.Function):
+    """torch.bmm written into a given buffer (in a tuple, not an input of the graph), differentiable:
+    bmm(out=...) has no graph."""
+
+    @staticmethod
+    def forward(ctx, left: torch.Tensor, right: torch.Tensor, out: tuple[torch.Tensor]) -> torch.Tensor:
+        ctx.save_for_backward(left, right)
+        return torch.bmm(left, right, out=out[0])
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        left, right = ctx.saved_tensors
+        grad_left = torch.bmm(grad, right.mT) if ctx.needs_input_grad[0] else None
+        grad_right = torch.bmm(left.mT, grad) if ctx.needs_input_grad[1] else None
+        return grad_left, grad_right, None
 
 
 def _grouped(matrices: torch.Tensor) -> torch.Tensor:
@@ -49,22 +72,24 @@ def _grouped(matrices: torch.Tensor) -> torch.Tensor:
     return matrices.transpose(0, 1).reshape(groups, batch * rows, elements)
 
 
-def conv_votes(matrices: torch.Tensor, block: torch.Tensor) -> torch.Tensor:
+def conv_votes(matrices: torch.Tensor, block: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """A ConvCaps layer's votes, parent-major (b, Q, J, K*K*I, P*P) (a view), from the poses in each
     window slot, ``matrices`` (b, K*K*I, Q, P*P), and W (K*K*I, J, P, P) as :func:`block_diagonal` lays
-    it out."""
+    it out; ``out`` as :func:`transform` takes it."""
     batch, slots, positions, elements = matrices.shape
-    votes = transform(_grouped(matrices), block)  # (K*K*I, b*Q, J, P*P)
+    votes = transform(_grouped(matrices), block, out)  # (K*K*I, b*Q, J, P*P)
     return votes.view(slots, batch, positions, -1, elements).permute(1, 2, 3, 0, 4)
 
 
-def class_votes(matrices: torch.Tensor, block: torch.Tensor, *offsets: torch.Tensor) -> torch.Tensor:
+def class_votes(
+    matrices: torch.Tensor, block: torch.Tensor, *offsets: torch.Tensor, out: torch.Tensor | None = None
+) -> torch.Tensor:
     """The class capsules' votes, parent-major (b, 1, J, H*W*I, P*P) (children numbered (h, w, i)), from
     the poses ``matrices`` (b, I, H*W, P*P) and W (I, J, P, P) as :func:`block_diagonal` lays it out,
-    plus ``offsets`` (H*W, P*P) if given (coordinate addition)."""
+    plus ``offsets`` (H*W, P*P) if given (coordinate addition); ``out`` as :func:`transform` takes it."""
     batch, in_types, positions, elements = matrices.shape
     parents = block.shape[-1] // elements
-    votes = transform(_grouped(matrices), block).view(in_types, batch, positions, parents, elements)
+    votes = transform(_grouped(matrices), block, out).view(in_types, batch, positions, parents, elements)
     votes = votes.permute(1, 3, 2, 0, 4)  # (b, J, H*W, I, P*P)
     if offsets:
         votes = votes + offsets[0].view(1, 1, positions, 1, elements)

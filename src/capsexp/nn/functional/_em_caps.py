@@ -13,7 +13,10 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib
+import logging
 import math
+import warnings
 from collections.abc import Callable
 from typing import NamedTuple, get_args
 
@@ -36,8 +39,10 @@ def inverse_temperatures(routing: EMRouting) -> list[float]:
 class VoteMaker:
     """Votes made on demand from the smaller tensors they come from, one chunk of the batch at a time.
 
-    ``make(*batched, *shared)`` returns the votes of the batch items in ``batched`` (every tensor of it
-    sliced to the chunk along its first dimension), parent-major (b, Q, J, M, H), in any strides.
+    ``make(*batched, *shared, out=None)`` returns the votes of the batch items in ``batched`` (every
+    tensor of it sliced to the chunk along its first dimension), parent-major (b, Q, J, M, H), in any
+    strides; :func:`em_routing` passes ``out``, a flat buffer of at least their size that it reuses
+    for each chunk, which ``make`` may write them into (with their graph, in the backward pass).
     :func:`em_routing` calls it in the forward pass and again in the backward pass, so that no
     vote-sized tensor is kept between them; the gradients of ``batched`` and ``shared`` come through
     ``make``'s own autograd graph. ``shape`` is (Q, J, M, H), the votes of one batch item.
@@ -131,7 +136,8 @@ def em_routing(
     backward pass (:class:`_EMRouting`) keeps no vote-sized tensor from the forward pass (a
     :class:`VoteMaker` makes the votes again; votes given as a tensor are the caller's), replays the
     iterations from the products the forward pass kept, and builds the gradient of V from low-rank
-    factors instead of keeping every intermediate.
+    factors instead of keeping every intermediate. The chunks' vote-sized tensors reuse buffers
+    allocated once per call.
 
     Safeguards, in float32 at least whatever the input dtype (also under autocast): the variance is
     clamped at 0 before adding ``sigma_eps`` (the expansion can round below 0); sums of R' are
@@ -168,7 +174,7 @@ def em_routing(
     return mu, parent_activations
 
 
-def _given(votes: torch.Tensor) -> torch.Tensor:
+def _given(votes: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """The votes of a :class:`VoteMaker` for votes given as a tensor: that tensor."""
     return votes
 
@@ -359,27 +365,67 @@ def _chunks(batch: int, shape: tuple[int, ...], dtype: torch.dtype) -> list[tupl
     return [(lo, min(lo + size, batch)) for lo in range(0, batch, size)]
 
 
+def _doubled(shape: torch.Size) -> tuple[int, ...]:
+    """The shape of [V' | V'^2] for votes of ``shape``."""
+    return (*shape[:-1], 2 * shape[-1])
+
+
 def _chunk_of(inputs, batched: int, lo: int, hi: int) -> list[torch.Tensor]:
     return [tensor[lo:hi] if i < batched else tensor for i, tensor in enumerate(inputs)]
 
 
-def _centred_with_squares(votes: torch.Tensor, weights: torch.Tensor, centre: torch.Tensor | None = None):
-    """[V - c | (V - c)^2] (B, Q, J, M, 2H), contiguous, from parent-major votes in any strides, and c
-    (B, Q, J, 1, H): the mean vote weighted by ``weights`` (R a_i at the start), or ``centre`` if given."""
-    *leading, elements = votes.shape
-    out = votes.new_empty(*leading, 2 * elements)
+def _centred_with_squares(votes: torch.Tensor, weights: torch.Tensor | None, out: torch.Tensor, centre=None):
+    """[V - c | (V - c)^2] (B, Q, J, M, 2H) written into ``out``, from parent-major votes in any strides,
+    and c (B, Q, J, 1, H): the mean vote weighted by ``weights`` (B, Q, 1, M) (R a_i at the start, the
+    same for every parent type), or ``centre`` if given."""
+    elements = votes.shape[-1]
     centred = out[..., :elements]
     if centre is None:
-        strides, sizes = votes.stride(), votes.shape
-        if strides[0] != strides[1] * sizes[1] or strides[1] != strides[2] * sizes[2]:
-            # (B, Q, J) do not flatten into the batch of one product: read the votes from the copy.
-            votes = centred.copy_(votes)
         weight_sum = weights.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(votes.dtype).tiny)
-        centre = (_over_children(weights, votes) / weight_sum).unsqueeze(-2)
+        centre = (_weighted_sum(weights, votes, centred) / weight_sum).unsqueeze(-2)
     # Copied into the routing's layout and centred in one pass (64-byte runs for the layers' votes).
     torch.sub(votes, centre, out=centred)
     torch.square(centred, out=out[..., elements:])
     return out, centre
+
+
+def _weighted_sum(weights: torch.Tensor, votes: torch.Tensor, scratch: torch.Tensor) -> torch.Tensor:
+    """sum_m weights[b, q, 0, m] V[b, q, j, m, :]: (B, Q, J, H). Read where the votes lie: for the
+    layers' votes, whose (J, H) are contiguous for each child, as one (1 x M) @ (M x J*H) product per
+    position (long rows; twice as fast as a product per parent); otherwise one per parent, on a
+    contiguous copy in ``scratch``."""
+    batch, positions, parents, slots, elements = votes.shape
+    stride_b, stride_q, stride_j, stride_m, stride_h = votes.stride()
+    rows = weights.reshape(batch * positions, 1, slots)
+    if stride_h == 1 and stride_j == elements and stride_b == stride_q * positions:
+        per_child = votes.as_strided((batch * positions, slots, parents * elements), (stride_q, stride_m, 1))
+        return torch.bmm(rows, per_child).view(batch, positions, parents, elements)
+    return _over_children(weights.expand(-1, -1, parents, -1), scratch.copy_(votes))
+
+
+class _Workspace:
+    """The vote-sized buffers of one call, reused by each chunk: a fresh tensor of that size costs more
+    in page faults (the allocator maps it anew each time) than the pass that fills it."""
+
+    def __init__(self, like: torch.Tensor) -> None:
+        self.like, self.buffers = like, {}
+
+    def take(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
+        """A contiguous tensor of ``shape``, made from the buffer ``name``."""
+        size = math.prod(shape)
+        buffer = self.buffers.get(name)
+        if buffer is None or buffer.numel() < size:
+            buffer = self.buffers[name] = self.like.new_empty(size)
+        return buffer[:size].view(shape)
+
+    def take_like(self, name: str, tensor: torch.Tensor) -> torch.Tensor | None:
+        """A tensor in the layout of ``tensor`` (its dimensions in the same memory order); None where
+        that is contiguous or has no such layout (overlaps itself or has gaps)."""
+        order = sorted(range(tensor.ndim), key=lambda d: tensor.stride(d), reverse=True)
+        if tensor.is_contiguous() or not tensor.permute(order).is_contiguous():
+            return None
+        in_order = self.take(name, tuple(tensor.shape[d] for d in order))
+        return in_order.permute([order.index(d) for d in range(tensor.ndim)])
 
 
 class _EMRouting(torch.autograd.Function):
@@ -397,11 +443,14 @@ class _EMRouting(torch.autograd.Function):
     @staticmethod
     def forward(ctx, make_votes, shape, routing, children, batched, activations, beta_u, beta_a, scale, *inputs):
         dtype = activations.dtype
-        results, kept, centres = [], [], []
+        results, kept, centres, workspace = [], [], [], _Workspace(activations)
         for lo, hi in _chunks(activations.shape[0], shape, dtype):
-            votes = make_votes(*[t.to(dtype) for t in _chunk_of(inputs, batched, lo, hi)])
+            chunk = [t.to(dtype) for t in _chunk_of(inputs, batched, lo, hi)]
+            votes = make_votes(*chunk, out=workspace.take("votes", (hi - lo, *shape)).view(-1))
             slot_activations, uniform = _uniform_assignment(votes.shape, activations[lo:hi], children)
-            votes_and_squares, centre = _centred_with_squares(votes, uniform * slot_activations)
+            out = workspace.take("votes_and_squares", _doubled(votes.shape))
+            weights = uniform[:, :, :1] * slot_activations  # (b, Q, 1, M)
+            votes_and_squares, centre = _centred_with_squares(votes, weights, out)
             del votes
             products = _Products(votes_and_squares)
             mu, parent_activations, responsibilities = _em_iterations(
@@ -441,6 +490,7 @@ class _EMRouting(torch.autograd.Function):
         dtype = small[0].dtype
         small_grads = [[] for _ in small]
         input_grads = [[] for _ in inputs]
+        workspace = _Workspace(small[0])
         for number, (lo, hi) in enumerate(chunks):
             activations = small[0][lo:hi]
             leaves = [
@@ -452,8 +502,10 @@ class _EMRouting(torch.autograd.Function):
                 for tensor, needed in zip(_chunk_of(inputs, ctx.batched, lo, hi), needs_inputs, strict=True)
             ]
             with torch.enable_grad():
-                votes = ctx.make_votes(*[t.to(dtype) for t in vote_leaves])
-            votes_and_squares, _ = _centred_with_squares(votes.detach(), None, centres[number])
+                buffer = workspace.take("votes", (hi - lo, *ctx.shape)).view(-1)
+                votes = ctx.make_votes(*[t.to(dtype) for t in vote_leaves], out=buffer)
+            out = workspace.take("votes_and_squares", _doubled(votes.shape))
+            votes_and_squares, _ = _centred_with_squares(votes.detach(), None, out, centres[number])
             anchor = votes_and_squares.new_empty(0, requires_grad=True)
             products = _ReplayedProducts(
                 votes_and_squares, list(kept[number * ctx.kept_count : (number + 1) * ctx.kept_count]), anchor
@@ -476,15 +528,21 @@ class _EMRouting(torch.autograd.Function):
             for collected, leaf in zip(small_grads, leaves, strict=True):
                 collected.append(next(grads) if leaf.requires_grad else None)
             if any(needs_inputs):
-                grad_votes = _vote_gradient(votes_and_squares, *products.factors)
+                grad_votes = _vote_gradient(votes_and_squares, *products.factors, workspace, votes)
                 del votes_and_squares, products
                 wanted = [leaf for leaf in vote_leaves if leaf.requires_grad]
                 grads = iter(torch.autograd.grad(votes, wanted, grad_votes, allow_unused=True))
                 for collected, leaf in zip(input_grads, vote_leaves, strict=True):
-                    collected.append(next(grads) if leaf.requires_grad else None)
+                    grad = next(grads) if leaf.requires_grad else None
+                    # Votes given as a tensor get (a view of) the buffer back, which the next chunk reuses.
+                    collected.append(grad.clone() if _shares_memory(grad, grad_votes) else grad)
         small_grads = [_joined(parts, batched=i == 0) for i, parts in enumerate(small_grads)]
         input_grads = [_joined(parts, batched=i < ctx.batched) for i, parts in enumerate(input_grads)]
         return None, None, None, None, None, *small_grads, *input_grads
+
+
+def _shares_memory(tensor: torch.Tensor | None, other: torch.Tensor) -> bool:
+    return tensor is not None and tensor.untyped_storage().data_ptr() == other.untyped_storage().data_ptr()
 
 
 def _joined(parts: list, batched: bool):
@@ -496,16 +554,80 @@ def _joined(parts: list, batched: bool):
     return functools.reduce(torch.add, parts)
 
 
-def _vote_gradient(votes_and_squares: torch.Tensor, over_m: list, over_h: list) -> torch.Tensor:
-    """g(V') = G[..., :H] + 2 V' * G[..., H:], G = sum_t over_m[t] (x) over_h[t], the gradient of
-    [V' | V'^2]: (B, Q, J, M, T) @ (B, Q, J, T, 2H) as batched matmuls, one per half."""
-    elements = votes_and_squares.shape[-1] // 2
-    left = torch.stack(over_m, dim=-1)
-    right = torch.stack(over_h, dim=-2)
-    grad = torch.matmul(left, 2 * right[..., elements:]).mul_(votes_and_squares[..., :elements])
-    flat = grad.view(-1, *grad.shape[-2:])
-    flat.baddbmm_(left.flatten(0, -3), right[..., :elements].flatten(0, -3))
-    return grad
+def _vote_gradient(votes_and_squares, over_m: list, over_h: list, workspace: _Workspace, votes) -> torch.Tensor:
+    """g(V') = G[..., :H] + 2 V' * G[..., H:], G = sum_t over_m[t] (x) over_h[t] the gradient of
+    [V' | V'^2] (the factor pairs the replay recorded), in a buffer of ``workspace`` laid out as
+    ``votes`` are where they have a layout (then the vote maker's backward pass copies nothing).
+
+    Large chunks take the fused form (:func:`_vote_gradient_fused`, compiled), others two batched
+    matmuls, (B, Q, J, M, T) @ (B, Q, J, T, 2H), one per half, and a copy into the layout."""
+    left = torch.stack(over_m, dim=-2).transpose(-1, -2)  # (B, Q, J, M, T), stacked contiguously
+    right = torch.stack(over_h, dim=-2)  # (B, Q, J, T, 2H)
+    in_layout = workspace.take_like("grad_votes_in_layout", votes)
+    if votes_and_squares.numel() >= FUSED_MIN_ELEMENTS and _FUSED_VOTE_GRADIENT.usable:
+        out = workspace.take("grad_votes", votes.shape) if in_layout is None else in_layout
+        _FUSED_VOTE_GRADIENT(votes_and_squares, left, right, out)
+        return out
+    elements = votes.shape[-1]
+    grad = _rows(workspace.take("grad_votes", votes.shape))
+    left, right = _rows(left), _rows(right)
+    torch.bmm(left, 2 * right[..., elements:], out=grad).mul_(_rows(votes_and_squares)[..., :elements])
+    grad.baddbmm_(left, right[..., :elements])
+    grad = grad.view(votes.shape)
+    return grad if in_layout is None else in_layout.copy_(grad)
+
+
+def _vote_gradient_fused(votes_and_squares, left, right, out) -> None:
+    """:func:`_vote_gradient`'s arithmetic as one pass that torch.compile fuses into a single loop
+    over the votes (reading V' once, writing ``out`` in its own layout): a quarter of the passes of
+    the matmul form."""
+    elements = out.shape[-1]
+    centred = votes_and_squares[..., :elements].unsqueeze(-2)  # (B, Q, J, M, 1, H)
+    first, second = right[..., :elements].unsqueeze(-3), right[..., elements:].unsqueeze(-3)  # (..., 1, T, H)
+    out.copy_((left.unsqueeze(-1) * (first + 2 * centred * second)).sum(dim=-2))
+
+
+class _Compiled:
+    """``function`` compiled by torch.compile at its first call (Inductor: C++ on the CPU, Triton on
+    a GPU). Where compiling fails (no C++ compiler, say), a warning names the cause and the callers'
+    eager forms are used from then on (``usable`` turns False)."""
+
+    def __init__(self, function: Callable) -> None:
+        self.function, self.compiled, self.usable = function, None, True
+
+    def __call__(self, *args) -> None:
+        try:
+            if self.compiled is None:
+                _import_quietly("torch.utils.cpp_extension")
+                self.compiled = torch.compile(self.function, fullgraph=True)
+            self.compiled(*args)
+        except Exception as error:  # compilers fail in many ways; the eager form is always right
+            self.usable = False
+            warnings.warn(
+                f"EM routing: compiling {self.function.__name__} failed ({type(error).__name__}: {error}); "
+                "using its eager form, which is slower.",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            self.function(*args)
+
+
+def _import_quietly(module: str) -> None:
+    """Import ``module`` with its logger's warnings held back: Inductor imports cpp_extension, which
+    warns at import that a CUDA build of torch finds no CUDA runtime, true and irrelevant on a CPU."""
+    logger = logging.getLogger(module)
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        importlib.import_module(module)
+    finally:
+        logger.setLevel(level)
+
+
+# Chunks with at least this many elements of [V' | V'^2] take the compiled vote gradient: below it,
+# compiling (seconds, once per process and shape) costs more than the passes it saves.
+FUSED_MIN_ELEMENTS = 2**22
+_FUSED_VOTE_GRADIENT = _Compiled(_vote_gradient_fused)
 
 
 def _normalise_per_child(log_r: torch.Tensor, children: _Children) -> torch.Tensor:
