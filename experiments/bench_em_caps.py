@@ -27,6 +27,7 @@ import importlib
 import inspect
 import io
 import json
+import os
 import re
 import statistics
 import subprocess
@@ -394,6 +395,7 @@ def main() -> None:
     if args.baseline and args.repeats < 2:
         parser.error(f"--repeats must be at least 2 with --baseline (the page gives quartiles), got {args.repeats}")
 
+    load_at_start = os.getloadavg()[0]
     rows, baseline_rows = [], []
     for recipe in args.recipes:
         for batch_size in args.batch_sizes:
@@ -431,6 +433,9 @@ def main() -> None:
             f"({'; '.join(recipe_text(recipe) for recipe in RECIPES)});",
             f"medians of {args.repeats} steps; each row in its own process. On a shared machine step times vary",
             "between runs (by up to 40% seen here): compare the rows of one page, not figures across pages.",
+            f"Load average (1 minute) when the timings began and ended: {load_at_start:.2f} and "
+            f"{os.getloadavg()[0]:.2f}, on {os.cpu_count()} cores (this benchmark alone adds about 1: above that,",
+            "other work shared the machine).",
             "",
             "| recipe | batch | training images/s | training step | inference images/s "
             "| routing share of the step | peak RSS |",

@@ -177,19 +177,21 @@ TINY_EM_CAPS = [
 
 
 def scalars(run_dir: Path) -> dict[str, list[Scalar]]:
-    """Every scalar series in ``run_dir/tensorboard``: tag -> [(step, value), ...]."""
+    """Every scalar series of a run: tag -> [(step, value), ...]."""
     return read_scalars(run_dir)
 
 
 def hparams_summary(run_dir: Path) -> dict[str, dict]:
-    """What TensorBoard's HParams tab reads from ``run_dir/tensorboard``: hyperparameters, metric tags."""
+    """What TensorBoard's HParams tab reads from a run's event files: hyperparameters (in column order),
+    metric tags."""
     content = load_events(run_dir).PluginTagToContent("hparams")
     experiment = plugin_data_pb2.HParamsPluginData.FromString(content["_hparams_/experiment"]).experiment
     session = plugin_data_pb2.HParamsPluginData.FromString(content["_hparams_/session_start_info"])
+    values = session.session_start_info.hparams
     hparams = {}
-    for name, value in session.session_start_info.hparams.items():
-        kind = value.WhichOneof("kind")
-        hparams[name] = getattr(value, kind)
+    for info in experiment.hparam_infos:  # the tab's column order (the session's map keeps none)
+        value = values[info.name]
+        hparams[info.name] = getattr(value, value.WhichOneof("kind"))
     return {"hparams": hparams, "metrics": [info.name.tag for info in experiment.metric_infos]}
 
 

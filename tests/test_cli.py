@@ -130,11 +130,25 @@ def test_capsnet_on_rotated_mnist_logs_each_angle_and_the_figures(mnist_dir, tmp
     assert all(0 <= logged[f"routing/digits/coupling_change_iter{r}"][-1].value < 1 for r in (2, 3))
     assert all(logged[f"routing/digits/update_change_iter{r}"][-1].value >= 0 for r in (2, 3))
 
-    # TensorBoard's HParams tab: the run's hyperparameters, and every test set among its metrics.
+    # TensorBoard's HParams tab: the choices first (model, data, seed, parameters, then the command
+    # line's overrides by key), the rest of the config after them without class paths; every test set,
+    # the presence gap and images/s among its metrics.
     hparams = hparams_summary(tmp_path)
+    assert list(hparams["hparams"])[:6] == [
+        "model",
+        "data",
+        "seed",
+        "model/params",
+        "data/batch_size",  # the first of TINY_RUN's overrides; paths.data_dir, a location, is left out
+        "data/val_size",
+    ]
+    assert hparams["hparams"]["model"] == "capsnet" and hparams["hparams"]["data"] == "rotated_mnist"
+    assert hparams["hparams"]["data/test_rotations"] == "[0, 45]" and hparams["hparams"]["seed"] == 1234
     assert hparams["hparams"]["model/net/routing/iterations"] == 3
     assert hparams["hparams"]["model/params"] > 0 and hparams["hparams"]["model/flops_per_image"] > 0
-    assert hparams["hparams"]["data/_target_"].endswith("MNISTDataModule")
+    assert not [k for k in hparams["hparams"] if k.endswith("_target_")]
+    assert hparams["metrics"][:2] == ["val/acc_best", "test/acc"]
+    assert {"val/presence_gap", "perf/train_images_per_s"} <= set(hparams["metrics"])
     # Locations are not hyperparameters: no machine's paths in a run's event files.
     assert not [k for k in hparams["hparams"] if k.endswith(("data_dir", "default_root_dir", "dirpath"))]
     assert not [v for v in hparams["hparams"].values() if str(tmp_path) in str(v)]
@@ -164,4 +178,4 @@ def test_a_run_that_fails_before_its_first_step_leaves_no_tensorboard_run(
     assert f"Run folder: {run}" in output
     assert "failed before its first step: its logger files were removed" in output
     assert (run / ".hydra" / "config.yaml").is_file()  # the record of what was asked
-    assert not (run / "tensorboard").exists()
+    assert not list(run.rglob("events.out.tfevents.*")) and not (run / "hparams.yaml").exists()

@@ -87,7 +87,7 @@ def test_a_multirun_of_two_process_jobs_runs_each_job_once_in_one_folder_with_ex
     assert result.stdout.count("Launching 2 jobs") + result.stderr.count("Launching 2 jobs") == 1
     (sweep,) = (log_dir / "train" / "multiruns").iterdir()
     jobs = sorted(p for p in sweep.iterdir() if p.is_dir())
-    assert [job.name for job in jobs] == ["0", "1"]
+    assert [job.name for job in jobs] == ["data=mnist", "data=multi_mnist"]  # what the sweep varies
     for job, data in zip(jobs, ("mnist", "multi_mnist"), strict=True):
         assert yaml.safe_load((job / ".hydra" / "overrides.yaml").read_text())[:2] == ["model=lenet5", f"data={data}"]
         checkpoints = sorted(p.name for p in (job / "checkpoints").iterdir())

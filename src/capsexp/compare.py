@@ -1,14 +1,15 @@
 """Compare runs: ``python -m capsexp.compare <folder> [--output DIR] [--keep-runs] [--check]``.
 
 Finds every run under ``folder`` (a multirun, a study's runs, or all of ``logs/``): a folder with
-``.hydra/overrides.yaml`` and ``tensorboard/`` event files. Runs whose overrides differ only by ``seed``
-form one configuration. Writes the page ``README.md``: the machine, the dates, the run time and the
-command; per configuration the number of runs, the mean ± std and the 95% confidence interval of the
-test accuracy (or of the experiment's metric) and the other metrics' mean ± std; each configuration
-against the reference (the experiment's, else the first) with a paired t-test where they share seeds,
-Welch's otherwise, Holm-adjusted; for runs of an experiment config, its paper's figures and its
-reproduction check. Also ``comparison.csv`` (every metric's mean, std and interval), ``val_acc.png``
-(validation curves, mean ± std over seeds) and, with rotated test sets, ``rotation.png``.
+``.hydra/overrides.yaml`` and event files (in it, or in its ``tensorboard/``). Runs whose overrides
+differ only by ``seed`` form one configuration. Writes the page ``README.md``: the machine, the dates,
+the run time and the command; per configuration the number of runs, the mean ± std and the 95%
+confidence interval of the test accuracy (or of the experiment's metric) and the other metrics'
+mean ± std; each configuration against the reference (the experiment's, else the first) with a paired
+t-test where they share seeds, Welch's otherwise, Holm-adjusted; for runs of an experiment config, its
+paper's figures and its reproduction check. Also ``comparison.csv`` (every metric's mean, std and
+interval), ``val_acc.png`` (validation curves, mean ± std over seeds) and, with rotated test sets,
+``rotation.png``.
 """
 
 from __future__ import annotations

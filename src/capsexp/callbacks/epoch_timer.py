@@ -16,6 +16,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 from capsexp.callbacks.progress_log import batch_size_of
+from capsexp.results.metric_names import TRAIN_IMAGES_PER_S
 
 
 def _synchronize(device: torch.device) -> None:
@@ -54,7 +55,7 @@ class EpochTimer(Callback):
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         _synchronize(pl_module.device)
         seconds = time.perf_counter() - self.start - self.validation_s
-        metrics = {"perf/train_epoch_s": seconds, "perf/train_images_per_s": self.images / max(seconds, 1e-9)}
+        metrics = {"perf/train_epoch_s": seconds, TRAIN_IMAGES_PER_S: self.images / max(seconds, 1e-9)}
         if pl_module.device.type == "cuda":
             metrics["perf/peak_memory_gib"] = torch.cuda.max_memory_allocated(pl_module.device) / 2**30
         for logger in trainer.loggers:

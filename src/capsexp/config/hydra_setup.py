@@ -31,6 +31,7 @@ from capsexp.config.routing_options import (
     SelfRouting,
     UniformRouting,
 )
+from capsexp.config.run_names import job_name, run_name
 
 # model/routing=<name>: how the capsule layers route (model.net.routing).
 ROUTINGS = {
@@ -92,13 +93,15 @@ def signature_node(target: str) -> dict[str, Any]:
 
 def register_routing() -> None:
     """The resolvers (``${project_root:}``, ``${stereo_channels:...}``, ``${image_folder_classes:...}``,
-    ``${bf16_if_native:}``) and the
+    ``${bf16_if_native:}``, and the run folders' ``${run_name:...}`` and ``${job_name:...}``) and the
     routing options (:data:`ROUTINGS`), without importing torch: what the command-line checks need."""
     resolvers = (
         ("project_root", lambda: str(PROJECT_ROOT)),
         ("stereo_channels", smallnorb_channels),
         ("image_folder_classes", number_of_classes),
         ("bf16_if_native", bf16_if_native),
+        ("run_name", run_name),
+        ("job_name", job_name),
     )
     for name, resolver in resolvers:
         if not OmegaConf.has_resolver(name):

@@ -21,6 +21,7 @@ import yaml
 from capsexp.errors import ConfigError, NoRunsError
 from capsexp.results import statistics
 from capsexp.results.diagnostics import diagnostics_section
+from capsexp.results.events import event_files, event_folder
 from capsexp.results.machine import MACHINE_FILE, describe_text
 from capsexp.results.metric_names import (
     MODEL_FLOPS,
@@ -278,7 +279,7 @@ def header(page: StudyPage, runs: list[Run], folder: Path, folder_text: str, reb
     )
 
 
-RECORDED_HPARAMS = Path("tensorboard") / "hparams.yaml"  # the Lightning logger's record of the run's config
+RECORDED_HPARAMS = "hparams.yaml"  # the Lightning logger's record of the run's config, beside its event files
 
 
 def keep_runs(runs: list[Run], folder: Path, output: Path) -> Path:
@@ -303,13 +304,15 @@ def keep_runs(runs: list[Run], folder: Path, output: Path) -> Path:
             shutil.copy2(run.folder / OVERRIDES_AS_RUN, target / OVERRIDES_AS_RUN)
         if (run.folder / MACHINE_FILE).exists():
             shutil.copy2(run.folder / MACHINE_FILE, target / MACHINE_FILE)
-        (target / "tensorboard").mkdir()
-        for events in sorted((run.folder / "tensorboard").glob("events.out.tfevents.*")):
-            shutil.copy2(events, target / "tensorboard" / events.name)
-        if (run.folder / RECORDED_HPARAMS).exists():  # the model's cost the run recorded; no paths
-            recorded = yaml.safe_load((run.folder / RECORDED_HPARAMS).read_text()) or {}
+        events_to = target / event_folder(run.folder).relative_to(run.folder)  # the run's layout
+        events_to.mkdir(exist_ok=True)
+        for events in event_files(run.folder):
+            shutil.copy2(events, events_to / events.name)
+        recorded_file = event_folder(run.folder) / RECORDED_HPARAMS
+        if recorded_file.exists():  # the model's cost the run recorded; no paths
+            recorded = yaml.safe_load(recorded_file.read_text()) or {}
             cost = {key: recorded[key] for key in (MODEL_PARAMETERS, MODEL_FLOPS) if key in recorded}
-            (target / RECORDED_HPARAMS).write_text(yaml.safe_dump(cost))
+            (events_to / RECORDED_HPARAMS).write_text(yaml.safe_dump(cost))
     return kept
 
 
@@ -343,7 +346,7 @@ def compare(folder: Path, output: Path | None = None, keep: bool = False) -> Com
     folder, output = Path(folder), Path(output or folder)
     runs = find_runs(folder)
     if not runs:
-        raise NoRunsError(f"no runs under {folder} (a run is a folder with .hydra/overrides.yaml and tensorboard/)")
+        raise NoRunsError(f"no runs under {folder} (a run is a folder with .hydra/overrides.yaml and event files)")
     output.mkdir(parents=True, exist_ok=True)
     if keep:
         folder = keep_runs(runs, folder, output)

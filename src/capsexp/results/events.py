@@ -15,8 +15,23 @@ class Scalar(NamedTuple):
     value: float
 
 
+LEGACY_EVENT_FOLDER = "tensorboard"  # where runs kept their event files before they moved into the run's folder
+
+
+def event_folder(run_dir: str | Path) -> Path:
+    """The folder of a run's event files: the run's own, or its ``tensorboard/`` in runs written
+    before event files moved up (results pages keep such runs)."""
+    folder = Path(run_dir)
+    return folder / LEGACY_EVENT_FOLDER if (folder / LEGACY_EVENT_FOLDER).is_dir() else folder
+
+
+def event_files(run_dir: str | Path) -> list[Path]:
+    """A run's event files, oldest first."""
+    return sorted(event_folder(run_dir).glob("events.out.tfevents.*"))
+
+
 def load_events(run_dir: str | Path, **size_guidance: int) -> EventAccumulator:
-    """The event files of ``run_dir/tensorboard`` (or of ``run_dir`` itself when it holds them), loaded.
+    """The event files of a run (:func:`event_folder`), loaded.
 
     ``size_guidance``: how many events of a kind to keep, 0 for all (``images=0``, ``histograms=0``);
     every scalar is kept.
@@ -24,10 +39,7 @@ def load_events(run_dir: str | Path, **size_guidance: int) -> EventAccumulator:
     # Imported here: tensorboard's reader takes a second to import, and most runs never read back.
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    folder = Path(run_dir)
-    if (folder / "tensorboard").is_dir():
-        folder = folder / "tensorboard"
-    events = EventAccumulator(str(folder), size_guidance={"scalars": 0, **size_guidance})
+    events = EventAccumulator(str(event_folder(run_dir)), size_guidance={"scalars": 0, **size_guidance})
     events.Reload()
     return events
 

@@ -25,6 +25,8 @@ PRESENCE_GAP = f"{_PRESENCE}gap"
 
 PLAIN = ""  # the name of the one unmodified test set
 
+TRAIN_IMAGES_PER_S = "perf/train_images_per_s"  # training throughput of an epoch (capsexp.callbacks.EpochTimer)
+
 # What a run records of its model before training, beside its hyperparameters (capsexp.run.train).
 MODEL_PARAMETERS = "model/params"
 MODEL_FLOPS = "model/flops_per_image"  # forward, per image

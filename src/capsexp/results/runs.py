@@ -12,7 +12,7 @@ from pathlib import Path
 import yaml
 
 from capsexp.results import statistics
-from capsexp.results.events import Scalar, load_events
+from capsexp.results.events import Scalar, event_files, load_events
 from capsexp.results.machine import read_machine
 
 OVERRIDES = Path(".hydra") / "overrides.yaml"
@@ -89,13 +89,23 @@ def _natural(path: Path) -> list[tuple[int, str]]:
     return [(int(part), "") if part.isdigit() else (1 << 62, part) for part in path.parts]
 
 
+def _job_number(run_dir: Path) -> int | None:
+    """The run's number in its multirun (Hydra's ``.hydra/hydra.yaml``); None for a single run, or a
+    run kept on a results page (which keeps no hydra.yaml)."""
+    record = run_dir / ".hydra" / "hydra.yaml"
+    if not record.is_file():
+        return None
+    number = ((yaml.safe_load(record.read_text()) or {}).get("hydra") or {}).get("job", {}).get("num")
+    return number if isinstance(number, int) else None
+
+
 def find_runs(folder: Path) -> list[Run]:
-    """Every run under ``folder`` (a folder with ``.hydra/overrides.yaml`` and ``tensorboard/``), in
-    job order, with its scalars, span and machine."""
+    """Every run under ``folder`` (a folder with ``.hydra/overrides.yaml`` and event files), in job
+    order (runs kept on a page: in the order they started), with its scalars, span and machine."""
     runs = []
     for overrides_file in sorted(folder.rglob(str(OVERRIDES)), key=_natural):
         run_dir = overrides_file.parent.parent
-        if not (run_dir / "tensorboard").is_dir():
+        if not event_files(run_dir):
             continue
         events = load_events(run_dir)
         scalars = {tag: [Scalar(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
@@ -111,7 +121,14 @@ def find_runs(folder: Path) -> list[Run]:
                 read_machine(run_dir),
             )
         )
-    return runs
+    numbers = {run.folder: _job_number(run.folder) for run in runs}
+    if all(number is not None for number in numbers.values()):
+        return sorted(runs, key=lambda run: numbers[run.folder])
+    # Runs kept on a page: numbered job folders (kept before jobs were named) in number order, named
+    # ones in the order they started.
+    if all(run.folder.name.isdigit() for run in runs):
+        return runs
+    return sorted(runs, key=lambda run: (run.start is None, run.start or 0.0))
 
 
 def label_configurations(runs: list[Run]) -> list[str]:

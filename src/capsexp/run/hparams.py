@@ -9,7 +9,6 @@ the tags alone.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -17,14 +16,21 @@ from lightning.pytorch.loggers import Logger, TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_only
 from torch.utils.tensorboard.summary import hparams as hparams_summary
 
-from capsexp.results.metric_names import PLAIN, VAL_ACC, VAL_ACC_BEST, VAL_LOSS, metrics_of_test_sets
+from capsexp.config.run_names import LOCATION_KEY  # left out too: event files carry no machine's paths
+from capsexp.results.metric_names import (
+    MODEL_PARAMETERS,
+    PLAIN,
+    PRESENCE_GAP,
+    TRAIN_IMAGES_PER_S,
+    VAL_ACC,
+    VAL_ACC_BEST,
+    VAL_LOSS,
+    metrics_of_test_sets,
+)
 
 # Config groups that say where things go, not what was run, and a study's budgets, page and steps
 # after its sweep (the chosen budget's values are in the keys it sets): left out of the HParams tab.
 NOT_HYPERPARAMETERS = ("paths", "logger", "hydra", "budgets", "page", "after_sweep")
-# Keys elsewhere that only locate files (data/data_dir, trainer/default_root_dir, a checkpoint
-# callback's dirpath, ckpt_path): left out too, so that event files carry no machine's paths.
-LOCATION_KEY = re.compile(r"(^|/|_)(dir|dirpath|path)$")
 
 
 def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, int | float | str | bool]:
@@ -42,18 +48,55 @@ def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, int | floa
     return flat
 
 
-def metric_names(test_set_names: Iterable[str] = (PLAIN,)) -> list[str]:
-    """The metrics the HParams tab shows: validation accuracy and loss, and the test metrics of the
-    DataModule's test sets (:func:`capsexp.results.metric_names.metrics_of_test_sets`)."""
-    return [VAL_ACC_BEST, VAL_ACC, VAL_LOSS, *metrics_of_test_sets(test_set_names)]
+def metric_names(test_set_names: Iterable[str] = (PLAIN,), presence: bool = False) -> list[str]:
+    """The metrics the HParams tab shows, in its column order: the best validation accuracy, the test
+    metrics of the DataModule's test sets (:func:`capsexp.results.metric_names.metrics_of_test_sets`),
+    the presence gap where the objective logs it (``presence``), training images/s, then the last
+    validation accuracy and loss."""
+    gap = [PRESENCE_GAP] if presence else []
+    return [VAL_ACC_BEST, *metrics_of_test_sets(test_set_names), *gap, TRAIN_IMAGES_PER_S, VAL_ACC, VAL_LOSS]
+
+
+LEADING_GROUPS = ("model", "data")  # config groups whose choice leads the HParams tab, before the seed
+
+
+def leading_hyperparameters(
+    config: Mapping[str, Any], overrides: Iterable[str], group_choices: Mapping[str, str | None]
+) -> dict[str, int | float | str | bool]:
+    """The HParams tab's first columns: the model and data configs chosen, the seed, the parameter
+    count, then each command-line override (``overrides``, as Hydra records them) that is not already
+    there and does not only locate files, named by its key (``model.optimizer.lr`` → ``model/optimizer/lr``,
+    the name of that value among the rest of the config) with the value it took."""
+    flat = flatten(config)
+    leading: dict[str, int | float | str | bool] = {
+        group: choice for group in LEADING_GROUPS if isinstance(choice := group_choices.get(group), str)
+    }
+    for key in ("seed", MODEL_PARAMETERS):
+        if key in flat:
+            leading[key] = flat[key]
+    for override in overrides:
+        key, _, value = override.partition("=")
+        name = key.lstrip("+~").replace(".", "/")
+        if name in leading or LOCATION_KEY.search(name) or name.split("/")[0] in NOT_HYPERPARAMETERS:
+            continue
+        leading[name] = flat.get(name, value)
+    return leading
 
 
 @rank_zero_only
-def log_hyperparameters(loggers: Iterable[Logger], config: Mapping[str, Any], metrics: Iterable[str]) -> None:
+def log_hyperparameters(
+    loggers: Iterable[Logger],
+    config: Mapping[str, Any],
+    metrics: Iterable[str],
+    leading: Mapping[str, int | float | str | bool] | None = None,
+) -> None:
     """Give every logger the whole config (TensorBoard's ``hparams.yaml``, CSV's ...); write the
-    HParams session summary into each TensorBoard run, naming ``metrics``."""
+    HParams session summary into each TensorBoard run, naming ``metrics``: ``leading`` first
+    (:func:`leading_hyperparameters`), then the rest of the config without what only locates files
+    or names a class (``_target_``: the choices before it say which)."""
     flat = flatten({k: v for k, v in config.items() if k not in NOT_HYPERPARAMETERS})
-    tensorboard_params = {k: v for k, v in flat.items() if not LOCATION_KEY.search(k)}
+    rest = {k: v for k, v in flat.items() if not LOCATION_KEY.search(k) and not k.endswith("_target_")}
+    tensorboard_params = {**(leading or {}), **{k: v for k, v in rest.items() if k not in (leading or {})}}
     for logger in loggers:
         logger.log_hyperparams(dict(config))
         if isinstance(logger, TensorBoardLogger):

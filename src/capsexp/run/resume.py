@@ -14,6 +14,7 @@ from pathlib import Path
 
 import yaml
 
+from capsexp.config.run_names import hydra_value
 from capsexp.errors import CheckpointError
 
 LAST_CHECKPOINT = Path("checkpoints") / "last.ckpt"
@@ -62,6 +63,8 @@ def expand_run_folder(arguments: list[str]) -> list[str]:
     where = f"ckpt_path={value}"
     folder = latest_run(arguments) if value == "last" else Path(value)
     if not folder.is_dir():
+        if folder.is_file():  # a checkpoint file, in a job folder whose name Hydra would parse (a, b)
+            return [a if a is not given[-1] else f"{a.split('=', 1)[0]}={hydra_value(value)}" for a in arguments]
         return arguments
     overrides_file = folder / ".hydra" / "overrides.yaml"
     if not overrides_file.is_file():
@@ -84,6 +87,6 @@ def expand_run_folder(arguments: list[str]) -> list[str]:
         *now[:first],
         *(override for override in saved if not _is_ckpt_path(override)),
         *now[first:],
-        f"ckpt_path={last}",
-        f"hydra.run.dir={folder}",
+        f"ckpt_path={hydra_value(last)}",
+        f"hydra.run.dir={hydra_value(folder)}",
     ]

@@ -57,7 +57,18 @@ def _logger_folders(loggers: Iterable[Logger]) -> list[Path]:
 
 
 def _files(folders: Iterable[Path]) -> set[Path]:
-    return {path for folder in folders if folder.is_dir() for path in folder.rglob("*") if path.is_file()}
+    """The loggers' files in ``folders`` (which may be the run's own folder): event files, hparams.yaml
+    and the CSV logger's metrics.csv."""
+    return {
+        path
+        for folder in folders
+        if folder.is_dir()
+        for path in folder.rglob("*")
+        if path.is_file() and (path.name.startswith("events.out.tfevents.") or path.name in LOGGER_FILES)
+    }
+
+
+LOGGER_FILES = ("hparams.yaml", "metrics.csv")
 
 
 @contextlib.contextmanager
@@ -76,8 +87,8 @@ def no_files_left_if_failed_early(loggers: list[Logger], trainer: L.Trainer, ste
             new = _files(folders) - existing
             for path in new:
                 path.unlink(missing_ok=True)
-            for folder in folders:
-                if folder.is_dir() and not _files([folder]):
+            for folder in folders:  # a logger's own folder, left empty (never the run's, which holds .hydra/)
+                if folder.is_dir() and not any(path.is_file() for path in folder.rglob("*")):
                     shutil.rmtree(folder, ignore_errors=True)
             if new and trainer.is_global_zero:
                 where = ", ".join(str(shown_path(folder.resolve())) for folder in folders)

@@ -87,4 +87,4 @@ def resume_if_restarted(arguments: list[str]) -> list[str]:
         return arguments
     if first_process:
         print(f"SLURM job {job} restarted: resuming {folder}", file=sys.stderr)
-    return [*arguments, f"ckpt_path={folder}"]
+    return [*arguments, f"ckpt_path={folder}"]  # a folder: expand_run_folder reads it as given

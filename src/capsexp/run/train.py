@@ -18,6 +18,7 @@ from lightning.pytorch.loggers import Logger
 from omegaconf import DictConfig, OmegaConf
 
 from capsexp.callbacks.model_checkpoint import requeue_signal
+from capsexp.config.run_names import hydra_value
 from capsexp.errors import Interrupted
 from capsexp.results.machine import write_machine
 from capsexp.results.metric_names import MODEL_FLOPS, MODEL_PARAMETERS
@@ -25,7 +26,7 @@ from capsexp.run import slurm
 from capsexp.run.build import build_model, instantiate, instantiate_all
 from capsexp.run.checkpoints import check_checkpoint
 from capsexp.run.distributed import DDPJob, ddp_job
-from capsexp.run.hparams import log_hyperparameters, metric_names
+from capsexp.run.hparams import leading_hyperparameters, log_hyperparameters, metric_names
 from capsexp.run.model_cost import forward_flops_per_image, parameter_count
 from capsexp.run.resume import LAST_CHECKPOINT
 from capsexp.run.run_folder import StepSeen, no_files_left_if_failed_early, say_run_folder, shown_path
@@ -101,7 +102,17 @@ def _fit_and_test(
         f"{type(getattr(module, 'net', module)).__name__}: {hparams[MODEL_PARAMETERS]:,} parameters, "
         f"{hparams[MODEL_FLOPS] / 1e6:,.1f} MFLOPs per image (forward)"
     )
-    log_hyperparameters(trainer.loggers, hparams, metric_names(datamodule.test_set_names))
+    if HydraConfig.initialized():  # the choices Hydra made for this run lead the HParams tab
+        overrides, choices = list(HydraConfig.get().overrides.task), dict(HydraConfig.get().runtime.choices)
+    else:
+        overrides, choices = [], {}
+    presence = getattr(module, "val_presence", None) is not None
+    log_hyperparameters(
+        trainer.loggers,
+        hparams,
+        metric_names(datamodule.test_set_names, presence=presence),
+        leading_hyperparameters(hparams, overrides, choices),
+    )
 
     metrics: dict[str, float] = {}
     if cfg.get("train"):
@@ -151,7 +162,7 @@ def _raise_if_stopped_by_signal(trainer: L.Trainer) -> None:
     else:  # a checkpoint outside the run folder: the run's overrides, then the file
         overrides = HydraConfig.get().overrides.task if run_folder is not None else []
         resume = ["python", "-m", "capsexp", *(o for o in overrides if not o.lstrip("+").startswith("ckpt_path="))]
-        resume.append(f"ckpt_path={shown_path(last)}")
+        resume.append(f"ckpt_path={hydra_value(shown_path(last))}")
     next_step = f"resume with: {shlex.join(resume)}"
     job = slurm.job_id()
     if stopped.stopped_by == requeue_signal(trainer) and job is not None:

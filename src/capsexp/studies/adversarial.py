@@ -18,6 +18,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from capsexp.config.run_names import hydra_value
 from capsexp.results.runs import LOCATION_OVERRIDE, Run, find_runs, group
 from capsexp.results.study import StudyPage, matches
 from capsexp.run.checkpoints import best_checkpoint
@@ -48,9 +49,9 @@ class BlackBox:
             arguments = [
                 *kept,
                 "train=false",
-                f"ckpt_path={best_checkpoint(run.folder)}",
-                f"++attack.source={best_checkpoint(sources[run.seed].folder)}",
-                f"hydra.run.dir={folder / BLACKBOX / run.folder.name}",
+                f"ckpt_path={hydra_value(best_checkpoint(run.folder))}",
+                f"++attack.source={hydra_value(best_checkpoint(sources[run.seed].folder))}",
+                f"hydra.run.dir={hydra_value(folder / BLACKBOX / run.folder.name)}",
             ]
             log.info(f"Black-box attack of {run.folder.name}: python -m capsexp {' '.join(arguments)}")
             subprocess.run([sys.executable, "-m", "capsexp", *arguments], check=True, env=dict(os.environ))

@@ -14,7 +14,7 @@ from torch.utils.tensorboard import SummaryWriter
 
 from capsexp.nn import DynamicRouting, RoutingCapsules
 from capsexp.nn.functional import dynamic_routing_trace
-from capsexp.results.events import load_events
+from capsexp.results.events import event_folder, load_events
 from capsexp.results.runs import Configuration, Run, find_runs, group
 from capsexp.results.study import StudyPage, matches
 from capsexp.run.build import instantiate
@@ -75,7 +75,7 @@ class RoutingConvergence:
             # Logged at the run's last logged time, so that the run's span stays its training time.
             events = load_events(run.folder)
             wall_time = max(e.wall_time for tag in events.Tags()["scalars"] for e in events.Scalars(tag))
-            writer = SummaryWriter(str(run.folder / "tensorboard"), filename_suffix=f".{CONVERGENCE}")
+            writer = SummaryWriter(str(event_folder(run.folder)), filename_suffix=f".{CONVERGENCE}")
             writer.add_scalar(IMAGES, len(next(iter(votes.values()))), 0, walltime=wall_time)
             for layer, layer_votes in votes.items():
                 trace = dynamic_routing_trace(layer_votes, self.iterations)

@@ -16,6 +16,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from capsexp.config.run_names import hydra_value
 from capsexp.results.metric_names import TEST_ACC, VAL_ACC_BEST
 from capsexp.results.runs import LOCATION_OVERRIDE, Run, find_runs
 from capsexp.results.study import StudyPage, figure_for
@@ -61,7 +62,7 @@ class MatchedCapsules:
                     "callbacks=[default,stop_at_accuracy]",
                     f"callbacks.stop_at_accuracy.stopping_threshold={threshold - MATCH_TOLERANCE:.7f}",
                     *self.overrides,
-                    f"hydra.run.dir={folder / CAPSULES / run.folder.name}",
+                    f"hydra.run.dir={hydra_value(folder / CAPSULES / run.folder.name)}",
                 ]
             )
 
@@ -80,8 +81,8 @@ class NovelViewpoints:
                 [
                     *_own_overrides(run),
                     *NOVEL_TEST,
-                    f"ckpt_path={best_checkpoint(run.folder)}",
-                    f"hydra.run.dir={folder / NOVEL / where}",
+                    f"ckpt_path={hydra_value(best_checkpoint(run.folder))}",
+                    f"hydra.run.dir={hydra_value(folder / NOVEL / where)}",
                 ]
             )
 

@@ -17,6 +17,7 @@ import yaml
 
 from capsexp.results import statistics
 from capsexp.results.compare import RECORDED_HPARAMS
+from capsexp.results.events import event_folder
 from capsexp.results.metric_names import MODEL_FLOPS, MODEL_PARAMETERS, VAL_ACC
 from capsexp.results.runs import Configuration, Run, group
 from capsexp.results.study import StudyPage
@@ -49,7 +50,7 @@ def accuracy_at_step(run: Run, step: float) -> float | None:
 
 def model_cost(run: Run) -> tuple[int | None, int | None]:
     """Parameters and forward FLOPs per image, as the run recorded them."""
-    path = run.folder / RECORDED_HPARAMS
+    path = event_folder(run.folder) / RECORDED_HPARAMS
     if not path.exists():
         return None, None
     recorded = yaml.safe_load(path.read_text()) or {}
