@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import io
+
+import numpy as np
 import pytest
 import torch
+from PIL import Image
 
 from capsexp.results.events import load_events
 from tests.helpers import TINY_RUN, hparams_summary, run_cli_in_process, scalars
@@ -119,9 +123,16 @@ def test_capsnet_on_rotated_mnist_logs_each_angle_and_the_figures(mnist_dir, tmp
     events = load_events(tmp_path, images=0)
     images = events.Tags()["images"]
     assert "val/reconstructions" in images and "test/pose_perturbation_0" in images
-    # The perturbation figure: 16 rows (pose dims) x 11 columns (steps) of 28x28 digits, 1 px padding.
+    # The perturbation figure: 16 rows (pose dims) x 11 columns (steps) of 28x28 digits shown 3 times
+    # larger (84 px), 3 px apart.
     figure = events.Images("test/pose_perturbation_0")[-1]
-    assert (figure.height, figure.width) == (16 * 29 + 1, 11 * 29 + 1)
+    assert (figure.height, figure.width) == (16 * 87 + 3, 11 * 87 + 3)
+    # The reconstructions: 8 inputs above their 8 reconstructions, 84 px each, 6 px apart; each input
+    # pixel a 3 x 3 block (nearest neighbour, no blur).
+    grid = events.Images("val/reconstructions")[-1]
+    assert (grid.height, grid.width) == (2 * 90 + 6, 8 * 90 + 6)
+    first = np.asarray(Image.open(io.BytesIO(grid.encoded_image_string)).convert("L"))[6:90, 6:90].astype(int)
+    assert first.max() > first.min() and (first == np.repeat(np.repeat(first[::3, ::3], 3, 0), 3, 1)).all()
     # What routing did, at the validation: a labelled heat map per class (two rows of five, a colour bar),
     # and the logit and coupling changes of the 3 iterations.
     couplings = events.Images("routing/digits/couplings")[-1]

@@ -5,13 +5,16 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import io
 import math
 import re
 import warnings
 
 import lightning as L
+import numpy as np
 import pytest
 import torch
+from PIL import Image
 
 from capsexp.data import MNISTDataModule
 from capsexp.lit import Classifier, SpreadLoss
@@ -673,6 +676,12 @@ def test_routing_diagnostics_are_logged_for_each_em_layer(mnist_dir, tmp_path):
     for histogram in ("activation_present", "activation_absent", "responsibility_to_present"):
         values = events.Histograms(f"routing/class_caps/{histogram}")[-1].histogram_value
         assert values.num > 0 and values.min >= 0 and values.max <= 1, histogram
+    # The responsibilities as a labelled heat map per class (two rows of five, a colour bar) on the
+    # diverging scale: cells red or blue, not only the white of the uniform share.
+    figure = load_events(tmp_path, images=0).Images("routing/class_caps/responsibilities")[-1]
+    assert figure.width >= 1000 and figure.height >= 350
+    pixels = np.asarray(Image.open(io.BytesIO(figure.encoded_image_string)).convert("RGB")).astype(int)
+    assert (np.abs(pixels[..., 0] - pixels[..., 2]) > 60).mean() > 0.01
     # The presence medians on validation data (their values: tests/test_classifier.py).
     assert -1 < events.Scalars("val/presence_gap")[-1].value < 1
     assert 0 < events.Scalars("val/presence_target")[-1].value < 1

@@ -35,6 +35,12 @@ def displayable(images: torch.Tensor) -> torch.Tensor:
     return images.float().clamp(0, 1).cpu()
 
 
+def upscaled(images: torch.Tensor, scale: int) -> torch.Tensor:
+    """(B, C, H, W) enlarged ``scale`` times by repeating pixels (nearest neighbour: no blur to misread
+    as the model's), so that 28-pixel digits are read at a glance in TensorBoard's image panel."""
+    return F.interpolate(images, scale_factor=scale, mode="nearest") if scale > 1 else images
+
+
 def overlaid(reconstructions: torch.Tensor) -> torch.Tensor:
     """(B, T, 1, H, W), one reconstruction per object -> (B, 3, H, W): object t in colour channel t
     (red, green, blue), as the MultiMNIST figure of Sabour et al. (2017, Fig. 5) shows them."""
@@ -46,11 +52,12 @@ def overlaid(reconstructions: torch.Tensor) -> torch.Tensor:
 
 @checked
 class ReconstructionGrid(L.Callback):
-    """Every validation epoch: ``num_images`` validation inputs (top row) above their reconstructions;
-    with several objects per image, the objects' reconstructions overlaid in colours (:func:`overlaid`)."""
+    """Every validation epoch: ``num_images`` validation inputs (top row) above their reconstructions
+    (bottom row), each enlarged ``scale`` times (:func:`upscaled`); with several objects per image, the
+    objects' reconstructions overlaid in colours (:func:`overlaid`)."""
 
-    def __init__(self, num_images: PositiveInt = 8) -> None:
-        self.num_images = num_images
+    def __init__(self, num_images: PositiveInt = 8, scale: PositiveInt = 3) -> None:
+        self.num_images, self.scale = num_images, scale
         self.images: torch.Tensor | None = None
 
     def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
@@ -68,7 +75,8 @@ class ReconstructionGrid(L.Callback):
         images = self.images
         if reconstructions.ndim == 5:
             images, reconstructions = images.expand(-1, 3, -1, -1), overlaid(reconstructions)
-        grid = make_grid(displayable(torch.cat([images, reconstructions])), nrow=len(images), padding=2)
+        shown = upscaled(displayable(torch.cat([images, reconstructions])), self.scale)
+        grid = make_grid(shown, nrow=len(images), padding=2 * self.scale)
         writer.add_image("val/reconstructions", grid, trainer.global_step)
 
 
@@ -76,10 +84,17 @@ class ReconstructionGrid(L.Callback):
 class PosePerturbation(L.Callback):
     """After testing: the paper's Fig. 4. For ``num_examples`` test digits, each dimension of the
     predicted class capsule is tweaked by ``steps`` values evenly spaced over
-    [-max_delta, max_delta] and decoded: one grid per digit, a row per dimension."""
+    [-max_delta, max_delta] and decoded: one grid per digit, a row per dimension, a column per step,
+    each image enlarged ``scale`` times."""
 
-    def __init__(self, num_examples: PositiveInt = 4, steps: PositiveInt = 11, max_delta: PositiveFloat = 0.25) -> None:
-        self.num_examples, self.steps, self.max_delta = num_examples, steps, max_delta
+    def __init__(
+        self,
+        num_examples: PositiveInt = 4,
+        steps: PositiveInt = 11,
+        max_delta: PositiveFloat = 0.25,
+        scale: PositiveInt = 3,
+    ) -> None:
+        self.num_examples, self.steps, self.max_delta, self.scale = num_examples, steps, max_delta, scale
         self.images: torch.Tensor | None = None
 
     def on_test_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
@@ -109,5 +124,6 @@ class PosePerturbation(L.Callback):
             return
         figures = self.perturbed_reconstructions(net, self.images)
         for index, figure in enumerate(figures):
-            grid = make_grid(displayable(figure.flatten(0, 1)), nrow=self.steps, padding=1)
+            shown = upscaled(displayable(figure.flatten(0, 1)), self.scale)
+            grid = make_grid(shown, nrow=self.steps, padding=self.scale)
             writer.add_image(f"test/pose_perturbation_{index}", grid, trainer.global_step)

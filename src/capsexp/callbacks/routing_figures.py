@@ -22,7 +22,10 @@ EM routing (each :class:`~capsexp.nn.ClassMatrixCapsules` layer, the class capsu
 - histograms ``routing/<layer>/activation_present`` and ``activation_absent``: the class capsules'
   activations for the class in the image and for the others (Hinton et al. 2018: near 1 and near 0);
 - histogram ``routing/<layer>/responsibility_to_present``: each child's responsibility toward the
-  class in the image (the share of its vote that the right class explains).
+  class in the image (the share of its vote that the right class explains);
+- figure ``routing/<layer>/responsibilities``: as the couplings figure, over the grid of the class
+  capsules' children (ConvCaps2's positions): each child's responsibility R_ij to that class, averaged
+  over the child types and over the images of that class, centred at the uniform 1/J.
 
 A no-op for nets without these layers (LeNet5). Off with ``callbacks.routing_figures=null``.
 """
@@ -119,6 +122,13 @@ class RoutingFigures(L.Callback):
             writer.add_histogram(f"routing/{name}/activation_absent", activations[~present].float().cpu(), step)
             to_present = responsibilities.gather(-1, labels[:, None, None].expand(-1, responsibilities.shape[1], 1))
             writer.add_histogram(f"routing/{name}/responsibility_to_present", to_present.float().cpu(), step)
+            # Children numbered (h, w, i): position-major, the types innermost.
+            in_types = em[name].weight.shape[0]
+            maps = class_coupling_maps(responsibilities, labels, in_types, types_innermost=True)
+            figure = coupling_figure(
+                maps, _class_names(trainer, maps.shape[0]), "mean responsibility to the class", "child position"
+            )
+            writer.add_figure(f"routing/{name}/responsibilities", figure, step)
 
 
 def _class_names(trainer: L.Trainer, classes: int) -> list[str]:
@@ -135,22 +145,32 @@ def _keep_output(captured: dict, name: str, module: torch.nn.Module, inputs: tup
     captured[name] = tuple(tensor.detach() for tensor in output)
 
 
-def class_coupling_maps(couplings: torch.Tensor, labels: torch.Tensor, num_types: int) -> torch.Tensor:
+def class_coupling_maps(
+    couplings: torch.Tensor, labels: torch.Tensor, num_types: int, types_innermost: bool = False
+) -> torch.Tensor:
     """(J, S, S): for each class j, the mean over the images of class j of c_ij (couplings (B, I, J),
-    children type-major over a square S x S grid), averaged over the types; NaN for a class with no
-    image among them."""
+    children type-major over a square S x S grid, or numbered (h, w, type) with ``types_innermost``, as
+    EM class capsules number them), averaged over the types; NaN for a class with no image among them."""
     batch, children, classes = couplings.shape
     side = math.isqrt(children // num_types)
-    per_position = couplings.view(batch, num_types, side, side, classes).mean(dim=1)  # (B, S, S, J)
+    if types_innermost:
+        per_position = couplings.view(batch, side, side, num_types, classes).mean(dim=3)  # (B, S, S, J)
+    else:
+        per_position = couplings.view(batch, num_types, side, side, classes).mean(dim=1)
     one_hot = F.one_hot(labels, classes).to(per_position.dtype)  # (B, J)
     counts = one_hot.sum(dim=0)
     maps = torch.einsum("bxyj,bj->jxy", per_position, one_hot) / counts[:, None, None]  # 0/0 = NaN: no image
     return maps.float().cpu()
 
 
-def coupling_figure(maps: torch.Tensor, class_names: Sequence[str]) -> Figure:
-    """One heat map per class (titled by its name) over the primary capsules' grid, on one diverging
-    colour scale centred at the uniform coupling 1/J, with a colour bar."""
+def coupling_figure(
+    maps: torch.Tensor,
+    class_names: Sequence[str],
+    quantity: str = "mean coupling to the class",
+    grid: str = "primary capsule\nposition",
+) -> Figure:
+    """One heat map per class (titled by its name) over the children's grid (``grid``), on one
+    diverging colour scale centred at the uniform share 1/J, with a colour bar naming ``quantity``."""
     classes = maps.shape[0]
     uniform = 1.0 / classes
     reach = float((maps - uniform).abs().nan_to_num(0).amax().clamp_min(1e-6))
@@ -166,7 +186,7 @@ def coupling_figure(maps: torch.Tensor, class_names: Sequence[str]) -> Figure:
         seen = not torch.isnan(maps[j]).all()
         ax.set_title(str(class_names[j]) if seen else f"{class_names[j]} (no image)", fontsize=9)
         ax.set_xticks([]), ax.set_yticks([])
-    axes[0, 0].set_ylabel("primary capsule\nposition", fontsize=8)
+    axes[0, 0].set_ylabel(grid, fontsize=8)
     bar = figure.colorbar(shown, ax=axes, shrink=0.8)
-    bar.set_label(f"mean coupling to the class (uniform: 1/{classes})", fontsize=8)
+    bar.set_label(f"{quantity} (uniform: 1/{classes})", fontsize=8)
     return figure
