@@ -28,9 +28,10 @@ from capsexp.results.metric_names import (
     metrics_of_test_sets,
 )
 
-# Config groups that say where things go, not what was run, and a study's budgets, page and steps
-# after its sweep (the chosen budget's values are in the keys it sets): left out of the HParams tab.
-NOT_HYPERPARAMETERS = ("paths", "logger", "hydra", "budgets", "page", "after_sweep")
+# Config groups that say where things go or what is logged, not what was run, and a study's budgets,
+# page and steps after its sweep (the chosen budget's values are in the keys it sets): their
+# command-line overrides are left out of the HParams tab.
+NOT_HYPERPARAMETERS = ("paths", "logger", "hydra", "budgets", "page", "after_sweep", "callbacks")
 
 
 def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, int | float | str | bool]:
@@ -63,8 +64,8 @@ LEADING_GROUPS = ("model", "data")  # config groups whose choice leads the HPara
 def leading_hyperparameters(
     config: Mapping[str, Any], overrides: Iterable[str], group_choices: Mapping[str, str | None]
 ) -> dict[str, int | float | str | bool]:
-    """The HParams tab's first columns: the model and data configs chosen, the seed, the parameter
-    count, then each command-line override (``overrides``, as Hydra records them) that is not already
+    """The HParams tab's columns: the model and data configs chosen, the seed, the parameter count, then
+    each command-line override (``overrides``, as Hydra records them) that is not already
     there and does not only locate files, named by its key (``model.optimizer.lr`` → ``model/optimizer/lr``,
     the name of that value among the rest of the config) with the value it took."""
     flat = flatten(config)
@@ -88,20 +89,18 @@ def log_hyperparameters(
     loggers: Iterable[Logger],
     config: Mapping[str, Any],
     metrics: Iterable[str],
-    leading: Mapping[str, int | float | str | bool] | None = None,
+    leading: Mapping[str, int | float | str | bool],
 ) -> None:
-    """Give every logger the whole config (TensorBoard's ``hparams.yaml``, CSV's ...); write the
-    HParams session summary into each TensorBoard run, naming ``metrics``: ``leading`` first
-    (:func:`leading_hyperparameters`), then the rest of the config without what only locates files
-    or names a class (``_target_``: the choices before it say which)."""
-    flat = flatten({k: v for k, v in config.items() if k not in NOT_HYPERPARAMETERS})
-    rest = {k: v for k, v in flat.items() if not LOCATION_KEY.search(k) and not k.endswith("_target_")}
-    tensorboard_params = {**(leading or {}), **{k: v for k, v in rest.items() if k not in (leading or {})}}
+    """Give every logger the whole config (TensorBoard's ``hparams.yaml`` beside the event files,
+    CSV's ...); write the HParams session summary into each TensorBoard run with ``leading``
+    (:func:`leading_hyperparameters`) as its hyperparameters, naming ``metrics``. The tab holds the
+    choices alone: it sorts hyperparameters by name and shows only the first few, so with the whole
+    config it showed callbacks' settings and hid what the runs differ by."""
     for logger in loggers:
         logger.log_hyperparams(dict(config))
         if isinstance(logger, TensorBoardLogger):
             # The values in the metric dict are not written; only its keys name the columns.
-            summaries = hparams_summary(tensorboard_params, {name: 0.0 for name in metrics})
+            summaries = hparams_summary(dict(leading), {name: 0.0 for name in metrics})
             writer = logger.experiment._get_file_writer()
             for summary in summaries:
                 writer.add_summary(summary)

@@ -1,0 +1,118 @@
+"""Screenshots of TensorBoard on a two-model sweep, for docs/running.md#tensorboard.
+
+Runs ``python -m capsexp -m model=lenet5,capsnet seed=1`` on MNIST (a short epoch: 60 training
+steps, 20 validation and test batches), serves its folder with TensorBoard as ``make tensorboard``
+does, and photographs the Scalars (the accuracies), Images and HParams dashboards with headless
+Chromium (Debian's ``chromium`` package: ``apt-get install chromium``) into
+``docs/images/tensorboard_<dashboard>.png``. Rerun it when what the runs log changes:
+
+    python experiments/tensorboard_screenshots.py                # sweep, serve, photograph
+    python experiments/tensorboard_screenshots.py --logdir DIR   # photograph runs already made
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+from capsexp import PROJECT_ROOT
+
+OUTPUT = PROJECT_ROOT / "docs" / "images"
+SWEEP = [
+    "-m",
+    "model=lenet5,capsnet",
+    "seed=1",
+    "data=mnist",
+    "trainer.max_epochs=1",
+    "trainer.limit_train_batches=60",
+    "trainer.val_check_interval=30",
+    "trainer.limit_val_batches=20",
+    "trainer.limit_test_batches=20",
+    "callbacks.progress_bar=null",
+]
+# The dashboards photographed: file name -> TensorBoard's URL fragment (and the query that opens it).
+DASHBOARDS = {
+    "scalars": "#scalars&tagFilter=acc",
+    "images": "#images",
+    "hparams": "#hparams",
+}
+WINDOW = (1600, 1000)  # pixels
+RENDER_MS = 20_000  # the page's own time to load its data and draw, in Chromium's virtual time
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def serve(logdir: Path, port: int) -> subprocess.Popen:
+    """TensorBoard on ``logdir``, once it answers (a minute at most)."""
+    command = [str(Path(sys.executable).with_name("tensorboard")), "--logdir", str(logdir), "--port", str(port)]
+    server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    for _ in range(120):
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=1)
+            return server
+        except OSError:
+            time.sleep(0.5)
+    server.kill()
+    raise SystemExit(f"TensorBoard did not answer on port {port} within a minute")
+
+
+def photograph(url: str, target: Path, browser: str) -> None:
+    width, height = WINDOW
+    subprocess.run(
+        [
+            browser,
+            "--headless",
+            "--no-sandbox",  # root in a container has no sandbox to enter
+            "--hide-scrollbars",
+            f"--window-size={width},{height}",
+            f"--virtual-time-budget={RENDER_MS}",
+            f"--screenshot={target}",
+            url,
+        ],
+        check=True,
+        capture_output=True,
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--logdir", type=Path, help="runs to show (default: run the sweep into a temporary folder)")
+    parser.add_argument("--output", type=Path, default=OUTPUT)
+    parser.add_argument("--browser", default="chromium")
+    args = parser.parse_args()
+    browser = shutil.which(args.browser)
+    if browser is None:
+        raise SystemExit(f"{args.browser} not found: install it (Debian: apt-get install chromium) or give --browser")
+    with tempfile.TemporaryDirectory() as scratch:
+        logdir = args.logdir
+        if logdir is None:
+            logdir = Path(scratch) / "logs"
+            sweep = [*SWEEP, f"hydra.sweep.dir={logdir / 'sweep'}"]
+            print("python -m capsexp " + " ".join(sweep), flush=True)
+            subprocess.run([sys.executable, "-m", "capsexp", *sweep], check=True)
+        port = free_port()
+        server = serve(logdir, port)
+        try:
+            args.output.mkdir(parents=True, exist_ok=True)
+            for name, fragment in DASHBOARDS.items():
+                target = args.output / f"tensorboard_{name}.png"
+                photograph(f"http://127.0.0.1:{port}/{fragment}", target, browser)
+                print(f"wrote {target}")
+        finally:
+            server.terminate()
+            server.wait()
+
+
+if __name__ == "__main__":
+    main()
