@@ -58,30 +58,30 @@ def metric_names(test_set_names: Iterable[str] = (PLAIN,), presence: bool = Fals
     return [VAL_ACC_BEST, *metrics_of_test_sets(test_set_names), *gap, TRAIN_IMAGES_PER_S, VAL_ACC, VAL_LOSS]
 
 
-LEADING_GROUPS = ("model", "data")  # config groups whose choice leads the HParams tab, before the seed
+LEADING_GROUPS = ("model", "data")  # config groups whose choice the HParams tab shows, with the seed
 
 
-def leading_hyperparameters(
+def run_choices(
     config: Mapping[str, Any], overrides: Iterable[str], group_choices: Mapping[str, str | None]
 ) -> dict[str, int | float | str | bool]:
     """The HParams tab's columns: the model and data configs chosen, the seed, the parameter count, then
-    each command-line override (``overrides``, as Hydra records them) that is not already
-    there and does not only locate files, named by its key (``model.optimizer.lr`` → ``model/optimizer/lr``,
-    the name of that value among the rest of the config) with the value it took."""
+    each command-line override (``overrides``, as Hydra records them) that is not already there and
+    neither locates files nor sets what is logged, named by its key as the flattened config names it
+    (``model.optimizer.lr`` → ``model/optimizer/lr``), with the value it took."""
     flat = flatten(config)
-    leading: dict[str, int | float | str | bool] = {
+    choices: dict[str, int | float | str | bool] = {
         group: choice for group in LEADING_GROUPS if isinstance(choice := group_choices.get(group), str)
     }
     for key in ("seed", MODEL_PARAMETERS):
         if key in flat:
-            leading[key] = flat[key]
+            choices[key] = flat[key]
     for override in overrides:
         key, _, value = override.partition("=")
         name = key.lstrip("+~").replace(".", "/")
-        if name in leading or LOCATION_KEY.search(name) or name.split("/")[0] in NOT_HYPERPARAMETERS:
+        if name in choices or LOCATION_KEY.search(name) or name.split("/")[0] in NOT_HYPERPARAMETERS:
             continue
-        leading[name] = flat.get(name, value)
-    return leading
+        choices[name] = flat.get(name, value)
+    return choices
 
 
 @rank_zero_only
@@ -89,18 +89,18 @@ def log_hyperparameters(
     loggers: Iterable[Logger],
     config: Mapping[str, Any],
     metrics: Iterable[str],
-    leading: Mapping[str, int | float | str | bool],
+    choices: Mapping[str, int | float | str | bool],
 ) -> None:
     """Give every logger the whole config (TensorBoard's ``hparams.yaml`` beside the event files,
-    CSV's ...); write the HParams session summary into each TensorBoard run with ``leading``
-    (:func:`leading_hyperparameters`) as its hyperparameters, naming ``metrics``. The tab holds the
+    CSV's ...); write the HParams session summary into each TensorBoard run with ``choices``
+    (:func:`run_choices`) as its hyperparameters, naming ``metrics``. The tab holds the
     choices alone: it sorts hyperparameters by name and shows only the first few, so with the whole
     config it showed callbacks' settings and hid what the runs differ by."""
     for logger in loggers:
         logger.log_hyperparams(dict(config))
         if isinstance(logger, TensorBoardLogger):
             # The values in the metric dict are not written; only its keys name the columns.
-            summaries = hparams_summary(dict(leading), {name: 0.0 for name in metrics})
+            summaries = hparams_summary(dict(choices), {name: 0.0 for name in metrics})
             writer = logger.experiment._get_file_writer()
             for summary in summaries:
                 writer.add_summary(summary)

@@ -26,7 +26,7 @@ from capsexp.run import slurm
 from capsexp.run.build import build_model, instantiate, instantiate_all
 from capsexp.run.checkpoints import check_checkpoint
 from capsexp.run.distributed import DDPJob, ddp_job
-from capsexp.run.hparams import leading_hyperparameters, log_hyperparameters, metric_names
+from capsexp.run.hparams import log_hyperparameters, metric_names, run_choices
 from capsexp.run.model_cost import forward_flops_per_image, parameter_count
 from capsexp.run.resume import LAST_CHECKPOINT
 from capsexp.run.run_folder import StepSeen, no_files_left_if_failed_early, say_run_folder, shown_path
@@ -111,7 +111,7 @@ def _fit_and_test(
         trainer.loggers,
         hparams,
         metric_names(datamodule.test_set_names, presence=presence),
-        leading_hyperparameters(hparams, overrides, choices),
+        run_choices(hparams, overrides, choices),
     )
 
     metrics: dict[str, float] = {}
