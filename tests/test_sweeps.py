@@ -57,10 +57,10 @@ def test_optuna_sweep_of_two_trials(mnist_dir, tmp_path):
     assert results["best_value"] == pytest.approx(max(best_per_trial))
 
 
-def test_a_model_and_seed_sweep_names_its_runs_and_hparams_by_them_and_resumes_by_folder(mnist_dir, tmp_path):
+def test_a_model_and_seed_sweep_names_its_runs_and_hparams_by_them(mnist_dir, tmp_path):
     """``-m model=lenet5,capsnet seed=1,2``: four runs, each a folder (and so a TensorBoard run) named by
     what differs, events in it; the HParams tab leads with those choices; the sweep's page compares the
-    two models; a job resumes by its folder."""
+    two models."""
     result = run_cli_in_process(
         "-m",
         "model=lenet5,capsnet",
@@ -85,11 +85,8 @@ def test_a_model_and_seed_sweep_names_its_runs_and_hparams_by_them_and_resumes_b
     page = (sweep / "README.md").read_text()
     assert "| model=capsnet | 2 |" in page and "| model=lenet5 | 2 |" in page
     assert page.index("| model=lenet5 | 2 |") < page.index("| model=capsnet | 2 |")  # job order
-
-    job = sweep / "model=capsnet,seed=2"
-    result = run_cli_in_process(f"ckpt_path={job}", "trainer.max_epochs=2")
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert [s.step for s in scalars(job)["val/acc"]] == [1, 3]  # the second epoch went on in its folder
+    # Resuming by a run folder whose name holds "=" and "," (quoted for Hydra): the SLURM restart test
+    # (tests/test_slurm.py) resumes a run in such a folder, named by its overrides.
 
 
 def test_job_names_hold_what_the_sweep_varies_and_stay_unique_and_short(tmp_path):
