@@ -63,7 +63,7 @@ def expand_run_folder(arguments: list[str]) -> list[str]:
     where = f"ckpt_path={value}"
     folder = latest_run(arguments) if value == "last" else Path(value)
     if not folder.is_dir():
-        if folder.is_file():  # a checkpoint file, in a job folder whose name Hydra would parse (a, b)
+        if folder.is_file():  # a checkpoint file: quoted, since a job folder's name holds "=" and ","
             return [a if a is not given[-1] else f"{a.split('=', 1)[0]}={hydra_value(value)}" for a in arguments]
         return arguments
     overrides_file = folder / ".hydra" / "overrides.yaml"
