@@ -108,8 +108,9 @@ def two_step_run(run_dir: Path, *overrides: str) -> dict:
     return scalars(run_dir)
 
 
-def run_cli_in_process(*overrides: str) -> subprocess.CompletedProcess:
-    """``python -m capsexp`` run in this process, training included: what it prints and its exit status,
+def run_cli_in_process(*overrides: str, entry: Callable[[], None] | None = None) -> subprocess.CompletedProcess:
+    """``python -m capsexp`` (or another command line's ``entry``, e.g. ``capsexp.predict.main``) run in
+    this process, training included: what it prints and its exit status,
     as :func:`run_cli` gives them, without the seconds a new process spends importing torch and
     Lightning. What a run changes in its process is put back afterwards: Hydra's global state, the root
     logger, the environment (the seed Lightning exports), signal handlers, torch's thread count and
@@ -134,7 +135,7 @@ def run_cli_in_process(*overrides: str) -> subprocess.CompletedProcess:
     returncode = 0
     try:
         with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
-            cli()
+            (entry or cli)()
     except SystemExit as stop:  # sys.exit(status) as the process would exit
         returncode = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
     finally:

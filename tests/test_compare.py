@@ -554,3 +554,36 @@ def test_the_diagnostics_give_each_routing_layers_coupling_change_at_its_last_it
     }
     assert rows["arm=dynamic"].endswith("| 0.0008 (iteration 3) |")  # the mean of its runs' last iterations
     assert rows["arm=em"].endswith("| 0.05 (iteration 2) |")
+
+
+def test_the_page_names_the_code_each_run_ran_and_keeps_its_config_without_paths(tmp_path):
+    """Runs of two revisions: the page lists both and says they differ; kept runs hold each run's
+    revision and its composed config with this machine's paths replaced."""
+    from capsexp.results.compare import MACHINE_PATH
+    from capsexp.results.revision import REVISION_FILE, write_revision
+
+    make_runs(tmp_path / "multirun")
+    runs = sorted((tmp_path / "multirun").iterdir())
+    clean = {"version": "0.1.0", "commit": "a" * 40, "dirty": False, "diff_sha256": None}
+    changed = {**clean, "dirty": True, "diff_sha256": "b" * 64}
+    for index, run in enumerate(runs):
+        write_revision(run, changed if index == 0 else clean)
+        (run / ".hydra" / "config.yaml").write_text(
+            yaml.safe_dump(
+                {"data": {"data_dir": "${paths.data_dir}"}, "paths": {"data_dir": "/home/me/data"}, "seed": 1}
+            )
+        )
+    output = compare(tmp_path / "multirun", tmp_path / "out", keep=True).output
+    code = next(line for line in (output / "README.md").read_text().splitlines() if line.startswith("- Code:"))
+    assert code == (
+        f"- Code: `aaaaaaa+changes bbbbbbbb` (1 run); `aaaaaaa` ({len(runs) - 1} runs); "
+        "**the runs ran different code**."
+    )
+    kept = output / "runs" / runs[0].name
+    assert yaml.safe_load((kept / REVISION_FILE).read_text()) == changed
+    config = yaml.safe_load((kept / ".hydra" / "config.yaml").read_text())
+    assert config == {"data": {"data_dir": "${paths.data_dir}"}, "paths": {"data_dir": MACHINE_PATH}, "seed": 1}
+    for run in runs:  # one revision for all
+        write_revision(run, clean)
+    page = compare(tmp_path / "multirun", tmp_path / "again").output / "README.md"
+    assert "- Code: `aaaaaaa` (every run)." in page.read_text()

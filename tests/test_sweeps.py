@@ -8,7 +8,9 @@ import yaml
 from tests.helpers import TINY_RUN, hparams_summary, run_cli, run_cli_in_process, scalars
 
 
-@pytest.mark.parametrize("launcher", ["joblib", "submitit_local"])
+# Both launchers name and place jobs alike (the naming runs in each job's process): the fast suite runs
+# joblib's, make test-all both.
+@pytest.mark.parametrize("launcher", ["joblib", pytest.param("submitit_local", marks=pytest.mark.slow)])
 def test_launchers_run_each_job_in_its_own_folder(mnist_dir, tmp_path, launcher):
     result = run_cli(
         "-m",
@@ -16,7 +18,8 @@ def test_launchers_run_each_job_in_its_own_folder(mnist_dir, tmp_path, launcher)
         "seed=1,2",
         *TINY_RUN,
         f"paths.data_dir={mnist_dir}",
-        "trainer.max_epochs=1",
+        "trainer.max_steps=2",
+        "trainer.val_check_interval=2",
         env={"CAPSEXP_LOG_DIR": str(tmp_path)},
     )
     assert result.returncode == 0, result.stderr[-3000:]

@@ -1,5 +1,6 @@
 """capsexp: capsule-network experiments with PyTorch Lightning and Hydra."""
 
+import importlib
 import os
 from pathlib import Path
 
@@ -15,3 +16,15 @@ __version__ = "0.1.0"
 # The repository root (src/capsexp/__init__.py -> two levels up): conf/, data/ and logs/ live there.
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 CONFIG_DIR = PROJECT_ROOT / "conf"
+
+
+def load(path: str | os.PathLike, device: str = "cpu"):
+    """The trained model of a checkpoint or run folder, ready to predict (:func:`capsexp.run.inference.load`)::
+
+    model = capsexp.load("logs/train/runs/<time>")
+    predictions = model.predict(["digit.png", "photo.jpg"])
+    """
+    # Imported by name when called: the root package is what every layer imports (for CONFIG_DIR), so a
+    # static import of the run layer here would close a cycle through it, and would load torch and
+    # Lightning for anyone importing capsexp.nn alone.
+    return importlib.import_module("capsexp.run.inference").load(path, device)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
 import sys
 
 import hydra
@@ -12,7 +11,7 @@ from omegaconf import DictConfig
 from capsexp import CONFIG_DIR
 from capsexp.config import hydra_setup
 from capsexp.config.command_line import check_group_overrides
-from capsexp.errors import CapsexpError
+from capsexp.errors import CapsexpError, report
 from capsexp.run.resume import expand_run_folder
 from capsexp.run.slurm import resume_if_restarted
 
@@ -21,15 +20,6 @@ log = logging.getLogger("capsexp")
 # Before Hydra composes (here, and in the processes of a launcher, which import this module; those of
 # Hydra's launchers also get the ConfigStore of the process that started them, nets included).
 hydra_setup.register_routing()
-
-
-def report(error: CapsexpError) -> None:
-    """Print a user's error as its message alone and exit with its status (2: usage, 1: other).
-    HYDRA_FULL_ERROR=1 shows the traceback instead, as for Hydra's own errors."""
-    if os.environ.get("HYDRA_FULL_ERROR") == "1":
-        raise error
-    print(f"\n{error.prefix}{error}", file=sys.stderr)
-    sys.exit(error.exit_code)
 
 
 @hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="config")

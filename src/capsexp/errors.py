@@ -6,6 +6,9 @@ stopped by SIGINT / SIGTERM with its state saved (:class:`Interrupted`; 138 for 
 SIGUSR1), 1 for any other failure.
 """
 
+import os
+import sys
+
 
 class CapsexpError(Exception):
     """An error whose message tells the user what to do; no traceback is needed."""
@@ -40,6 +43,10 @@ class InputShapeError(CapsexpError, ValueError):
     """Images of another shape than the net was built for."""
 
 
+class ImageError(CapsexpError):
+    """An image to predict on that is missing or unreadable, or none at all."""
+
+
 class Interrupted(CapsexpError):
     """Training stopped by a signal after saving its state; the message says where and how to resume.
     Exit status 128 + the signal's number, the shell's convention (130 for SIGINT, 143 for SIGTERM)."""
@@ -53,3 +60,13 @@ class Interrupted(CapsexpError):
 
 class NoRunsError(CapsexpError):
     """The folder given to ``python -m capsexp.compare`` holds no run."""
+
+
+def report(error: CapsexpError) -> None:
+    """Print a user's error as its message alone and exit with its status (2: usage, 1: other): what the
+    command lines do with a :class:`CapsexpError`. HYDRA_FULL_ERROR=1 shows the traceback instead, as for
+    Hydra's own errors."""
+    if os.environ.get("HYDRA_FULL_ERROR") == "1":
+        raise error
+    print(f"\n{error.prefix}{error}", file=sys.stderr)
+    sys.exit(error.exit_code)

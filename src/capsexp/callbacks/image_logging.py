@@ -80,6 +80,25 @@ class ReconstructionGrid(L.Callback):
         writer.add_image("val/reconstructions", grid, trainer.global_step)
 
 
+@torch.no_grad()
+def perturbed_reconstructions(net: torch.nn.Module, images: torch.Tensor, steps: int, max_delta: float) -> torch.Tensor:
+    """Sabour et al. 2017, Fig. 4: (examples, pose_dim, steps, C, H, W), the predicted class capsule of
+    each image decoded with each of its dimensions tweaked by ``steps`` values evenly spaced over
+    [-max_delta, max_delta] (the others kept)."""
+    output = net(images)
+    poses, predicted = output.poses, output.scores.argmax(dim=-1)  # (N, K, D), (N,)
+    examples, _, pose_dim = poses.shape
+    deltas = torch.linspace(-max_delta, max_delta, steps, device=poses.device)
+    tweaked = poses[:, None, None].repeat(1, pose_dim, steps, 1, 1)  # (N, D, S, K, D)
+    example = torch.arange(examples, device=poses.device)[:, None, None]
+    dim = torch.arange(pose_dim, device=poses.device)[None, :, None]
+    step = torch.arange(steps, device=poses.device)[None, None, :]
+    tweaked[example, dim, step, predicted[:, None, None], dim] += deltas[step]
+    classes = predicted.repeat_interleave(pose_dim * steps)
+    decoded = net.decode(tweaked.flatten(0, 2), classes)
+    return decoded.view(examples, pose_dim, steps, *decoded.shape[1:])
+
+
 @checked
 class PosePerturbation(L.Callback):
     """After testing: the paper's Fig. 4. For ``num_examples`` test digits, each dimension of the
@@ -101,28 +120,12 @@ class PosePerturbation(L.Callback):
         if batch_idx == 0 and dataloader_idx == 0:
             self.images = batch[0][: self.num_examples].detach()
 
-    @torch.no_grad()
-    def perturbed_reconstructions(self, net: torch.nn.Module, images: torch.Tensor) -> torch.Tensor:
-        """(examples, pose_dim, steps, C, H, W): each pose dimension of the predicted capsule, tweaked."""
-        output = net(images)
-        poses, predicted = output.poses, output.scores.argmax(dim=-1)  # (N, K, D), (N,)
-        examples, _, pose_dim = poses.shape
-        deltas = torch.linspace(-self.max_delta, self.max_delta, self.steps, device=poses.device)
-        tweaked = poses[:, None, None].repeat(1, pose_dim, self.steps, 1, 1)  # (N, D, S, K, D)
-        example = torch.arange(examples, device=poses.device)[:, None, None]
-        dim = torch.arange(pose_dim, device=poses.device)[None, :, None]
-        step = torch.arange(self.steps, device=poses.device)[None, None, :]
-        tweaked[example, dim, step, predicted[:, None, None], dim] += deltas[step]
-        classes = predicted.repeat_interleave(pose_dim * self.steps)
-        decoded = net.decode(tweaked.flatten(0, 2), classes)
-        return decoded.view(examples, pose_dim, self.steps, *decoded.shape[1:])
-
     def on_test_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         writer = tensorboard_writer(trainer)
         net = getattr(pl_module, "net", None)
         if writer is None or self.images is None or getattr(net, "decoder", None) is None:
             return
-        figures = self.perturbed_reconstructions(net, self.images)
+        figures = perturbed_reconstructions(net, self.images, self.steps, self.max_delta)
         for index, figure in enumerate(figures):
             shown = upscaled(displayable(figure.flatten(0, 1)), self.scale)
             grid = make_grid(shown, nrow=self.steps, padding=self.scale)

@@ -40,7 +40,7 @@ from collections.abc import Sequence
 import lightning as L
 import torch
 import torch.nn.functional as F
-from matplotlib.figure import Figure
+from matplotlib.figure import Figure, SubFigure
 from pydantic import PositiveInt
 
 from capsexp.callbacks.image_logging import tensorboard_writer
@@ -171,12 +171,29 @@ def coupling_figure(
 ) -> Figure:
     """One heat map per class (titled by its name) over the children's grid (``grid``), on one
     diverging colour scale centred at the uniform share 1/J, with a colour bar naming ``quantity``."""
+    columns = min(maps.shape[0], 5)
+    figure = Figure(figsize=(1.9 * columns + 1.2, 2.0 * math.ceil(maps.shape[0] / columns)), layout="constrained")
+    draw_coupling_maps(figure, maps, class_names, quantity, grid, columns)
+    return figure
+
+
+def draw_coupling_maps(
+    figure: Figure | SubFigure,
+    maps: torch.Tensor,
+    class_names: Sequence[str],
+    quantity: str,
+    grid: str,
+    columns: int = 5,
+    highlight: int | None = None,
+) -> None:
+    """:func:`coupling_figure`'s heat maps drawn into ``figure`` (a figure or a sub-figure), ``columns``
+    per row; the class ``highlight`` (a prediction) titled in bold. Each map's axes is labelled
+    ``couplings/<class name>`` (``Axes.get_label``), so that a test can find it."""
     classes = maps.shape[0]
     uniform = 1.0 / classes
     reach = float((maps - uniform).abs().nan_to_num(0).amax().clamp_min(1e-6))
-    columns = min(classes, 5)
+    columns = min(classes, columns)
     rows = math.ceil(classes / columns)
-    figure = Figure(figsize=(1.9 * columns + 1.2, 2.0 * rows), layout="constrained")
     axes = figure.subplots(rows, columns, squeeze=False)
     for j, ax in enumerate(axes.flat):
         if j >= classes:
@@ -184,9 +201,13 @@ def coupling_figure(
             continue
         shown = ax.imshow(maps[j].numpy(), cmap="RdBu_r", vmin=uniform - reach, vmax=uniform + reach)
         seen = not torch.isnan(maps[j]).all()
-        ax.set_title(str(class_names[j]) if seen else f"{class_names[j]} (no image)", fontsize=9)
+        ax.set_title(
+            str(class_names[j]) if seen else f"{class_names[j]} (no image)",
+            fontsize=9,
+            fontweight="bold" if j == highlight else "normal",
+        )
+        ax.set_label(f"couplings/{class_names[j]}")
         ax.set_xticks([]), ax.set_yticks([])
     axes[0, 0].set_ylabel(grid, fontsize=8)
     bar = figure.colorbar(shown, ax=axes, shrink=0.8)
     bar.set_label(f"{quantity} (uniform: 1/{classes})", fontsize=8)
-    return figure

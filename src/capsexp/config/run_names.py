@@ -19,8 +19,9 @@ from collections.abc import Iterable
 from pathlib import Path
 
 # Keys that only locate files (data/data_dir, trainer/default_root_dir, a checkpoint callback's
-# dirpath, ckpt_path), or config groups that do: left out of run names and of the HParams tab.
-LOCATION_KEY = re.compile(r"(^|[/._])(dir|dirpath|path)$|^paths([/.]|$)|^hydra[/.]")
+# dirpath, ckpt_path, the images of capsexp.predict), or config groups that do: left out of run names
+# and of the HParams tab.
+LOCATION_KEY = re.compile(r"(^|[/._])(dir|dirpath|path)$|^paths([/.]|$)|^hydra[/.]|^images$")
 MAX_NAME = 120  # characters of a run folder's name; file systems allow 255
 DIGEST = 10  # hex digits of the digest that ends a shortened name
 

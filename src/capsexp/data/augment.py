@@ -63,6 +63,16 @@ def random_placement(images: torch.Tensor, canvas: int, generator: torch.Generat
     )
 
 
+def centred(images: torch.Tensor, canvas: int) -> torch.Tensor:
+    """Each image (..., C, H, W) at the centre of a ``canvas`` x ``canvas`` black background (an odd
+    margin puts the extra pixel after the image)."""
+    height, width = images.shape[-2:]
+    if canvas < max(height, width):
+        raise ValueError(f"canvas={canvas} is smaller than the {height}x{width} images")
+    top, left = (canvas - height) // 2, (canvas - width) // 2
+    return F.pad(images, (left, canvas - width - left, top, canvas - height - top))
+
+
 def random_brightness_contrast(
     images: torch.Tensor, max_delta: float, contrast: tuple[float, float], generator: torch.Generator | None = None
 ) -> torch.Tensor:

@@ -20,6 +20,7 @@ from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from torch.utils.data import DataLoader, Sampler
 
 from capsexp.data.device_loader import DeviceBatchLoader
+from capsexp.data.images import square
 from capsexp.data.resumable import EpochSampler, ResumableDataLoader, ResumableDeviceBatchLoader, step_generator
 from capsexp.data.tensor_dataset import ImageTensorDataset, collate_batch
 from capsexp.errors import ConfigError, CorruptDatasetError, DataFolderError, DatasetNotFoundError
@@ -267,6 +268,35 @@ class InMemoryDataModule(L.LightningDataModule):
     def on_after_batch_transfer(self, batch: tuple[torch.Tensor, ...], dataloader_idx: int) -> tuple:
         images, *rest = self.pixel_batch(batch, dataloader_idx)
         return (self.input_transform(images), *rest)
+
+    # ---- a user's images, as the evaluation sets reach the net (capsexp.run.inference) ------------
+    @property
+    def evaluation_size(self) -> int:
+        """The side of the evaluation sets' stored images (before :meth:`pixel_batch`): the net's input
+        size unless a subclass stores them larger (a centre crop follows)."""
+        return self.dims[-1]
+
+    @property
+    def class_names(self) -> list[str]:
+        """The classes' names, in the order of the targets; the class numbers unless a subclass has names."""
+        return [str(j) for j in range(self.num_classes)]
+
+    def fit_image(self, image: torch.Tensor) -> tuple[torch.Tensor, str | None]:
+        """A (C, H, W) uint8 image of any size brought to :attr:`evaluation_size`, and what was done to it
+        (None when nothing was): one of that size is kept; any other has its shorter side resized to it
+        (antialiased), then is centre-cropped to a square, as ``data=image_folder`` decodes images."""
+        size = self.evaluation_size
+        if tuple(image.shape[-2:]) == (size, size):
+            return image, None
+        return square(image, size), f"resized (shorter side to {size}, centre crop)"
+
+    def evaluation_input(self, images: torch.Tensor) -> torch.Tensor:
+        """The net's input for (N, C, S, S) uint8 images of :attr:`evaluation_size`: what an evaluation
+        batch of them becomes on the device (:meth:`pixel_batch` outside training, then
+        :meth:`input_transform`), for a DataModule not attached to a running Trainer."""
+        targets = images.new_zeros(images.shape[:1], dtype=torch.long)  # shape, not len(): a traced batch stays free
+        pixels, _ = self.pixel_batch((images, targets), 0)
+        return self.input_transform(pixels)
 
     def augmentation_generator(self, device: torch.device) -> torch.Generator:
         """The generator random training augmentations draw from: seeded by the run's seed, the step

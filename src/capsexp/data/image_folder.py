@@ -19,14 +19,13 @@ from pathlib import Path
 from typing import Literal
 
 import torch
-from PIL import Image, UnidentifiedImageError
+from PIL import UnidentifiedImageError
 from pydantic import NonNegativeInt, PositiveInt
-from torchvision.datasets.folder import IMG_EXTENSIONS
-from torchvision.transforms.v2 import functional as TF
 
 from capsexp.config.arguments import UnitInterval, checked
 from capsexp.config.image_folder_classes import class_names
 from capsexp.data.base import InMemoryDataModule, data_folder_errors, partial_path
+from capsexp.data.images import IMAGE_SUFFIXES, decode, pil_mode, square
 from capsexp.data.tensor_dataset import ImageTensorDataset
 from capsexp.errors import ConfigError, CorruptDatasetError, DatasetNotFoundError
 
@@ -44,14 +43,14 @@ def _images_of(folder: Path, names: Sequence[str]) -> list[tuple[Path, int]]:
     found, empty = [], []
     for index, name in enumerate(names):
         class_dir = folder / name
-        files = sorted(p for p in class_dir.rglob("*") if p.is_file() and p.suffix.lower() in IMG_EXTENSIONS)
+        files = sorted(p for p in class_dir.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
         if not files:
             empty.append(str(class_dir))
         found += [(path, index) for path in files]
     if empty:
         raise DatasetNotFoundError(
             f"{len(empty)} class folder{'s' if len(empty) > 1 else ''} hold no images "
-            f"({', '.join(IMG_EXTENSIONS)}): {', '.join(empty[:_SHOWN])}{' ...' if len(empty) > _SHOWN else ''}"
+            f"({', '.join(IMAGE_SUFFIXES)}): {', '.join(empty[:_SHOWN])}{' ...' if len(empty) > _SHOWN else ''}"
         )
     return found
 
@@ -96,7 +95,15 @@ class ImageFolderDataModule(InMemoryDataModule):
         self.save_arguments(locals())
         self.root = Path(root)
         self.data_folder = self.root  # what errors about unreadable folders name
-        self.class_names = class_names(self.root)
+        self._class_names: list[str] | None = None
+
+    @property
+    def class_names(self) -> list[str]:
+        """The class sub-folders' names, sorted (as ImageFolder numbers them), read when first asked for
+        (a trained model's preprocessing is rebuilt where its training images are not)."""
+        if self._class_names is None:
+            self._class_names = class_names(self.root)
+        return self._class_names
 
     @property
     def dims(self) -> tuple[int, int, int]:
@@ -146,20 +153,19 @@ class ImageFolderDataModule(InMemoryDataModule):
         partial.replace(self.cache_path)
 
     def _decode(self, found: list[tuple[Path, int]]) -> dict[str, torch.Tensor]:
-        size, mode = self.hparams.image_size, "L" if self.hparams.channels == 1 else "RGB"
+        size, mode = self.hparams.image_size, pil_mode(self.hparams.channels)
         log.info(f"{self.root}: decoding {len(found):,} images to {self.hparams.channels}x{size}x{size}")
         images, unreadable, wrong_size = [], [], []
         for count, (path, _) in enumerate(found, start=1):
             if count % _PROGRESS_EVERY == 0:
                 log.info(f"{self.root}: {count:,} of {len(found):,} images decoded")
             try:
-                with Image.open(path) as opened:  # an animated image: its first frame
-                    image = TF.pil_to_tensor(opened.convert(mode))
+                image = decode(path, mode)
             except (UnidentifiedImageError, OSError):
                 unreadable.append(path)
                 continue
             if self.hparams.resize:
-                image = TF.center_crop(TF.resize(image, size, antialias=True), size)
+                image = square(image, size)
             elif tuple(image.shape[-2:]) != (size, size):
                 wrong_size.append(f"{path} ({image.shape[-1]}x{image.shape[-2]})")
                 continue

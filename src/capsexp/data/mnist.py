@@ -26,7 +26,7 @@ from torchvision.datasets.utils import download_and_extract_archive
 
 from capsexp.config.arguments import checked
 from capsexp.data.affnist import AFFNIST_SIZE, TEST_BATCHES, ensure_affnist_files, read_affnist_test
-from capsexp.data.augment import random_affine, random_placement, random_shift, rotate
+from capsexp.data.augment import centred, random_affine, random_placement, random_shift, rotate
 from capsexp.data.base import (
     AFFINE_SPLIT,
     InMemoryDataModule,
@@ -344,6 +344,21 @@ class MNISTDataModule(MNISTFiles):
         """Standardised with the training set's mean and std where ``normalize`` asks; the pixels otherwise."""
         return (images - self.mean) / self.std if self.hparams.normalize else images
 
+    def fit_image(self, image: torch.Tensor) -> tuple[torch.Tensor, str | None]:
+        """On a canvas, a digit-sized (28x28) image is placed at its centre (the evaluation digits sit at
+        random positions on it, every one equally likely); otherwise as every DataModule fits images."""
+        return fit_digit(self, image, self.hparams.canvas)
+
+
+def fit_digit(
+    datamodule: InMemoryDataModule, image: torch.Tensor, canvas: int | None
+) -> tuple[torch.Tensor, str | None]:
+    """:meth:`~capsexp.data.base.InMemoryDataModule.fit_image` of digits that a ``canvas`` may hold: a 28x28
+    image centred on it."""
+    if canvas is not None and canvas != DIGIT_SIZE and tuple(image.shape[-2:]) == (DIGIT_SIZE, DIGIT_SIZE):
+        return centred(image, canvas), f"placed at the centre of the {canvas}x{canvas} canvas"
+    return InMemoryDataModule.fit_image(datamodule, image)
+
 
 @checked
 class FashionMNISTDataModule(MNISTDataModule):
@@ -356,3 +371,7 @@ class FashionMNISTDataModule(MNISTDataModule):
     torchvision_dataset = FashionMNIST
     unpacked_md5 = None
     mean, std = 0.2860, 0.3530  # of the training images (as the public Fashion-MNIST recipes give them)
+
+    @property
+    def class_names(self) -> list[str]:
+        return list(FashionMNIST.classes)

@@ -19,7 +19,7 @@ from torch.utils.data import Dataset
 
 from capsexp.config.arguments import checked
 from capsexp.data.base import data_folder_errors, evaluation_generator
-from capsexp.data.mnist import DIGIT_SIZE, MNISTFiles
+from capsexp.data.mnist import DIGIT_SIZE, MNISTFiles, fit_digit
 
 
 class Pairs(NamedTuple):
@@ -229,6 +229,14 @@ class MultiMNISTDataModule(MNISTFiles):
             pool = (self.digits, self.labels, self._train_pool, self.labels[self._train_pool])
             self._on_device[str(device)] = tuple(tensor.to(device) for tensor in pool)
         return self._on_device[str(device)]
+
+    def fit_image(self, image: torch.Tensor) -> tuple[torch.Tensor, str | None]:
+        """A 28x28 image is centred on the canvas; one of the canvas's size is kept; others are resized."""
+        return fit_digit(self, image, self.hparams.canvas)
+
+    def evaluation_input(self, images: torch.Tensor) -> torch.Tensor:
+        """Pixels in [0, 1], as the composed pairs."""
+        return images.float().div_(255)
 
     def on_after_batch_transfer(self, batch: tuple[torch.Tensor, torch.Tensor], dataloader_idx: int) -> PairBatch:
         """Pair specs -> images, on the device; training batches draw their partners and shifts here."""

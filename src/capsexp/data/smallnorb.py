@@ -37,6 +37,20 @@ TRAIN_ELEVATIONS = (0, 1, 2)
 CACHE_VERSION = 1
 
 
+IMAGE_SIZE = 96  # the official images' side
+CLASS_NAMES = ("animal", "human", "airplane", "truck", "car")  # the category numbers 0-4 of the -cat files
+
+
+def downsampled(images: torch.Tensor, size: int) -> torch.Tensor:
+    """(N, C, 96, 96) uint8 -> (N, C, size, size) uint8 by area averaging (96 -> 48: 2x2 blocks), rounded;
+    in chunks, to bound the float copy."""
+    small = torch.empty(*images.shape[:2], size, size, dtype=torch.uint8)
+    for start in range(0, len(images), 2048):
+        chunk = images[start : start + 2048].float()
+        small[start : start + 2048] = F.interpolate(chunk, size=(size, size), mode="area").round_().to(torch.uint8)
+    return small
+
+
 @checked
 class SmallNORBDataModule(InMemoryDataModule):
     """smallNORB: 5 categories of toys, 24,300 stereo training pairs and 24,300 test pairs.
@@ -106,6 +120,22 @@ class SmallNORBDataModule(InMemoryDataModule):
         return (2 if self.hparams.stereo == "both" else 1, self.hparams.crop_size, self.hparams.crop_size)
 
     @property
+    def evaluation_size(self) -> int:
+        return self.hparams.resize
+
+    @property
+    def class_names(self) -> list[str]:
+        return list(CLASS_NAMES)
+
+    def fit_image(self, image: torch.Tensor) -> tuple[torch.Tensor, str | None]:
+        """An image of the official 96x96 is downsampled as the dataset's own images are (area
+        averaging); others as every DataModule fits images."""
+        if self.evaluation_size != IMAGE_SIZE and tuple(image.shape[-2:]) == (IMAGE_SIZE, IMAGE_SIZE):
+            size = self.evaluation_size
+            return downsampled(image[None], size)[0], f"downsampled {IMAGE_SIZE} -> {size} as smallNORB's images"
+        return super().fit_image(image)
+
+    @property
     def test_set_names(self) -> list[str]:
         """One name per test DataLoader (:mod:`capsexp.results.metric_names`): the plain set, then the novel
         viewpoints where asked for."""
@@ -146,7 +176,7 @@ class SmallNORBDataModule(InMemoryDataModule):
         partial.replace(self.cache_path)
 
     def _read_split(self, sources: dict[str, Path], prefix: str) -> dict[str, torch.Tensor]:
-        images = read_matrix(sources[f"{prefix}-dat.mat"], expected_shape=(None, 2, 96, 96))
+        images = read_matrix(sources[f"{prefix}-dat.mat"], expected_shape=(None, 2, IMAGE_SIZE, IMAGE_SIZE))
         count = images.shape[0]
         categories = read_matrix(sources[f"{prefix}-cat.mat"], expected_shape=(count,))
         info = read_matrix(sources[f"{prefix}-info.mat"], expected_shape=(count, 4))
@@ -156,15 +186,8 @@ class SmallNORBDataModule(InMemoryDataModule):
             values = info[:, column]
             if values.size and not 0 <= values.min() <= values.max() <= largest:
                 raise CorruptDatasetError(f"{sources[f'{prefix}-info.mat']}: {field} outside 0-{largest}")
-        # 96 -> 48 by 2x2 averaging ("area"), in chunks to bound the float copy.
-        size = self.hparams.resize
-        small = torch.empty(count, 2, size, size, dtype=torch.uint8)
-        source = torch.from_numpy(images.copy())
-        for start in range(0, count, 2048):
-            chunk = source[start : start + 2048].float()
-            small[start : start + 2048] = F.interpolate(chunk, size=(size, size), mode="area").round_().to(torch.uint8)
         return {
-            "images": small,
+            "images": downsampled(torch.from_numpy(images.copy()), self.hparams.resize),
             "targets": torch.from_numpy(categories.astype("int64")),
             "info": torch.from_numpy(info.astype("int64")),
         }

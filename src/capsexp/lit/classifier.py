@@ -30,6 +30,9 @@ from capsexp.lit.objectives import class_scores, multi_hot
 from capsexp.results.metric_names import PLAIN, TEST_ACC, VAL_ACC, VAL_ACC_BEST, metric_suffix, presence_metric
 
 Batch = tuple[torch.Tensor, ...]  # (images, targets) or (images, targets, objects)
+# The checkpoint entry holding the run's record (its resolved config, class names, code revision), which
+# makes a checkpoint file enough to rebuild its model and its preprocessing (capsexp.run.inference).
+RUN_RECORD = "capsexp"
 
 
 class Classifier(L.LightningModule):
@@ -89,6 +92,8 @@ class Classifier(L.LightningModule):
             )
         self.compile_net = compile
         self._compiled = False
+        # Plain values (the checkpoint loads with weights_only=True) that every checkpoint saves as RUN_RECORD.
+        self.run_record: dict[str, Any] | None = None
 
         self.num_classes = num_classes
         # Accuracy as the fraction of images whose predicted classes are exactly the present ones: for
@@ -134,6 +139,13 @@ class Classifier(L.LightningModule):
         for name in names:
             for term in self.objective.terms:
                 self.loss_means["test_terms"][_key(f"{term}{metric_suffix(name)}")] = MeanMetric()
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """The run's record, with the data's class names (read now: a dataset's may come from its files)."""
+        if self.run_record is None:
+            return
+        names = getattr(self.trainer.datamodule, "class_names", None) if self._trainer is not None else None
+        checkpoint[RUN_RECORD] = {**self.run_record, **({"class_names": list(names)} if names else {})}
 
     def configure_model(self) -> None:
         """Lightning's hook before fit/validate/test: compile the net once, if asked."""

@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from capsexp.config.routing_options import DynamicRouting, RoutingOptions
-from capsexp.nn.functional import Routed, fully_connected_routing, squash
+from capsexp.nn.functional import Routed, exporting, fully_connected_routing, squash
 from capsexp.nn.routers import make_router, routed_by_iteration
 
 
@@ -89,7 +89,7 @@ class RoutingCapsules(nn.Module):
             raise ValueError(
                 f"expected input capsules of shape (B, {self.in_caps}, {self.in_dim}), got {tuple(inputs.shape)}"
             )
-        if isinstance(self.routing, DynamicRouting):
+        if isinstance(self.routing, DynamicRouting) and not exporting():
             # Same as dynamic_routing(self.votes(inputs), ...), with the vote matmul fused into the backward.
             poses = fully_connected_routing(inputs, self.weight, self.out_caps, self.routing)
             if self.router._forward_hooks:  # someone watches the routing (diagnostics): show it the couplings

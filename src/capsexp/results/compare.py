@@ -7,6 +7,7 @@ reproduction check (:mod:`capsexp.results.study`). The command line is ``python 
 
 from __future__ import annotations
 
+import copy
 import csv
 import importlib
 import math
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from capsexp.errors import ConfigError, NoRunsError
 from capsexp.results import statistics
@@ -33,6 +35,8 @@ from capsexp.results.metric_names import (
     rotation_angle,
 )
 from capsexp.results.plots import write_plots
+from capsexp.results.revision import REVISION_FILE
+from capsexp.results.revision import short as short_revision
 from capsexp.results.runs import (
     LOCATION_OVERRIDE,
     OVERRIDES,
@@ -269,6 +273,8 @@ def header(page: StudyPage, runs: list[Run], folder: Path, folder_text: str, reb
             f"# {title}",
             "",
             f"- Machine: {machine}.",
+            # Runs from before runs recorded their code have no line (their pages rebuild as they were).
+            *([f"- Code: {code_revisions(runs)}."] if any(run.revision for run in runs) else []),
             f"- Runs: {len(runs)}, {dates(runs)}, {sum(seconds) / 60:.1f} min of run time (each run's first "
             f"to last logged scalar); {folder_text}.",
             f"- Command: `{sweep_command(runs, folder)}`",
@@ -277,6 +283,21 @@ def header(page: StudyPage, runs: list[Run], folder: Path, folder_text: str, reb
             "",
         ]
     )
+
+
+def code_revisions(runs: list[Run]) -> str:
+    """The code revisions the runs ran (:mod:`capsexp.results.revision`): one for all, or each with its
+    count and a warning that the runs differ in code; runs without the record counted apart."""
+    texts = [short_revision(run.revision) for run in runs if run.revision]
+    counts = {text: texts.count(text) for text in dict.fromkeys(texts)}
+    unrecorded = len(runs) - len(texts)
+    if len(counts) == 1 and not unrecorded:
+        return f"`{texts[0]}` (every run)"
+    parts = [f"`{text}` ({n} run{'s' if n > 1 else ''})" for text, n in counts.items()]
+    if unrecorded:
+        parts.append(f"not recorded for {unrecorded} run{'s' if unrecorded > 1 else ''}")
+    warning = "; **the runs ran different code**" if len(counts) > 1 else ""
+    return "; ".join(parts) + warning
 
 
 RECORDED_HPARAMS = "hparams.yaml"  # the Lightning logger's record of the run's config, beside its event files
@@ -302,8 +323,11 @@ def keep_runs(runs: list[Run], folder: Path, output: Path) -> Path:
         (target / OVERRIDES).write_text(yaml.safe_dump(overrides))
         if (run.folder / OVERRIDES_AS_RUN).exists():
             shutil.copy2(run.folder / OVERRIDES_AS_RUN, target / OVERRIDES_AS_RUN)
-        if (run.folder / MACHINE_FILE).exists():
-            shutil.copy2(run.folder / MACHINE_FILE, target / MACHINE_FILE)
+        for record in (MACHINE_FILE, REVISION_FILE):
+            if (run.folder / record).exists():
+                shutil.copy2(run.folder / record, target / record)
+        if (run.folder / CONFIG).exists():  # the composed config, this machine's paths left out
+            (target / CONFIG).write_text(OmegaConf.to_yaml(without_locations(OmegaConf.load(run.folder / CONFIG))))
         events_to = target / event_folder(run.folder).relative_to(run.folder)  # the run's layout
         events_to.mkdir(exist_ok=True)
         for events in event_files(run.folder):
@@ -314,6 +338,28 @@ def keep_runs(runs: list[Run], folder: Path, output: Path) -> Path:
             cost = {key: recorded[key] for key in (MODEL_PARAMETERS, MODEL_FLOPS) if key in recorded}
             (events_to / RECORDED_HPARAMS).write_text(yaml.safe_dump(cost))
     return kept
+
+
+CONFIG = Path(".hydra") / "config.yaml"  # a run's composed config, as Hydra saved it
+MACHINE_PATH = "<a path on the machine that ran it>"  # what a kept config holds in place of a path
+
+
+def without_locations(config: DictConfig) -> DictConfig:
+    """``config`` with every absolute path (a value, not an interpolation: a command-line
+    ``paths.data_dir=/data/...``, ``hydra.run.dir``...) replaced by :data:`MACHINE_PATH`, so that a kept
+    config names no machine's folders; the rest as the run composed it."""
+
+    def scrub(node: DictConfig | ListConfig) -> None:
+        for key in range(len(node)) if isinstance(node, ListConfig) else list(node.keys()):
+            child = node._get_node(key)
+            if isinstance(child, (DictConfig, ListConfig)):
+                scrub(child)
+            elif not child._is_interpolation() and isinstance(child._value(), str) and os.path.isabs(child._value()):
+                node[key] = MACHINE_PATH
+
+    config = copy.deepcopy(config)
+    scrub(config)
+    return config
 
 
 def write_csv(configurations: list[Configuration], metrics: list[str], output: Path) -> None:

@@ -14,6 +14,7 @@ import yaml
 from capsexp.results import statistics
 from capsexp.results.events import Scalar, event_files, load_events
 from capsexp.results.machine import read_machine
+from capsexp.results.revision import read_revision
 
 OVERRIDES = Path(".hydra") / "overrides.yaml"
 # A run launched with other overrides than the experiment config's that composes the same job keeps
@@ -34,6 +35,7 @@ class Run:
     start: float | None = None  # wall time (s since the epoch) of the first and the last scalar logged
     end: float | None = None
     machine: dict | None = None
+    revision: dict | None = None  # the code that ran (capsexp.results.revision)
     configuration: str = ""  # set by label_configurations
 
     @property
@@ -119,6 +121,7 @@ def find_runs(folder: Path) -> list[Run]:
                 min(times, default=None),
                 max(times, default=None),
                 read_machine(run_dir),
+                read_revision(run_dir),
             )
         )
     numbers = {run.folder: _job_number(run.folder) for run in runs}

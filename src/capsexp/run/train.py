@@ -6,6 +6,7 @@ import logging
 import os
 import shlex
 import sys
+import time
 import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -20,8 +21,12 @@ from omegaconf import DictConfig, OmegaConf
 from capsexp.callbacks.model_checkpoint import requeue_signal
 from capsexp.config.run_names import hydra_value
 from capsexp.errors import Interrupted
+from capsexp.results.machine import describe as describe_machine
 from capsexp.results.machine import write_machine
 from capsexp.results.metric_names import MODEL_FLOPS, MODEL_PARAMETERS
+from capsexp.results.model_card import CardFacts, write_model_card
+from capsexp.results.revision import describe as describe_revision
+from capsexp.results.revision import write_revision
 from capsexp.run import slurm
 from capsexp.run.build import build_model, instantiate, instantiate_all
 from capsexp.run.checkpoints import check_checkpoint
@@ -61,9 +66,11 @@ def _run(cfg: DictConfig, job: DDPJob) -> dict[str, float]:
     # Raised inside Lightning 2.6 by torch 2.14 on every run; nothing a user can act on.
     warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)")
     run_folder = _run_folder()
+    revision = describe_revision()
     if run_folder is not None and int(os.environ.get("LOCAL_RANK", 0)) == 0:
         say_run_folder(run_folder, finished=False)
         write_machine(run_folder)
+        write_revision(run_folder, revision)
     if cfg.get("seed") is not None:
         L.seed_everything(cfg.seed, workers=True)
     if torch.cuda.is_available():
@@ -72,6 +79,8 @@ def _run(cfg: DictConfig, job: DDPJob) -> dict[str, float]:
     # Plain containers for the data too: Lightning saves its arguments in checkpoints as well.
     datamodule: L.LightningDataModule = instantiate("data", cfg.data, _convert_="all")
     module: L.LightningModule = build_model("model", cfg.model)
+    # Every checkpoint carries what rebuilds its model and preprocessing, and the code that trained it.
+    module.run_record = {"config": OmegaConf.to_container(cfg, resolve=True), "revision": revision}
     if cfg.get("ckpt_path"):
         check_checkpoint(cfg.ckpt_path, module)
     # Built before training, so that a bad attack option fails now, not after hours of training.
@@ -107,14 +116,11 @@ def _fit_and_test(
     else:
         overrides, choices = [], {}
     presence = getattr(module, "val_presence", None) is not None
-    log_hyperparameters(
-        trainer.loggers,
-        hparams,
-        metric_names(datamodule.test_set_names, presence=presence),
-        run_choices(hparams, overrides, choices),
-    )
+    chosen = run_choices(hparams, overrides, choices)
+    log_hyperparameters(trainer.loggers, hparams, metric_names(datamodule.test_set_names, presence=presence), chosen)
 
     metrics: dict[str, float] = {}
+    train_seconds, ckpt_path = None, None
     if cfg.get("train"):
         run_folder = _run_folder()
         if trainer.global_rank == 0 and run_folder is not None and _single_run():
@@ -122,7 +128,9 @@ def _fit_and_test(
             if record is not None:
                 log.info(f"SLURM job {slurm.job_id()}: its restarts resume this run (recorded in {record})")
         log.info("Training")
+        started = time.perf_counter()
         trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
+        train_seconds = time.perf_counter() - started
         _raise_if_stopped_by_signal(trainer)
         metrics.update({name: float(value) for name, value in trainer.callback_metrics.items()})
 
@@ -143,7 +151,39 @@ def _fit_and_test(
 
             metrics.update(attack_tested_model(cfg, attack, module, datamodule, trainer, _run_folder()))
 
+    run_folder = _run_folder()
+    if run_folder is not None and trainer.is_global_zero:
+        facts = CardFacts(
+            net=type(getattr(module, "net", module)).__name__,
+            choices=chosen,
+            config=hparams,
+            parameters=hparams[MODEL_PARAMETERS],
+            flops=hparams[MODEL_FLOPS],
+            split_sizes=split_sizes(datamodule),
+            class_names=getattr(datamodule, "class_names", []),
+            metrics=metrics,
+            train_seconds=train_seconds,
+            machine=describe_machine(),
+            revision=module.run_record.get("revision") if module.run_record else None,
+            checkpoint=str(shown_path(Path(ckpt_path))) if ckpt_path else None,
+            run_folder=str(shown_path(run_folder)),
+            overrides=overrides,
+        )
+        log.info(f"Model card: {shown_path(write_model_card(run_folder, facts))}")
     return metrics
+
+
+def split_sizes(datamodule: L.LightningDataModule) -> dict[str, int]:
+    """Images (MultiMNIST: pairs) in each split the DataModule set up, each extra test set by its name."""
+    sizes = {}
+    for name in ("train", "val", "test"):
+        dataset = getattr(datamodule, f"data_{name}", None)
+        if dataset is not None:
+            sizes[name] = len(dataset)
+    names = list(getattr(datamodule, "test_set_names", []))[1:]
+    for name, dataset in zip(names, getattr(datamodule, "extra_tests", ()), strict=False):
+        sizes[f"test {name}"] = len(dataset)
+    return sizes
 
 
 def _raise_if_stopped_by_signal(trainer: L.Trainer) -> None:

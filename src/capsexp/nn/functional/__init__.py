@@ -29,6 +29,7 @@ from capsexp.nn.functional._em_caps import (
     responsibility_entropy,
     spread_loss,
 )
+from capsexp.nn.functional._export import exporting
 from capsexp.nn.functional._routing import Routed, random_routing, uniform_routing
 from capsexp.nn.functional._self_routing import self_routing
 
@@ -44,6 +45,7 @@ __all__ = [
     "efficient_routing",
     "efficient_squash",
     "em_routing",
+    "exporting",
     "fully_connected_routing",
     "inverse_temperatures",
     "margin_loss",

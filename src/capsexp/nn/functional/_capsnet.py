@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
 from capsexp.config.routing_options import DynamicRouting
+from capsexp.nn.functional._export import exporting
 
 SQUASH_EPS = 1e-8
 
@@ -90,9 +91,13 @@ def dynamic_routing(
     parent_major_votes = votes.transpose(1, 2)
     if not parent_major_votes.is_contiguous():
         parent_major_votes = parent_major_votes.contiguous()
-    parents, couplings = _DynamicRouting.apply(
-        parent_major_votes, routing.iterations, routing.detach_agreement, routing.none_of_the_above
-    )
+    if exporting():  # Procedure 1's forward alone, which the exporters trace
+        all_couplings, _, all_parents = _route(parent_major_votes, routing.iterations, routing.none_of_the_above)
+        parents, couplings = all_parents[-1].to(votes.dtype), all_couplings[-1]
+    else:
+        parents, couplings = _DynamicRouting.apply(
+            parent_major_votes, routing.iterations, routing.detach_agreement, routing.none_of_the_above
+        )
     if return_couplings:
         return parents, couplings.transpose(1, 2)
     return parents
@@ -114,7 +119,7 @@ def _route(
     couplings, totals, parents = [], [], []
     for r in range(iterations):
         if r == 0:  # softmax of zero logits: exactly uniform, no need to compute it
-            c = logits.new_full(logits.shape, 1.0 / (num_parents + none_of_the_above))
+            c = logits.new_full(logits.shape, 1.0 / (num_parents + int(none_of_the_above)))
         elif none_of_the_above:
             c = torch.softmax(F.pad(logits, (0, 0, 0, 1)), dim=1)[:, :num_parents]  # the extra parent's b = 0
         else:

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
 from capsexp.config.routing_options import EM_PAPER, CostNormalization, EMRouting
+from capsexp.nn.functional._export import exporting
 
 LOG_2PI = math.log(2 * math.pi)
 COST_NORMALIZATIONS: tuple[str, ...] = get_args(CostNormalization)
@@ -355,11 +356,16 @@ def _route(*inputs):
     """:class:`_EMRouting`, left out of torch.compile's graphs: its backward pass records factors in a
     Python list, which dynamo cannot trace; it tried at every layer and fell back to this anyway, at
     twice the compile time of a MatrixCapsNet."""
+    if exporting():  # the forward pass alone, which the exporters trace (no backward is exported)
+        return tuple(_forward(*inputs)[0])
     return _EMRouting.apply(*inputs)
 
 
 def _chunks(batch: int, shape: tuple[int, ...], dtype: torch.dtype) -> list[tuple[int, int]]:
-    """[lo, hi) ranges of the batch whose [V' | V'^2] take at most CHUNK_BYTES each (one item at least)."""
+    """[lo, hi) ranges of the batch whose [V' | V'^2] take at most CHUNK_BYTES each (one item at least);
+    the whole batch while a graph is captured for export (its batch size is then left free)."""
+    if exporting():
+        return [(0, batch)]
     item_bytes = 2 * math.prod(shape) * torch.finfo(dtype).bits // 8
     size = max(1, CHUNK_BYTES // item_bytes)
     return [(lo, min(lo + size, batch)) for lo in range(0, batch, size)]
@@ -379,6 +385,12 @@ def _centred_with_squares(votes: torch.Tensor, weights: torch.Tensor | None, out
     and c (B, Q, J, 1, H): the mean vote weighted by ``weights`` (B, Q, 1, M) (R a_i at the start, the
     same for every parent type), or ``centre`` if given."""
     elements = votes.shape[-1]
+    if out is None:  # a graph captured for export: plain tensors, no buffers
+        if centre is None:
+            weight_sum = weights.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(votes.dtype).tiny)
+            centre = ((weights.unsqueeze(-1) * votes).sum(dim=-2) / weight_sum).unsqueeze(-2)
+        centred = votes - centre
+        return torch.cat([centred, centred.square()], dim=-1), centre
     centred = out[..., :elements]
     if centre is None:
         weight_sum = weights.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(votes.dtype).tiny)
@@ -410,8 +422,11 @@ class _Workspace:
     def __init__(self, like: torch.Tensor) -> None:
         self.like, self.buffers = like, {}
 
-    def take(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
-        """A contiguous tensor of ``shape``, made from the buffer ``name``."""
+    def take(self, name: str, shape: tuple[int, ...]) -> torch.Tensor | None:
+        """A contiguous tensor of ``shape``, made from the buffer ``name``; None while a graph is captured
+        for export (a buffer's size would be fixed in it: the caller makes a tensor of its own)."""
+        if exporting():
+            return None
         size = math.prod(shape)
         buffer = self.buffers.get(name)
         if buffer is None or buffer.numel() < size:
@@ -428,6 +443,31 @@ class _Workspace:
         return in_order.permute([order.index(d) for d in range(tensor.ndim)])
 
 
+def _forward(make_votes, shape, routing, children, batched, activations, beta_u, beta_a, scale, *inputs):
+    """:class:`_EMRouting`'s forward pass, chunk by chunk: the outputs (mu, a_j, R), and the products and
+    centres its backward pass replays from. Called alone while a graph is captured for export."""
+    dtype = activations.dtype
+    results, kept, centres, workspace = [], [], [], _Workspace(activations)
+    for lo, hi in _chunks(activations.shape[0], shape, dtype):
+        chunk = [t.to(dtype) for t in _chunk_of(inputs, batched, lo, hi)]
+        buffer = workspace.take("votes", (hi - lo, *shape))
+        votes = make_votes(*chunk, out=None if buffer is None else buffer.view(-1))
+        slot_activations, uniform = _uniform_assignment(votes.shape, activations[lo:hi], children)
+        out = workspace.take("votes_and_squares", _doubled(votes.shape))
+        weights = uniform[:, :, :1] * slot_activations  # (b, Q, 1, M)
+        votes_and_squares, centre = _centred_with_squares(votes, weights, out)
+        del votes
+        products = _Products(votes_and_squares)
+        mu, parent_activations, responsibilities = _em_iterations(
+            votes_and_squares, slot_activations, uniform, beta_u, beta_a, scale, routing, children, products
+        )
+        results.append((mu + centre.squeeze(-2), parent_activations, responsibilities))
+        kept.append(products.kept)
+        centres.append(centre)
+    outputs = [torch.cat(parts) if len(results) > 1 else parts[0] for parts in zip(*results, strict=True)]
+    return outputs, kept, centres
+
+
 class _EMRouting(torch.autograd.Function):
     """EM routing, chunk by chunk of the batch, whose backward pass never holds more than a few
     vote-sized tensors of one chunk.
@@ -442,23 +482,9 @@ class _EMRouting(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, make_votes, shape, routing, children, batched, activations, beta_u, beta_a, scale, *inputs):
-        dtype = activations.dtype
-        results, kept, centres, workspace = [], [], [], _Workspace(activations)
-        for lo, hi in _chunks(activations.shape[0], shape, dtype):
-            chunk = [t.to(dtype) for t in _chunk_of(inputs, batched, lo, hi)]
-            votes = make_votes(*chunk, out=workspace.take("votes", (hi - lo, *shape)).view(-1))
-            slot_activations, uniform = _uniform_assignment(votes.shape, activations[lo:hi], children)
-            out = workspace.take("votes_and_squares", _doubled(votes.shape))
-            weights = uniform[:, :, :1] * slot_activations  # (b, Q, 1, M)
-            votes_and_squares, centre = _centred_with_squares(votes, weights, out)
-            del votes
-            products = _Products(votes_and_squares)
-            mu, parent_activations, responsibilities = _em_iterations(
-                votes_and_squares, slot_activations, uniform, beta_u, beta_a, scale, routing, children, products
-            )
-            results.append((mu + centre.squeeze(-2), parent_activations, responsibilities))
-            kept.append(products.kept)
-            centres.append(centre)
+        outputs, kept, centres = _forward(
+            make_votes, shape, routing, children, batched, activations, beta_u, beta_a, scale, *inputs
+        )
         ctx.make_votes, ctx.shape, ctx.routing, ctx.children, ctx.batched = (
             make_votes,
             shape,
@@ -468,7 +494,6 @@ class _EMRouting(torch.autograd.Function):
         )
         ctx.kept_count = len(kept[0])
         ctx.save_for_backward(activations, beta_u, beta_a, scale, *inputs, *centres, *(t for k in kept for t in k))
-        outputs = [torch.cat(parts) if len(results) > 1 else parts[0] for parts in zip(*results, strict=True)]
         ctx.mark_non_differentiable(outputs[2])
         return tuple(outputs)
 

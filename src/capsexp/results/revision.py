@@ -1,0 +1,80 @@
+"""The code a run ran, written beside its config (``revision.yaml``): the git commit of the checkout
+capsexp was imported from, whether its tree had uncommitted changes, and a hash of those changes, so
+that a results page can say which code produced its figures, and a reader can tell two runs of
+different code apart even when both ran from the same commit.
+
+Outside a git checkout (capsexp installed from a wheel) the record holds the package version alone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from capsexp import PROJECT_ROOT, __version__
+
+REVISION_FILE = "revision.yaml"
+_GIT_TIMEOUT_S = 20  # a git that hangs (a network file system) must not hold up a run
+
+
+def _git(*arguments: str, root: Path) -> str | None:
+    try:
+        done = subprocess.run(
+            ["git", *arguments], cwd=root, capture_output=True, text=True, timeout=_GIT_TIMEOUT_S, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout if done.returncode == 0 else None
+
+
+def describe(root: Path = PROJECT_ROOT) -> dict[str, Any]:
+    """``{"version", "commit", "dirty", "diff_sha256"}`` of the checkout at ``root``: the commit (None
+    outside git), whether tracked files differ from it or untracked files exist (``git status``), and
+    the SHA-256 of ``git diff HEAD`` followed by the untracked files' names and contents (None when clean)."""
+    record: dict[str, Any] = {"version": __version__, "commit": None, "dirty": None, "diff_sha256": None}
+    commit = _git("rev-parse", "HEAD", root=root)
+    if commit is None:
+        return record
+    record["commit"] = commit.strip()
+    status = _git("status", "--porcelain", "--untracked-files=all", root=root) or ""
+    record["dirty"] = bool(status.strip())
+    if record["dirty"]:
+        digest = hashlib.sha256((_git("diff", "HEAD", "--binary", root=root) or "").encode())
+        untracked = (_git("ls-files", "--others", "--exclude-standard", "-z", root=root) or "").split("\0")
+        for name in sorted(filter(None, untracked)):
+            digest.update(name.encode() + b"\0")
+            with contextlib.suppress(OSError):  # removed meanwhile, or unreadable: its name alone
+                digest.update((root / name).read_bytes())
+        record["diff_sha256"] = digest.hexdigest()
+    return record
+
+
+def short(record: dict[str, Any] | None) -> str:
+    """One word for a page: ``e5538d9``, ``e5538d9+changes 3f2a9c1b`` (uncommitted changes, their hash's
+    first 8 digits), ``0.1.0 (no git)``, or ``not recorded``."""
+    if not record:
+        return "not recorded"
+    if not record.get("commit"):
+        return f"{record.get('version', '?')} (no git)"
+    text = str(record["commit"])[:7]
+    if record.get("dirty"):
+        text += f"+changes {str(record.get('diff_sha256') or '')[:8]}"
+    return text
+
+
+def write_revision(run_folder: Path, record: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Write ``record`` (default: :func:`describe`) as the run's ``revision.yaml``; return it."""
+    record = describe() if record is None else record
+    (run_folder / REVISION_FILE).write_text(yaml.safe_dump(record, sort_keys=False))
+    return record
+
+
+def read_revision(run_folder: Path) -> dict[str, Any] | None:
+    """What :func:`write_revision` recorded in ``run_folder``; None for a run without the record."""
+    path = run_folder / REVISION_FILE
+    return yaml.safe_load(path.read_text()) if path.exists() else None

@@ -1,0 +1,120 @@
+"""One labelled figure per image: what a trained model computed for it.
+
+For a capsule model: the input, the reconstruction from the predicted class capsule (models with a
+decoder), the class scores as bars (capsule lengths, EM activations, ...), the pose perturbation of
+the predicted capsule (Sabour et al. 2017, Fig. 4: a row per pose dimension, a column per tweak, the
+steps of the training-time :class:`~capsexp.callbacks.image_logging.PosePerturbation`), and the last
+routing layer's couplings (or EM responsibilities) of this image's children to each class, on the
+children's grid. Other models: the input and the scores. Each panel's axes is labelled by what it
+shows (``Axes.get_label``: ``input``, ``reconstruction``, ``scores``, ``pose_perturbation``,
+``couplings/<class>``), so that tests read the figure back.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from matplotlib.figure import Figure
+from torchvision.utils import make_grid
+
+from capsexp.callbacks.image_logging import PosePerturbation, displayable, overlaid, perturbed_reconstructions
+from capsexp.callbacks.routing_figures import draw_coupling_maps
+from capsexp.run.inference import Predictions, TrainedModel, child_grid
+
+
+def shown_image(image: torch.Tensor) -> np.ndarray:
+    """(C, H, W) -> (H, W) or (H, W, 3) for ``imshow``: a standardised input rescaled to [0, 1] (its own
+    range), a stereo pair side by side."""
+    image = image.float()
+    if image.min() < 0 or image.max() > 1:
+        image = (image - image.min()) / (image.max() - image.min()).clamp_min(1e-8)
+    image = displayable(image[None])[0]
+    return (image[0] if image.shape[0] == 1 else image.permute(1, 2, 0)).numpy()
+
+
+def coupling_maps(couplings: torch.Tensor, types: int, types_innermost: bool) -> torch.Tensor:
+    """(K, S, S): one image's couplings (I, K) to each class, averaged over the child types at each
+    position of the children's S x S grid."""
+    children, classes = couplings.shape
+    side = math.isqrt(children // types)
+    if types_innermost:
+        return couplings.view(side, side, types, classes).mean(dim=2).permute(2, 0, 1)
+    return couplings.view(types, side, side, classes).mean(dim=0).permute(2, 0, 1)
+
+
+def explain_figure(model: TrainedModel, predictions: Predictions, index: int, title: str) -> Figure:
+    """The figure of image ``index`` of ``predictions`` (see the module's docstring), titled ``title``."""
+    classes = predictions.classes[index].reshape(-1)
+    predicted = int(classes[0])
+    names = predictions.class_names
+    capsules = predictions.poses is not None
+    figure = Figure(figsize=(13, 9.5 if capsules else 3.6), layout="constrained")
+    figure.suptitle(f"{title}: {predictions.names[index]}", fontsize=12)
+    top, bottom = figure.subfigures(2, 1, height_ratios=[1, 1.35]) if capsules else (figure, None)
+
+    decoder = predictions.reconstructions is not None
+    panels = top.subplots(1, 3 if decoder else 2, width_ratios=[1, 1, 2.4] if decoder else [1, 2.4])
+    ax = panels[0]
+    ax.imshow(shown_image(predictions.inputs[index]), cmap="gray", interpolation="nearest")
+    ax.set_title("input (as the net sees it)", fontsize=9)
+    ax.set_label("input")
+    ax.set_xticks([]), ax.set_yticks([])
+    if decoder:
+        reconstruction = predictions.reconstructions[index]
+        if reconstruction.ndim == 4:  # one per object, overlaid in colours
+            reconstruction = overlaid(reconstruction[None])[0]
+        ax = panels[1]
+        ax.imshow(shown_image(reconstruction), cmap="gray", interpolation="nearest", vmin=0, vmax=1)
+        ax.set_title(f"reconstruction from {names[predicted]}'s capsule", fontsize=9)
+        ax.set_label("reconstruction")
+        ax.set_xticks([]), ax.set_yticks([])
+    ax = panels[-1]
+    scores = predictions.scores[index]
+    colours = ["tab:red" if j in classes.tolist() else "tab:gray" for j in range(len(scores))]
+    ax.barh(range(len(scores)), scores.numpy(), color=colours)
+    ax.set_yticks(range(len(scores)), names, fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel(predictions.score_kind)
+    ax.set_title("class scores (predicted in red)", fontsize=9)
+    ax.set_label("scores")
+    if predictions.score_kind != "EM activation" and "probability" not in predictions.score_kind:
+        ax.set_xlim(0, max(1.0, float(scores.max())))
+
+    if bottom is not None:
+        _capsule_panels(model, predictions, index, predicted, bottom)
+    return figure
+
+
+def _capsule_panels(model: TrainedModel, predictions: Predictions, index: int, predicted: int, bottom) -> None:
+    names = predictions.class_names
+    couplings = predictions.couplings
+    grid = child_grid(model.net, model.routing_layer[1]) if model.routing_layer and couplings is not None else None
+    decoder = getattr(model.net, "decoder", None) is not None
+    parts = bottom.subfigures(1, 2, width_ratios=[1, 1.3]) if decoder and grid else [bottom]
+    if decoder:
+        defaults = PosePerturbation()
+        inputs = predictions.inputs[index : index + 1].to(model.device)
+        perturbed = perturbed_reconstructions(model.net, inputs, defaults.steps, defaults.max_delta)[0].cpu()
+        pose_dim = perturbed.shape[0]
+        tiles = displayable(perturbed.flatten(0, 1))
+        grid_image = make_grid(tiles, nrow=defaults.steps, padding=1, pad_value=0.5)
+        ax = parts[0].subplots()
+        ax.imshow(grid_image.permute(1, 2, 0).numpy(), interpolation="nearest")
+        ax.set_title(
+            f"{names[predicted]}'s capsule, each of its {pose_dim} dimensions (rows) tweaked by "
+            f"-{defaults.max_delta} to +{defaults.max_delta} (columns)",
+            fontsize=9,
+        )
+        ax.set_label("pose_perturbation")
+        ax.set_xticks([]), ax.set_yticks([])
+    if grid:
+        types, innermost = grid
+        maps = coupling_maps(couplings[index], types, innermost)
+        layer_name = model.routing_layer[0]
+        quantity = "responsibility" if model.score_kind == "EM activation" else "coupling"
+        target = parts[-1]
+        target.suptitle(f"{layer_name}: each child's {quantity} to each class (predicted in bold)", fontsize=9)
+        where = "child position" if innermost else "primary capsule\nposition"
+        draw_coupling_maps(target, maps, names, f"{quantity}, mean over child types", where, 5, predicted)

@@ -1,0 +1,354 @@
+"""A trained model, ready to ask about images: ``capsexp.load(path).predict(images)``.
+
+:func:`load` takes a checkpoint or a run folder (its best checkpoint by validation accuracy, the one a
+run tests; ``last.ckpt`` where it saved none) and rebuilds, from the checkpoint's own record of its run
+(the resolved config, class names, code revision; for checkpoints older than that record, the run
+folder's ``.hydra/config.yaml``), the model in eval mode and the DataModule of its training data. The
+DataModule is never set up and reads no dataset: it only says how an image becomes the net's input
+(:meth:`~capsexp.data.base.InMemoryDataModule.fit_image`, then
+:meth:`~capsexp.data.base.InMemoryDataModule.evaluation_input`), so an image reaches the net exactly as
+the evaluation images did in training. Nothing about preprocessing is declared here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+from PIL import Image, UnidentifiedImageError
+from torchvision.transforms.v2 import functional as TF
+
+from capsexp.callbacks.routing_diagnostics import routing_layers
+from capsexp.config.routing_options import DynamicRouting
+from capsexp.data.images import decode, pil_mode
+from capsexp.errors import CapsexpError, CheckpointError, ImageError
+from capsexp.lit.classifier import RUN_RECORD
+from capsexp.lit.objectives import class_scores
+from capsexp.models import CapsNet, MatrixCapsNet
+from capsexp.nn import ClassMatrixCapsules, PrimaryCapsules
+from capsexp.run.build import build_model, instantiate
+from capsexp.run.checkpoints import RUN_CONFIG, check_checkpoint
+from capsexp.run.resume import LAST_CHECKPOINT
+
+ImageLike = str | os.PathLike | Image.Image | torch.Tensor
+BATCH_SIZE = 256  # images per forward pass
+
+
+def checkpoint_file(path: str | os.PathLike) -> tuple[Path, str | None]:
+    """The checkpoint ``path`` names, and a note when it is not the file itself: a run folder means its
+    best checkpoint by validation accuracy (the one beside ``last.ckpt``, which testing chose), or
+    ``last.ckpt`` where the run never validated."""
+    path = Path(path)
+    if not path.is_dir():
+        return path, None
+    checkpoints = path / "checkpoints"
+    best = [p for p in sorted(checkpoints.glob("*.ckpt")) if p.name != LAST_CHECKPOINT.name]
+    if best:
+        return best[0], f"its best checkpoint, {best[0].name}"
+    if (path / LAST_CHECKPOINT).is_file():
+        return path / LAST_CHECKPOINT, f"{LAST_CHECKPOINT.name}: the run saved no best checkpoint (it never validated)"
+    found = sorted(path.glob("*.ckpt"))
+    hint = f"; give one of its files: {', '.join(p.name for p in found[:3])}" if found else ""
+    raise CheckpointError(
+        f"ckpt_path={path} is a folder without a run's checkpoints (no checkpoints/*.ckpt in it): give a run "
+        f"folder (logs/train/runs/<time>...) or a .ckpt file{hint}"
+    )
+
+
+def score_kind(module: torch.nn.Module, objects: int = 1) -> str:
+    """What a model's class scores are: a capsule length (dynamic routing), a class capsule's activation
+    (another routing algorithm in CapsNet's place), an EM activation (matrix capsules), a sigmoid score
+    (CapsNet's fully connected reference head), or, for logits, the probability made of them (softmax;
+    sigmoid with several objects per image, as their loss is)."""
+    net = getattr(module, "net", module)
+    if not getattr(getattr(module, "objective", None), "presence_scores", False):
+        return "sigmoid probability" if objects > 1 else "softmax probability"
+    if isinstance(net, MatrixCapsNet):
+        return "EM activation"
+    if isinstance(net, CapsNet) and hasattr(net.digits, "router"):
+        return "capsule length" if isinstance(net.digits.routing, DynamicRouting) else "class capsule activation"
+    return "sigmoid score"
+
+
+@dataclasses.dataclass
+class Predictions:
+    """What a model says about N images (tensors on the CPU).
+
+    ``classes`` (N,) or, for T objects per image, (N, T); ``scores`` (N, K) of :attr:`score_kind`;
+    ``inputs``: the net's inputs; for capsule models ``poses`` (N, K, D) of the class capsules,
+    ``couplings`` (N, I, K): each child's share sent to each class capsule by the last routing layer
+    (couplings c_ij, or EM responsibilities R_ij), and ``reconstructions`` from the predicted capsules
+    (models with a decoder); ``notes``: per image, what was done to bring it to the net's input."""
+
+    classes: torch.Tensor
+    scores: torch.Tensor
+    score_kind: str
+    class_names: list[str]
+    inputs: torch.Tensor
+    notes: list[list[str]]
+    poses: torch.Tensor | None = None
+    couplings: torch.Tensor | None = None
+    reconstructions: torch.Tensor | None = None
+
+    def __len__(self) -> int:
+        return len(self.scores)
+
+    @property
+    def names(self) -> list[str]:
+        """Each image's predicted class by name (several objects joined by ``+``)."""
+        classes = self.classes if self.classes.ndim == 2 else self.classes[:, None]
+        return ["+".join(self.class_names[c] for c in row) for row in classes.tolist()]
+
+    def top(self, k: int) -> list[list[tuple[str, float]]]:
+        """Each image's ``k`` highest-scoring classes, by name, with their scores."""
+        values, indices = self.scores.topk(min(k, self.scores.shape[1]), dim=1)
+        return [
+            [(self.class_names[c], float(v)) for c, v in zip(row_i, row_v, strict=True)]
+            for row_i, row_v in zip(indices.tolist(), values.tolist(), strict=True)
+        ]
+
+
+class TrainedModel:
+    """A trained model with its preprocessing and class names (see the module's docstring).
+
+    Attributes: ``module`` (the :class:`~capsexp.lit.Classifier`, eval mode), ``net``, ``datamodule``
+    (unset up: preprocessing only), ``config`` (the run's), ``checkpoint`` (the file), ``class_names``,
+    ``score_kind``, ``revision`` (the code that trained it, where recorded), ``notes``."""
+
+    def __init__(
+        self, module: torch.nn.Module, datamodule: Any, config: DictConfig, checkpoint: Path, record: dict | None
+    ) -> None:
+        self.module, self.net, self.datamodule, self.config = module.eval(), module.net, datamodule, config
+        self.checkpoint = checkpoint
+        self.channels, self.image_size = datamodule.dims[0], datamodule.dims[-1]
+        self.objects = int(OmegaConf.select(config, "geometry.objects", default=1) or 1)
+        self.class_names = _class_names(record, datamodule, int(config.geometry.num_classes))
+        self.score_kind = score_kind(module, self.objects)
+        self.revision = (record or {}).get("revision")
+        self.notes: list[str] = []
+        self.routing_layer = next(reversed(routing_layers(module).items()), None)  # (name, layer): the last
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.module.parameters()).device
+
+    def to(self, device: str | torch.device) -> TrainedModel:
+        self.module.to(device)
+        return self
+
+    # ---- images -> the net's input ------------------------------------------------------------------
+    def read(self, image: ImageLike) -> tuple[torch.Tensor, list[str]]:
+        """One image (a file, a Pillow image, or a (C, H, W) tensor of pixels, uint8 or in [0, 1]) as a
+        (C, S, S) uint8 tensor of the evaluation size, and what was done to it."""
+        notes: list[str] = []
+        if isinstance(image, torch.Tensor):
+            pixels = _uint8(image)
+            channels = pixels.shape[0]
+            if channels == 3 and self.channels != 3:
+                pixels, note = TF.rgb_to_grayscale(pixels), "RGB converted to grey"
+                notes.append(note)
+            elif channels == 1 and self.channels == 3:
+                pixels = pixels.expand(3, -1, -1)
+                notes.append("grey repeated as RGB")
+            elif channels not in (1, 3):
+                raise ImageError(f"a tensor image has {channels} channels: give 1 (grey) or 3 (RGB), (C, H, W)")
+        else:
+            pixels, note = self._decode(image)
+            notes += [note] if note else []
+        if self.channels == 2 and pixels.shape[0] == 1:  # a stereo model: the image is both views
+            pixels = pixels.expand(2, -1, -1)
+            notes.append("used as both views of the stereo pair")
+        fitted, note = self.datamodule.fit_image(pixels.contiguous())
+        return fitted, notes + ([note] if note else [])
+
+    def _decode(self, image: str | os.PathLike | Image.Image) -> tuple[torch.Tensor, str | None]:
+        mode = pil_mode(self.channels)
+        if isinstance(image, Image.Image):
+            return decode(image, mode), _mode_note(image.mode, mode)
+        try:
+            with Image.open(image) as opened:
+                return decode(opened, mode), _mode_note(opened.mode, mode)
+        except FileNotFoundError:
+            raise ImageError(f"{image}: no such file") from None
+        except (UnidentifiedImageError, OSError) as error:
+            raise ImageError(f"{image}: not an image Pillow can read ({type(error).__name__})") from None
+
+    def inputs(self, images: torch.Tensor) -> torch.Tensor:
+        """(N, C, S, S) uint8 images of the evaluation size -> the net's input, on the model's device."""
+        return self.datamodule.evaluation_input(images.to(self.device))
+
+    # ---- prediction -------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def forward(self, inputs: torch.Tensor) -> Predictions:
+        """The model on a batch of net inputs (see :class:`Predictions`), notes left empty."""
+        captured: dict[str, torch.Tensor] = {}
+        hook = None
+        if self.routing_layer is not None:
+            hook = self.routing_layer[1].router.register_forward_hook(
+                lambda module, args, output: captured.__setitem__("assignment", output[2])
+            )
+        try:
+            output = self.module(inputs)
+        finally:
+            if hook is not None:
+                hook.remove()
+        raw = class_scores(output).float()
+        if self.score_kind == "softmax probability":
+            scores = raw.softmax(dim=-1)
+        elif self.score_kind == "sigmoid probability":
+            scores = raw.sigmoid()
+        else:
+            scores = raw
+        classes = scores.argmax(dim=-1) if self.objects == 1 else scores.topk(self.objects, dim=-1).indices
+        field = functools.partial(_field, output)
+        return Predictions(
+            classes=classes.cpu(),
+            scores=scores.cpu(),
+            score_kind=self.score_kind,
+            class_names=self.class_names,
+            inputs=inputs.float().cpu(),
+            notes=[[] for _ in range(len(inputs))],
+            poses=field("poses"),
+            couplings=captured["assignment"].float().cpu() if captured.get("assignment") is not None else None,
+            reconstructions=field("reconstructions"),
+        )
+
+    def predict(self, images: ImageLike | Iterable[ImageLike], batch_size: int = BATCH_SIZE) -> Predictions:
+        """Predict on image files, Pillow images or tensors ((C, H, W), or a batch (N, C, H, W)), in
+        batches of ``batch_size``; see :class:`Predictions`."""
+        if isinstance(images, (str, os.PathLike, Image.Image)) or (
+            isinstance(images, torch.Tensor) and images.ndim == 3
+        ):
+            images = [images]
+        parts: list[Predictions] = []
+        batch: list[torch.Tensor] = []
+        notes: list[list[str]] = []
+        for image in images:
+            pixels, note = self.read(image)
+            batch.append(pixels)
+            notes.append(note)
+            if len(batch) == batch_size:
+                parts.append(self.forward(self.inputs(torch.stack(batch))))
+                batch = []
+        if batch:
+            parts.append(self.forward(self.inputs(torch.stack(batch))))
+        if not parts:
+            raise ImageError("no images to predict on")
+        joined = concatenate(parts)
+        joined.notes = notes
+        return joined
+
+    def describe(self) -> str:
+        """One line: the net, its data, and what its scores are."""
+        return (
+            f"{type(self.net).__name__} trained on {self.config.geometry.name} "
+            f"({self.channels}x{self.image_size}x{self.image_size}, {len(self.class_names)} classes); "
+            f"scores: {self.score_kind}"
+        )
+
+
+def concatenate(parts: Sequence[Predictions]) -> Predictions:
+    """The predictions of several batches as one."""
+    first = parts[0]
+
+    def joined(name: str) -> torch.Tensor | None:
+        values = [getattr(part, name) for part in parts]
+        return None if values[0] is None else torch.cat(values)
+
+    return dataclasses.replace(
+        first,
+        **{name: joined(name) for name in ("classes", "scores", "inputs", "poses", "couplings", "reconstructions")},
+        notes=[note for part in parts for note in part.notes],
+    )
+
+
+def load(path: str | os.PathLike, device: str | torch.device = "cpu") -> TrainedModel:
+    """The trained model of a checkpoint or a run folder (see the module's docstring), in eval mode on
+    ``device``. :class:`~capsexp.errors.CheckpointError` for a file that is not a capsexp checkpoint."""
+    file, note = checkpoint_file(path)
+    where = f"ckpt_path={path}"
+    checkpoint = check_checkpoint(file, where=where)
+    if checkpoint is None:
+        raise CheckpointError(f"{where}: give a checkpoint file or a run folder")
+    record = checkpoint.get(RUN_RECORD)
+    if record is not None:
+        config = OmegaConf.create(record["config"])
+    else:  # a checkpoint from before runs recorded themselves in it: its run folder's config
+        config = _run_config(file, where)
+    module = build_model(where, config.model)
+    check_checkpoint(file, module, where)  # the weights fit (a clear message otherwise)
+    module.load_state_dict(checkpoint["state_dict"])
+    datamodule = instantiate("data", config.data, _convert_="all")
+    model = TrainedModel(module, datamodule, config, file, record).to(device)
+    if note:
+        model.notes.append(f"{path}: {note}")
+    return model
+
+
+def _run_config(file: Path, where: str) -> DictConfig:
+    from capsexp.config.hydra_setup import register
+
+    config_file = file.resolve().parent.parent / RUN_CONFIG
+    if not config_file.is_file():
+        raise CheckpointError(
+            f"{where}: the checkpoint holds no record of its run, and no run config is at {config_file}. A "
+            "checkpoint written before capsexp recorded runs in them must sit inside its run folder "
+            "(<run>/checkpoints/*.ckpt)."
+        )
+    register()
+    return OmegaConf.load(config_file)
+
+
+def _class_names(record: dict | None, datamodule: Any, num_classes: int) -> list[str]:
+    """The names the checkpoint recorded, else the DataModule's (where it can tell them without its
+    files), else the class numbers."""
+    names = (record or {}).get("class_names")
+    if not names:
+        try:
+            names = list(datamodule.class_names)
+        except (OSError, CapsexpError):  # a dataset that names its classes in its files, not on this machine
+            names = None
+    return [str(name) for name in names] if names and len(names) == num_classes else list(map(str, range(num_classes)))
+
+
+def _uint8(image: torch.Tensor) -> torch.Tensor:
+    """Pixels as uint8: uint8 kept, floats in [0, 1] scaled and rounded; a (H, W) image gets a channel."""
+    if image.ndim == 2:
+        image = image[None]
+    if image.ndim != 3:
+        raise ImageError(f"a tensor image must be (C, H, W) or (H, W); got shape {tuple(image.shape)}")
+    if image.dtype == torch.uint8:
+        return image.cpu()
+    if not image.is_floating_point() or image.min() < 0 or image.max() > 1:
+        raise ImageError("a tensor image must be uint8, or float with pixels in [0, 1]")
+    return image.detach().cpu().mul(255).round_().to(torch.uint8)
+
+
+def _mode_note(found: str, wanted: str) -> str | None:
+    """The note for an image converted between grey and colour (None when the model takes it as it is)."""
+    grey = found in ("1", "L", "LA", "I", "I;16", "F")  # a palette image (P) counts as colour
+    if wanted == "L" and not grey:
+        return "RGB converted to grey (ITU-R 601-2 luma), as the model's training images"
+    if wanted == "RGB" and grey:
+        return "grey converted to RGB, as the model's training images"
+    return None
+
+
+def _field(output: Any, name: str) -> torch.Tensor | None:
+    value = getattr(output, name, None)
+    return value.float().cpu() if isinstance(value, torch.Tensor) else None
+
+
+def child_grid(net: torch.nn.Module, layer: torch.nn.Module) -> tuple[int, bool] | None:
+    """How the children of a routing layer lie on a square grid: (types per position, whether the types are
+    innermost); None where they do not (no primary capsule grid)."""
+    if isinstance(layer, ClassMatrixCapsules):
+        return layer.weight.shape[0], True
+    primary = next((m for m in net.modules() if isinstance(m, PrimaryCapsules)), None)
+    return (primary.num_types, False) if primary is not None else None

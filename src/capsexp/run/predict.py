@@ -1,0 +1,343 @@
+"""``predict(cfg)``: a trained model on a user's image files, through Lightning's ``Trainer.predict``
+(its devices, precision and progress bar), the rows written batch by batch, so that a large folder
+never sits in memory.
+
+Writes into ``output_dir``: ``predictions.csv`` (a row per image: file, predicted class by name, its
+score, the top-k classes with their scores, what the score is, the label and whether it was right where
+the folder gives labels, and what was done to the image to fit the net), ``summary.md`` (the model, its
+checkpoint and code revision, the counts, the accuracy and confusion matrix where labelled) and, for the
+first ``explain`` images, a figure each in ``explain/`` (:mod:`capsexp.run.explain`).
+"""
+
+from __future__ import annotations
+
+import csv
+import glob
+import logging
+import math
+import sys
+import time
+import warnings
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import BasePredictionWriter, RichProgressBar
+from omegaconf import DictConfig
+from torch.utils.data import DataLoader, Dataset
+
+from capsexp.data.images import IMAGE_SUFFIXES
+from capsexp.errors import ConfigError, ImageError
+from capsexp.results.revision import short as short_revision
+from capsexp.run.build import instantiate
+from capsexp.run.explain import explain_figure
+from capsexp.run.inference import Predictions, TrainedModel, load
+from capsexp.run.run_folder import shown_path
+
+log = logging.getLogger("capsexp")
+
+PREDICTIONS, SUMMARY, EXPLAINED = "predictions.csv", "summary.md", "explain"
+_SHOWN = 5  # files named in an error
+
+
+def image_files(images: str) -> tuple[list[Path], Path | None]:
+    """The files ``images`` names (a file, a folder searched recursively for image files, or a glob),
+    sorted, and the folder when it is one; :class:`~capsexp.errors.ImageError` when it names none."""
+    path = Path(images).expanduser()
+    if path.is_dir():
+        files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
+        if not files:
+            raise ImageError(f"images={images}: no image files in this folder ({', '.join(IMAGE_SUFFIXES)})")
+        return files, path
+    if path.is_file():
+        return [path], None
+    if glob.has_magic(images):
+        files = sorted(Path(p) for p in glob.glob(str(path), recursive=True) if Path(p).is_file())
+        if not files:
+            raise ImageError(f"images={images}: the pattern matches no file")
+        return files, None
+    raise ImageError(f"images={images}: no such file or folder (give an image, a folder of images, or a glob)")
+
+
+def folder_labels(files: Sequence[Path], class_names: Sequence[str]) -> list[int] | None:
+    """Each file's class when every file sits in a folder named as one of the model's classes (an image
+    folder with class sub-folders); else None."""
+    index = {name: j for j, name in enumerate(class_names)}
+    labels = [index.get(path.parent.name) for path in files]
+    return None if any(label is None for label in labels) else labels
+
+
+class ImageFiles(Dataset):
+    """The files, each brought to the model's evaluation size (:meth:`TrainedModel.read`); an unreadable
+    one gives a blank image and its error, so that one bad file does not stop a folder."""
+
+    def __init__(self, files: Sequence[Path], model: TrainedModel) -> None:
+        self.files, self.model = list(files), model
+        self.blank = torch.zeros(model.channels, model.datamodule.evaluation_size, model.datamodule.evaluation_size)
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int, list[str], str]:
+        try:
+            pixels, notes = self.model.read(self.files[index])
+            return pixels, index, notes, ""
+        except ImageError as error:
+            return self.blank.to(torch.uint8), index, [], str(error)
+
+
+def _collate(items: list[tuple]) -> tuple[torch.Tensor, torch.Tensor, list[list[str]], list[str]]:
+    pixels, indices, notes, errors = zip(*items, strict=True)
+    return torch.stack(pixels), torch.tensor(indices), list(notes), list(errors)
+
+
+class Predictor(L.LightningModule):
+    """The trained model as a LightningModule for ``Trainer.predict``: a batch of fitted uint8 images
+    becomes the net's input on the device, then :meth:`TrainedModel.forward`."""
+
+    def __init__(self, model: TrainedModel) -> None:
+        super().__init__()
+        self.model = model
+        self.classifier = model.module  # a child module, so that the Trainer moves it to its device
+
+    def predict_step(self, batch: tuple, batch_idx: int, dataloader_idx: int = 0) -> tuple[Predictions, Any, list]:
+        images, indices, notes, errors = batch
+        predictions = self.model.forward(self.model.inputs(images))
+        predictions.notes = notes
+        return predictions, indices.cpu(), errors
+
+
+class PredictionWriter(BasePredictionWriter):
+    """Writes each batch's rows, keeps the first ``lines`` lines for the console, explains the first
+    ``explain`` images, and counts what the summary needs."""
+
+    def __init__(
+        self,
+        model: TrainedModel,
+        files: Sequence[Path],
+        root: Path | None,
+        labels: list[int] | None,
+        output: Path,
+        top_k: int,
+        lines: int,
+        explain: int,
+    ) -> None:
+        super().__init__(write_interval="batch")
+        self.model, self.files, self.root, self.labels, self.output = model, files, root, labels, output
+        self.top_k, self.lines, self.explain = top_k, lines, explain
+        classes = len(model.class_names)
+        self.confusion = torch.zeros(classes, classes, dtype=torch.long)
+        self.predicted = Counter()
+        self.notes: Counter[str] = Counter()
+        self.errors: list[str] = []
+        self.shown: list[str] = []
+        self.explained = self.explained_wrong = 0
+        self.rows = 0
+        self._handle = open(output / PREDICTIONS, "w", newline="")  # noqa: SIM115 (closed in close())
+        self._csv = csv.writer(self._handle)
+        header = ["file", "predicted", "score"]
+        for rank in range(1, top_k + 1):
+            header += [f"top{rank}", f"top{rank}_score"]
+        header += ["score_kind", *(["label", "correct"] if labels is not None else []), "notes"]
+        self._csv.writerow(header)
+
+    def shown_name(self, path: Path) -> str:
+        return str(path.relative_to(self.root)) if self.root is not None else str(path)
+
+    def write_on_batch_end(
+        self, trainer, pl_module, prediction: tuple, batch_indices, batch, batch_idx: int, dataloader_idx: int = 0
+    ) -> None:
+        predictions, indices, errors = prediction
+        names, tops = predictions.names, predictions.top(self.top_k)
+        for row, (index, error) in enumerate(zip(indices.tolist(), errors, strict=True)):
+            name = self.shown_name(self.files[index])
+            if error:
+                self.errors.append(error)
+                self._csv.writerow([name, "", "", *[""] * (2 * self.top_k), "", *self._label(index, None), error])
+                continue
+            classes = predictions.classes[row].reshape(-1).tolist()
+            score = float(predictions.scores[row, classes[0]])
+            notes = predictions.notes[row]
+            self.notes.update(notes)
+            self.predicted[names[row]] += 1
+            top = [value for pair in tops[row] for value in (pair[0], f"{pair[1]:.4f}")]
+            top += [""] * (2 * self.top_k - len(top))
+            label = self._label(index, classes[0])
+            self._csv.writerow(
+                [name, names[row], f"{score:.4f}", *top, predictions.score_kind, *label, "; ".join(notes)]
+            )
+            if len(self.shown) < self.lines:
+                listed = ", ".join(f"{cls} {value:.3f}" for cls, value in tops[row][1:])
+                label = ""
+                if self.labels is not None:
+                    right = "right" if self.labels[index] == classes[0] else "wrong"
+                    label = f"  [label {self.model.class_names[self.labels[index]]}: {right}]"
+                self.shown.append(
+                    f"{name}: {names[row]} ({predictions.score_kind} {score:.3f}){'; then ' + listed if listed else ''}"
+                    f"{label}"
+                )
+            if self.explained < self.explain:
+                self._explain(predictions, row, self._title(name, index), EXPLAINED)
+                self.explained += 1
+            if self.labels is not None and self.labels[index] != classes[0] and self.explained_wrong < self.explain:
+                self._explain(predictions, row, self._title(name, index), f"{EXPLAINED}/wrong")
+                self.explained_wrong += 1
+        self._handle.flush()
+        done = self.rows + len(indices)
+        if not sys.stdout.isatty() and done * 10 // len(self.files) > self.rows * 10 // len(self.files):
+            log.info(f"{done:,} of {len(self.files):,} images")
+        self.rows = done
+
+    def _label(self, index: int, predicted: int | None) -> list[str]:
+        if self.labels is None:
+            return []
+        label = self.labels[index]
+        if predicted is None:
+            return [self.model.class_names[label], ""]
+        self.confusion[label, predicted] += 1
+        return [self.model.class_names[label], str(int(label == predicted))]
+
+    def _title(self, name: str, index: int) -> str:
+        return name if self.labels is None else f"{name} (label {self.model.class_names[self.labels[index]]})"
+
+    def _explain(self, predictions: Predictions, row: int, title: str, subfolder: str) -> None:
+        folder = self.output / subfolder
+        folder.mkdir(parents=True, exist_ok=True)
+        figure = explain_figure(self.model, predictions, row, title)
+        stem = title.split(" (label ")[0].replace("/", "_").rsplit(".", 1)[0]
+        figure.savefig(folder / f"{stem}.png", dpi=90)
+
+    def close(self) -> None:
+        self._handle.close()
+
+
+def predict(cfg: DictConfig) -> dict[str, Any]:
+    """Predict as the module's docstring says; return the counts (``images``, ``unreadable``, and
+    ``accuracy`` where labelled). :class:`~capsexp.errors.ImageError` after writing, when a file could
+    not be read."""
+    top_k, batch_size = _positive(cfg, "top_k"), _positive(cfg, "batch_size")
+    lines, explain = _count(cfg, "lines"), _count(cfg, "explain")
+    model = load(cfg.ckpt_path)
+    for note in model.notes:
+        log.info(f"Checkpoint: {note}")
+    files, root = image_files(str(cfg.images))
+    labels = folder_labels(files, model.class_names) if root is not None and model.objects == 1 else None
+    log.info(f"{model.describe()}; trained by code {short_revision(model.revision)}")
+    log.info(
+        f"{len(files):,} images"
+        + (f" in {len(set(labels))} labelled class folders" if labels is not None else "")
+        + f"; each brought to {model.channels}x{model.datamodule.evaluation_size}x{model.datamodule.evaluation_size}"
+        " as the model's evaluation images were (docs/predict.md)"
+    )
+    output = Path(cfg.paths.output_dir)
+    output.mkdir(parents=True, exist_ok=True)
+    writer = PredictionWriter(model, files, root, labels, output, top_k, lines, explain)
+    loader = DataLoader(
+        ImageFiles(files, model),
+        batch_size=batch_size,
+        num_workers=int(cfg.num_workers),
+        collate_fn=_collate,
+        persistent_workers=False,
+    )
+    # Lightning's notices (which devices exist, tips advertising its services) and a deprecation it raises
+    # on every run: nothing a user acts on here.
+    logging.getLogger("lightning.pytorch.utilities.rank_zero").setLevel(logging.WARNING)
+    warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)")
+    terminal = sys.stdout.isatty()  # a progress bar on a terminal; in a log, a line every tenth of the images
+    trainer: L.Trainer = instantiate(
+        "trainer",
+        cfg.trainer,
+        callbacks=[writer, RichProgressBar()] if terminal else [writer],
+        enable_progress_bar=terminal,
+        logger=False,
+        enable_model_summary=False,
+    )
+    log.info(f"Predicting on {trainer.strategy.root_device} in batches of {batch_size}")
+    started = time.perf_counter()
+    try:
+        trainer.predict(Predictor(model), dataloaders=loader, return_predictions=False)
+    finally:
+        writer.close()
+    seconds = time.perf_counter() - started
+    log.info(f"{len(files):,} images in {seconds:.1f} s ({len(files) / seconds:,.0f} images/s: decoding and the model)")
+    for line in writer.shown:
+        print(line)
+    if len(files) - len(writer.errors) > len(writer.shown) and writer.shown:
+        print(f"... and {len(files) - len(writer.errors) - len(writer.shown):,} more in {PREDICTIONS}")
+    result = {**_summarise(cfg, model, writer, files), "seconds": seconds}
+    log.info(f"Predictions: {shown_path(output / PREDICTIONS)}; summary: {shown_path(output / SUMMARY)}")
+    if writer.errors:
+        shown = "\n  ".join(writer.errors[:_SHOWN]) + ("\n  ..." if len(writer.errors) > _SHOWN else "")
+        raise ImageError(
+            f"{len(writer.errors)} of {len(files):,} files could not be read as images (their rows in "
+            f"{shown_path(output / PREDICTIONS)} say so):\n  {shown}"
+        )
+    return result
+
+
+def _positive(cfg: DictConfig, key: str) -> int:
+    value = cfg.get(key)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{key}={value}: must be a whole number of at least 1")
+    return value
+
+
+def _count(cfg: DictConfig, key: str) -> int:
+    """``lines`` / ``explain``: a number of images, ``all`` or true (every one), false (none)."""
+    value = cfg.get(key)
+    if value is True or value == "all":
+        return math.inf  # type: ignore[return-value]
+    if value is False or value is None:
+        return 0
+    if isinstance(value, int) and value >= 0:
+        return value
+    raise ConfigError(f"{key}={value}: give a number of images, all (or true), or false (none)")
+
+
+def _summarise(cfg: DictConfig, model: TrainedModel, writer: PredictionWriter, files: Sequence[Path]) -> dict:
+    predicted = len(files) - len(writer.errors)
+    result: dict[str, Any] = {"images": predicted, "unreadable": len(writer.errors)}
+    names = model.class_names
+    text = [
+        "# Predictions",
+        "",
+        f"- model: {model.describe()}",
+        f"- checkpoint: `{model.checkpoint}`",
+        f"- trained by code: {short_revision(model.revision)}",
+        f"- images: `{cfg.images}`: {predicted:,} predicted"
+        + (f", {len(writer.errors)} unreadable" if writer.errors else ""),
+        f"- each image's row, top {writer.top_k} classes and scores: [{PREDICTIONS}]({PREDICTIONS})",
+    ]
+    if writer.notes:
+        text += ["", "What was done to bring images to the model's input (as its evaluation images were):", ""]
+        text += [f"- {count:,} of {predicted:,}: {note}" for note, count in writer.notes.most_common()]
+    text += ["", "| predicted | images |", "| --- | ---: |"]
+    text += [f"| {name} | {writer.predicted[name]:,} |" for name in names if writer.predicted[name]]
+    for name, count in writer.predicted.items():  # several objects: the joined names
+        if name not in names:
+            text.append(f"| {name} | {count:,} |")
+    if writer.labels is not None and writer.confusion.sum():
+        confusion = writer.confusion
+        accuracy = float(confusion.diag().sum() / confusion.sum())
+        result["accuracy"] = accuracy
+        text += [
+            "",
+            f"Accuracy: **{100 * accuracy:.2f}%** ({int(confusion.diag().sum()):,} of {int(confusion.sum()):,}; "
+            "labels from the class folders)",
+            "",
+            "Confusion matrix (rows: label, columns: predicted):",
+            "",
+            "| label \\ predicted | " + " | ".join(names) + " |",
+            "| --- |" + " ---: |" * len(names),
+        ]
+        text += [f"| {names[i]} | " + " | ".join(str(int(v)) for v in row) + " |" for i, row in enumerate(confusion)]
+        log.info(f"Accuracy: {100 * accuracy:.2f}% of {int(confusion.sum()):,} labelled images")
+    if writer.explained:
+        text += ["", f"Figures of the first {writer.explained} images: [{EXPLAINED}/]({EXPLAINED}/)"]
+    if writer.explained_wrong:
+        text += [f"and of the first {writer.explained_wrong} it got wrong: [{EXPLAINED}/wrong/]({EXPLAINED}/wrong/)"]
+    (writer.output / SUMMARY).write_text("\n".join(text) + "\n")
+    return result

@@ -1,0 +1,316 @@
+"""Predicting with a trained model: ``capsexp.load`` and ``python -m capsexp.predict`` bring an image
+file to the net exactly as the DataModule brought its evaluation images, predict what the run's own
+test step predicted, say what they did, explain an image with what the model computed, and refuse bad
+inputs in a few lines."""
+
+from __future__ import annotations
+
+import csv
+import pickle
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import capsexp
+from capsexp.errors import CheckpointError, ImageError
+from capsexp.lit.classifier import RUN_RECORD
+from capsexp.results.revision import REVISION_FILE, read_revision
+from capsexp.run.build import build_model, instantiate
+from capsexp.run.explain import coupling_maps, explain_figure
+from capsexp.run.inference import TrainedModel
+from tests.helpers import TINY_RUN, FakeTrainer, compose_config, run_cli_in_process, write_mnist, write_png
+
+TINY_CAPSNET = ["model=capsnet_small", "model.net.conv_channels=16", "model.net.primary_types=4"]
+
+
+def predict_cli(*overrides: str):
+    from capsexp.predict import main
+
+    return run_cli_in_process(*overrides, entry=main)
+
+
+def read_rows(path: Path) -> list[dict[str, str]]:
+    with open(path, newline="") as handle:
+        return list(csv.DictReader(handle))
+
+
+def digit_folder(images: torch.Tensor, labels: torch.Tensor, folder: Path) -> Path:
+    """Grey PNGs in one sub-folder per digit, as a user would lay out labelled images."""
+    for index, (image, label) in enumerate(zip(images, labels.tolist(), strict=True)):
+        (folder / str(label)).mkdir(parents=True, exist_ok=True)
+        Image.fromarray(image[0].numpy()).save(folder / str(label) / f"{index:04d}.png")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory) -> Path:
+    """A tiny CapsNet trained for two steps on synthetic MNIST, tested: its run folder."""
+    root = tmp_path_factory.mktemp("predict")
+    data_dir = write_mnist(root / "data")
+    run_dir = root / "run"
+    result = run_cli_in_process(
+        *TINY_RUN,
+        *TINY_CAPSNET,
+        f"paths.data_dir={data_dir}",
+        "trainer.max_steps=2",
+        "trainer.val_check_interval=2",
+        f"hydra.run.dir={run_dir}",
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return run_dir
+
+
+def untrained(overrides: list[str], tmp_path: Path) -> TrainedModel:
+    """The TrainedModel of a composed config (weights untrained: preprocessing is what is tested)."""
+    cfg = compose_config(overrides, tmp_path)
+    return TrainedModel(
+        build_model("model", cfg.model), instantiate("data", cfg.data, _convert_="all"), cfg, tmp_path, None
+    )
+
+
+def evaluation_batch(datamodule, count: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The DataModule's first ``count`` test images as stored, and as its test loop gives them to the net."""
+    datamodule.trainer = FakeTrainer(testing=True)
+    datamodule.prepare_data()
+    datamodule.setup("test")
+    stored = datamodule.data_test.images[:count]
+    targets = datamodule.data_test.targets[:count]
+    net_input = datamodule.on_after_batch_transfer((stored.clone(), targets), 0)[0]
+    datamodule.trainer = None
+    return stored, targets, net_input
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["data=mnist"],
+        ["data=translated_mnist"],
+        ["data=mnist", "data.normalize=true"],
+        ["data=cifar10", "model=lenet5"],
+    ],
+    ids=["mnist", "translated_mnist_40x40", "mnist_normalized", "cifar10"],
+)
+def test_a_png_reaches_the_net_as_the_datamodules_test_images_did(overrides, tmp_path):
+    data_dir = tmp_path / "data"
+    if "data=cifar10" in overrides:
+        from tests.test_colour_data import write_cifar
+
+        write_cifar(data_dir)
+    else:
+        write_mnist(data_dir)
+    model = untrained(
+        [*overrides, f"paths.data_dir={data_dir}", "data.verify_checksums=false", "data.val_size=10"], tmp_path
+    )
+    stored, _, expected = evaluation_batch(model.datamodule, 6)
+    files = []
+    for index, image in enumerate(stored):
+        files.append(tmp_path / f"{index}.png")
+        Image.fromarray(image.permute(1, 2, 0).squeeze(-1).numpy()).save(files[-1])
+    read = [model.read(path) for path in files]
+    assert all(notes == [] for _, notes in read)  # nothing done: the images are the evaluation size
+    assert torch.equal(model.inputs(torch.stack([pixels for pixels, _ in read])), expected)
+
+
+def test_an_rgb_image_folders_files_reach_the_net_as_its_datamodule_decodes_them(colour_folder, tmp_path):
+    """Non-square RGB files (36x40): resized and centre-cropped by the one decoder both paths use."""
+    model = untrained(
+        ["data=image_folder", f"data.root={colour_folder}", "data.channels=3", "data.image_size=32"], tmp_path
+    )
+    datamodule = model.datamodule
+    datamodule.data_dir = tmp_path  # its cache
+    datamodule.prepare_data()
+    cache = torch.load(datamodule.cache_path, weights_only=True)["all"]
+    files = sorted((colour_folder / name / f) for name in ("blue", "green", "red") for f in ("000.png", "001.png"))
+    index = [sorted(p for p in colour_folder.rglob("*.png")).index(f) for f in files]
+    read = [model.read(path) for path in files]
+    assert all(notes == ["resized (shorter side to 32, centre crop)"] for _, notes in read)
+    assert torch.equal(torch.stack([pixels for pixels, _ in read]), cache["images"][index])
+
+
+def test_a_digit_on_a_canvas_model_is_centred_and_other_sizes_resized_each_with_a_note(tmp_path):
+    model = untrained(["data=translated_mnist", f"paths.data_dir={tmp_path}"], tmp_path)
+    digit = torch.randint(0, 256, (1, 28, 28), dtype=torch.uint8)
+    pixels, notes = model.read(digit)
+    assert notes == ["placed at the centre of the 40x40 canvas"]
+    assert torch.equal(pixels[:, 6:34, 6:34], digit) and pixels.sum() == digit.sum()
+    pixels, notes = model.read(torch.randint(0, 256, (1, 50, 60), dtype=torch.uint8))
+    assert pixels.shape == (1, 40, 40) and notes == ["resized (shorter side to 40, centre crop)"]
+
+
+def test_colour_is_converted_both_ways_with_a_note(tmp_path):
+    grey = untrained(["data=mnist", f"paths.data_dir={tmp_path}"], tmp_path)
+    rgb_file = tmp_path / "rgb.png"
+    write_png(torch.randint(0, 256, (3, 28, 28), dtype=torch.uint8), rgb_file)
+    pixels, notes = grey.read(rgb_file)
+    expected = torch.from_numpy(np.array(Image.open(rgb_file).convert("L")))[None]
+    assert torch.equal(pixels, expected) and notes[0].startswith("RGB converted to grey")
+    colour = untrained(["data=cifar10", "model=lenet5", f"paths.data_dir={tmp_path}"], tmp_path)
+    grey_file = tmp_path / "grey.png"
+    Image.fromarray(np.full((32, 32), 77, np.uint8)).save(grey_file)
+    pixels, notes = colour.read(grey_file)
+    assert (
+        pixels.shape == (3, 32, 32)
+        and (pixels == 77).all()
+        and notes == ["grey converted to RGB, as the model's training images"]
+    )
+
+
+def test_load_gives_the_model_that_predicts_what_its_test_step_did(trained_run, tmp_path):
+    """capsexp.load(run folder) -> its best checkpoint; predicting on PNGs of the test images gives the
+    classes the run's test step scored (the logged test accuracy), and the scores of its forward pass."""
+    model = capsexp.load(trained_run)
+    assert model.checkpoint.parent == trained_run / "checkpoints" and model.checkpoint.name != "last.ckpt"
+    assert model.score_kind == "capsule length" and model.class_names == [str(d) for d in range(10)]
+    datamodule = instantiate("data", model.config.data, _convert_="all")
+    stored, targets, net_input = evaluation_batch(datamodule, 100)
+    with torch.no_grad():
+        expected = model.module(net_input).scores
+    files = sorted(digit_folder(stored, targets, tmp_path / "digits").rglob("*.png"))
+    predictions = model.predict(files)  # in the order given: by class folder, then by index
+    order = torch.tensor([int(p.stem) for p in files])
+    assert torch.allclose(predictions.scores, expected[order], atol=1e-6)
+    assert torch.equal(predictions.classes, expected[order].argmax(dim=1))
+    from tests.helpers import scalars
+
+    test_acc = scalars(trained_run)["test/acc"][-1].value
+    assert float((predictions.classes == targets[order]).float().mean()) == pytest.approx(test_acc, abs=1e-6)
+    # structured results of a capsule model
+    assert predictions.poses.shape == (100, 10, 16) and predictions.couplings.shape[::2] == (100, 10)
+    assert predictions.reconstructions.shape == (100, 1, 28, 28)
+    assert predictions.names[0] == str(int(predictions.classes[0]))
+
+
+def test_the_predict_command_writes_rows_a_summary_with_accuracy_and_figures(trained_run, tmp_path):
+    model = capsexp.load(trained_run)
+    datamodule = instantiate("data", model.config.data, _convert_="all")
+    stored, targets, _ = evaluation_batch(datamodule, 30)
+    folder = digit_folder(stored, targets, tmp_path / "digits")
+    out = tmp_path / "out"
+    result = predict_cli(
+        f"ckpt_path={trained_run}", f"images={folder}", "explain=2", "lines=3", "top_k=2", f"hydra.run.dir={out}"
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = read_rows(out / "predictions.csv")
+    assert len(rows) == 30 and rows[0]["score_kind"] == "capsule length"
+    expected = model.predict([folder / row["file"] for row in rows])
+    assert [row["predicted"] for row in rows] == expected.names
+    assert [float(row["top2_score"]) for row in rows] == pytest.approx([t[1][1] for t in expected.top(2)], abs=1e-4)
+    accuracy = np.mean([row["predicted"] == row["label"] for row in rows])
+    summary = (out / "summary.md").read_text()
+    assert f"Accuracy: **{100 * accuracy:.2f}%**" in summary and "Confusion matrix" in summary
+    printed = [line for line in result.stdout.splitlines() if not line.startswith("[")]  # not the log's lines
+    assert len(printed) == 4 and "capsule length" in printed[0] and printed[-1].startswith("... and 27 more")
+    assert len(list((out / "explain").glob("*.png"))) == 2
+
+
+def test_the_figure_of_an_image_holds_what_the_model_computed(trained_run, tmp_path):
+    model = capsexp.load(trained_run)
+    image = torch.randint(0, 256, (1, 28, 28), dtype=torch.uint8)
+    predictions = model.predict(image)
+    figure = explain_figure(model, predictions, 0, "an image")
+    axes = {ax.get_label(): ax for ax in figure.get_axes() if ax.get_label()}
+    net = model.net
+    with torch.no_grad():
+        output = net(predictions.inputs)
+        # the couplings recomputed by the router's own forward, iteration by iteration
+        children = net.primary(torch.relu(net.conv1(predictions.inputs)))
+        couplings = net.digits.routed_by_iteration(children)[-1].assignment[0]
+    assert np.allclose(axes["input"].images[0].get_array(), predictions.inputs[0, 0].numpy())
+    assert np.allclose(axes["reconstruction"].images[0].get_array(), output.reconstructions[0, 0].numpy(), atol=1e-6)
+    widths = [patch.get_width() for patch in axes["scores"].patches]
+    assert np.allclose(widths, output.scores[0].numpy(), atol=1e-6)
+    maps = coupling_maps(couplings, net.primary.num_types, types_innermost=False)
+    for j in range(10):
+        assert np.allclose(axes[f"couplings/{j}"].images[0].get_array(), maps[j].numpy(), atol=1e-6)
+    assert "pose_perturbation" in axes
+
+
+def test_a_checkpoint_carries_its_run_and_the_run_folder_its_revision(trained_run):
+    checkpoint = torch.load(next((trained_run / "checkpoints").glob("epoch_*.ckpt")), weights_only=True)
+    record = checkpoint[RUN_RECORD]
+    assert record["config"]["model"]["net"]["primary_types"] == 4 and record["class_names"][3] == "3"
+    revision = read_revision(trained_run)
+    assert revision == record["revision"] and (trained_run / REVISION_FILE).is_file()
+    assert revision["commit"] is None or len(revision["commit"]) == 40
+
+
+def test_bad_inputs_get_a_few_lines(trained_run, tmp_path):
+    not_image = tmp_path / "notes.png"
+    not_image.write_text("not an image")
+    good = tmp_path / "good.png"
+    Image.fromarray(np.zeros((28, 28), np.uint8)).save(good)
+    (tmp_path / "empty").mkdir()
+    torch.save({"weights": torch.zeros(2)}, tmp_path / "other.ckpt")
+    cases = {
+        (f"images={not_image}",): "1 of 1 files could not be read as images",
+        (f"images={tmp_path / 'empty'}",): "no image files in this folder",
+        (f"images={tmp_path}/*.jpeg",): "the pattern matches no file",
+        (f"images={tmp_path / 'missing.png'}",): "no such file or folder",
+        (f"images={good}", f"ckpt_path={tmp_path / 'other.ckpt'}"): "not a Lightning checkpoint",
+        (f"images={good}", "top_k=0"): "top_k=0: must be a whole number of at least 1",
+    }
+    for overrides, message in cases.items():
+        ckpt = [] if any(o.startswith("ckpt_path") for o in overrides) else [f"ckpt_path={trained_run}"]
+        result = predict_cli(*ckpt, *overrides, f"hydra.run.dir={tmp_path / 'out'}", "explain=0")
+        assert result.returncode != 0 and message in result.stderr, (overrides, result.stderr[-2000:])
+        assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) <= 8
+    with pytest.raises(ImageError, match="not an image Pillow can read"):
+        capsexp.load(trained_run).predict(not_image)
+    with pytest.raises(CheckpointError, match="not a PyTorch checkpoint"):
+        bad = tmp_path / "bad.ckpt"
+        bad.write_bytes(pickle.dumps([1, 2]))
+        capsexp.load(bad)
+
+
+def readme_section() -> str:
+    from capsexp import PROJECT_ROOT
+
+    return (PROJECT_ROOT / "README.md").read_text().split("## Using a trained model")[1].split("\n## ")[0]
+
+
+def test_the_readmes_predict_command_and_python_example_work_on_a_runs_folder(trained_run, tmp_path, monkeypatch):
+    """The README's two uses of its first run's model, on MNIST test digits written as PNG files (real
+    MNIST where it is present, the synthetic digits otherwise)."""
+    import re
+
+    from tests.helpers import real_data_dir
+
+    data_dir = real_data_dir()
+    if not (data_dir / "MNIST" / "raw").is_dir():
+        data_dir = write_mnist(tmp_path / "data")
+    from capsexp.data import MNISTDataModule
+
+    stored, targets, _ = evaluation_batch(MNISTDataModule(data_dir=data_dir, verify_checksums=False), 20)
+    monkeypatch.chdir(tmp_path)
+    digit_folder(stored, targets, tmp_path / "my_digits")
+    section = readme_section().replace("logs/train/runs/<YYYY-mm-dd_HH-MM-SS-ffffff>", str(trained_run))
+    command = re.search(r"python -m capsexp\.predict (.*)", section)[1].split()
+    result = predict_cli(*command, f"hydra.run.dir={tmp_path / 'out'}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert len(read_rows(tmp_path / "out" / "predictions.csv")) == 20
+    # the Python example, with two of the folder's files for the two it names
+    code = re.search(r"```python\n(.*?)```", section, re.S)[1]
+    files = sorted((tmp_path / "my_digits").rglob("*.png"))
+    for shown, real in zip(re.findall(r'"(my_digits/[^"]+)"', code), files[:2], strict=True):
+        code = code.replace(shown, str(real))
+    namespace: dict = {}
+    exec(code, namespace)
+    assert len(namespace["predictions"]) == 2 and len(namespace["top"]) == 3
+
+
+def test_a_run_writes_a_model_card_from_what_it_recorded(trained_run):
+    from capsexp.results.revision import short
+    from tests.helpers import scalars
+
+    card = (trained_run / "model_card.md").read_text()
+    logged = scalars(trained_run)
+    assert card.startswith("# Model card: capsnet_small on mnist")
+    assert f"| test/acc | {100 * logged['test/acc'][-1].value:.2f}% |" in card
+    assert f"| val/acc_best | {100 * logged['val/acc_best'][-1].value:.2f}% |" in card
+    assert "| split sizes | train 240, val 60, test 100 |" in card  # the synthetic MNIST's 300 and 100
+    model = capsexp.load(trained_run)
+    assert f"| parameters | {sum(p.numel() for p in model.net.parameters()):,} |" in card
+    assert short(read_revision(trained_run)) in card and "primary_types=4" in card
