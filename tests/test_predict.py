@@ -183,29 +183,6 @@ def test_load_gives_the_model_that_predicts_what_its_test_step_did(trained_run, 
     assert predictions.names[0] == str(int(predictions.classes[0]))
 
 
-def test_the_predict_command_writes_rows_a_summary_with_accuracy_and_figures(trained_run, tmp_path):
-    model = capsexp.load(trained_run)
-    datamodule = instantiate("data", model.config.data, _convert_="all")
-    stored, targets, _ = evaluation_batch(datamodule, 30)
-    folder = digit_folder(stored, targets, tmp_path / "digits")
-    out = tmp_path / "out"
-    result = predict_cli(
-        f"ckpt_path={trained_run}", f"images={folder}", "explain=2", "lines=3", "top_k=2", f"hydra.run.dir={out}"
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    rows = read_rows(out / "predictions.csv")
-    assert len(rows) == 30 and rows[0]["score_kind"] == "capsule length"
-    expected = model.predict([folder / row["file"] for row in rows])
-    assert [row["predicted"] for row in rows] == expected.names
-    assert [float(row["top2_score"]) for row in rows] == pytest.approx([t[1][1] for t in expected.top(2)], abs=1e-4)
-    accuracy = np.mean([row["predicted"] == row["label"] for row in rows])
-    summary = (out / "summary.md").read_text()
-    assert f"Accuracy: **{100 * accuracy:.2f}%**" in summary and "Confusion matrix" in summary
-    printed = [line for line in result.stdout.splitlines() if not line.startswith("[")]  # not the log's lines
-    assert len(printed) == 4 and "capsule length" in printed[0] and printed[-1].startswith("... and 27 more")
-    assert len(list((out / "explain").glob("*.png"))) == 2
-
-
 def test_the_figure_of_an_image_holds_what_the_model_computed(trained_run, tmp_path):
     model = capsexp.load(trained_run)
     image = torch.randint(0, 256, (1, 28, 28), dtype=torch.uint8)
@@ -251,6 +228,7 @@ def test_bad_inputs_get_a_few_lines(trained_run, tmp_path):
         (f"images={tmp_path / 'missing.png'}",): "no such file or folder",
         (f"images={good}", f"ckpt_path={tmp_path / 'other.ckpt'}"): "not a Lightning checkpoint",
         (f"images={good}", "top_k=0"): "top_k=0: must be a whole number of at least 1",
+        (f"images={good}", "trainer.devices=2"): "trainer.devices=2: predict runs on one device",
     }
     for overrides, message in cases.items():
         ckpt = [] if any(o.startswith("ckpt_path") for o in overrides) else [f"ckpt_path={trained_run}"]
@@ -271,29 +249,43 @@ def readme_section() -> str:
     return (PROJECT_ROOT / "README.md").read_text().split("## Using a trained model")[1].split("\n## ")[0]
 
 
-def test_the_readmes_predict_command_and_python_example_work_on_a_runs_folder(trained_run, tmp_path, monkeypatch):
-    """The README's two uses of its first run's model, on MNIST test digits written as PNG files (real
-    MNIST where it is present, the synthetic digits otherwise)."""
+def test_the_readmes_predict_command_writes_rows_a_summary_and_figures_and_its_python_example_runs(
+    trained_run, tmp_path, monkeypatch
+):
+    """The README's two uses of its first run's model, on 30 MNIST test digits written as PNG files in
+    class folders (real MNIST where it is present, the synthetic digits otherwise): the rows are the
+    model's own predictions, the summary holds their accuracy, the first lines are printed."""
     import re
 
+    from capsexp.data import MNISTDataModule
     from tests.helpers import real_data_dir
 
     data_dir = real_data_dir()
     if not (data_dir / "MNIST" / "raw").is_dir():
         data_dir = write_mnist(tmp_path / "data")
-    from capsexp.data import MNISTDataModule
-
-    stored, targets, _ = evaluation_batch(MNISTDataModule(data_dir=data_dir, verify_checksums=False), 20)
+    stored, targets, _ = evaluation_batch(MNISTDataModule(data_dir=data_dir, verify_checksums=False), 30)
     monkeypatch.chdir(tmp_path)
-    digit_folder(stored, targets, tmp_path / "my_digits")
+    folder = digit_folder(stored, targets, tmp_path / "my_digits")
     section = readme_section().replace("logs/train/runs/<YYYY-mm-dd_HH-MM-SS-ffffff>", str(trained_run))
     command = re.search(r"python -m capsexp\.predict (.*)", section)[1].split()
-    result = predict_cli(*command, f"hydra.run.dir={tmp_path / 'out'}")
+    out = tmp_path / "out"
+    result = predict_cli(*command, "explain=2", "lines=3", "top_k=2", f"hydra.run.dir={out}")
     assert result.returncode == 0, result.stderr[-3000:]
-    assert len(read_rows(tmp_path / "out" / "predictions.csv")) == 20
+    rows = read_rows(out / "predictions.csv")
+    assert len(rows) == 30 and rows[0]["score_kind"] == "capsule length"
+    model = capsexp.load(trained_run)
+    expected = model.predict([folder / row["file"] for row in rows])
+    assert [row["predicted"] for row in rows] == expected.names
+    assert [float(row["top2_score"]) for row in rows] == pytest.approx([t[1][1] for t in expected.top(2)], abs=1e-4)
+    accuracy = np.mean([row["predicted"] == row["label"] for row in rows])
+    summary = (out / "summary.md").read_text()
+    assert f"Accuracy: **{100 * accuracy:.2f}%**" in summary and "Confusion matrix" in summary
+    printed = [line for line in result.stdout.splitlines() if not line.startswith("[")]  # not the log's lines
+    assert len(printed) == 4 and "capsule length" in printed[0] and printed[-1].startswith("... and 27 more")
+    assert len(list((out / "explain").glob("*.png"))) == 2
     # the Python example, with two of the folder's files for the two it names
     code = re.search(r"```python\n(.*?)```", section, re.S)[1]
-    files = sorted((tmp_path / "my_digits").rglob("*.png"))
+    files = sorted(folder.rglob("*.png"))
     for shown, real in zip(re.findall(r'"(my_digits/[^"]+)"', code), files[:2], strict=True):
         code = code.replace(shown, str(real))
     namespace: dict = {}
@@ -314,3 +306,18 @@ def test_a_run_writes_a_model_card_from_what_it_recorded(trained_run):
     model = capsexp.load(trained_run)
     assert f"| parameters | {sum(p.numel() for p in model.net.parameters()):,} |" in card
     assert short(read_revision(trained_run)) in card and "primary_types=4" in card
+
+
+def test_an_image_the_model_takes_otherwise_gets_one_line_per_thing_done(trained_run, tmp_path):
+    """A 50x60 RGB photo into a 28x28 grey model: converted and resized, each said once in the output and
+    in its row."""
+    write_png(torch.randint(0, 256, (3, 50, 60), dtype=torch.uint8), tmp_path / "photo.png")
+    result = predict_cli(
+        f"ckpt_path={trained_run}", f"images={tmp_path / 'photo.png'}", f"hydra.run.dir={tmp_path / 'out'}"
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "1 of 1 images: RGB converted to grey (ITU-R 601-2 luma), as the model's training images" in result.stdout
+    assert "1 of 1 images: resized (shorter side to 28, centre crop)" in result.stdout
+    (row,) = read_rows(tmp_path / "out" / "predictions.csv")
+    grey = "RGB converted to grey (ITU-R 601-2 luma), as the model's training images"
+    assert row["notes"] == f"{grey}; resized (shorter side to 28, centre crop)"

@@ -30,7 +30,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--keep-runs",
         action="store_true",
-        help=f"copy the runs' overrides, machine records and event files (kilobytes) into OUTPUT/{KEPT_RUNS}/, "
+        help=f"copy the runs' overrides, machine and code records, configs (without paths) and event files "
+        f"(kilobytes) into OUTPUT/{KEPT_RUNS}/, "
         "replacing the runs kept there, and write the page from the copies, so that it can be rebuilt from them",
     )
     parser.add_argument(

@@ -304,9 +304,10 @@ RECORDED_HPARAMS = "hparams.yaml"  # the Lightning logger's record of the run's 
 
 
 def keep_runs(runs: list[Run], folder: Path, output: Path) -> Path:
-    """Copy what a page needs of each run (overrides, machine record, event files, the model's recorded
-    parameters and FLOPs: kilobytes) into ``output/runs/`` (replacing what it held), by the runs' paths under
-    ``folder``. Overrides that name this machine's folders (``hydra.sweep.dir=...``, ``ckpt_path=...``) are left out."""
+    """Copy what a page needs of each run (overrides, machine and code records, the composed config without
+    absolute paths (:func:`without_locations`), event files, the model's recorded parameters and FLOPs:
+    kilobytes) into ``output/runs/`` (replacing what it held), by the runs' paths under ``folder``. Overrides
+    that name this machine's folders (``hydra.sweep.dir=...``, ``ckpt_path=...``) are left out."""
     kept = output / KEPT_RUNS
     if kept.resolve() == folder.resolve():
         return kept  # rebuilding from the kept runs: they stay as they are

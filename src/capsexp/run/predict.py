@@ -15,6 +15,7 @@ import csv
 import glob
 import logging
 import math
+import os
 import sys
 import time
 import warnings
@@ -48,7 +49,7 @@ def image_files(images: str) -> tuple[list[Path], Path | None]:
     sorted, and the folder when it is one; :class:`~capsexp.errors.ImageError` when it names none."""
     path = Path(images).expanduser()
     if path.is_dir():
-        files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
+        files = sorted((p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES), key=str)
         if not files:
             raise ImageError(f"images={images}: no image files in this folder ({', '.join(IMAGE_SUFFIXES)})")
         return files, path
@@ -127,6 +128,7 @@ class PredictionWriter(BasePredictionWriter):
     ) -> None:
         super().__init__(write_interval="batch")
         self.model, self.files, self.root, self.labels, self.output = model, files, root, labels, output
+        self._root = str(root) + os.sep if root is not None else ""  # what a shown file name leaves out
         self.top_k, self.lines, self.explain = top_k, lines, explain
         classes = len(model.class_names)
         self.confusion = torch.zeros(classes, classes, dtype=torch.long)
@@ -145,60 +147,61 @@ class PredictionWriter(BasePredictionWriter):
         self._csv.writerow(header)
 
     def shown_name(self, path: Path) -> str:
-        return str(path.relative_to(self.root)) if self.root is not None else str(path)
+        text = str(path)
+        return text[len(self._root) :] if self._root and text.startswith(self._root) else text
 
     def write_on_batch_end(
         self, trainer, pl_module, prediction: tuple, batch_indices, batch, batch_idx: int, dataloader_idx: int = 0
     ) -> None:
         predictions, indices, errors = prediction
+        # Per batch, not per row: the scores and classes as lists, the confusion counts in one update.
         names, tops = predictions.names, predictions.top(self.top_k)
-        for row, (index, error) in enumerate(zip(indices.tolist(), errors, strict=True)):
+        first = predictions.classes.reshape(len(predictions), -1)[:, 0]
+        scores = predictions.scores.gather(1, first[:, None])[:, 0].tolist()
+        first, indices = first.tolist(), indices.tolist()
+        kind, blank = predictions.score_kind, [""] * (2 * self.top_k)
+        labels = [self.labels[index] for index in indices] if self.labels is not None else None
+        rows = []
+        for row, (index, error) in enumerate(zip(indices, errors, strict=True)):
             name = self.shown_name(self.files[index])
+            label = [] if labels is None else [self.model.class_names[labels[row]]]
             if error:
                 self.errors.append(error)
-                self._csv.writerow([name, "", "", *[""] * (2 * self.top_k), "", *self._label(index, None), error])
+                rows.append([name, "", "", *blank, "", *label, *([""] if label else []), error])
                 continue
-            classes = predictions.classes[row].reshape(-1).tolist()
-            score = float(predictions.scores[row, classes[0]])
             notes = predictions.notes[row]
             self.notes.update(notes)
             self.predicted[names[row]] += 1
             top = [value for pair in tops[row] for value in (pair[0], f"{pair[1]:.4f}")]
-            top += [""] * (2 * self.top_k - len(top))
-            label = self._label(index, classes[0])
-            self._csv.writerow(
-                [name, names[row], f"{score:.4f}", *top, predictions.score_kind, *label, "; ".join(notes)]
-            )
+            correct = [str(int(labels[row] == first[row]))] if label else []
+            score = f"{scores[row]:.4f}"
+            rows.append([name, names[row], score, *top, *blank[len(top) :], kind, *label, *correct, "; ".join(notes)])
             if len(self.shown) < self.lines:
-                listed = ", ".join(f"{cls} {value:.3f}" for cls, value in tops[row][1:])
-                label = ""
-                if self.labels is not None:
-                    right = "right" if self.labels[index] == classes[0] else "wrong"
-                    label = f"  [label {self.model.class_names[self.labels[index]]}: {right}]"
-                self.shown.append(
-                    f"{name}: {names[row]} ({predictions.score_kind} {score:.3f}){'; then ' + listed if listed else ''}"
-                    f"{label}"
-                )
+                self.shown.append(self._line(name, names[row], kind, scores[row], tops[row], labels, row, first[row]))
             if self.explained < self.explain:
                 self._explain(predictions, row, self._title(name, index), EXPLAINED)
                 self.explained += 1
-            if self.labels is not None and self.labels[index] != classes[0] and self.explained_wrong < self.explain:
+            if labels is not None and labels[row] != first[row] and self.explained_wrong < self.explain:
                 self._explain(predictions, row, self._title(name, index), f"{EXPLAINED}/wrong")
                 self.explained_wrong += 1
+        self._csv.writerows(rows)
         self._handle.flush()
+        if labels is not None:
+            read = torch.tensor([not error for error in errors], dtype=torch.bool)
+            pairs = torch.tensor(labels)[read], torch.tensor(first)[read]
+            self.confusion.index_put_(pairs, torch.ones_like(pairs[0]), accumulate=True)
         done = self.rows + len(indices)
         if not sys.stdout.isatty() and done * 10 // len(self.files) > self.rows * 10 // len(self.files):
             log.info(f"{done:,} of {len(self.files):,} images")
         self.rows = done
 
-    def _label(self, index: int, predicted: int | None) -> list[str]:
-        if self.labels is None:
-            return []
-        label = self.labels[index]
-        if predicted is None:
-            return [self.model.class_names[label], ""]
-        self.confusion[label, predicted] += 1
-        return [self.model.class_names[label], str(int(label == predicted))]
+    def _line(self, name: str, predicted: str, kind: str, score: float, top: list, labels, row: int, first: int) -> str:
+        """The printed line of one image: its prediction and score, the runners-up, and its label."""
+        listed = ", ".join(f"{cls} {value:.3f}" for cls, value in top[1:])
+        label = ""
+        if labels is not None:
+            label = f"  [label {self.model.class_names[labels[row]]}: {'right' if labels[row] == first else 'wrong'}]"
+        return f"{name}: {predicted} ({kind} {score:.3f}){'; then ' + listed if listed else ''}{label}"
 
     def _title(self, name: str, index: int) -> str:
         return name if self.labels is None else f"{name} (label {self.model.class_names[self.labels[index]]})"
@@ -219,6 +222,11 @@ def predict(cfg: DictConfig) -> dict[str, Any]:
     ``accuracy`` where labelled). :class:`~capsexp.errors.ImageError` after writing, when a file could
     not be read."""
     top_k, batch_size = _positive(cfg, "top_k"), _positive(cfg, "batch_size")
+    if cfg.trainer.get("devices") not in (1, "1") or cfg.trainer.get("num_nodes", 1) != 1:
+        raise ConfigError(
+            f"trainer.devices={cfg.trainer.get('devices')}: predict runs on one device (its rows are written in "
+            "order by one process); choose it with trainer.accelerator=cpu|gpu, trainer.devices=1"
+        )
     lines, explain = _count(cfg, "lines"), _count(cfg, "explain")
     model = load(cfg.ckpt_path)
     for note in model.notes:
@@ -267,6 +275,8 @@ def predict(cfg: DictConfig) -> dict[str, Any]:
         print(line)
     if len(files) - len(writer.errors) > len(writer.shown) and writer.shown:
         print(f"... and {len(files) - len(writer.errors) - len(writer.shown):,} more in {PREDICTIONS}")
+    for note, count in writer.notes.most_common():  # what was done to fit images, one line each (docs/predict.md)
+        log.info(f"{count:,} of {len(files) - len(writer.errors):,} images: {note}")
     result = {**_summarise(cfg, model, writer, files), "seconds": seconds}
     log.info(f"Predictions: {shown_path(output / PREDICTIONS)}; summary: {shown_path(output / SUMMARY)}")
     if writer.errors:
