@@ -185,11 +185,12 @@ class TrainedModel:
 
     # ---- prediction -------------------------------------------------------------------------------
     @torch.inference_mode()
-    def forward(self, inputs: torch.Tensor) -> Predictions:
-        """The model on a batch of net inputs (see :class:`Predictions`), notes left empty."""
+    def forward(self, inputs: torch.Tensor, couplings: bool = True) -> Predictions:
+        """The model on a batch of net inputs (see :class:`Predictions`), notes left empty. ``couplings=False``
+        leaves them out: dynamic routing runs fused, without them, and keeping them runs its routing twice."""
         captured: dict[str, torch.Tensor] = {}
         hook = None
-        if self.routing_layer is not None:
+        if self.routing_layer is not None and couplings:
             hook = self.routing_layer[1].router.register_forward_hook(
                 lambda module, args, output: captured.__setitem__("assignment", output[2])
             )

@@ -99,14 +99,15 @@ class Predictor(L.LightningModule):
     """The trained model as a LightningModule for ``Trainer.predict``: a batch of fitted uint8 images
     becomes the net's input on the device, then :meth:`TrainedModel.forward`."""
 
-    def __init__(self, model: TrainedModel) -> None:
+    def __init__(self, model: TrainedModel, writer: PredictionWriter) -> None:
         super().__init__()
-        self.model = model
+        self.model, self.writer = model, writer
         self.classifier = model.module  # a child module, so that the Trainer moves it to its device
 
     def predict_step(self, batch: tuple, batch_idx: int, dataloader_idx: int = 0) -> tuple[Predictions, Any, list]:
         images, indices, notes, errors = batch
-        predictions = self.model.forward(self.model.inputs(images))
+        # The couplings only while figures are still to be drawn (keeping them costs a second routing pass).
+        predictions = self.model.forward(self.model.inputs(images), couplings=self.writer.wants_figures)
         predictions.notes = notes
         return predictions, indices.cpu(), errors
 
@@ -145,6 +146,11 @@ class PredictionWriter(BasePredictionWriter):
             header += [f"top{rank}", f"top{rank}_score"]
         header += ["score_kind", *(["label", "correct"] if labels is not None else []), "notes"]
         self._csv.writerow(header)
+
+    @property
+    def wants_figures(self) -> bool:
+        """Whether images of the next batch may still be explained (the first ones, or wrong ones)."""
+        return self.explained < self.explain or (self.labels is not None and self.explained_wrong < self.explain)
 
     def shown_name(self, path: Path) -> str:
         text = str(path)
@@ -266,7 +272,7 @@ def predict(cfg: DictConfig) -> dict[str, Any]:
     log.info(f"Predicting on {trainer.strategy.root_device} in batches of {batch_size}")
     started = time.perf_counter()
     try:
-        trainer.predict(Predictor(model), dataloaders=loader, return_predictions=False)
+        trainer.predict(Predictor(model, writer), dataloaders=loader, return_predictions=False)
     finally:
         writer.close()
     seconds = time.perf_counter() - started
