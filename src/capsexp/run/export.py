@@ -18,18 +18,17 @@ import logging
 import time
 import warnings
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from torch import nn
 
 from capsexp.config.routing_options import RandomRouting
 from capsexp.errors import CapsexpError, ConfigError
-from capsexp.run.inference import TrainedModel
+from capsexp.run.inference import TrainedModel, reported_scores
 
 log = logging.getLogger("capsexp")
 
-Format = Literal["onnx", "torchscript"]
 FORMATS: dict[str, str] = {"onnx": ".onnx", "torchscript": ".pt"}  # format -> file ending
 OPSET = 18  # the ONNX opset written (ONNX Runtime 1.16 and later run it)
 
@@ -49,11 +48,7 @@ class Exported(nn.Module):
 
     def forward(self, images: torch.Tensor) -> tuple[torch.Tensor, ...]:
         output = self.net(self.datamodule.evaluation_input(images))
-        scores = output if isinstance(output, torch.Tensor) else output.scores
-        if self.score_kind == "softmax probability":
-            scores = scores.softmax(dim=-1)
-        elif self.score_kind == "sigmoid probability":
-            scores = scores.sigmoid()
+        scores = reported_scores(output if isinstance(output, torch.Tensor) else output.scores, self.score_kind)
         poses = getattr(output, "poses", None)
         return (scores,) if poses is None else (scores, poses)
 

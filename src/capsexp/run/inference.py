@@ -76,6 +76,15 @@ def score_kind(module: torch.nn.Module, objects: int = 1) -> str:
     return "sigmoid score"
 
 
+def reported_scores(raw: torch.Tensor, kind: str) -> torch.Tensor:
+    """A net's class scores as :func:`score_kind` names them: logits made probabilities, others as they are."""
+    if kind == "softmax probability":
+        return raw.softmax(dim=-1)
+    if kind == "sigmoid probability":
+        return raw.sigmoid()
+    return raw
+
+
 @dataclasses.dataclass
 class Predictions:
     """What a model says about N images (tensors on the CPU).
@@ -199,13 +208,7 @@ class TrainedModel:
         finally:
             if hook is not None:
                 hook.remove()
-        raw = class_scores(output).float()
-        if self.score_kind == "softmax probability":
-            scores = raw.softmax(dim=-1)
-        elif self.score_kind == "sigmoid probability":
-            scores = raw.sigmoid()
-        else:
-            scores = raw
+        scores = reported_scores(class_scores(output).float(), self.score_kind)
         classes = scores.argmax(dim=-1) if self.objects == 1 else scores.topk(self.objects, dim=-1).indices
         field = functools.partial(_field, output)
         return Predictions(
