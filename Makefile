@@ -35,10 +35,11 @@ test-all:  ## every test, slow ones included (end-to-end runs on real MNIST)
 mutate:  ## mutation testing (mutmut), 50 mutants of each area (ARGS="--area models": one area whole) -> experiments/results/mutation.md
 	$(BIN)/python experiments/mutation.py $(or $(ARGS),--sample)
 
-bench:  ## speed + accuracy benchmarks -> experiments/results/bench.md, bench_em.md, bench_routing.md (about 50 min on 2 cores)
+bench:  ## speed + accuracy benchmarks -> experiments/results/bench.md, bench_em.md, bench_routing.md (about 50 min on 2 cores), bench_predict.md (13 min)
 	$(BIN)/python experiments/bench_capsnet.py --accuracy $(ARGS)
 	$(BIN)/python experiments/bench_em_caps.py --accuracy $(ARGS)
 	$(BIN)/python experiments/bench_routing.py
+	$(BIN)/python experiments/bench_predict.py
 
 bench-gpu:  ## GPU benchmark: images/s, epoch time, peak memory per model, fp32/bf16, eager/compiled -> experiments/results/bench_gpu.md
 	$(BIN)/python experiments/bench_gpu.py $(ARGS)
