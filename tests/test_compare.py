@@ -584,6 +584,7 @@ def test_the_page_names_the_code_each_run_ran_and_keeps_its_config_without_paths
     config = yaml.safe_load((kept / ".hydra" / "config.yaml").read_text())
     assert config == {"data": {"data_dir": "${paths.data_dir}"}, "paths": {"data_dir": MACHINE_PATH}, "seed": 1}
     for run in runs:  # one revision for all
+        (run / REVISION_FILE).unlink()
         write_revision(run, clean)
     page = compare(tmp_path / "multirun", tmp_path / "again").output / "README.md"
     assert "- Code: `aaaaaaa` (every run)." in page.read_text()

@@ -214,6 +214,19 @@ def test_a_checkpoint_carries_its_run_and_the_run_folder_its_revision(trained_ru
     assert revision["commit"] is None or len(revision["commit"]) == 40
 
 
+def test_a_run_resumed_by_other_code_keeps_the_code_it_ran_before(tmp_path):
+    from capsexp.results.revision import short, write_revision
+
+    first = {"version": "0.1.0", "commit": "a" * 40, "dirty": False, "diff_sha256": None}
+    second = {**first, "dirty": True, "diff_sha256": "b" * 64}
+    write_revision(tmp_path, first)
+    write_revision(tmp_path, first)  # resumed by the same code: nothing to keep
+    assert read_revision(tmp_path) == first and short(first) == "aaaaaaa"
+    write_revision(tmp_path, second)
+    assert read_revision(tmp_path) == {**second, "earlier": [first]}
+    assert short(read_revision(tmp_path)) == "aaaaaaa, then aaaaaaa+changes bbbbbbbb"
+
+
 def test_bad_inputs_get_a_few_lines(trained_run, tmp_path):
     not_image = tmp_path / "notes.png"
     not_image.write_text("not an image")

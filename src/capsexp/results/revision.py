@@ -56,9 +56,12 @@ def describe(root: Path = PROJECT_ROOT) -> dict[str, Any]:
 
 def short(record: dict[str, Any] | None) -> str:
     """One word for a page: ``e5538d9``, ``e5538d9+changes 3f2a9c1b`` (uncommitted changes, their hash's
-    first 8 digits), ``0.1.0 (no git)``, or ``not recorded``."""
+    first 8 digits), ``0.1.0 (no git)``, or ``not recorded``; a run resumed by other code names each,
+    ``ab12cd3, then e5538d9``."""
     if not record:
         return "not recorded"
+    if record.get("earlier"):
+        return ", then ".join(short({**r, "earlier": None}) for r in [*record["earlier"], record])
     if not record.get("commit"):
         return f"{record.get('version', '?')} (no git)"
     text = str(record["commit"])[:7]
@@ -68,8 +71,15 @@ def short(record: dict[str, Any] | None) -> str:
 
 
 def write_revision(run_folder: Path, record: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Write ``record`` (default: :func:`describe`) as the run's ``revision.yaml``; return it."""
-    record = describe() if record is None else record
+    """Write ``record`` (default: :func:`describe`) as the run's ``revision.yaml``; return it. A run resumed
+    by other code than it ran before keeps the earlier records, oldest first, under ``earlier``."""
+    record = dict(describe() if record is None else record)
+    previous = read_revision(run_folder)
+    if previous is not None:
+        earlier = previous.pop("earlier", [])
+        earlier += [previous] if previous != record else []
+        if earlier:
+            record["earlier"] = earlier
     (run_folder / REVISION_FILE).write_text(yaml.safe_dump(record, sort_keys=False))
     return record
 
