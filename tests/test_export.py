@@ -29,10 +29,11 @@ FAST_ONNX = {"capsnet_dynamic"}
 
 
 def trained_model(overrides: list[str], tmp_path) -> TrainedModel:
-    """A model as capsexp.load gives it (weights as built: parity is what is tested), eval mode."""
+    """A model as capsexp.load gives it, eval mode, untrained (parity is what is tested) but with its weights,
+    biases and BatchNorm statistics moved off their initial values, so that none of them is trivial."""
     cfg = compose_config([*overrides, f"paths.data_dir={tmp_path}"], tmp_path)
     module = build_model("model", cfg.model)
-    with torch.no_grad():  # weights off their initial values, biases and BatchNorm statistics included
+    with torch.no_grad():
         for parameter in module.parameters():
             parameter.add_(torch.randn_like(parameter) * 0.01)
         for name, buffer in module.named_buffers():
