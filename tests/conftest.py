@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from capsexp.config import hydra_setup
-from tests.helpers import real_data_dir, write_image_folder, write_mnist, write_norb
+from tests.helpers import has_real_mnist, real_data_dir, write_image_folder, write_mnist, write_norb
 
 # Tests compose configs and resolve saved ones (${project_root:}) outside the command line.
 hydra_setup.register()
@@ -24,8 +24,8 @@ hydra_setup.register()
 @pytest.fixture
 def real_mnist_dir() -> Path:
     data_dir = real_data_dir()
-    if not (data_dir / "MNIST" / "raw" / "t10k-labels-idx1-ubyte.gz").exists():
-        pytest.skip(f"real MNIST not found in {data_dir}/MNIST/raw (set CAPSEXP_DATA_DIR)")
+    if not has_real_mnist(data_dir):
+        pytest.skip(f"real MNIST not found in {data_dir}/MNIST/raw, plain or .gz (set CAPSEXP_DATA_DIR)")
     return data_dir
 
 

@@ -78,6 +78,15 @@ def real_data_dir() -> Path:
     return PROJECT_ROOT.parent / "shared" / "data"
 
 
+def has_real_mnist(data_dir: Path) -> bool:
+    """Whether ``data_dir`` holds the four official MNIST files in ``MNIST/raw/``, each plain or ``.gz`` (as
+    the DataModule reads them)."""
+    from capsexp.data.mnist import UNPACKED_MD5
+
+    raw = data_dir / "MNIST" / "raw"
+    return all((raw / name).exists() or (raw / f"{name}.gz").exists() for name in UNPACKED_MD5)
+
+
 def compose_config(overrides: list[str] | None = None, output_dir: Path | None = None) -> DictConfig:
     """Compose conf/config.yaml as the CLI would, with ``paths.output_dir`` set (no Hydra run)."""
     cfg = compose(overrides or [])

@@ -151,3 +151,14 @@ def test_real_mnist_checksums(real_mnist_dir):
         1009,
     ]
     assert md5sum(real_mnist_dir / RAW / "t10k-images-idx3-ubyte") == "2646ac647ad5339dbf082846283269ea"
+
+
+def test_real_mnist_is_found_plain_or_gz_as_the_datamodule_reads_it(tmp_path):
+    """The real-data tests run for a user whose data dir holds the four IDX files unpacked, not only .gz."""
+    from tests.helpers import has_real_mnist
+
+    assert not has_real_mnist(tmp_path)
+    write_mnist(tmp_path, gz=False)
+    assert has_real_mnist(tmp_path)
+    (tmp_path / "MNIST" / "raw" / "t10k-labels-idx1-ubyte").unlink()
+    assert not has_real_mnist(tmp_path)

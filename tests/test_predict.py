@@ -271,10 +271,10 @@ def test_the_readmes_predict_command_writes_rows_a_summary_and_figures_and_its_p
     import re
 
     from capsexp.data import MNISTDataModule
-    from tests.helpers import real_data_dir
+    from tests.helpers import has_real_mnist, real_data_dir
 
     data_dir = real_data_dir()
-    if not (data_dir / "MNIST" / "raw").is_dir():
+    if not has_real_mnist(data_dir):
         data_dir = write_mnist(tmp_path / "data")
     stored, targets, _ = evaluation_batch(MNISTDataModule(data_dir=data_dir, verify_checksums=False), 30)
     monkeypatch.chdir(tmp_path)
