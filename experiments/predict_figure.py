@@ -3,7 +3,7 @@ checkpoint, as ``python -m capsexp.predict ... explain=1`` draws it.
 
     python experiments/predict_figure.py logs/train/runs/<time> --index 0 --output docs/images/predict_explain.png
 
-The docs' figure: ``model=capsnet_small data=mnist trainer.max_steps=1500`` (seed 1234), test digit 0.
+The docs' figure: ``model=capsnet_small data=mnist trainer.max_steps=1500`` (seed 1234), ``--index 8``.
 """
 
 from __future__ import annotations
@@ -19,7 +19,9 @@ from capsexp.run.explain import explain_figure
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("checkpoint", help="a run folder or a .ckpt file of a model trained on MNIST")
-    parser.add_argument("--index", type=int, default=0, help="the MNIST test digit to explain")
+    parser.add_argument(
+        "--index", type=int, default=0, help="the MNIST test image to explain (its index in the test set)"
+    )
     parser.add_argument("--output", type=Path, default=Path("docs/images/predict_explain.png"))
     args = parser.parse_args(argv)
     model = capsexp.load(args.checkpoint)
@@ -28,7 +30,7 @@ def main(argv: list[str] | None = None) -> None:
     data.setup("test")
     image, label = data.data_test.images[args.index], int(data.data_test.targets[args.index])
     predictions = model.predict(image)
-    figure = explain_figure(model, predictions, 0, f"MNIST test digit {args.index} (label {label})")
+    figure = explain_figure(model, predictions, 0, f"MNIST test image no. {args.index}, label {label}")
     figure.savefig(args.output, dpi=80)
     print(f"{args.output}: {model.describe()}; predicted {predictions.names[0]}")
 

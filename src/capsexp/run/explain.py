@@ -51,7 +51,7 @@ def explain_figure(model: TrainedModel, predictions: Predictions, index: int, ti
     names = predictions.class_names
     capsules = predictions.poses is not None
     figure = Figure(figsize=(13, 9.5 if capsules else 3.6), layout="constrained")
-    figure.suptitle(f"{title}: {predictions.names[index]}", fontsize=12)
+    figure.suptitle(f"{title}: predicted {predictions.names[index]}", fontsize=12)
     top, bottom = figure.subfigures(2, 1, height_ratios=[1, 1.35]) if capsules else (figure, None)
 
     decoder = predictions.reconstructions is not None
@@ -102,13 +102,22 @@ def _capsule_panels(model: TrainedModel, predictions: Predictions, index: int, p
         grid_image = make_grid(tiles, nrow=defaults.steps, padding=1, pad_value=0.5)
         ax = parts[0].subplots()
         ax.imshow(grid_image.permute(1, 2, 0).numpy(), interpolation="nearest")
-        ax.set_title(
-            f"{names[predicted]}'s capsule, each of its {pose_dim} dimensions (rows) tweaked by "
-            f"-{defaults.max_delta} to +{defaults.max_delta} (columns)",
-            fontsize=9,
-        )
+        ax.set_title(f"{names[predicted]}'s capsule, each pose dimension tweaked", fontsize=9)
         ax.set_label("pose_perturbation")
-        ax.set_xticks([]), ax.set_yticks([])
+        # Ticks at the tiles' centres (make_grid: a 1-pixel border before each tile): rows are the pose
+        # dimensions, numbered from 1; columns the tweaks, its ends and middle labelled.
+        height, width = tiles.shape[-2:]
+        rows = [1 + r * (height + 1) + height / 2 for r in range(pose_dim)]
+        ax.set_yticks(rows, [str(d + 1) for d in range(pose_dim)], fontsize=7)
+        ax.set_ylabel("pose dimension", fontsize=8)
+        deltas = torch.linspace(-defaults.max_delta, defaults.max_delta, defaults.steps)
+        shown = sorted({0, defaults.steps // 2, defaults.steps - 1})
+        ax.set_xticks(
+            [1 + c * (width + 1) + width / 2 for c in shown],
+            ["0" if abs(float(deltas[c])) < 1e-6 else f"{float(deltas[c]):+.2f}" for c in shown],
+            fontsize=7,
+        )
+        ax.set_xlabel("added to the dimension", fontsize=8)
     if grid:
         types, innermost = grid
         maps = coupling_maps(couplings[index], types, innermost)
