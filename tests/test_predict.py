@@ -15,11 +15,12 @@ import torch
 from PIL import Image
 
 import capsexp
+from capsexp.callbacks.routing_figures import position_maps
 from capsexp.errors import CheckpointError, ImageError
 from capsexp.lit.classifier import RUN_RECORD
 from capsexp.results.revision import REVISION_FILE, read_revision
 from capsexp.run.build import build_model, instantiate
-from capsexp.run.explain import coupling_maps, explain_figure
+from capsexp.run.explain import explain_figure
 from capsexp.run.inference import TrainedModel
 from tests.helpers import TINY_RUN, FakeTrainer, compose_config, run_cli_in_process, write_mnist, write_png
 
@@ -199,7 +200,7 @@ def test_the_figure_of_an_image_holds_what_the_model_computed(trained_run, tmp_p
     assert np.allclose(axes["reconstruction"].images[0].get_array(), output.reconstructions[0, 0].numpy(), atol=1e-6)
     widths = [patch.get_width() for patch in axes["scores"].patches]
     assert np.allclose(widths, output.scores[0].numpy(), atol=1e-6)
-    maps = coupling_maps(couplings, net.primary.num_types, types_innermost=False)
+    maps = position_maps(couplings[None], net.primary.num_types)[0]
     for j in range(10):
         assert np.allclose(axes[f"couplings/{j}"].images[0].get_array(), maps[j].numpy(), atol=1e-6)
     assert "pose_perturbation" in axes

@@ -151,16 +151,22 @@ def class_coupling_maps(
     """(J, S, S): for each class j, the mean over the images of class j of c_ij (couplings (B, I, J),
     children type-major over a square S x S grid, or numbered (h, w, type) with ``types_innermost``, as
     EM class capsules number them), averaged over the types; NaN for a class with no image among them."""
+    per_position = position_maps(couplings, num_types, types_innermost)  # (B, J, S, S)
+    one_hot = F.one_hot(labels, couplings.shape[-1]).to(per_position.dtype)  # (B, J)
+    counts = one_hot.sum(dim=0)
+    maps = torch.einsum("bjxy,bj->jxy", per_position, one_hot) / counts[:, None, None]  # 0/0 = NaN: no image
+    return maps.float().cpu()
+
+
+def position_maps(couplings: torch.Tensor, num_types: int, types_innermost: bool = False) -> torch.Tensor:
+    """(B, J, S, S): each image's couplings (B, I, J) to each class j, averaged over the child types at each
+    position of the children's square S x S grid (children type-major, or numbered (h, w, type) with
+    ``types_innermost``, as EM class capsules number them)."""
     batch, children, classes = couplings.shape
     side = math.isqrt(children // num_types)
     if types_innermost:
-        per_position = couplings.view(batch, side, side, num_types, classes).mean(dim=3)  # (B, S, S, J)
-    else:
-        per_position = couplings.view(batch, num_types, side, side, classes).mean(dim=1)
-    one_hot = F.one_hot(labels, classes).to(per_position.dtype)  # (B, J)
-    counts = one_hot.sum(dim=0)
-    maps = torch.einsum("bxyj,bj->jxy", per_position, one_hot) / counts[:, None, None]  # 0/0 = NaN: no image
-    return maps.float().cpu()
+        return couplings.view(batch, side, side, num_types, classes).mean(dim=3).permute(0, 3, 1, 2)
+    return couplings.view(batch, num_types, side, side, classes).mean(dim=1).permute(0, 3, 1, 2)
 
 
 def coupling_figure(

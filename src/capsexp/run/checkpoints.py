@@ -117,9 +117,18 @@ def model_of_run(ckpt_path: str | Path, where: str) -> tuple[Any, Any]:
     """The model of the run that saved ``ckpt_path`` (``<run>/checkpoints/<file>.ckpt``), built from the
     run's ``.hydra/config.yaml`` (``where`` names the key in messages) with the checkpoint's weights,
     and that config."""
-    from omegaconf import OmegaConf
-
     from capsexp.run.build import build_model
+
+    cfg = run_config(ckpt_path, where)
+    module = build_model(where, cfg.model)
+    module.load_state_dict(check_checkpoint(ckpt_path, module, where)["state_dict"])
+    return module, cfg
+
+
+def run_config(ckpt_path: str | Path, where: str) -> Any:
+    """The composed config (``.hydra/config.yaml``) of the run that saved ``ckpt_path``
+    (``<run>/checkpoints/<file>.ckpt``); :class:`CheckpointError` naming ``where`` when it is not there."""
+    from omegaconf import OmegaConf
 
     config_file = Path(ckpt_path).resolve().parent.parent / RUN_CONFIG
     if not config_file.is_file():
@@ -127,10 +136,7 @@ def model_of_run(ckpt_path: str | Path, where: str) -> tuple[Any, Any]:
             f"{where}: no run config at {config_file}. The checkpoint must sit inside the folder of the run "
             "that wrote it (<run>/checkpoints/*.ckpt): its .hydra/config.yaml builds its model."
         )
-    cfg = OmegaConf.load(config_file)
-    module = build_model(where, cfg.model)
-    module.load_state_dict(check_checkpoint(ckpt_path, module, where)["state_dict"])
-    return module, cfg
+    return OmegaConf.load(config_file)
 
 
 def best_checkpoint(run: Path) -> Path:

@@ -12,15 +12,13 @@ shows (``Axes.get_label``: ``input``, ``reconstruction``, ``scores``, ``pose_per
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import torch
 from matplotlib.figure import Figure
 from torchvision.utils import make_grid
 
 from capsexp.callbacks.image_logging import PosePerturbation, displayable, overlaid, perturbed_reconstructions
-from capsexp.callbacks.routing_figures import draw_coupling_maps
+from capsexp.callbacks.routing_figures import draw_coupling_maps, position_maps
 from capsexp.run.inference import Predictions, TrainedModel, child_grid
 
 
@@ -32,16 +30,6 @@ def shown_image(image: torch.Tensor) -> np.ndarray:
         image = (image - image.min()) / (image.max() - image.min()).clamp_min(1e-8)
     image = displayable(image[None])[0]
     return (image[0] if image.shape[0] == 1 else image.permute(1, 2, 0)).numpy()
-
-
-def coupling_maps(couplings: torch.Tensor, types: int, types_innermost: bool) -> torch.Tensor:
-    """(K, S, S): one image's couplings (I, K) to each class, averaged over the child types at each
-    position of the children's S x S grid."""
-    children, classes = couplings.shape
-    side = math.isqrt(children // types)
-    if types_innermost:
-        return couplings.view(side, side, types, classes).mean(dim=2).permute(2, 0, 1)
-    return couplings.view(types, side, side, classes).mean(dim=0).permute(2, 0, 1)
 
 
 def explain_figure(model: TrainedModel, predictions: Predictions, index: int, title: str) -> Figure:
@@ -120,7 +108,7 @@ def _capsule_panels(model: TrainedModel, predictions: Predictions, index: int, p
         ax.set_xlabel("added to the dimension", fontsize=8)
     if grid:
         types, innermost = grid
-        maps = coupling_maps(couplings[index], types, innermost)
+        maps = position_maps(couplings[index : index + 1], types, innermost)[0]
         layer_name = model.routing_layer[0]
         quantity = "responsibility" if model.score_kind == "EM activation" else "coupling"
         target = parts[-1]

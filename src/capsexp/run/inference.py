@@ -33,7 +33,7 @@ from capsexp.lit.objectives import class_scores
 from capsexp.models import CapsNet, MatrixCapsNet
 from capsexp.nn import ClassMatrixCapsules, PrimaryCapsules
 from capsexp.run.build import build_model, instantiate
-from capsexp.run.checkpoints import RUN_CONFIG, check_checkpoint
+from capsexp.run.checkpoints import best_checkpoint, check_checkpoint, run_config
 from capsexp.run.resume import LAST_CHECKPOINT
 
 ImageLike = str | os.PathLike | Image.Image | torch.Tensor
@@ -47,10 +47,11 @@ def checkpoint_file(path: str | os.PathLike) -> tuple[Path, str | None]:
     path = Path(path)
     if not path.is_dir():
         return path, None
-    checkpoints = path / "checkpoints"
-    best = [p for p in sorted(checkpoints.glob("*.ckpt")) if p.name != LAST_CHECKPOINT.name]
-    if best:
-        return best[0], f"its best checkpoint, {best[0].name}"
+    try:
+        best = best_checkpoint(path)
+        return best, f"its best checkpoint, {best.name}"
+    except CheckpointError:
+        pass
     if (path / LAST_CHECKPOINT).is_file():
         return path / LAST_CHECKPOINT, f"{LAST_CHECKPOINT.name}: the run saved no best checkpoint (it never validated)"
     found = sorted(path.glob("*.ckpt"))
@@ -296,17 +297,11 @@ def load(path: str | os.PathLike, device: str | torch.device = "cpu") -> Trained
 
 
 def _run_config(file: Path, where: str) -> DictConfig:
+    """The run folder's config, its resolvers registered (a checkpoint older than the runs' own record)."""
     from capsexp.config.hydra_setup import register
 
-    config_file = file.resolve().parent.parent / RUN_CONFIG
-    if not config_file.is_file():
-        raise CheckpointError(
-            f"{where}: the checkpoint holds no record of its run, and no run config is at {config_file}. A "
-            "checkpoint written before capsexp recorded runs in them must sit inside its run folder "
-            "(<run>/checkpoints/*.ckpt)."
-        )
     register()
-    return OmegaConf.load(config_file)
+    return run_config(file, where)
 
 
 def _class_names(record: dict | None, datamodule: Any, num_classes: int) -> list[str]:
