@@ -83,14 +83,15 @@ def example_images(model: TrainedModel, count: int) -> tuple[torch.Tensor, str]:
     return random, f"{count} images of random pixels (the training data is not on this machine)"
 
 
-def export(model: TrainedModel, format: str, path: Path, batch: int = 2) -> Path:
-    """Write ``model`` to ``path`` in ``format`` (see the module's docstring), traced on ``batch``
-    example images; and ``<path>.json``. :class:`ExportError` naming what cannot be exported."""
+def export(model: TrainedModel, format: str, path: Path, batch: int = 2, images: torch.Tensor | None = None) -> Path:
+    """Write ``model`` to ``path`` in ``format`` (see the module's docstring), traced on ``batch`` example
+    images (the first of ``images`` where given, else of :func:`example_images`); and ``<path>.json``.
+    :class:`ExportError` naming what cannot be exported."""
     if format not in FORMATS:
         raise ConfigError(f"format={format}: choose one of {', '.join(FORMATS)}")
     check_exportable(model)
     module = Exported(model.to("cpu")).eval()
-    images, _ = example_images(model, batch)
+    images = example_images(model, batch)[0] if images is None else images[:batch]
     path.parent.mkdir(parents=True, exist_ok=True)
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the exporters' notes on their own internals
@@ -195,16 +196,17 @@ def export_command(cfg) -> dict[str, Any]:
         log.info(f"Checkpoint: {note}")
     format = str(cfg.format)
     path = Path(cfg.paths.output_dir) / f"model{FORMATS.get(format, '')}"
+    count = int(cfg.check_images)
+    # Read once: the first two trace the graph, all of them check it.
+    images, which = example_images(model, max(count, 2))
     log.info(f"Exporting {model.describe()} to {format}")
-    export(model, format, path)
+    export(model, format, path, images=images)
     log.info(
         f"Written: {shown_path(path)} ({path.stat().st_size / 2**20:.1f} MiB) and {path.with_suffix('.json').name}"
     )
-    count = int(cfg.check_images)
     if count <= 0:
         return {}
-    images, which = example_images(model, count)
-    result = compare(model, format, path, images)
+    result = compare(model, format, path, images[:count])
     worst = max(value for key, value in result.items() if key.startswith("max_abs"))
     log.info(
         f"Checked on {which}: largest difference from the model {worst:.2e} "
