@@ -373,10 +373,11 @@ def test_an_experiments_page_its_paper_figures_statistics_and_reproduction_check
         and f"| {adjusted[p_second]:.3f} | no |" in against
     )
     # The reproduction check: iterations=1 expected 95.5 within the budget's 1 point (here 95.5), both
-    # iterations=3 rows 97.5 within 0.6 points, from their two runs' std: 98.0 within, 96.5 not.
-    assert "| iterations=1 reconstruction=true | 95.50 | ±1.00 | 95.50 | yes |" in page
-    assert "| iterations=3 reconstruction=true | 97.50 | ±0.60 | 98.00 | yes |" in page
-    assert "| iterations=3 reconstruction=false | 97.50 | ±0.60 | 96.50 | **no** |" in page
+    # iterations=3 rows 97.5 within 0.6 points, from their two runs' std and our two: 98.0 within, 96.5 not.
+    assert "| iterations=1 reconstruction=true | 95.50 (1) | ±1.00 | 95.50 (2) | yes |" in page
+    assert "| iterations=3 reconstruction=true | 97.50 (2) | ±0.60 | 98.00 (2) | yes |" in page
+    assert "| iterations=3 reconstruction=false | 97.50 (2) | ±0.60 | 96.50 (2) | **no** |" in page
+    assert "3 configurations checked against the figures of a page of the project." in page
     assert result.failed == ["iterations=3 reconstruction=false"]
     with pytest.raises(SystemExit) as exit_info:
         main([str(tmp_path / "sweep"), "--check"])
@@ -399,7 +400,7 @@ def test_runs_given_other_settings_than_the_studys_are_not_checked_against_its_f
     result = compare(tmp_path / "sweep")
     check = (result.output / "README.md").read_text().split("## Reproduction check (study=quick)")[1]
     rows = [line for line in check.splitlines() if line.startswith("| iterations=")]
-    assert rows == ["| iterations=1 reconstruction=true | 95.50 | ±1.00 | 95.00 | yes |"]
+    assert rows == ["| iterations=1 reconstruction=true | 95.50 (1) | ±1.00 | 95.00 (1) | yes |"]
     assert result.failed == []
 
 
@@ -446,7 +447,7 @@ def test_a_page_with_its_runs_kept_beside_it_rebuilds_byte_identical(tmp_path):
     # Kept again from another sweep: the earlier runs go, the page is of this sweep's runs alone.
     make_study(tmp_path / "other", {("model=lenet5",): [0.5]})
     main([str(tmp_path / "other"), "--output", str(moved), "--keep-runs"])
-    assert [p.name for p in (moved / "runs").iterdir()] == ["0"]
+    assert sorted(p.name for p in (moved / "runs").iterdir()) == ["0", "order.yaml"]
 
 
 def test_a_users_two_seed_sweep_gets_intervals_and_a_paired_test(tmp_path, capsys):
@@ -514,7 +515,8 @@ def test_each_configuration_against_each_reference_for_each_compared_metric_holm
     for metric in ("test/acc", "val/acc"):
         section = page[page.index(f"## Against `arm=uniform`, `arm=dynamic`: {metric}") :]
         section = section[: section.index("\n## ", 1)] if "\n## " in section[1:] else section
-        assert "4 comparisons: p-values adjusted by Holm's method" in section
+        # dynamic against uniform and uniform against dynamic are one hypothesis: Holm's m is 3, not 4.
+        assert "3 distinct comparisons (1 of the 4 rows compares a pair the other way round)" in section
         rows = [line for line in section.splitlines() if line.startswith("| arm=")]
         assert [tuple(line.split(" | ")[:2]) for line in rows] == [
             ("| arm=uniform", "arm=dynamic"),
@@ -529,6 +531,22 @@ def test_each_configuration_against_each_reference_for_each_compared_metric_holm
     ).p
     assert f"| arm=uniform | arm=dynamic | 3 | {100 * statistics.summarise(differences).mean:+.2f} |" in page
     assert f"| paired t | {p:.3f} |" in page
+    ps = {
+        (arm, reference): statistics.difference(
+            list(enumerate(accuracies[(arm,)])), list(enumerate(accuracies[(reference,)]))
+        ).p
+        for arm, reference in (("arm=dynamic", "arm=uniform"), ("arm=self", "arm=uniform"), ("arm=self", "arm=dynamic"))
+    }
+    test_acc = page[page.index("## Against `arm=uniform`, `arm=dynamic`: test/acc") : page.index(": val/acc")]
+    holm = dict(zip(ps, statistics.holm_adjusted(list(ps.values())), strict=True))
+    assert (
+        f"| arm=uniform | arm=dynamic | 3 | +1.33 | [-0.10, 2.77] | paired t | {p:.3f} | {holm['arm=dynamic', 'arm=uniform']:.3f} |"
+        in test_acc
+    )
+    assert (
+        f"| arm=dynamic | arm=uniform | 3 | -1.33 | [-2.77, 0.10] | paired t | {p:.3f} | {holm['arm=dynamic', 'arm=uniform']:.3f} |"
+        in test_acc
+    )
 
 
 def test_the_diagnostics_give_each_routing_layers_coupling_change_at_its_last_iteration(tmp_path):

@@ -83,5 +83,8 @@ def test_a_reproduction_tolerance_is_two_standard_errors_of_a_difference_of_mean
     # 3 seeds of std 1.63 points: 2 x 1.63 x sqrt(2/3) = 2.66 points
     assert reproduction_tolerance(0.0163, 3) == pytest.approx(0.02662, abs=1e-5)
     assert reproduction_tolerance(0.0003, 3) == REPRODUCTION_FLOOR  # 3 seeds that happened to agree
+    # A re-run of one seed against a mean of 3: 2 x 0.52 x sqrt(1/3 + 1) = 1.20 points, not 0.85.
+    assert reproduction_tolerance(0.0052, 3, rerun=1) == pytest.approx(0.01201, abs=1e-5)
+    assert reproduction_tolerance(0.0052, 3) == pytest.approx(0.00849, abs=1e-5)
     with pytest.raises(ValueError, match="a spread needs two runs at least, not 1"):
         reproduction_tolerance(0.01, 1)

@@ -20,6 +20,7 @@ from pathlib import Path
 import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from capsexp import PROJECT_ROOT
 from capsexp.errors import ConfigError, NoRunsError
 from capsexp.results import statistics
 from capsexp.results.diagnostics import diagnostics_section
@@ -38,6 +39,7 @@ from capsexp.results.plots import write_plots
 from capsexp.results.revision import REVISION_FILE
 from capsexp.results.revision import short as short_revision
 from capsexp.results.runs import (
+    KEPT_ORDER,
     LOCATION_OVERRIDE,
     OVERRIDES,
     OVERRIDES_AS_RUN,
@@ -45,11 +47,11 @@ from capsexp.results.runs import (
     SWEEP_COMMAND,
     Configuration,
     Run,
-    command_line,
     dates,
     find_runs,
     group,
     label_configurations,
+    launches,
     sweep_command,
 )
 from capsexp.results.study import StudyPage, figure_for, load_study_page, matches
@@ -128,37 +130,71 @@ def references_of(configurations: list[Configuration], page: StudyPage) -> list[
     return found or configurations[:1]
 
 
+def test_only(configuration: Configuration) -> bool:
+    """Runs made with ``train=false``: they test a checkpoint another configuration trained (the
+    adversarial study's black-box runs), so their clean accuracy repeats that configuration's."""
+    return any(o.lower() == "train=false" for o in configuration.runs[0].overrides)
+
+
 def differences_section(configurations: list[Configuration], headline: str, page: StudyPage) -> str:
     """Each compared metric (the headline first, then the page's others): each configuration minus each
-    reference, with its interval and test; the p-values adjusted by Holm's method over the comparisons
-    made for that metric."""
-    if len(configurations) < 2:
+    reference, with its interval and test; the p-values adjusted by Holm's method over the distinct
+    comparisons made for that metric. Test-only configurations (:func:`test_only`) are not compared."""
+    compared = [c for c in configurations if not test_only(c)]
+    if len(compared) < 2:
         return ""
-    references = references_of(configurations, page)
+    references = references_of(compared, page)
     metrics = [headline, *(m for m in page.metrics if m != headline)]
-    return "\n".join(_differences(configurations, metric, references, len(metrics) > 1) for metric in metrics)
+    left_out = [c.label for c in configurations if test_only(c)]
+    return "\n".join(_differences(compared, metric, references, len(metrics) > 1, left_out) for metric in metrics)
 
 
 def _differences(
-    configurations: list[Configuration], metric: str, references: list[Configuration], titled_by_metric: bool
+    configurations: list[Configuration],
+    metric: str,
+    references: list[Configuration],
+    titled_by_metric: bool,
+    left_out: list[str],
 ) -> str:
     pairs = [(reference, c) for reference in references for c in configurations if c is not reference]
     found = [
         statistics.difference(arm, base) if (arm := c.values(metric)) and (base := r.values(metric)) else None
         for r, c in pairs
     ]
-    adjusted = statistics.holm_adjusted([d.p if d else None for d in found])
+    # A pair compared both ways (each configuration a reference) is one hypothesis: Holm counts it once.
+    hypotheses = list(dict.fromkeys(frozenset((r.label, c.label)) for r, c in pairs))
+    first_p = {}
+    for (r, c), d in zip(pairs, found, strict=True):
+        first_p.setdefault(frozenset((r.label, c.label)), d.p if d else None)
+    adjusted_by_hypothesis = dict(
+        zip(hypotheses, statistics.holm_adjusted([first_p[h] for h in hypotheses]), strict=True)
+    )
+    adjusted = [adjusted_by_hypothesis[frozenset((r.label, c.label))] for r, c in pairs]
     factor = scale(metric)
     unit = " (percentage points)" if factor == 100 else ""
     against = ", ".join(f"`{r.label}`" for r in references)
+    plural = "s" if len(hypotheses) > 1 else ""
+    counted = f"{len(hypotheses)} comparison{plural}"
+    if len(pairs) > len(hypotheses):
+        twice = len(pairs) - len(hypotheses)
+        counted = (
+            f"{len(hypotheses)} distinct comparison{plural} ({twice} of the {len(pairs)} rows "
+            f"{'compares' if twice == 1 else 'compare'} a pair the other way round)"
+        )
     lines = [
         f"## Against {against}" + (f": {metric}" if titled_by_metric else ""),
         "",
         f"{metric}, each configuration minus {'each of ' if len(references) > 1 else ''}{against}{unit}, with the "
         f"{100 * statistics.CONFIDENCE:.0f}% confidence interval of the difference: a paired t-test where the two "
         "share their seeds, Welch's t-test otherwise (two runs a side at least). "
-        f"{len(pairs)} comparison{'s' if len(pairs) > 1 else ''}: p-values adjusted by Holm's method; "
-        f"significant means an adjusted p below {statistics.SIGNIFICANCE}.",
+        f"{counted}: p-values adjusted by Holm's method; "
+        f"significant means an adjusted p below {statistics.SIGNIFICANCE}."
+        + (
+            f" Not compared: {', '.join(f'`{label}`' for label in left_out)}, runs that test a checkpoint "
+            "another configuration trained (`train=false`)."
+            if left_out
+            else ""
+        ),
         "",
         ("| reference " if len(references) > 1 else "")
         + "| configuration | runs | difference | 95% CI | test | p | p (Holm) | significant |",
@@ -196,45 +232,76 @@ def _as_the_study_runs_it(key: str, overrides: list[str]) -> bool:
     return chosen == {part.lower() for part in key.split()}
 
 
+def _source_events(source: str | None) -> set[str]:
+    """The names of the event files of the runs kept on the results page ``source`` (a folder under the
+    project's root): a run is one of them when its event files are (the names hold the time, host and
+    process that wrote them)."""
+    if not source or not (PROJECT_ROOT / source / KEPT_RUNS).is_dir():
+        return set()
+    return {path.name for path in (PROJECT_ROOT / source / KEPT_RUNS).rglob("events.out.tfevents.*")}
+
+
 def reproduction(configurations: list[Configuration], headline: str, page: StudyPage) -> tuple[str, list[str]]:
     """The expected figures of this budget against ours, for the configurations run as the study runs
-    them: the section, and the configurations outside their tolerance (for ``--check``)."""
+    them: the section, and the configurations outside their tolerance (for ``--check``). The runs the
+    figures came from are shown but not counted as a check: they cannot fail it."""
     expected = page.expected
     if expected is None:
         return "", []
     factor = scale(headline)
-    lines = [
-        f"## Reproduction check (study={page.budget})",
-        "",
-        f"conf/experiment/{page.experiment}.yaml states what this budget gave on the project's machine; a mean "
-        f"within its tolerance{' (in points)' if factor == 100 else ''} reproduces it. The tolerance of a figure "
-        "over several seeds is twice the standard error of the difference of two means over as many seeds, from "
-        f"their std, and at least {factor * statistics.REPRODUCTION_FLOOR:g}; of a figure of one run, the budget's.",
-        "",
-        f"| configuration | expected {headline} | tolerance | here | within tolerance |",
-        "| --- | ---: | ---: | ---: | --- |",
-    ]
+    source_events = _source_events(expected.source)
+    lines = []
     failed = []
-    checked = 0
+    own = 0
     for configuration in configurations:
         overrides = configuration.runs[0].overrides
         key = next((k for k in expected.figures if _as_the_study_runs_it(k, overrides)), None)
         if key is None:
             continue
-        checked += 1
-        figure, tolerance = expected.figures[key]
-        summary = configuration.summary(headline)
-        within = summary is not None and abs(summary.mean - figure) <= tolerance + 1e-9
-        if not within:
+        figure = expected.figures[key]
+        values = [value for _, value in configuration.values(headline)]
+        mean = sum(values) / len(values) if values else None
+        tolerance = figure.tolerance_for(max(len(values), 1))
+        names = {path.name for run in configuration.runs for path in event_files(run.folder)}
+        if names and names <= source_events:
+            own += 1
+            verdict = "the figure's own runs"
+        elif not values:
+            verdict = "**no**"
+        else:
+            verdict = "yes" if abs(mean - figure.mean) <= tolerance + 1e-9 else "**no**"
+        if verdict == "**no**":
             failed.append(configuration.label)
-        here = f"{factor * summary.mean:.2f}" if summary else "not logged"
+        here = f"{factor * mean:.2f}" if values else "not logged"
         lines.append(
-            f"| {configuration.label} | {factor * figure:.2f} | ±{factor * tolerance:.2f} | {here} | "
-            f"{'yes' if within else '**no**'} |"
+            f"| {configuration.label} | {factor * figure.mean:.2f} ({figure.runs}) | ±{factor * tolerance:.2f} "
+            f"| {here} ({len(values)}) | {verdict} |"
         )
-    if not checked:  # none of these runs is a job of the study as configured
+    if not lines:  # none of these runs is a job of the study as configured
         return "", []
-    return "\n".join(lines) + "\n", failed
+    source = f"`{expected.source}/`" if expected.source else "a page of the project"
+    counted = len(lines) - own
+    status = (
+        f"Every figure came from these very runs ({source}): the table shows them, but checks nothing; "
+        f"run `python -m capsexp -m experiment={page.experiment} study={page.budget}` to check them."
+        if not counted
+        else f"{counted} configuration{'s' if counted > 1 else ''} checked against the figures of {source}"
+        + (f"; {own} are the figures' own runs, shown and not counted" if own else "")
+        + "."
+    )
+    intro = (
+        f"conf/experiment/{page.experiment}.yaml states what this budget gave on the project's machine; a mean "
+        f"within its tolerance{' (in points)' if factor == 100 else ''} reproduces it. The tolerance of a figure "
+        "over several seeds is twice the standard error of the difference of its mean and ours, from its std and "
+        f"both run counts, and at least {factor * statistics.REPRODUCTION_FLOOR:g}; of a figure of one run, the "
+        "budget's. Run counts in brackets."
+    )
+    table = [
+        f"| configuration | expected {headline} | tolerance | here | within tolerance |",
+        "| --- | ---: | ---: | ---: | --- |",
+        *lines,
+    ]
+    return "\n".join([f"## Reproduction check (study={page.budget})", "", intro, "", status, "", *table]) + "\n", failed
 
 
 def extra_sections(page: StudyPage, runs: list[Run], output: Path) -> list[str]:
@@ -250,7 +317,7 @@ def extra_sections(page: StudyPage, runs: list[Run], output: Path) -> list[str]:
     return texts
 
 
-def header(page: StudyPage, runs: list[Run], folder: Path, folder_text: str, rebuild: str) -> str:
+def header(page: StudyPage, runs: list[Run], folder: Path, relative: str, rebuild: str) -> str:
     machines = [describe_text(run.machine) for run in runs if run.machine]
     counts = {text: machines.count(text) for text in dict.fromkeys(machines)}
     machine = "; ".join(f"{text}" + (f" ({n} runs)" if len(counts) > 1 else "") for text, n in counts.items())
@@ -276,13 +343,26 @@ def header(page: StudyPage, runs: list[Run], folder: Path, folder_text: str, reb
             # Runs from before runs recorded their code have no line (their pages rebuild as they were).
             *([f"- Code: {code_revisions(runs)}."] if any(run.revision for run in runs) else []),
             f"- Runs: {len(runs)}, {dates(runs)}, {sum(seconds) / 60:.1f} min of run time (each run's first "
-            f"to last logged scalar); {folder_text}.",
-            f"- Command: `{sweep_command(runs, folder)}`",
+            f"to last logged scalar); {'in this folder' if relative == '.' else f'in `{relative}/`'}.",
+            *command_lines(runs, folder, relative),
             f"- Rebuild this page, in its folder: `{rebuild}`",
             *provenance,
             "",
         ]
     )
+
+
+def command_lines(runs: list[Run], folder: Path, relative: str) -> list[str]:
+    """The header's command: the one launch's, or each launch's with its runs and their folder (``relative``:
+    ``folder`` from the page's)."""
+    found = launches(runs, folder)
+    if len(found) == 1:
+        return [f"- Command: `{sweep_command(runs, found[0][1])}`"]
+    lines = [f"- Commands, {len(found)} launches:"]
+    for home, given, members in found:
+        place = Path(relative, home.relative_to(folder)).as_posix()
+        lines.append(f"  - `{sweep_command(members, given)}`: {len(members)} runs, in `{place}/`")
+    return lines
 
 
 def code_revisions(runs: list[Run]) -> str:
@@ -313,13 +393,15 @@ def keep_runs(runs: list[Run], folder: Path, output: Path) -> Path:
         return kept  # rebuilding from the kept runs: they stay as they are
     if kept.exists():
         shutil.rmtree(kept)
-    given = command_line(folder)
-    if given is not None:
-        kept.mkdir(parents=True)
-        (kept / SWEEP_COMMAND).write_text(yaml.safe_dump(given))
+    kept.mkdir(parents=True)
+    for home, given, _ in launches(runs, folder):
+        if given is not None:
+            (kept / home.relative_to(folder)).mkdir(parents=True, exist_ok=True)
+            (kept / home.relative_to(folder) / SWEEP_COMMAND).write_text(yaml.safe_dump(given))
+    (kept / KEPT_ORDER).write_text(yaml.safe_dump([run.folder.relative_to(folder).as_posix() for run in runs]))
     for run in runs:
         target = kept / run.folder.relative_to(folder)
-        (target / OVERRIDES).parent.mkdir(parents=True)
+        (target / OVERRIDES).parent.mkdir(parents=True, exist_ok=True)
         overrides = [o for o in run.overrides if not LOCATION_OVERRIDE.match(o) or o.startswith("task_name=")]
         (target / OVERRIDES).write_text(yaml.safe_dump(overrides))
         if (run.folder / OVERRIDES_AS_RUN).exists():
@@ -407,7 +489,6 @@ def compare(folder: Path, output: Path | None = None, keep: bool = False) -> Com
     metrics = metrics_of(runs)
     headline = page.headline_metric(metrics)
     relative = os.path.relpath(folder.resolve(), output.resolve())
-    folder_text = "in this folder" if relative == "." else f"in `{relative}/`"
     rebuild = "python -m capsexp.compare ." if relative == "." else f"python -m capsexp.compare {relative} --output ."
     check_text, failed = reproduction(configurations, headline, page)
     plots = write_plots(runs, configurations, metrics, output)
@@ -425,7 +506,7 @@ def compare(folder: Path, output: Path | None = None, keep: bool = False) -> Com
         + results_table(configurations, metrics, headline, page)
     )
     blocks = [
-        header(page, runs, folder, folder_text, rebuild),
+        header(page, runs, folder, relative, rebuild),
         page.notes + "\n" if page.notes else "",
         results,
         differences_section(configurations, headline, page),

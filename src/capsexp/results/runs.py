@@ -25,6 +25,7 @@ LOCATION_OVERRIDE = re.compile(
     r"^\+{0,2}(hydra\.[\w.]+|paths\.[\w.]+|ckpt_path|attack\.source|tags|task_name|image_folder_root)="
 )
 SEED_OVERRIDE = re.compile(r"^\+?seed=")
+KEPT_ORDER = "order.yaml"  # beside a page's kept runs: their folders in the order the page lists them
 
 
 @dataclass
@@ -127,8 +128,11 @@ def find_runs(folder: Path) -> list[Run]:
     numbers = {run.folder: _job_number(run.folder) for run in runs}
     if all(number is not None for number in numbers.values()):
         return sorted(runs, key=lambda run: numbers[run.folder])
-    # Runs kept on a page: numbered job folders (kept before jobs were named) in number order, named
-    # ones in the order they started.
+    # Runs kept on a page: in the order the page listed them (KEPT_ORDER), else numbered job folders
+    # (kept before the order was) in number order, else in the order they started.
+    if (folder / KEPT_ORDER).is_file():
+        order = {name: i for i, name in enumerate(yaml.safe_load((folder / KEPT_ORDER).read_text()) or [])}
+        return sorted(runs, key=lambda run: order.get(run.folder.relative_to(folder).as_posix(), len(order)))
     if all(run.folder.name.isdigit() for run in runs):
         return runs
     return sorted(runs, key=lambda run: (run.start is None, run.start or 0.0))
@@ -162,12 +166,29 @@ def command_line(folder: Path) -> list[str] | None:
     return [str(o) for o in given if not LOCATION_OVERRIDE.match(str(o)) or str(o).startswith("task_name=")]
 
 
-def sweep_command(runs: list[Run], folder: Path | None = None) -> str:
-    """The command that made the runs: the multirun's own (:func:`command_line`), else one that runs
-    every run's overrides, each key with its values in the order the runs first took them (Hydra's
-    sweep over their product; a hand-made set of runs may be a part of it). Locations (``hydra.``,
-    ``paths.``) are left out: they name this machine's folders."""
-    given = command_line(folder) if folder is not None else None
+def launches(runs: list[Run], folder: Path) -> list[tuple[Path, list[str] | None, list[Run]]]:
+    """The launches that made the runs: for each folder under ``folder`` that records a multirun's
+    command (:func:`command_line`), the command and the runs under it (the deepest such folder of a
+    run's); runs under none form one launch of no recorded command. In the order of their first run."""
+    found: dict[Path, list[Run]] = {}
+    for run in runs:
+        home = next(
+            (
+                parent
+                for parent in (run.folder, *run.folder.parents)
+                if parent.is_relative_to(folder) and command_line(parent) is not None
+            ),
+            None,
+        )
+        found.setdefault(home, []).append(run)
+    return [(home or folder, command_line(home) if home else None, members) for home, members in found.items()]
+
+
+def sweep_command(runs: list[Run], given: list[str] | None = None) -> str:
+    """The command that made the runs: the multirun's own overrides (``given``: :func:`command_line`), else
+    one that runs every run's overrides, each key with its values in the order the runs first took them
+    (Hydra's sweep over their product; a hand-made set of runs may be a part of it). Locations
+    (``hydra.``, ``paths.``) are left out: they name this machine's folders."""
     if given is not None:
         return " ".join(["python -m capsexp -m", *given])
     values: dict[str, list[str]] = {}

@@ -120,10 +120,14 @@ def holm_adjusted(p_values: Sequence[float | None]) -> list[float | None]:
 REPRODUCTION_FLOOR = 0.002
 
 
-def reproduction_tolerance(std: float, runs: int) -> float:
-    """How far a re-run's mean over ``runs`` seeds may fall from a committed mean over as many seeds with
-    standard deviation ``std``: twice the standard error of the difference of two such means,
-    2 std sqrt(2 / runs), and at least :data:`REPRODUCTION_FLOOR`."""
+def reproduction_tolerance(std: float, runs: int, rerun: int | None = None) -> float:
+    """How far a re-run's mean over ``rerun`` seeds (default: as many as the committed figure's) may fall
+    from a committed mean over ``runs`` seeds with standard deviation ``std``: twice the standard error
+    of the difference of the two means, 2 std sqrt(1 / runs + 1 / rerun), and at least
+    :data:`REPRODUCTION_FLOOR`."""
     if runs < 2:
         raise ValueError(f"a spread needs two runs at least, not {runs}")
-    return max(2 * std * math.sqrt(2 / runs), REPRODUCTION_FLOOR)
+    rerun = runs if rerun is None else rerun
+    if rerun < 1:
+        raise ValueError(f"a re-run has one run at least, not {rerun}")
+    return max(2 * std * math.sqrt(1 / runs + 1 / rerun), REPRODUCTION_FLOOR)

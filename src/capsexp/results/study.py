@@ -18,6 +18,7 @@ and the functions that add what a table cannot show. A comparison of runs made w
         figures: {model.net.routing.iterations=1 model.net.reconstruction=false: 0.34 ± 0.032}
       expected:                        # what each budget gave on this project's machine
         quick:
+          source: experiments/results/rotation_robustness_quick   # the page whose runs gave them
           tolerance: 0.01                # for a figure of one run: no spread to derive one from
           figures: {model=lenet5: 0.95, model=capsnet: {mean: 0.97, std: 0.002, runs: 3}}
       sections: [capsexp.studies.dr.reconstructions]      # functions (runs, page, folder) -> Markdown
@@ -51,23 +52,43 @@ class PaperFigures:
 
 
 @dataclass(frozen=True)
+class ExpectedFigure:
+    """A figure a budget gave: the mean over ``runs`` seeds with their ``std``, or (``std`` None) the
+    value of one run with the budget's ``tolerance``."""
+
+    mean: float
+    runs: int = 1
+    std: float | None = None
+    tolerance: float | None = None
+
+    def tolerance_for(self, rerun: int) -> float:
+        """How far a mean over ``rerun`` seeds may fall from this one
+        (:func:`~capsexp.results.statistics.reproduction_tolerance`; the budget's for a figure of one run)."""
+        if self.std is None:
+            return self.tolerance
+        return reproduction_tolerance(self.std, self.runs, rerun)
+
+
+@dataclass(frozen=True)
 class Expected:
-    figures: dict[str, tuple[float, float]]  # configuration key -> (the mean it gave, the tolerance)
+    figures: dict[str, ExpectedFigure]  # configuration key -> what it gave
+    source: str | None = None  # the results folder (from the project's root) whose runs gave the figures
 
 
 def _expected(node: dict) -> Expected:
-    """A budget's ``expected`` node: each figure the mean, std and number of runs its page gave (checked
-    within :func:`~capsexp.results.statistics.reproduction_tolerance` of them), or a number, the figure
-    of one run, checked within the budget's ``tolerance``."""
+    """A budget's ``expected`` node: each figure the mean, std and number of runs its page gave, or a
+    number, the figure of one run, checked within the budget's ``tolerance``; ``source``, the results
+    folder whose runs gave them (its own runs are no check of them)."""
     figures = {}
     for key, figure in node["figures"].items():
         if isinstance(figure, dict):
-            figures[key] = (float(figure["mean"]), reproduction_tolerance(float(figure["std"]), int(figure["runs"])))
+            figures[key] = ExpectedFigure(float(figure["mean"]), int(figure["runs"]), float(figure["std"]))
+            figures[key].tolerance_for(figures[key].runs)  # a spread of one run is refused here
         elif node.get("tolerance") is None:
             raise ValueError(f"expected figure {key!r} is of one run, and the budget gives no tolerance for it")
         else:
-            figures[key] = (float(figure), float(node["tolerance"]))
-    return Expected(figures)
+            figures[key] = ExpectedFigure(float(figure), tolerance=float(node["tolerance"]))
+    return Expected(figures, node.get("source"))
 
 
 @dataclass(frozen=True)
