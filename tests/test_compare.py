@@ -122,10 +122,8 @@ def test_last_scalar_reads_the_last_value_logged_and_names_the_tags_a_run_has(tm
         last_scalar(tmp_path / "empty", "val/acc")
 
 
-def test_the_plots_draw_each_configurations_mean_curve_with_its_band_and_its_accuracy_per_angle(tmp_path, monkeypatch):
-    """What the figures hold, read from the matplotlib figures as they are saved: per configuration the
-    mean validation curve over its runs in %, a band of ± one std where it has several runs, one colour
-    and one legend entry; and the mean test accuracy at each angle with the seeds' std as error bars."""
+def saved_figures(monkeypatch) -> dict:
+    """The matplotlib figures the next calls save, by file name, read as they are saved."""
     import matplotlib.figure
 
     saved = {}
@@ -135,18 +133,46 @@ def test_the_plots_draw_each_configurations_mean_curve_with_its_band_and_its_acc
         "savefig",
         lambda self, path, **kw: (saved.update({Path(path).name: self}), save(self, path, **kw)),
     )
+    return saved
+
+
+def test_the_plots_draw_each_configurations_runs_mean_curve_with_its_band_and_its_accuracy_per_angle(
+    tmp_path, monkeypatch
+):
+    """What the figures hold, read from the matplotlib figures as they are saved. The headline figure
+    first: per configuration each run's test accuracy as a dot, the mean and its 95% interval, sorted with
+    the best at the top, the reference named; then the mean validation curve over its runs in %, a marker
+    at each validation, a band of ± one std where it has several runs; and the mean test accuracy at each
+    angle with its 95% interval."""
+    saved = saved_figures(monkeypatch)
     make_runs(tmp_path / "multirun")
     compare(tmp_path / "multirun", tmp_path / "out")
-    assert sorted(saved) == ["rotation.png", "val_acc.png"]
+    assert sorted(saved) == ["headline.png", "rotation.png", "val_acc.png"]
+    page = (tmp_path / "out" / "README.md").read_text()
+    assert page.index("![headline](headline.png)") < page.index("## Results") < page.index("![val_acc](val_acc.png)")
+
+    (axes,) = saved["headline.png"].axes
+    assert axes.get_xlabel() == "test/acc (%)"
+    labels = [tick.get_text() for tick in axes.get_yticklabels()]
+    assert labels == ["model=lenet5 (reference)", "model=capsnet"]  # the best (99%) at the top
+    assert axes.get_yticklabels()[0].get_fontweight() == "bold"
+    lenet_dots, capsnet_dots = axes.collections
+    assert sorted(lenet_dots.get_offsets()[:, 0]) == pytest.approx([96.0, 98.0], abs=1e-4)  # each run
+    assert list(capsnet_dots.get_offsets()[:, 0]) == pytest.approx([99.0], abs=1e-4)
+    half = 12.706205 * statistics.stdev([96, 98]) / 2**0.5
+    interval = next(line for line in axes.get_lines() if len(line.get_xdata()) == 2)
+    assert list(interval.get_xdata()) == pytest.approx([97 - half, 97 + half], abs=1e-3)
+    assert [t.get_text() for t in axes.texts] == [f"97.00 [{97 - half:.2f}, {97 + half:.2f}]", "99.00"]
 
     (axes,) = saved["val_acc.png"].axes
     assert (axes.get_xlabel(), axes.get_ylabel(), axes.get_title()) == (
         "step",
         "validation accuracy (%)",
-        "Validation accuracy: mean over seeds ± std",
+        "Validation accuracy at each validation (mean over seeds, band ± one std)",
     )
     lenet_line, capsnet_line = axes.get_lines()
     assert list(lenet_line.get_xdata()) == [0, 100]
+    assert lenet_line.get_marker() != "None" and lenet_line.get_marker() != capsnet_line.get_marker()
     assert list(lenet_line.get_ydata()) == pytest.approx([90.5, 96.0], abs=1e-4)  # the two seeds' mean
     assert list(capsnet_line.get_ydata()) == pytest.approx([93.0, 99.0], abs=1e-4)
     colour = {"lenet5": lenet_line.get_color(), "capsnet": capsnet_line.get_color()}
@@ -163,21 +189,44 @@ def test_the_plots_draw_each_configurations_mean_curve_with_its_band_and_its_acc
     assert (axes.get_xlabel(), axes.get_ylabel(), axes.get_title()) == (
         "rotation of the test digits (degrees)",
         "test accuracy (%)",
-        "Accuracy versus rotation",
+        "Accuracy versus rotation (mean and its 95% confidence interval over seeds)",
     )
     bars = {container.get_label(): container for container in axes.containers}
     assert sorted(bars) == ["model=capsnet", "model=lenet5"]
     lenet_line, _, (lenet_bars,) = bars["model=lenet5"].lines
     assert list(lenet_line.get_xdata()) == [0, 45]
     assert list(lenet_line.get_ydata()) == pytest.approx([97.0, 72.0], abs=1e-4)
-    spread = [statistics.stdev([96, 98]), statistics.stdev([70, 74])]
-    segments = lenet_bars.get_segments()  # one vertical segment per angle: mean - std to mean + std
-    assert [s[1][1] - s[0][1] for s in segments] == pytest.approx([2 * x for x in spread], abs=1e-4)  # float32 events
+    # One vertical segment per angle: the 95% interval of the mean of two runs, 2 t_{0.975,1} std / sqrt(2).
+    widths = [2 * 12.706205 * statistics.stdev(pair) / 2**0.5 for pair in ([96, 98], [70, 74])]
+    segments = lenet_bars.get_segments()
+    assert [s[1][1] - s[0][1] for s in segments] == pytest.approx(widths, abs=1e-3)  # float32 events
     assert lenet_line.get_color() == colour["lenet5"]  # each configuration's colour in both figures
     capsnet_line, _, (capsnet_bars,) = bars["model=capsnet"].lines
     assert capsnet_line.get_color() == colour["capsnet"]
     assert list(capsnet_line.get_ydata()) == pytest.approx([99.0, 85.0], abs=1e-4)
-    assert [s[1][1] - s[0][1] for s in capsnet_bars.get_segments()] == [0, 0]  # one run: no spread
+    assert [s[1][1] - s[0][1] for s in capsnet_bars.get_segments()] == [0, 0]  # one run: no interval
+
+
+def test_learning_curves_of_many_configurations_get_a_panel_each_so_that_none_hides_another(tmp_path, monkeypatch):
+    """Three configurations whose curves coincide: each has its own panel, its curve in colour with a
+    marker at each validation and the others in grey; a title that names no band for single runs."""
+    saved = saved_figures(monkeypatch)
+    for job, arm in enumerate(("a", "b", "c")):
+        run = tmp_path / "sweep" / str(job)
+        (run / ".hydra").mkdir(parents=True)
+        (run / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump([f"arm={arm}"]))
+        with SummaryWriter(str(run)) as writer:
+            for step, value in ((100, 0.5), (200, 0.7)):
+                writer.add_scalar("val/acc", value, step, walltime=RUNS_START + step)
+    compare(tmp_path / "sweep")
+    figure = saved["val_acc.png"]
+    panels = [axes for axes in figure.axes if axes.get_visible()]
+    assert [axes.get_title() for axes in panels] == ["arm=a (1 run)", "arm=b (1 run)", "arm=c (1 run)"]
+    for axes in panels:
+        *others, own = axes.get_lines()
+        assert len(others) == 2 and all(line.get_color() == "0.8" for line in others)
+        assert own.get_marker() == "o" and list(own.get_ydata()) == pytest.approx([50.0, 70.0])
+    assert figure._suptitle.get_text().startswith("Validation accuracy at each validation (one run each)")
 
 
 def test_the_page_and_the_table_as_written(tmp_path):
@@ -189,6 +238,7 @@ def test_the_page_and_the_table_as_written(tmp_path):
         "- Runs: 3, 2026-11-25, 4.5 min of run time (each run's first to last logged scalar); in this folder.\n"
         "- Command: `python -m capsexp -m model=lenet5,capsnet seed=1,2 data=rotated_mnist`\n"
         "- Rebuild this page, in its folder: `python -m capsexp.compare .`\n\n"
+        "![headline](headline.png)\n\n"
         "## Results\n\n"
         "Per configuration (runs that differ only by seed): test/acc as mean ± std over the runs with the 95% "
         "confidence interval of the mean (Student's t), the other metrics as mean ± std (a mean alone for one run). "
@@ -425,7 +475,7 @@ def test_a_page_with_its_runs_kept_beside_it_rebuilds_byte_identical(tmp_path):
     page_folder = tmp_path / "results" / "toy_quick"
     main([str(tmp_path / "logs" / "sweep"), "--output", str(page_folder), "--keep-runs"])
     kept = sorted(str(p.relative_to(page_folder)) for p in page_folder.rglob("*") if p.is_file())
-    assert [p for p in kept if not p.startswith("runs/")] == ["README.md", "comparison.csv", "val_acc.png"]
+    assert [p for p in kept if not p.startswith("runs/")] == ["README.md", "comparison.csv", "headline.png", "val_acc.png"]
     assert [p for p in kept if p.startswith("runs/0/")][:2] == ["runs/0/.hydra/overrides.yaml", "runs/0/machine.yaml"]
     kept_overrides = yaml.safe_load((page_folder / "runs/0/.hydra/overrides.yaml").read_text())
     assert kept_overrides == ["model=lenet5", "seed=1", "experiment=toy", "study=quick"]  # no hydra.sweep.dir=<path>

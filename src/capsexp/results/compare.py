@@ -35,7 +35,7 @@ from capsexp.results.metric_names import (
     VAL_ACC_BEST,
     rotation_angle,
 )
-from capsexp.results.plots import write_plots
+from capsexp.results.plots import HEADLINE, headline_rows, write_plots
 from capsexp.results.revision import REVISION_FILE
 from capsexp.results.revision import short as short_revision
 from capsexp.results.runs import (
@@ -491,7 +491,17 @@ def compare(folder: Path, output: Path | None = None, keep: bool = False) -> Com
     relative = os.path.relpath(folder.resolve(), output.resolve())
     rebuild = "python -m capsexp.compare ." if relative == "." else f"python -m capsexp.compare {relative} --output ."
     check_text, failed = reproduction(configurations, headline, page)
-    plots = write_plots(runs, configurations, metrics, output)
+    compared = [c for c in configurations if not test_only(c)]
+    reference_labels = [c.label for c in references_of(compared, page)] if compared else []
+    panels = [
+        (
+            f"{metric} (%)" if scale(metric) == 100 else metric,
+            headline_rows(compared, metric, scale(metric), reference_labels),
+        )
+        for metric in [headline, *(m for m in page.metrics if m != headline)]
+    ]
+    plots = write_plots(configurations, metrics, output, [panel for panel in panels if panel[1]], reference_labels)
+    first = [png for png in plots if png.name == HEADLINE]
     results = (
         "## Results\n\n"
         f"Per configuration (runs that differ only by seed): {headline} as mean ± std over the runs with the "
@@ -508,12 +518,13 @@ def compare(folder: Path, output: Path | None = None, keep: bool = False) -> Com
     blocks = [
         header(page, runs, folder, relative, rebuild),
         page.notes + "\n" if page.notes else "",
+        "".join(f"![{png.stem}]({png.name})\n" for png in first),
         results,
         differences_section(configurations, headline, page),
         diagnostics_section(configurations),
         *extra_sections(page, runs, output),
         check_text,
-        "".join(f"![{png.stem}]({png.name})\n" for png in plots),
+        "".join(f"![{png.stem}]({png.name})\n" for png in plots if png not in first),
     ]
     (output / PAGE).write_text("\n".join(block for block in blocks if block))
     write_csv(configurations, metrics, output)

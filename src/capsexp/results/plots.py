@@ -1,21 +1,41 @@
-"""A comparison's figures: the validation accuracy of each configuration over training (the mean over
-its runs, with a band of ± one standard deviation where it has several), and, where rotated test sets
-were logged, the test accuracy against the angle (mean with the seeds' std as error bars)."""
+"""A comparison's figures. The first, ``headline.png``, shows the page's answer: each configuration's
+headline metric as a dot per run with the mean and its 95% confidence interval, sorted, the references
+marked (:func:`interval_plot`, which the studies' sections use for their own figures too). Then the
+validation accuracy over training (``val_acc.png``: a marker at every validation; with more than two
+configurations one small panel each, the others in grey behind it, so that no curve hides another) and,
+where rotated test sets were logged, the test accuracy against the angle (``rotation.png``: mean and
+95% interval)."""
 
 from __future__ import annotations
 
 import math
 import statistics
 import textwrap
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from capsexp.results import statistics as comparison_statistics
 from capsexp.results.metric_names import VAL_ACC, rotation_angle
 
 if TYPE_CHECKING:
     from capsexp.results.runs import Configuration, Run
 
 DPI = 120
+HEADLINE, CURVES, ROTATION = "headline.png", "val_acc.png", "rotation.png"
+OVERLAID_AT_MOST = 2  # learning curves of more configurations than this get a panel each
+REFERENCE_LINES = ("--", ":")  # the first and the second reference's mean, as vertical lines
+MIN_SPAN = 0.02  # an interval plot's axis spans at least this fraction of its values' size (2 points at 100%)
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
 
 
 def _legend(axes) -> None:
@@ -30,6 +50,96 @@ def _legend(axes) -> None:
     )
 
 
+@dataclass(frozen=True)
+class Row:
+    """One configuration in an :func:`interval_plot`: its label and each run's value (display units)."""
+
+    label: str
+    values: list[float]
+    reference: bool = False
+
+
+def interval_plot(
+    panels: Sequence[tuple[str, list[Row]]], path: Path, title: str, reference_order: Sequence[str] = ()
+) -> Path:
+    """Panels side by side, one per ``(axis label, rows)``, the configurations in the order of the first
+    panel's means (best at the top): each run a dot, the mean a bar with its 95% Student-t interval (a
+    mean alone for one run) and their figures at the right, each reference's mean a vertical line (dashed
+    for the first of ``reference_order``, dotted for the second)."""
+    plt = _pyplot()
+    order = [row.label for row in sorted(panels[0][1], key=lambda row: statistics.fmean(row.values))]
+    height = 1.3 + 0.42 * len(order)
+    figure, axes_list = plt.subplots(
+        1, len(panels), figsize=(5.2 * len(panels) + 2.6, height), sharey=True, gridspec_kw={"wspace": 0.45}
+    )
+    axes_list = [axes_list] if len(panels) == 1 else list(axes_list)
+    for axes, (xlabel, rows) in zip(axes_list, panels, strict=True):
+        by_label = {row.label: row for row in rows}
+        references = [row for row in rows if row.reference]
+        for position, label in enumerate(order):
+            row = by_label.get(label)
+            if row is None or not row.values:
+                continue
+            summary = comparison_statistics.summarise(row.values)
+            colour = "black" if row.reference else "C0"
+            if summary.low is not None:
+                axes.plot([summary.low, summary.high], [position, position], color=colour, linewidth=2.2)
+            axes.plot(summary.mean, position, marker="|", markersize=16, markeredgewidth=2.5, color=colour)
+            # Each run a dot, spread a little around the row so that equal values stay visible.
+            offsets = [
+                0.18 * (i - (len(row.values) - 1) / 2) / max(len(row.values) - 1, 1) for i in range(len(row.values))
+            ]
+            axes.scatter(row.values, [position + o for o in offsets], s=14, color="C1", zorder=3, linewidths=0)
+            axes.annotate(
+                f"{summary.mean:.2f}"
+                + (f" [{summary.low:.2f}, {summary.high:.2f}]" if summary.low is not None else ""),
+                xy=(1, position),
+                xycoords=("axes fraction", "data"),
+                xytext=(4, 0),
+                textcoords="offset points",
+                va="center",
+                fontsize="x-small",
+            )
+        references.sort(key=lambda row: reference_order.index(row.label) if row.label in reference_order else 0)
+        for reference, style in zip(references, REFERENCE_LINES, strict=False):
+            axes.axvline(statistics.fmean(reference.values), color="grey", linestyle=style, linewidth=1)
+        axes.set_xlabel(xlabel)
+        axes.grid(axis="x", alpha=0.3)
+        # Differences far below the runs' spread should not fill the axis: it spans MIN_SPAN of the values' size.
+        values = [v for row in rows for v in row.values]
+        low, high = min(values), max(values)
+        if high - low < MIN_SPAN * max(abs(low), abs(high)):
+            half = MIN_SPAN * max(abs(low), abs(high)) / 2
+            axes.set_xlim((low + high) / 2 - half, (low + high) / 2 + half)
+    axes_list[0].set_yticks(range(len(order)))
+    reference_labels = {row.label for _, rows in panels for row in rows if row.reference}
+    axes_list[0].set_yticklabels(
+        [
+            textwrap.fill(label + (" (reference)" if label in reference_labels else ""), 42, break_long_words=False)
+            for label in order
+        ],
+        fontsize="small",
+    )
+    for tick, label in zip(axes_list[0].get_yticklabels(), order, strict=True):
+        if label in reference_labels:
+            tick.set_fontweight("bold")
+    axes_list[0].set_ylim(-0.6, len(order) - 0.4)
+    figure.suptitle(title, fontsize="medium")
+    figure.savefig(path, dpi=DPI, bbox_inches="tight")
+    plt.close(figure)
+    return path
+
+
+def interval_title(runs_per_row: Sequence[int]) -> str:
+    """What an interval plot's marks are, for runs_per_row runs in each configuration."""
+    if max(runs_per_row, default=1) < 2:
+        return "one run per configuration (a dot each; no interval)"
+    return (
+        f"dots: runs; bar: mean; line: its {100 * comparison_statistics.CONFIDENCE:.0f}% confidence interval "
+        "(Student's t); vertical lines: the references' means (dashed: the first)"
+    )
+
+
 def mean_curve(runs: list[Run], tag: str) -> tuple[list[int], list[float], list[float]]:
     """Steps every run of ``runs`` logged ``tag`` at, with the mean and the std (0 for one run) there."""
     curves = [dict(run.scalars[tag]) for run in runs if run.scalars.get(tag)]
@@ -41,62 +151,147 @@ def mean_curve(runs: list[Run], tag: str) -> tuple[list[int], list[float], list[
     return steps, means, stds
 
 
-def write_plots(runs: list[Run], configurations: list[Configuration], metrics: list[str], output: Path) -> list[Path]:
-    """Write ``val_acc.png`` and (with rotated test sets) ``rotation.png`` into ``output``; return them."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    written = []
-    colours = {c.label: f"C{i % 10}" for i, c in enumerate(configurations)}
-    figure, axes = plt.subplots(figsize=(8, 5))
-    drawn = False
+def _curves(configurations: list[Configuration], output: Path) -> Path | None:
+    """``val_acc.png``: the mean validation accuracy of each configuration at each validation (a marker
+    each), a ± std band where it has several runs."""
+    curves = []
     for configuration in configurations:
         steps, means, stds = mean_curve(configuration.runs, VAL_ACC)
-        if not steps:
-            continue
-        drawn = True
-        colour = colours[configuration.label]
-        runs_with_curve = sum(1 for run in configuration.runs if run.scalars.get(VAL_ACC))
-        label = f"{configuration.label} ({runs_with_curve} run{'s' if runs_with_curve > 1 else ''})"
-        axes.plot(steps, [100 * m for m in means], color=colour, label=label)
-        if runs_with_curve > 1:
-            axes.fill_between(
-                steps,
-                [100 * (m - s) for m, s in zip(means, stds, strict=True)],
-                [100 * (m + s) for m, s in zip(means, stds, strict=True)],
-                color=colour,
-                alpha=0.2,
-                linewidth=0,
-            )
-    if drawn:
-        axes.set(xlabel="step", ylabel="validation accuracy (%)", title="Validation accuracy: mean over seeds ± std")
-        _legend(axes)
-        figure.savefig(output / "val_acc.png", dpi=DPI, bbox_inches="tight")
-        written.append(output / "val_acc.png")
-    plt.close(figure)
-
-    rotations = [m for m in metrics if rotation_angle(m) is not None]
-    if rotations:
-        angles = [rotation_angle(m) for m in rotations]
+        if steps:
+            runs = sum(1 for run in configuration.runs if run.scalars.get(VAL_ACC))
+            curves.append((configuration.label, runs, steps, [100 * m for m in means], [100 * s for s in stds]))
+    if not curves:
+        return None
+    plt = _pyplot()
+    several = max(runs for _, runs, *_ in curves) > 1
+    what = "mean over seeds, band ± one std" if several else "one run each"
+    title = f"Validation accuracy at each validation ({what})"
+    if len(curves) <= OVERLAID_AT_MOST:
         figure, axes = plt.subplots(figsize=(8, 5))
-        for configuration in configurations:
-            summaries = [configuration.summary(m) for m in rotations]
-            axes.errorbar(
-                angles,
-                [100 * s.mean if s else math.nan for s in summaries],
-                yerr=[100 * s.std if s and s.std is not None else 0.0 for s in summaries],
-                marker="o",
-                capsize=3,
-                color=colours[configuration.label],
-                label=configuration.label,
+        for i, (label, runs, steps, means, stds) in enumerate(curves):
+            colour, marker, style = f"C{i}", "os"[i % 2], ("-", "--")[i % 2]
+            axes.plot(
+                steps,
+                means,
+                color=colour,
+                marker=marker,
+                markersize=4,
+                linestyle=style,
+                label=f"{label} ({runs} run{'s' if runs > 1 else ''})",
             )
-        axes.set(
-            xlabel="rotation of the test digits (degrees)", ylabel="test accuracy (%)", title="Accuracy versus rotation"
-        )
+            if runs > 1:
+                axes.fill_between(
+                    steps,
+                    [m - s for m, s in zip(means, stds, strict=True)],
+                    [m + s for m, s in zip(means, stds, strict=True)],
+                    color=colour,
+                    alpha=0.2,
+                    linewidth=0,
+                )
+        axes.set(xlabel="step", ylabel="validation accuracy (%)", title=title)
         _legend(axes)
-        figure.savefig(output / "rotation.png", dpi=DPI, bbox_inches="tight")
-        written.append(output / "rotation.png")
-        plt.close(figure)
+    else:
+        columns = 3
+        rows = math.ceil(len(curves) / columns)
+        figure, grid = plt.subplots(
+            rows, columns, figsize=(3.6 * columns, 2.7 * rows + 0.6), sharex=True, sharey=True, squeeze=False
+        )
+        for index, (label, runs, steps, means, stds) in enumerate(curves):
+            axes = grid[index // columns][index % columns]
+            for other in curves:
+                if other[0] != label:
+                    axes.plot(other[2], other[3], color="0.8", linewidth=0.8)
+            axes.plot(steps, means, color="C0", marker="o", markersize=3)
+            if runs > 1:
+                axes.fill_between(
+                    steps,
+                    [m - s for m, s in zip(means, stds, strict=True)],
+                    [m + s for m, s in zip(means, stds, strict=True)],
+                    color="C0",
+                    alpha=0.25,
+                    linewidth=0,
+                )
+            axes.set_title(textwrap.fill(f"{label} ({runs} run{'s' if runs > 1 else ''})", 38), fontsize="small")
+            axes.grid(alpha=0.3)
+        for index in range(len(curves), rows * columns):
+            grid[index // columns][index % columns].set_visible(False)
+        for axes in grid[-1]:
+            axes.set_xlabel("step")
+        for axes in grid[:, 0]:
+            axes.set_ylabel("validation accuracy (%)")
+        figure.suptitle(title + "; the other configurations in grey", fontsize="medium")
+        figure.tight_layout()
+    figure.savefig(output / CURVES, dpi=DPI, bbox_inches="tight")
+    plt.close(figure)
+    return output / CURVES
+
+
+def _rotation(configurations: list[Configuration], metrics: list[str], output: Path) -> Path | None:
+    """``rotation.png``: each configuration's test accuracy against the rotation, mean with its 95% interval."""
+    rotations = [m for m in metrics if rotation_angle(m) is not None]
+    if not rotations:
+        return None
+    plt = _pyplot()
+    angles = [rotation_angle(m) for m in rotations]
+    figure, axes = plt.subplots(figsize=(8, 5))
+    several = False
+    for i, configuration in enumerate(configurations):
+        summaries = [configuration.summary(m) for m in rotations]
+        several |= any(s is not None and s.low is not None for s in summaries)
+        errors = [
+            [100 * (s.mean - s.low) if s and s.low is not None else 0.0 for s in summaries],
+            [100 * (s.high - s.mean) if s and s.low is not None else 0.0 for s in summaries],
+        ]
+        axes.errorbar(
+            angles,
+            [100 * s.mean if s else math.nan for s in summaries],
+            yerr=errors,
+            marker="os^v"[i % 4],
+            linestyle=("-", "--", "-.", ":")[i % 4],
+            capsize=3,
+            color=f"C{i % 10}",
+            label=configuration.label,
+        )
+    bars = (
+        f"mean and its {100 * comparison_statistics.CONFIDENCE:.0f}% confidence interval over seeds"
+        if several
+        else "one run each"
+    )
+    axes.set(
+        xlabel="rotation of the test digits (degrees)",
+        ylabel="test accuracy (%)",
+        title=f"Accuracy versus rotation ({bars})",
+    )
+    _legend(axes)
+    figure.savefig(output / ROTATION, dpi=DPI, bbox_inches="tight")
+    plt.close(figure)
+    return output / ROTATION
+
+
+def headline_rows(configurations: list[Configuration], metric: str, factor: float, references: list[str]) -> list[Row]:
+    """Each configuration's runs' final ``metric`` (times ``factor``) as an :class:`Row`."""
+    return [
+        Row(c.label, [factor * value for _, value in c.values(metric)], c.label in references)
+        for c in configurations
+        if c.values(metric)
+    ]
+
+
+def write_plots(
+    configurations: list[Configuration],
+    metrics: list[str],
+    output: Path,
+    headline: list[tuple[str, list[Row]]],
+    references: Sequence[str] = (),
+) -> list[Path]:
+    """Write ``headline.png`` (from ``headline``: an axis label and rows per compared metric; ``references``
+    in the page's order), ``val_acc.png``
+    and (with rotated test sets) ``rotation.png`` into ``output``; return those written, the headline first."""
+    written = []
+    if headline and headline[0][1]:
+        title = (
+            f"{', '.join(label for label, _ in headline)}: {interval_title([len(r.values) for r in headline[0][1]])}"
+        )
+        written.append(interval_plot(headline, output / HEADLINE, textwrap.fill(title, 110)))
+    written += [path for path in (_curves(configurations, output), _rotation(configurations, metrics, output)) if path]
     return written

@@ -25,6 +25,36 @@ log = logging.getLogger("capsexp")
 RECONSTRUCTIONS = "val/reconstructions"  # the image capsexp.callbacks.image_logging logs at each validation
 
 
+STRIP_SCALE = 3  # the page shows a logged image strip this many times its size, pixels kept square
+
+
+def _labelled_strip(png: bytes, path: Path, title: str) -> None:
+    """The logged grid (inputs above reconstructions), enlarged with its pixels kept sharp, its rows named."""
+    import io
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.image
+    import matplotlib.pyplot as plt
+
+    pixels = matplotlib.image.imread(io.BytesIO(png), format="png")
+    height, width = pixels.shape[:2]
+    dpi = 100
+    figure, axes = plt.subplots(figsize=(STRIP_SCALE * width / dpi + 1.6, STRIP_SCALE * height / dpi + 0.5), dpi=dpi)
+    axes.imshow(pixels, interpolation="nearest")
+    axes.set_xticks([])
+    axes.set_yticks(
+        [height / 4, 3 * height / 4],
+        ["inputs", "reconstructions\n(red, green: the\ntwo longest capsules)"],
+        fontsize="small",
+    )
+    axes.tick_params(length=0)
+    axes.set_title(title, fontsize="small")
+    figure.savefig(path, dpi=dpi, bbox_inches="tight")
+    plt.close(figure)
+
+
 def reconstructions(runs: list[Run], page: StudyPage, output: Path) -> str:
     """The paper's Fig. 5: the last validation's reconstructions of the first run of the reference
     configuration (else of the first configuration that logged them), written as ``reconstructions.png``."""
@@ -38,13 +68,17 @@ def reconstructions(runs: list[Run], page: StudyPage, output: Path) -> str:
             if RECONSTRUCTIONS not in events.Tags()["images"]:
                 continue
             image = events.Images(RECONSTRUCTIONS)[-1]
-            (output / "reconstructions.png").write_bytes(image.encoded_image_string)
             seed = f", seed {run.seed}" if run.seed is not None else ""
+            _labelled_strip(
+                image.encoded_image_string,
+                output / "reconstructions.png",
+                f"{configuration.label}{seed}, step {image.step}",
+            )
             return (
                 "## Reconstructions (the paper's Fig. 5)\n\n"
-                f"`{configuration.label}`{seed}, at step {image.step}: validation inputs (the top row of each pair) "
-                "above each digit reconstructed from its own capsule (the two longest), in red and green, "
-                "overlaid.\n\n![reconstructions](reconstructions.png)\n"
+                f"`{configuration.label}`{seed}, at step {image.step}: validation inputs (top row) above each "
+                "digit reconstructed from its own capsule (the two longest), in red and green, overlaid "
+                f"(bottom row), shown {STRIP_SCALE} times the size logged.\n\n![reconstructions](reconstructions.png)\n"
             )
     return ""
 

@@ -16,12 +16,14 @@ import numpy as np
 import yaml
 
 from capsexp.results import statistics
-from capsexp.results.compare import RECORDED_HPARAMS
+from capsexp.results.compare import RECORDED_HPARAMS, references_of
 from capsexp.results.events import event_folder
 from capsexp.results.metric_names import MODEL_FLOPS, MODEL_PARAMETERS, VAL_ACC
+from capsexp.results.plots import Row, interval_plot, interval_title
 from capsexp.results.runs import Configuration, Run, group
 from capsexp.results.study import StudyPage
 
+MATCHED_TIME = "matched_time.png"
 TRAIN_SECONDS = "perf/train_epoch_s"  # capsexp.callbacks.EpochTimer: per epoch, validation excluded
 
 
@@ -73,6 +75,8 @@ def cost_and_matched_time(runs: list[Run], page: StudyPage, output: Path) -> str
         return ""
     matched = min(totals.values())
     fastest = min(totals, key=totals.get)
+    references = [c.label for c in references_of(configurations, page)]
+    rows = []
     lines = [
         "| configuration | parameters | MFLOPs per image | training s per step | steps in the matched time "
         f"| {VAL_ACC} at the matched time | 95% CI |",
@@ -87,6 +91,8 @@ def cost_and_matched_time(runs: list[Run], page: StudyPage, output: Path) -> str
             if (s := seconds_per_step(run)) is not None and (a := accuracy_at_step(run, matched / s)) is not None
         ]
         summary = statistics.summarise(at_time) if at_time else None
+        if at_time:
+            rows.append(Row(configuration.label, [100 * a for a in at_time], configuration.label in references))
         cells = [
             configuration.label,
             f"{parameters:,}" if parameters is not None else "",
@@ -97,6 +103,12 @@ def cost_and_matched_time(runs: list[Run], page: StudyPage, output: Path) -> str
             f"[{100 * summary.low:.2f}, {100 * summary.high:.2f}]" if summary and summary.low is not None else "",
         ]
         lines.append("| " + " | ".join(cells) + " |")
+    title = f"{VAL_ACC} after {matched:.0f} s of training, the fastest configuration's time: " + interval_title(
+        [len(row.values) for row in rows]
+    )
+    figure = (
+        interval_plot([(f"{VAL_ACC} at the matched time (%)", rows)], output / MATCHED_TIME, title) if rows else None
+    )
     return (
         "## Cost, and accuracy at matched training time\n\n"
         "Parameters and forward MFLOPs per image (matrix products and convolutions, 2 per multiply-add) as each "
@@ -104,5 +116,8 @@ def cost_and_matched_time(runs: list[Run], page: StudyPage, output: Path) -> str
         "(validation excluded) over its steps, as the runs ran (see the notes for what shared the machine). "
         f"Matched time: {matched:.0f} s of training, the median of `{fastest}`, the fastest configuration, "
         f"over its runs. Each run's {VAL_ACC} at the step it reached in that time, interpolated between the "
-        "validations around it; mean ± std over the runs (%).\n\n" + "\n".join(lines) + "\n"
+        "validations around it; mean ± std over the runs (%).\n\n"
+        + (f"![{figure.stem}]({figure.name})\n\n" if figure else "")
+        + "\n".join(lines)
+        + "\n"
     )
