@@ -329,6 +329,9 @@ EXPERIMENT = """\
 # @package _global_
 budgets:
   quick: {epochs: 1}
+hydra:
+  sweeper:
+    params: {iterations: "1,3", reconstruction: "true,false"}
 page:
   title: "Routing and reconstruction"
   reference: iterations=3 reconstruction=true

@@ -191,20 +191,6 @@ def test_committed_runs_of_a_former_driver_compose_as_their_experiment_config_ru
         OmegaConf.register_new_resolver("bf16_if_native", hydra_setup.bf16_if_native, replace=True)
 
 
-def test_a_committed_page_rebuilds_byte_identical_from_its_runs(tmp_path):
-    """experiments/results/rotation_robustness_quick/ as a reader would check it: the page and its table
-    written again from the runs kept beside them, in a copy of the folder."""
-    import shutil
-
-    from capsexp.results.compare import compare
-
-    page = PROJECT_ROOT / "experiments" / "results" / "rotation_robustness_quick"
-    shutil.copytree(page / "runs", tmp_path / "runs")
-    compare(tmp_path / "runs", tmp_path)
-    for name in ("README.md", "comparison.csv"):
-        assert (tmp_path / name).read_text() == (page / name).read_text(), name
-
-
 @pytest.mark.slow  # four runs, one of them a black-box attack in a child process (about 35 s): make test-all
 def test_the_adversarial_study_attacks_every_net_and_the_capsule_nets_from_lenet5(mnist_dir, tmp_path):
     """em_adversarial on small synthetic MNIST, two nets: each run attacks its own checkpoint (BIM, FGSM

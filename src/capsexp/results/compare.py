@@ -23,7 +23,9 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from capsexp import PROJECT_ROOT
 from capsexp.errors import ConfigError, NoRunsError
 from capsexp.results import statistics
+from capsexp.results.claims import BoundNotes, ClaimError, bind, unsupported_block
 from capsexp.results.diagnostics import diagnostics_section
+from capsexp.results.differences import compared, hypotheses, references_of, scale, test_only
 from capsexp.results.events import event_files, event_folder
 from capsexp.results.machine import MACHINE_FILE, describe_text
 from capsexp.results.metric_names import (
@@ -54,7 +56,7 @@ from capsexp.results.runs import (
     launches,
     sweep_command,
 )
-from capsexp.results.study import StudyPage, figure_for, load_study_page, matches
+from capsexp.results.study import StudyPage, figure_for, load_study_page
 
 PAGE, TABLE = "README.md", "comparison.csv"
 KEPT_RUNS = "runs"  # the folder beside a page that holds copies of its runs (--keep-runs)
@@ -72,11 +74,6 @@ def metrics_of(runs: list[Run]) -> list[str]:
         + named_sets
         + ([PRESENCE_GAP] if PRESENCE_GAP in tags else [])
     )
-
-
-def scale(metric: str) -> float:
-    """Accuracies are shown in %; the presence gap is a score."""
-    return 1.0 if metric == PRESENCE_GAP else 100.0
 
 
 def mean_std(summary: statistics.Summary | None, factor: float) -> str:
@@ -119,23 +116,6 @@ def results_table(configurations: list[Configuration], metrics: list[str], headl
     return "\n".join(lines) + "\n"
 
 
-def references_of(configurations: list[Configuration], page: StudyPage) -> list[Configuration]:
-    """The experiment's reference configurations that the runs include, else the first configuration (a
-    user may run some arms of a study only)."""
-    found = []
-    for reference in page.references:
-        match = next((c for c in configurations if matches(reference, c.runs[0].overrides)), None)
-        if match is not None and all(match is not f for f in found):
-            found.append(match)
-    return found or configurations[:1]
-
-
-def test_only(configuration: Configuration) -> bool:
-    """Runs made with ``train=false``: they test a checkpoint another configuration trained (the
-    adversarial study's black-box runs), so their clean accuracy repeats that configuration's."""
-    return any(o.lower() == "train=false" for o in configuration.runs[0].overrides)
-
-
 def differences_section(configurations: list[Configuration], headline: str, page: StudyPage) -> str:
     """Each compared metric (the headline first, then the page's others): each configuration minus each
     reference, with its interval and test; the p-values adjusted by Holm's method over the distinct
@@ -156,29 +136,17 @@ def _differences(
     titled_by_metric: bool,
     left_out: list[str],
 ) -> str:
-    pairs = [(reference, c) for reference in references for c in configurations if c is not reference]
-    found = [
-        statistics.difference(arm, base) if (arm := c.values(metric)) and (base := r.values(metric)) else None
-        for r, c in pairs
-    ]
-    # A pair compared both ways (each configuration a reference) is one hypothesis: Holm counts it once.
-    hypotheses = list(dict.fromkeys(frozenset((r.label, c.label)) for r, c in pairs))
-    first_p = {}
-    for (r, c), d in zip(pairs, found, strict=True):
-        first_p.setdefault(frozenset((r.label, c.label)), d.p if d else None)
-    adjusted_by_hypothesis = dict(
-        zip(hypotheses, statistics.holm_adjusted([first_p[h] for h in hypotheses]), strict=True)
-    )
-    adjusted = [adjusted_by_hypothesis[frozenset((r.label, c.label))] for r, c in pairs]
+    rows = compared(configurations, metric, references)
+    distinct = hypotheses(rows)
     factor = scale(metric)
     unit = " (percentage points)" if factor == 100 else ""
     against = ", ".join(f"`{r.label}`" for r in references)
-    plural = "s" if len(hypotheses) > 1 else ""
-    counted = f"{len(hypotheses)} comparison{plural}"
-    if len(pairs) > len(hypotheses):
-        twice = len(pairs) - len(hypotheses)
+    plural = "s" if distinct > 1 else ""
+    counted = f"{distinct} comparison{plural}"
+    if len(rows) > distinct:
+        twice = len(rows) - distinct
         counted = (
-            f"{len(hypotheses)} distinct comparison{plural} ({twice} of the {len(pairs)} rows "
+            f"{distinct} distinct comparison{plural} ({twice} of the {len(rows)} rows "
             f"{'compares' if twice == 1 else 'compare'} a pair the other way round)"
         )
     lines = [
@@ -200,14 +168,13 @@ def _differences(
         + "| configuration | runs | difference | 95% CI | test | p | p (Holm) | significant |",
         ("| --- " if len(references) > 1 else "") + "| --- | ---: | ---: | ---: | --- | ---: | ---: | --- |",
     ]
-    for (reference, configuration), difference, p_holm in zip(pairs, found, adjusted, strict=True):
+    for row in rows:
+        reference, configuration, difference, p_holm = row.reference, row.configuration, row.difference, row.p_holm
         first = f"| {reference.label} " if len(references) > 1 else ""
         if difference is None:
             lines.append(f"{first}| {configuration.label} | {len(configuration.runs)} | not logged by both | | | | | |")
             continue
-        verdict = ""
-        if p_holm is not None and not math.isnan(p_holm):
-            verdict = "yes" if p_holm < statistics.SIGNIFICANCE else "no"
+        verdict = ("yes" if row.significant else "no") if p_holm is not None and not math.isnan(p_holm) else ""
         lines.append(
             f"{first}| {configuration.label} | {len(configuration.runs)} | {factor * difference.mean:+.2f} | "
             f"{interval(difference.low, difference.high, factor)} | {difference.test or 'too few runs'} | "
@@ -480,10 +447,7 @@ def compare(folder: Path, output: Path | None = None, keep: bool = False) -> Com
     if keep:
         folder = keep_runs(runs, folder, output)
         runs = find_runs(folder)
-    experiments = {run.choice("experiment") for run in runs}
-    budgets = {run.choice("study") for run in runs}
-    page = load_study_page(*experiments, *budgets) if len(experiments) == 1 and len(budgets) == 1 else StudyPage()
-
+    page = page_for(runs)
     shared = label_configurations(runs)
     configurations = group(runs)
     metrics = metrics_of(runs)
@@ -491,15 +455,16 @@ def compare(folder: Path, output: Path | None = None, keep: bool = False) -> Com
     relative = os.path.relpath(folder.resolve(), output.resolve())
     rebuild = "python -m capsexp.compare ." if relative == "." else f"python -m capsexp.compare {relative} --output ."
     check_text, failed = reproduction(configurations, headline, page)
-    compared = [c for c in configurations if not test_only(c)]
-    reference_labels = [c.label for c in references_of(compared, page)] if compared else []
+    in_comparison = [c for c in configurations if not test_only(c)]
+    reference_labels = [c.label for c in references_of(in_comparison, page)] if in_comparison else []
     panels = [
         (
             f"{metric} (%)" if scale(metric) == 100 else metric,
-            headline_rows(compared, metric, scale(metric), reference_labels),
+            headline_rows(in_comparison, metric, scale(metric), reference_labels),
         )
         for metric in [headline, *(m for m in page.metrics if m != headline)]
     ]
+    notes = notes_of(page, runs, configurations)
     plots = write_plots(configurations, metrics, output, [panel for panel in panels if panel[1]], reference_labels)
     first = [png for png in plots if png.name == HEADLINE]
     results = (
@@ -517,7 +482,8 @@ def compare(folder: Path, output: Path | None = None, keep: bool = False) -> Com
     )
     blocks = [
         header(page, runs, folder, relative, rebuild),
-        page.notes + "\n" if page.notes else "",
+        unsupported_block(notes.failed),
+        notes.text + "\n" if notes.text else "",
         "".join(f"![{png.stem}]({png.name})\n" for png in first),
         results,
         differences_section(configurations, headline, page),
@@ -528,4 +494,52 @@ def compare(folder: Path, output: Path | None = None, keep: bool = False) -> Com
     ]
     (output / PAGE).write_text("\n".join(block for block in blocks if block))
     write_csv(configurations, metrics, output)
+    if notes.failed:
+        raise ClaimError(
+            f"conf/experiment/{page.experiment}.yaml: these runs do not support the page's claim"
+            f"{'s' if len(notes.failed) > 1 else ''} "
+            + "; ".join(f"{claim!r}" for claim in notes.failed)
+            + f" (the page is written to {output / PAGE}, the claims marked)"
+        )
     return Comparison(output, failed)
+
+
+def page_for(runs: list[Run]) -> StudyPage:
+    """The page of the runs' experiment and budget, when they share one; a plain page otherwise."""
+    experiments = {run.choice("experiment") for run in runs}
+    budgets = {run.choice("study") for run in runs}
+    return load_study_page(*experiments, *budgets) if len(experiments) == 1 and len(budgets) == 1 else StudyPage()
+
+
+def other_settings(runs: list[Run], page: StudyPage) -> list[str]:
+    """The overrides of the runs that the study's sweep does not set (beyond where they went, their seed,
+    which study and budget and the console's look): a user's changes (``trainer.max_steps=20``).
+    Test-only runs, the study's own step after the sweep, are not counted."""
+    found = []
+    for run in runs:
+        if any(o.lower() == "train=false" for o in run.overrides):
+            continue
+        for override in run.overrides:
+            if LOCATION_OVERRIDE.match(override) or SEED_OVERRIDE.match(override):
+                continue
+            if _AS_THE_STUDY_RUNS_IT.match(override) or override.split("=", 1)[0].lstrip("+") in page.swept:
+                continue
+            found.append(override)
+    return list(dict.fromkeys(found))
+
+
+def notes_of(page: StudyPage, runs: list[Run], configurations: list[Configuration]) -> BoundNotes:
+    """The page's notes with their figures from the runs and the claims checked
+    (:func:`capsexp.results.claims.bind`); for runs made with other settings than the study's, a line
+    saying so instead: the notes describe the study's own runs."""
+    if not page.notes:
+        return BoundNotes("", [])
+    changed = other_settings(runs, page)
+    if changed:
+        return BoundNotes(
+            f"These runs were made with other settings than the study's ({', '.join(f'`{o}`' for o in changed)}), "
+            "so the study's notes, which describe its own runs, are left out: "
+            f"`conf/experiment/{page.experiment}.yaml` has them.",
+            [],
+        )
+    return bind(page, runs, f"conf/experiment/{page.experiment}.yaml")

@@ -22,6 +22,14 @@ and the functions that add what a table cannot show. A comparison of runs made w
           tolerance: 0.01                # for a figure of one run: no spread to derive one from
           figures: {model=lenet5: 0.95, model=capsnet: {mean: 0.97, std: 0.002, runs: 3}}
       sections: [capsexp.studies.dr.reconstructions]      # functions (runs, page, folder) -> Markdown
+      claims:                          # what the notes claim, checked against the runs at every rebuild
+        quick:
+          - claim: CapsNet beats LeNet5 at every angle up to 45 degrees
+            holds: "difference('test/acc_rot45', 'model=capsnet', 'model=lenet5').points > 0"
+      functions: [capsexp.studies.routing.figures]        # more figures the notes and claims may quote
+
+The notes are Jinja templates: ``{{ summary('test/acc', 'model=capsnet') }}`` quotes a figure of the runs
+(:mod:`capsexp.results.claims`).
 
 A configuration matches a paper figure's key when its overrides include every override of the key; an
 expected figure's key is the whole of a job's choices (its seed aside), and checks only runs made so.
@@ -92,6 +100,15 @@ def _expected(node: dict) -> Expected:
 
 
 @dataclass(frozen=True)
+class Claim:
+    """A qualitative claim of the notes, and the expression over the runs that must hold for it
+    (:mod:`capsexp.results.claims`)."""
+
+    claim: str
+    holds: str
+
+
+@dataclass(frozen=True)
 class StudyPage:
     experiment: str | None = None
     budget: str = DEFAULT_BUDGET
@@ -102,6 +119,9 @@ class StudyPage:
     paper: PaperFigures | None = None
     expected: Expected | None = None
     sections: list[str] = field(default_factory=list)
+    claims: tuple[Claim, ...] = ()
+    functions: tuple[str, ...] = ()  # figure functions the notes and claims may call (capsexp.results.claims)
+    swept: tuple[str, ...] = ()  # the keys the experiment's sweep sets (hydra.sweeper.params), without a "+"
 
     @property
     def reference(self) -> str | None:
@@ -146,8 +166,10 @@ def load_study_page(experiment: str | None, budget: str | None) -> StudyPage:
     budget = budget or DEFAULT_BUDGET
     if not experiment or not experiment_file(experiment).exists():
         return StudyPage(experiment, budget)
-    node = OmegaConf.load(experiment_file(experiment)).get("page")
+    config = OmegaConf.load(experiment_file(experiment))
+    node = config.get("page")
     page = OmegaConf.to_container(node) if node is not None else {}
+    params = OmegaConf.select(config, "hydra.sweeper.params") or {}
     paper = page.get("paper")
     expected = (page.get("expected") or {}).get(budget)
     try:
@@ -163,6 +185,9 @@ def load_study_page(experiment: str | None, budget: str | None) -> StudyPage:
             else None,
             expected=_expected(expected) if expected else None,
             sections=list(page.get("sections") or []),
+            claims=tuple(Claim(c["claim"], c["holds"]) for c in (page.get("claims") or {}).get(budget) or []),
+            functions=_strings(page.get("functions")),
+            swept=tuple(str(key).lstrip("+") for key in params),
         )
     except (KeyError, TypeError, ValueError) as error:
         raise ConfigError(f"conf/experiment/{experiment}.yaml: its page is malformed ({error!r})") from error

@@ -16,7 +16,8 @@ import numpy as np
 import yaml
 
 from capsexp.results import statistics
-from capsexp.results.compare import RECORDED_HPARAMS, references_of
+from capsexp.results.compare import RECORDED_HPARAMS
+from capsexp.results.differences import references_of
 from capsexp.results.events import event_folder
 from capsexp.results.metric_names import MODEL_FLOPS, MODEL_PARAMETERS, VAL_ACC
 from capsexp.results.plots import Row, interval_plot, interval_title
@@ -65,16 +66,52 @@ def _median(configuration: Configuration, measure) -> float | None:
     return stats.median(found) if found else None
 
 
+def matched_time(configurations: list[Configuration]) -> tuple[float, str] | None:
+    """The matched training time: the fastest configuration's (the median of its runs' training times),
+    and its label; None where no run recorded its training time."""
+    totals = {c.label: total for c in configurations if (total := _median(c, training_seconds)) is not None}
+    if not totals:
+        return None
+    fastest = min(totals, key=totals.get)
+    return totals[fastest], fastest
+
+
+def accuracies_at_time(configuration: Configuration, seconds: float) -> list[float]:
+    """Each run's ``val/acc`` at the step it reached in ``seconds`` of training (:func:`accuracy_at_step`)."""
+    return [
+        a
+        for run in configuration.runs
+        if (s := seconds_per_step(run)) is not None and (a := accuracy_at_step(run, seconds / s)) is not None
+    ]
+
+
+def figures(runs: list[Run], page: StudyPage) -> dict:
+    """The figures this page's notes may quote beyond the tables' (:mod:`capsexp.results.claims`):
+    ``at_matched_time(configuration)``, its ``val/acc`` (%) at the matched training time."""
+    from capsexp.results.claims import MissingFigure, Spread
+
+    configurations = group(runs)
+    found = matched_time(configurations)
+
+    def at_matched_time(key: str) -> Spread:
+        configuration = next((c for c in configurations if c.label == key), None)
+        values = accuracies_at_time(configuration, found[0]) if configuration and found else []
+        if not values:
+            raise MissingFigure(f"no {VAL_ACC} at the matched time for {key!r}")
+        summary = statistics.summarise([100 * v for v in values])
+        return Spread(summary.mean, summary.std, summary.n, summary.low, summary.high)
+
+    return {"at_matched_time": at_matched_time}
+
+
 def cost_and_matched_time(runs: list[Run], page: StudyPage, output: Path) -> str:
     """The section: per configuration, parameters, MFLOPs, median training seconds per step and, at the
     fastest configuration's training time, the steps reached and the validation accuracy (mean ± std and
     95% interval over runs)."""
     configurations = group(runs)
-    totals = {c.label: total for c in configurations if (total := _median(c, training_seconds)) is not None}
-    if not totals:
+    if (found := matched_time(configurations)) is None:
         return ""
-    matched = min(totals.values())
-    fastest = min(totals, key=totals.get)
+    matched, fastest = found
     references = [c.label for c in references_of(configurations, page)]
     rows = []
     lines = [
@@ -85,11 +122,7 @@ def cost_and_matched_time(runs: list[Run], page: StudyPage, output: Path) -> str
     for configuration in configurations:
         parameters, flops = model_cost(configuration.runs[0])
         per_step = _median(configuration, seconds_per_step)
-        at_time = [
-            a
-            for run in configuration.runs
-            if (s := seconds_per_step(run)) is not None and (a := accuracy_at_step(run, matched / s)) is not None
-        ]
+        at_time = accuracies_at_time(configuration, matched)
         summary = statistics.summarise(at_time) if at_time else None
         if at_time:
             rows.append(Row(configuration.label, [100 * a for a in at_time], configuration.label in references))

@@ -1,0 +1,303 @@
+"""What a page's prose says, bound to its runs. A study's notes quote figures as Jinja expressions
+(``{{ difference('test/acc', '+arm/routing=efficient', '+arm/routing=uniform') }}``), evaluated over the
+page's runs with the functions of :class:`Figures`, so that a figure in the prose is the figure of the
+tables; and each qualitative claim the notes make is listed under the page's ``claims`` with an expression
+that must hold. A rebuild whose runs no longer support a claim fails, naming it::
+
+    page:
+      notes: {quick: "Dynamic routing is within {{ difference(m, dyn, uni).magnitude }} points of it."}
+      claims:
+        quick:
+          - claim: No routing algorithm beats uniform coupling
+            holds: "significantly_above('test/acc', '+arm/routing=uniform') == []"
+
+Every figure is in the page's display units (accuracies in %, differences in points) and prints as the
+page's tables print it; its attributes are numbers for claims and Jinja's filters (``round``, ``abs``).
+Expressions run in Jinja's sandbox: they can call the functions below and nothing else.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from capsexp.errors import CapsexpError, ConfigError
+from capsexp.results import statistics
+from capsexp.results.differences import compared, references_of, scale, test_only
+from capsexp.results.runs import Configuration, Run, group
+from capsexp.results.study import StudyPage, matches
+
+
+class ClaimError(CapsexpError):
+    """A page's claim that its runs do not support (the page is written, with the claim marked)."""
+
+    exit_code = 1
+
+
+class MissingFigure(LookupError):
+    """A quoted figure of a configuration or metric these runs do not have."""
+
+
+def p_text(p: float | None) -> str:
+    """A p-value as the page's tables print it."""
+    if p is None:
+        return ""
+    if math.isnan(p):
+        return "n/a (no spread)"
+    return "< 0.001" if p < 0.001 else f"{p:.3f}"
+
+
+@dataclass(frozen=True)
+class Spread:
+    """A configuration's figure over its runs: prints ``mean ± std`` (the mean alone for one run)."""
+
+    mean: float
+    std: float | None
+    n: int
+    low: float | None = None
+    high: float | None = None
+
+    def __str__(self) -> str:
+        return f"{self.mean:.2f}" if self.std is None else f"{self.mean:.2f} ± {self.std:.2f}"
+
+    @property
+    def mean_text(self) -> str:
+        return f"{self.mean:.2f}"
+
+
+@dataclass(frozen=True)
+class Gap:
+    """A configuration minus a reference, in points: prints signed (``+1.29``); ``magnitude`` unsigned;
+    ``p`` and ``p_holm`` as numbers, ``p_text`` and ``p_holm_text`` as the tables print them."""
+
+    points: float
+    p: float | None
+    p_holm: float | None
+    significant: bool
+
+    def __str__(self) -> str:
+        return f"{self.points:+.2f}"
+
+    @property
+    def magnitude(self) -> str:
+        return f"{abs(self.points):.2f}"
+
+    @property
+    def p_text(self) -> str:
+        return p_text(self.p)
+
+    @property
+    def p_holm_text(self) -> str:
+        return p_text(self.p_holm)
+
+
+class Figures:
+    """The functions a page's expressions call, over its runs (test-only configurations left out, as
+    the comparisons leave them out)."""
+
+    def __init__(self, runs: list[Run], page: StudyPage, extra: dict | None = None) -> None:
+        self.configurations = [c for c in group(runs) if not test_only(c)]
+        self.page = page
+        self.references = references_of(self.configurations, page) if self.configurations else []
+        self.extra = extra or {}
+
+    def configuration(self, key: str) -> Configuration:
+        """The configuration labelled ``key``, else the one whose overrides include every override of it."""
+        found = next((c for c in self.configurations if c.label == key), None)
+        found = found or next((c for c in self.configurations if matches(key, c.runs[0].overrides)), None)
+        if found is None:
+            raise MissingFigure(f"no configuration {key!r} among these runs")
+        return found
+
+    def summary(self, metric: str, key: str) -> Spread:
+        """The final ``metric`` of ``key``'s runs (a scalar's last value), mean ± std."""
+        values = [value for _, value in self.configuration(key).values(metric)]
+        if not values:
+            raise MissingFigure(f"{key!r} logged no {metric}")
+        factor = scale(metric) if "acc" in metric else 1.0  # accuracies in %, other scalars as logged
+        found = statistics.summarise([factor * v for v in values])
+        return Spread(found.mean, found.std, found.n, found.low, found.high)
+
+    def difference(self, metric: str, key: str, reference: str) -> Gap:
+        """``key`` minus ``reference`` as the page's comparison of ``metric`` gives it (Holm's adjustment
+        over that metric's comparisons); a pair the page does not compare, unadjusted."""
+        arm, base = self.configuration(key), self.configuration(reference)
+        rows = compared(self.configurations, metric, [r for r in self.references if r is base] or [base])
+        row = next(r for r in rows if r.configuration is arm)
+        if row.difference is None:
+            raise MissingFigure(f"{metric} not logged by both {key!r} and {reference!r}")
+        in_page = any(r is base for r in self.references)
+        if in_page:  # adjusted over every comparison of the page's, not over this reference's alone
+            every = compared(self.configurations, metric, self.references)
+            row = next(r for r in every if r.configuration is arm and r.reference is base)
+        return Gap(
+            scale(metric) * row.difference.mean,
+            row.difference.p,
+            row.p_holm if in_page else None,
+            row.significant if in_page else False,
+        )
+
+    def significantly_above(self, metric: str, reference: str) -> list[str]:
+        """The configurations significantly above ``reference`` in the page's comparison of ``metric``."""
+        base = self.configuration(reference)
+        rows = compared(self.configurations, metric, self.references)
+        return [r.configuration.label for r in rows if r.reference is base and r.significant and r.difference.mean > 0]
+
+    def most_variable(self, metric: str) -> str:
+        """The configuration whose runs' ``metric`` has the largest std."""
+        spreads = {
+            c.label: s.std for c in self.configurations if (s := c.summary(metric)) is not None and s.std is not None
+        }
+        if not spreads:
+            raise MissingFigure(f"no configuration has two runs of {metric}")
+        return max(spreads, key=spreads.get)
+
+    def last(self, tag: str, key: str) -> Spread:
+        """The last logged value of any scalar ``tag`` (a routing measure, a presence score), mean ± std
+        over ``key``'s runs, as logged (no scaling)."""
+        values = [v for run in self.configuration(key).runs if (v := run.final(tag)) is not None]
+        if not values:
+            raise MissingFigure(f"{key!r} logged no {tag}")
+        found = statistics.summarise(values)
+        return Spread(found.mean, found.std, found.n, found.low, found.high)
+
+    def last_step(self, tag: str, key: str) -> int:
+        """The step at which ``key``'s first run last logged ``tag``."""
+        series = self.configuration(key).runs[0].scalars.get(tag)
+        if not series:
+            raise MissingFigure(f"{key!r} logged no {tag}")
+        return series[-1].step
+
+    def namespace(self) -> dict:
+        return {
+            "summary": self.summary,
+            "difference": self.difference,
+            "significantly_above": self.significantly_above,
+            "most_variable": self.most_variable,
+            "last": self.last,
+            "last_step": self.last_step,
+            "configurations": [c.label for c in self.configurations],
+            **self.extra,
+        }
+
+
+def _environment():
+    from jinja2 import StrictUndefined
+    from jinja2.sandbox import SandboxedEnvironment
+
+    return SandboxedEnvironment(undefined=StrictUndefined, keep_trailing_newline=True)
+
+
+@dataclass(frozen=True)
+class BoundNotes:
+    """A page's notes with their figures filled in, and the claims its runs do not support."""
+
+    text: str
+    failed: list[str]
+
+
+def bind(page: StudyPage, runs: list[Run], source: str) -> BoundNotes:
+    """Fill the notes' figures from ``runs`` and check the page's claims. ``source`` names where the
+    page is declared, for errors. Runs that lack a quoted configuration or metric (a user's part of the
+    study) get a line saying so in place of the notes, and no claim is checked."""
+    from jinja2 import TemplateError
+
+    figures = Figures(runs, page, _extra_functions(page, runs))
+    environment = _environment()
+    namespace = figures.namespace()
+    try:
+        text = reflow(environment.from_string(page.notes).render(namespace)) if page.notes else ""
+        failed = []
+        for claim in page.claims:
+            try:
+                holds = environment.compile_expression(claim.holds)(namespace)
+            except TemplateError as error:
+                raise ConfigError(
+                    f"{source}: claim {claim.claim!r}: its expression does not evaluate ({error})"
+                ) from error
+            if not holds:
+                failed.append(claim.claim)
+    except MissingFigure as missing:
+        return BoundNotes(
+            f"The study's notes quote figures of its committed runs that these runs do not have ({missing}): "
+            "they are left out.",
+            [],
+        )
+    except TemplateError as error:
+        raise ConfigError(f"{source}: the page's notes do not render ({error})") from error
+    return BoundNotes(text, failed)
+
+
+NOTES_WIDTH = 100  # rendered notes are wrapped to this width, as the notes in the configs are
+
+
+def reflow(text: str) -> str:
+    """The rendered notes' paragraphs and list items wrapped again, since the figures filled in changed
+    the lines' lengths (Markdown reads them the same; the raw page stays readable)."""
+    import textwrap
+
+    blocks: list[list[str]] = []
+    for line in text.strip("\n").split("\n"):
+        if not line.strip():
+            blocks.append([])
+        elif line.startswith("- ") or not blocks or not blocks[-1]:
+            blocks.append([line.strip()])
+        else:
+            blocks[-1].append(line.strip())
+    out = []
+    for block in blocks:
+        if not block:
+            out.append("")
+            continue
+        words = " ".join(block).replace(" ± ", "\xa0±\xa0")  # a figure and its spread stay on one line
+        item = words.startswith("- ")
+        out.append(
+            textwrap.fill(
+                words,
+                NOTES_WIDTH,
+                subsequent_indent="  " if item else "",
+                break_long_words=False,
+                break_on_hyphens=False,
+            )
+        )
+    return "\n".join(out).replace("\xa0", " ")
+
+
+def _extra_functions(page: StudyPage, runs: list[Run]) -> dict:
+    """The page's own figure functions (``page.functions``: ``module.function`` taking the runs and the
+    page and returning a dict of functions), for figures only a study's section computes."""
+    import importlib
+
+    found = {}
+    for name in page.functions:
+        module, _, function = name.rpartition(".")
+        try:
+            found.update(getattr(importlib.import_module(module), function)(runs, page))
+        except (ImportError, AttributeError, ValueError) as error:
+            raise ConfigError(f"page.functions: {name} is no function ({error})") from error
+    return found
+
+
+def unsupported_block(failed: list[str]) -> str:
+    """The warning a page opens with when its runs do not support some of its claims."""
+    if not failed:
+        return ""
+    return (
+        "**These runs do not support the notes' claims:** "
+        + "; ".join(f'"{claim}"' for claim in failed)
+        + ". The notes below were written for the study's committed runs.\n"
+    )
+
+
+def docs_quote(folder: Path, expression: str) -> object:
+    """The value of ``expression`` over the runs kept on the results page ``folder`` (a docs page's
+    quote of it, checked by the tests)."""
+    from capsexp.results.compare import KEPT_RUNS, page_for  # the page module imports this one
+    from capsexp.results.runs import find_runs, label_configurations
+
+    runs = find_runs(folder / KEPT_RUNS)
+    label_configurations(runs)
+    page = page_for(runs)
+    figures = Figures(runs, page, _extra_functions(page, runs))
+    return _environment().compile_expression(expression)(figures.namespace())
