@@ -18,7 +18,8 @@ import argparse
 from pathlib import Path
 
 from capsexp.errors import CapsexpError
-from capsexp.results.compare import KEPT_RUNS, PAGE, TABLE, compare
+from capsexp.results.compare import PAGE, TABLE, compare
+from capsexp.results.runs import KEPT_RUNS
 
 
 def main(argv: list[str] | None = None) -> None:

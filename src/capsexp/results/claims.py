@@ -293,8 +293,8 @@ def unsupported_block(failed: list[str]) -> str:
 def docs_quote(folder: Path, expression: str) -> object:
     """The value of ``expression`` over the runs kept on the results page ``folder`` (a docs page's
     quote of it, checked by the tests)."""
-    from capsexp.results.compare import KEPT_RUNS, page_for  # the page module imports this one
-    from capsexp.results.runs import find_runs, label_configurations
+    from capsexp.results.runs import KEPT_RUNS, find_runs, label_configurations
+    from capsexp.results.study import page_for
 
     runs = find_runs(folder / KEPT_RUNS)
     label_configurations(runs)

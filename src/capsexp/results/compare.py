@@ -42,6 +42,7 @@ from capsexp.results.revision import REVISION_FILE
 from capsexp.results.revision import short as short_revision
 from capsexp.results.runs import (
     KEPT_ORDER,
+    KEPT_RUNS,
     LOCATION_OVERRIDE,
     OVERRIDES,
     OVERRIDES_AS_RUN,
@@ -56,10 +57,9 @@ from capsexp.results.runs import (
     launches,
     sweep_command,
 )
-from capsexp.results.study import StudyPage, figure_for, load_study_page
+from capsexp.results.study import StudyPage, figure_for, page_for
 
 PAGE, TABLE = "README.md", "comparison.csv"
-KEPT_RUNS = "runs"  # the folder beside a page that holds copies of its runs (--keep-runs)
 
 
 def metrics_of(runs: list[Run]) -> list[str]:
@@ -502,13 +502,6 @@ def compare(folder: Path, output: Path | None = None, keep: bool = False) -> Com
             + f" (the page is written to {output / PAGE}, the claims marked)"
         )
     return Comparison(output, failed)
-
-
-def page_for(runs: list[Run]) -> StudyPage:
-    """The page of the runs' experiment and budget, when they share one; a plain page otherwise."""
-    experiments = {run.choice("experiment") for run in runs}
-    budgets = {run.choice("study") for run in runs}
-    return load_study_page(*experiments, *budgets) if len(experiments) == 1 and len(budgets) == 1 else StudyPage()
 
 
 def other_settings(runs: list[Run], page: StudyPage) -> list[str]:

@@ -25,6 +25,7 @@ LOCATION_OVERRIDE = re.compile(
     r"^\+{0,2}(hydra\.[\w.]+|paths\.[\w.]+|ckpt_path|attack\.source|tags|task_name|image_folder_root)="
 )
 SEED_OVERRIDE = re.compile(r"^\+?seed=")
+KEPT_RUNS = "runs"  # the folder beside a page that holds copies of its runs (compare --keep-runs)
 KEPT_ORDER = "order.yaml"  # beside a page's kept runs: their folders in the order the page lists them
 
 

@@ -191,3 +191,11 @@ def load_study_page(experiment: str | None, budget: str | None) -> StudyPage:
         )
     except (KeyError, TypeError, ValueError) as error:
         raise ConfigError(f"conf/experiment/{experiment}.yaml: its page is malformed ({error!r})") from error
+
+
+def page_for(runs: list) -> StudyPage:
+    """The page of the runs' experiment and budget (:class:`~capsexp.results.runs.Run`), when they share
+    one; a plain page otherwise."""
+    experiments = {run.choice("experiment") for run in runs}
+    budgets = {run.choice("study") for run in runs}
+    return load_study_page(*experiments, *budgets) if len(experiments) == 1 and len(budgets) == 1 else StudyPage()
