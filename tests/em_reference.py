@@ -76,7 +76,9 @@ def plain_em_routing(
                 amount = weight_sum * parents / slots
             cost = ((beta_u.view(-1, 1) + 0.5 * torch.log(variance)) * amount).sum(dim=-1)  # (B, Q, J)
             if cost_normalization == "standardize":
-                cost = (cost - cost.mean(dim=-1, keepdim=True)) / (cost.std(dim=-1, keepdim=True) + 1e-8)
+                # Spreads below 1e-4 of the costs' mean size are ties (rounding), not differences.
+                spread = cost.std(dim=-1, keepdim=True) + 1e-4 * cost.abs().mean(dim=-1, keepdim=True) + 1e-8
+                cost = (cost - cost.mean(dim=-1, keepdim=True)) / spread
             logit = inverse_temperature * (beta_a - cost)
             if inverse_temperature_scale is not None:
                 logit = logit * inverse_temperature_scale
@@ -123,7 +125,10 @@ def plain_options(routing) -> dict:
     """An :class:`capsexp.nn.EMRouting` as the keyword arguments of :func:`plain_em_routing`."""
     import dataclasses
 
-    return {k: v for k, v in dataclasses.asdict(routing).items() if k not in LAYER_OPTIONS}
+    options = {k: v for k, v in dataclasses.asdict(routing).items() if k not in LAYER_OPTIONS}
+    if options["sigma_eps"] is None:  # unset: the matrix-capsule layers' floor
+        options["sigma_eps"] = 0.01
+    return options
 
 
 def fast_em_routing(votes, activations, beta_u, beta_a, **options):

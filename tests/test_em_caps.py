@@ -22,6 +22,7 @@ from capsexp.lit.margin import LinearMargin, SigmoidMargin
 from capsexp.models import LeNet5, MatrixCapsNet
 from capsexp.nn import EM_PAPER, ClassMatrixCapsules, ConvMatrixCapsules, EMRouting, PrimaryMatrixCapsules
 from capsexp.nn.em_caps import conv_votes
+from capsexp.nn.functional._em_caps import variance_floor
 from capsexp.nn.functional import (
     COST_NORMALIZATIONS,
     em_routing,
@@ -98,7 +99,7 @@ def recipe_routing(model: str) -> EMRouting:
     return dict(
         iterations=routing.iterations,
         final_lambda=routing.final_lambda,
-        sigma_eps=routing.sigma_eps,
+        sigma_eps=variance_floor(routing),
         cost_normalization=routing.cost_normalization,
         e_step_temperature=routing.e_step_temperature,
     )
@@ -710,3 +711,19 @@ def test_a_printed_em_layer_shows_its_routing_options():
     routing = EMRouting(iterations=3, final_lambda=0.5)
     text = repr(ConvMatrixCapsules(2, 3, routing=routing))
     assert f"(router): EMRouter({routing!r})" in text and "iterations=3" in text and "final_lambda=0.5" in text
+
+
+@pytest.mark.parametrize("normalization", ["none", "data", "standardize", "layer"])
+def test_parents_given_identical_votes_get_identical_activations_under_every_cost_normalisation(normalization):
+    """Ten parents, every vote the same for each: their costs tie, so their activations do, and under
+    standardised costs they sit at the tie's sigmoid(lambda (beta_a - 0)) = 0.5, not at 0 or 1 as rounding
+    noise of the costs, blown up by a tiny std, gave them."""
+    torch.manual_seed(0)
+    for scale, offset in ((1.0, 0.0), (0.1, 5.0), (30.0, 90.0)):
+        votes = (torch.randn(4, 72, 1, 16) * scale + offset).expand(4, 72, 10, 16)
+        routing = EMRouting(cost_normalization=normalization, learn_inverse_temperature=False)
+        _, activations = em_routing(votes, torch.rand(4, 72), torch.zeros(10), torch.zeros(10), routing)
+        spread = activations.max(dim=-1).values - activations.min(dim=-1).values
+        assert spread.max() <= 1e-6, (normalization, scale)
+        if normalization == "standardize":
+            torch.testing.assert_close(activations, torch.full_like(activations, 0.5), atol=1e-3, rtol=0)

@@ -54,13 +54,14 @@ EM_ROUTING_PAPER = {
     "e_step_temperature": 1.0,
 }
 # capsexp's EM routing (docs/em_training.md): 2 iterations (em_routing_ablation_quick), standardised costs
-# with a learned factor on lambda, final lambda 10 (em_training_quick), floor 0.01 (Gritzman 2019),
+# with a learned factor on lambda, final lambda 10 (em_training_quick), the layer's floor (0.01 in the
+# matrix-capsule layers, Gritzman 2019),
 # each window routed on its own, the E-step at temperature 4 (em_routing_ablation_quick).
 EM_ROUTING_CAPSEXP = {
     **EM_ROUTING_PAPER,
     "iterations": 2,
     "final_lambda": 10.0,
-    "sigma_eps": 0.01,
+    "sigma_eps": None,
     "cost_normalization": "standardize",
     "route_per_window": True,
     "learn_inverse_temperature": True,

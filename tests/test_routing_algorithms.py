@@ -61,20 +61,23 @@ def transcribe_self_routing(votes, activations, logits):
 
 def transcribe_attention_routing(votes, iterations, norm_weight, norm_bias, score_weight, score_bias):
     """Tsai et al. 2020, Procedure 1: p = 0; T times: a_ij = p_j . v_ij / sqrt(D), r_ij = softmax_j(a_ij),
-    p_j = LayerNorm(sum_i r_ij v_ij); the class logit w . p_j + b."""
+    p_j = LayerNorm(sum_i r_ij v_ij) (no LayerNorm for D = 1, as the official code); the class logit w . p_j + b."""
+    dim = votes.shape[-1]
 
     def layer_norm(s):
-        mean = sum(s) / D
-        variance = sum((x - mean) ** 2 for x in s) / D
+        if dim == 1:
+            return s
+        mean = sum(s) / dim
+        variance = sum((x - mean) ** 2 for x in s) / dim
         return torch.stack(
-            [(s[d] - mean) / torch.sqrt(variance + 1e-5) * norm_weight[d] + norm_bias[d] for d in range(D)]
+            [(s[d] - mean) / torch.sqrt(variance + 1e-5) * norm_weight[d] + norm_bias[d] for d in range(dim)]
         )
 
     poses, scores = [], []
     for b in range(votes.shape[0]):
-        p = [torch.zeros(D, dtype=votes.dtype) for _ in range(J)]
+        p = [torch.zeros(dim, dtype=votes.dtype) for _ in range(J)]
         for _ in range(iterations):
-            r = [_softmax([torch.dot(p[j], votes[b, i, j]) / math.sqrt(D) for j in range(J)]) for i in range(I)]
+            r = [_softmax([torch.dot(p[j], votes[b, i, j]) / math.sqrt(dim) for j in range(J)]) for i in range(I)]
             p = [layer_norm(sum(r[i][j] * votes[b, i, j] for i in range(I))) for j in range(J)]
         poses.append(torch.stack(p))
         scores.append(torch.stack([torch.dot(score_weight, p[j]) + score_bias for j in range(J)]))
@@ -142,20 +145,27 @@ def test_self_routing_is_its_papers_equations_in_values_and_gradients():
 
 
 @pytest.mark.parametrize("iterations", [1, 2, 3])
-def test_attention_routing_is_its_papers_procedure_in_values_and_gradients(iterations):
-    votes = _votes().requires_grad_()
+@pytest.mark.parametrize("dim", [D, 1])
+def test_attention_routing_is_its_papers_procedure_in_values_and_gradients(iterations, dim):
+    """Against the transcription, at the test's pose size and at D = 1, where the official code skips the
+    LayerNorm (which would map every 1-D pose to its bias: the net's output would ignore its input)."""
+    votes = (_votes(offset=0.5)[..., :dim]).requires_grad_()
     generator = torch.Generator().manual_seed(3)
     norm_weight, norm_bias, score_weight = (
-        torch.randn(D, dtype=torch.float64, generator=generator).requires_grad_() for _ in range(3)
+        torch.randn(dim, dtype=torch.float64, generator=generator).requires_grad_() for _ in range(3)
     )
     score_bias = torch.tensor(0.3, dtype=torch.float64, requires_grad=True)
     parameters = (norm_weight, norm_bias, score_weight, score_bias)
     routed = attention_routing(votes, iterations, *parameters)
+    used = parameters if dim > 1 else (score_weight, score_bias)  # no LayerNorm at D = 1
     _same_values_and_gradients(
         (routed.poses, routed.activations),
         transcribe_attention_routing(votes, iterations, *parameters),
-        (votes, *parameters),
+        (votes, *used),
     )
+    if dim == 1:  # the class scores follow the input
+        other = attention_routing(votes.detach() + torch.randn_like(votes.detach()), iterations, *parameters)
+        assert not torch.allclose(other.activations, routed.activations)
 
 
 def test_efficient_routing_is_its_papers_equations_in_values_and_gradients():

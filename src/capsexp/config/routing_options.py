@@ -51,9 +51,12 @@ class EMRouting:
     # Against a fixed final lambda of 3: experiments/results/em_training_quick/ (one seed).
     final_lambda: PositiveFloat = 10.0
     # Added to every variance. Paper: none given (its recipe here: 1e-4). A floor guards the E-step against
-    # near-zero variances when few votes agree (Gritzman 2019, pitfall 1). The arm sigma_eps_1e_4 of
-    # experiment=em_training compares it with 1e-4.
-    sigma_eps: PositiveFloat = 0.01
+    # near-zero variances when few votes agree (Gritzman 2019, pitfall 1). None: the layer's own floor, which
+    # suits its votes' scale: em_routing's MATRIX_FLOOR (0.01) in the matrix-capsule layers (the arm
+    # sigma_eps_1e_4 of experiment=em_training compares it with 1e-4), capsexp.nn.routers.VECTOR_FLOOR
+    # (1e-4) in CapsNet's DigitCaps, whose votes start with variances near 1e-4 (under 0.01 it trained
+    # far behind every other routing: experiments/results/routing_comparison_quick/, em_default_floor).
+    sigma_eps: PositiveFloat | None = None
     # none (paper) | standardize (costs standardised over the parent types of each position, as
     # www0wwwjs1/Matrix-Capsules-EM-Tensorflow does) | data (amount of data relative to the mean parent's,
     # Gritzman 2019, pitfall 2) | layer (amount of data divided by the children per parent,

@@ -55,12 +55,19 @@ class DynamicRouter(_Router):
         return Routed(poses, torch.linalg.vector_norm(poses, dim=-1), couplings)
 
 
+# The variance floor of routing.sigma_eps=None in CapsNet's place (capsexp.nn.EMRouting): DigitCaps' votes
+# (W_ij of std 0.01) start with variances near 1e-4, which the matrix layers' floor of 0.01 would hide.
+VECTOR_FLOOR = 1e-4
+
+
 class EMVectorRouter(_Router):
     """EM routing (Hinton et al. 2018, :func:`~capsexp.nn.functional.em_routing`) on vector poses: every
     pose element one Gaussian dimension, beta_u and beta_a learned per parent, and the learned factor on
     the inverse temperatures where the options ask for it."""
 
     def __init__(self, routing: EMRouting, out_caps: int) -> None:
+        if routing.sigma_eps is None:
+            routing = dataclasses.replace(routing, sigma_eps=VECTOR_FLOOR)
         super().__init__(routing)
         self.beta_u = nn.Parameter(torch.zeros(out_caps))
         self.beta_a = nn.Parameter(torch.zeros(out_caps))

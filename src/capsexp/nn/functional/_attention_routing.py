@@ -26,7 +26,9 @@ def attention_routing(
       parent is the query: attention "inverted");
     - r_ij = softmax_j(a_ij): child i's routing coefficients over the parents (uniform in the first
       iteration, where p = 0);
-    - p_j = LayerNorm(sum_i r_ij v_ij), with the LayerNorm's affine ``norm_weight``, ``norm_bias`` (D,).
+    - p_j = LayerNorm(sum_i r_ij v_ij), with the LayerNorm's affine ``norm_weight``, ``norm_bias`` (D,);
+      for D = 1 no LayerNorm, which would map every pose to its bias (the official code,
+      apple/ml-capsules-inverted-attention-routing, skips it there too).
 
     The paper's class logit is a linear map of the final pose shared by the parents, w . p_j + b
     (``score_weight`` (D,), ``score_bias`` ()); the activation returned is its sigmoid, so that it reads
@@ -41,12 +43,19 @@ def attention_routing(
     # the sums the LayerNorm subtracts.
     offsets = votes.mean(dim=(1, 3), keepdim=True)  # (B, 1, J, 1)
     centred = votes - offsets
+
+    def parent_poses(couplings: torch.Tensor) -> torch.Tensor:
+        sums = weighted_sum(couplings, centred)
+        if dim > 1:
+            return F.layer_norm(sums, (dim,), norm_weight, norm_bias)
+        return sums + offsets[:, 0] * couplings.sum(dim=1).unsqueeze(-1)  # the offsets the centring took
+
     couplings = votes.new_full((batch, children, parents), 1.0 / parents)
-    poses = F.layer_norm(weighted_sum(couplings, centred), (dim,), norm_weight, norm_bias)
+    poses = parent_poses(couplings)
     for _ in range(iterations - 1):
         agreement = torch.einsum("bjd,bijd->bij", poses, centred) + offsets.squeeze(-1) * poses.sum(-1).unsqueeze(1)
         couplings = torch.softmax(agreement / math.sqrt(dim), dim=-1)
-        poses = F.layer_norm(weighted_sum(couplings, centred), (dim,), norm_weight, norm_bias)
+        poses = parent_poses(couplings)
     if score_weight is None:
         scores = poses.new_zeros(batch, parents)
     else:

@@ -31,6 +31,20 @@ LOG_2PI = math.log(2 * math.pi)
 COST_NORMALIZATIONS: tuple[str, ...] = get_args(CostNormalization)
 
 
+# The variance floor of routing.sigma_eps=None: the matrix-capsule layers' (capsexp.nn.EMRouting).
+MATRIX_FLOOR = 0.01
+
+
+# Standardised costs: a spread of the costs below this fraction of their mean size is rounding, not a
+# difference between the parents (float32 rounds at 6e-8 of a value).
+TIE_SCALE = 1e-4
+
+
+def variance_floor(routing: EMRouting) -> float:
+    """The floor added to every variance: ``routing.sigma_eps``, or :data:`MATRIX_FLOOR` where unset."""
+    return MATRIX_FLOOR if routing.sigma_eps is None else routing.sigma_eps
+
+
 def inverse_temperatures(routing: EMRouting) -> list[float]:
     """lambda_t = final_lambda * (1 - 0.95^(t+1)) for t = 0..iterations-1 (the authors' schedule)."""
     return [routing.final_lambda * (1.0 - 0.95 ** (t + 1)) for t in range(routing.iterations)]
@@ -110,7 +124,8 @@ def em_routing(
       of data sum_i R'_ij in the cost is divided by its mean over the parent types of the position,
       so that the cost no longer grows with the number of children a layer has (Gritzman 2019,
       pitfall 2, in a scale-free form). ``"standardize"``: the costs are standardised over the parent
-      types of each position. ``"layer"``: the amount of data is divided by the children per parent
+      types of each position, (cost - mean) / (std + :data:`TIE_SCALE` mean |cost|), so that costs tied
+      up to rounding stay tied. ``"layer"``: the amount of data is divided by the children per parent
       in a receptive field, M / J, a constant of the layer (IBM/matrix-capsules-with-em-routing's
       layer normalisation factor, less its constant 100).
     - ``detach_responsibilities`` [false: "backpropagating through the unrolled iterations of EM"]:
@@ -219,7 +234,7 @@ def _em_iterations(
         mu = first / denominator
         # sum_i R' (V - mu)^2 / denominator, expanded (exact also where the floor shrinks mu).
         variance = ((second - 2 * mu * first + mu.square() * weight_sum) / denominator).clamp_min(0)
-        variance = variance + routing.sigma_eps
+        variance = variance + variance_floor(routing)
         log_variance = torch.log(variance)
         amount = weight_sum  # sum_i R'_ij
         if routing.cost_normalization == "data":
@@ -228,7 +243,11 @@ def _em_iterations(
             amount = weight_sum * (parents / slots)
         cost = ((beta_u.view(-1, 1) + 0.5 * log_variance) * amount).sum(dim=-1)  # (B, Q, J)
         if routing.cost_normalization == "standardize":
-            cost = (cost - cost.mean(dim=-1, keepdim=True)) / (cost.std(dim=-1, keepdim=True) + 1e-8)
+            # Costs that tie differ by rounding alone, which a bare std would blow up to unit spread (tied
+            # parents then got activations of 0 or 1 by chance): spreads below TIE_SCALE of the costs'
+            # size count as ties.
+            scale = cost.std(dim=-1, keepdim=True) + TIE_SCALE * cost.abs().mean(dim=-1, keepdim=True) + 1e-8
+            cost = (cost - cost.mean(dim=-1, keepdim=True)) / scale
         logit = inverse_temperature * temperature_scale * (beta_a - cost)
         parent_activations = torch.sigmoid(logit)
         if t == routing.iterations - 1:
