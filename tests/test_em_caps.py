@@ -22,7 +22,6 @@ from capsexp.lit.margin import LinearMargin, SigmoidMargin
 from capsexp.models import LeNet5, MatrixCapsNet
 from capsexp.nn import EM_PAPER, ClassMatrixCapsules, ConvMatrixCapsules, EMRouting, PrimaryMatrixCapsules
 from capsexp.nn.em_caps import conv_votes
-from capsexp.nn.functional._em_caps import variance_floor
 from capsexp.nn.functional import (
     COST_NORMALIZATIONS,
     em_routing,
@@ -30,6 +29,7 @@ from capsexp.nn.functional import (
     responsibility_entropy,
     spread_loss,
 )
+from capsexp.nn.functional._em_caps import variance_floor
 from capsexp.results.events import load_events
 from tests.em_reference import fast_em_routing, plain_em_routing, plain_options
 from tests.helpers import TINY_EM_CAPS, TINY_RUN, run_cli_in_process
