@@ -155,3 +155,16 @@ def test_routing_by_iteration_ends_where_the_layer_routes_and_leaves_its_options
     first.load_state_dict(layer.state_dict())
     torch.testing.assert_close(by_iteration[0].assignment, first(children).assignment)
     assert not torch.allclose(by_iteration[0].assignment, by_iteration[-1].assignment)  # it moved
+
+
+def test_an_unset_em_variance_floor_is_the_layers_own():
+    """model/routing=em leaves the floor unset: CapsNet's DigitCaps take 1e-4, near their votes' starting
+    variances (under 0.01 they trained far behind every other routing); the matrix-capsule layers 0.01."""
+    from capsexp.nn import EMRouting
+    from capsexp.nn.functional._em_caps import variance_floor
+    from capsexp.nn.routers import make_router
+
+    assert EMRouting().sigma_eps is None
+    assert make_router(EMRouting(), 32, 8, 10, 16).routing.sigma_eps == 1e-4
+    assert make_router(EMRouting(sigma_eps=0.01), 32, 8, 10, 16).routing.sigma_eps == 0.01  # set: kept
+    assert variance_floor(EMRouting()) == 0.01 and variance_floor(EMRouting(sigma_eps=1e-3)) == 1e-3
