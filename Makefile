@@ -73,8 +73,8 @@ run-studies:  ## the experiment configs' studies (STUDIES="dr_mnist", BUDGET=qui
 	  echo "experiments/results/$${study}_$(BUDGET)/README.md"; \
 	done
 
-tensorboard:  ## serve logs/ on http://localhost:6006
-	$(BIN)/tensorboard --logdir logs --port 6006
+tensorboard:  ## serve logs/ on http://localhost:6006, runs named by what they ran, accuracy pinned first
+	$(BIN)/python -m capsexp.tensorboard logs --port 6006
 
 clean:  ## remove caches (keeps .venv, data/ and logs/)
 	rm -rf .pytest_cache .hypothesis mutants build src/*.egg-info

@@ -1,10 +1,12 @@
-"""Screenshots of TensorBoard on a two-model sweep, for docs/running.md#tensorboard.
+"""Screenshots of TensorBoard over a mixed logs/ folder, for docs/running.md#tensorboard.
 
-Runs ``python -m capsexp -m model=lenet5,capsnet seed=1`` on MNIST (a short epoch: 60 training
-steps, 20 validation and test batches), serves its folder with TensorBoard as ``make tensorboard``
-does, and photographs the Scalars (the accuracies), Images and HParams dashboards with headless
-Chromium (Debian's ``chromium`` package: ``apt-get install chromium``) into
-``docs/images/tensorboard_<dashboard>.png``. Rerun it when what the runs log changes:
+Runs ``python -m capsexp -m model=lenet5,capsnet seed=1`` and the single run
+``python -m capsexp model=capsnet model/routing=uniform seed=1`` on MNIST (a short epoch: 60 training
+steps, 20 validation and test batches) into one logs/ folder, serves it as ``make tensorboard`` does
+(``python -m capsexp.tensorboard``), and photographs the Time Series tab as it opens (the accuracy
+cards pinned), the Images and the HParams dashboards with headless Chromium (Debian's ``chromium``
+package: ``apt-get install chromium``) into ``docs/images/tensorboard_<dashboard>.png``. Rerun it when
+what the runs log changes:
 
     python experiments/tensorboard_screenshots.py                # sweep, serve, photograph
     python experiments/tensorboard_screenshots.py --logdir DIR   # photograph runs already made
@@ -23,12 +25,10 @@ import urllib.request
 from pathlib import Path
 
 from capsexp import PROJECT_ROOT
+from capsexp.tensorboard import url
 
 OUTPUT = PROJECT_ROOT / "docs" / "images"
-SWEEP = [
-    "-m",
-    "model=lenet5,capsnet",
-    "seed=1",
+SHORT = [
     "data=mnist",
     "trainer.max_epochs=1",
     "trainer.limit_train_batches=60",
@@ -37,9 +37,14 @@ SWEEP = [
     "trainer.limit_test_batches=20",
     "callbacks.progress_bar=null",
 ]
-# The dashboards photographed: file name -> TensorBoard's URL fragment (and the query that opens it).
+LAUNCHES = [
+    ["-m", "model=lenet5,capsnet", "seed=1", *SHORT],
+    ["model=capsnet", "model/routing=uniform", "seed=1", *SHORT],
+]
+# The dashboards photographed: file name -> the address's tail after the host (capsexp.tensorboard.url's
+# for the first view).
 DASHBOARDS = {
-    "scalars": "#scalars&tagFilter=acc",
+    "scalars": url(0).split("/", 3)[3],
     "images": "#images",
     "hparams": "#hparams",
 }
@@ -54,8 +59,8 @@ def free_port() -> int:
 
 
 def serve(logdir: Path, port: int) -> subprocess.Popen:
-    """TensorBoard on ``logdir``, once it answers (a minute at most)."""
-    command = [str(Path(sys.executable).with_name("tensorboard")), "--logdir", str(logdir), "--port", str(port)]
+    """``make tensorboard``'s server on ``logdir``, once it answers (a minute at most)."""
+    command = [sys.executable, "-m", "capsexp.tensorboard", str(logdir), "--port", str(port)]
     server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     for _ in range(120):
         try:
@@ -98,9 +103,9 @@ def main() -> None:
         logdir = args.logdir
         if logdir is None:
             logdir = Path(scratch) / "logs"
-            sweep = [*SWEEP, f"hydra.sweep.dir={logdir / 'sweep'}"]
-            print("python -m capsexp " + " ".join(sweep), flush=True)
-            subprocess.run([sys.executable, "-m", "capsexp", *sweep], check=True)
+            for launch in LAUNCHES:
+                print("python -m capsexp " + " ".join(launch), flush=True)
+                subprocess.run([sys.executable, "-m", "capsexp", *launch, f"paths.log_dir={logdir}"], check=True)
         port = free_port()
         server = serve(logdir, port)
         try:

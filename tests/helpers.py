@@ -192,12 +192,22 @@ def scalars(run_dir: Path) -> dict[str, list[Scalar]]:
 
 
 def hparams_summary(run_dir: Path) -> dict[str, dict]:
-    """What TensorBoard's HParams tab reads from a run's event files: hyperparameters (in column order),
-    metric tags."""
+    """What TensorBoard's HParams tab reads of a run served by ``python -m capsexp.tensorboard``: the
+    run's session (its hyperparameters, in the columns' order) and the columns' metric tags, from the
+    experiment summary that command writes over the run."""
+    import tempfile
+
+    from capsexp.tensorboard import write_columns
+
+    with tempfile.TemporaryDirectory() as columns:
+        write_columns([Path(run_dir)], Path(columns))
+        experiment = plugin_data_pb2.HParamsPluginData.FromString(
+            load_events(columns).PluginTagToContent("hparams")["_hparams_/experiment"]
+        ).experiment
     content = load_events(run_dir).PluginTagToContent("hparams")
-    experiment = plugin_data_pb2.HParamsPluginData.FromString(content["_hparams_/experiment"]).experiment
-    session = plugin_data_pb2.HParamsPluginData.FromString(content["_hparams_/session_start_info"])
-    values = session.session_start_info.hparams
+    assert "_hparams_/experiment" not in content  # a run's own would set every run's columns
+    values = plugin_data_pb2.HParamsPluginData.FromString(content["_hparams_/session_start_info"])
+    values = values.session_start_info.hparams
     hparams = {}
     for info in experiment.hparam_infos:  # the tab's column order (the session's map keeps none)
         value = values[info.name]

@@ -150,11 +150,15 @@ def test_capsnet_on_rotated_mnist_logs_each_angle_and_the_figures(mnist_dir, tmp
         "data",
         "seed",
         "model/params",
-        *(o.split("=")[0].replace(".", "/") for o in TINY_RUN if not o.startswith("callbacks.")),
-        "data/test_rotations",
-        "trainer/max_epochs",
-        "model/net/conv_channels",
-        "model/net/primary_types",
+        *sorted(
+            {
+                *(o.split("=")[0].replace(".", "/") for o in TINY_RUN if not o.startswith("callbacks.")),
+                "data/test_rotations",
+                "trainer/max_epochs",
+                "model/net/conv_channels",
+                "model/net/primary_types",
+            }
+        ),
     ]
     assert hparams["hparams"]["model"] == "capsnet" and hparams["hparams"]["data"] == "rotated_mnist"
     assert hparams["hparams"]["data/test_rotations"] == "[0, 45]" and hparams["hparams"]["seed"] == 1234

@@ -59,6 +59,7 @@ def metric_names(test_set_names: Iterable[str] = (PLAIN,), presence: bool = Fals
 
 
 LEADING_GROUPS = ("model", "data")  # config groups whose choice the HParams tab shows, with the seed
+LEADING_COLUMNS = (*LEADING_GROUPS, "seed", MODEL_PARAMETERS)  # the HParams tab's first columns, in order
 
 
 def run_choices(
@@ -72,7 +73,7 @@ def run_choices(
     choices: dict[str, int | float | str | bool] = {
         group: choice for group in LEADING_GROUPS if isinstance(choice := group_choices.get(group), str)
     }
-    for key in ("seed", MODEL_PARAMETERS):
+    for key in LEADING_COLUMNS[len(LEADING_GROUPS) :]:
         if key in flat:
             choices[key] = flat[key]
     for override in overrides:
@@ -86,22 +87,22 @@ def run_choices(
 
 @rank_zero_only
 def log_hyperparameters(
-    loggers: Iterable[Logger],
-    config: Mapping[str, Any],
-    metrics: Iterable[str],
-    choices: Mapping[str, int | float | str | bool],
+    loggers: Iterable[Logger], config: Mapping[str, Any], choices: Mapping[str, int | float | str | bool]
 ) -> None:
     """Give every logger the whole config (TensorBoard's ``hparams.yaml`` beside the event files,
-    CSV's ...); write the HParams session summary into each TensorBoard run with ``choices``
-    (:func:`run_choices`) as its hyperparameters, naming ``metrics``. The tab holds the
-    choices alone: it sorts hyperparameters by name and shows only the first few, so with the whole
-    config it showed callbacks' settings and hid what the runs differ by."""
+    CSV's ...); write the HParams session into each TensorBoard run with ``choices`` (:func:`run_choices`)
+    as its hyperparameters. The tab holds the choices alone: it sorts hyperparameters by name and shows
+    only the first few, so with the whole config it showed callbacks' settings and hid what the runs
+    differ by. Its columns and metrics: :mod:`capsexp.tensorboard`, over every run served."""
     for logger in loggers:
         logger.log_hyperparams(dict(config))
         if isinstance(logger, TensorBoardLogger):
-            # The values in the metric dict are not written; only its keys name the columns.
-            summaries = hparams_summary(dict(choices), {name: 0.0 for name in metrics})
+            # The session's start and end, not the experiment summary (the tab's columns): TensorBoard
+            # takes the columns of one run's experiment summary for every run, so choices made by other
+            # runs only never showed. Without one it takes every run's choices and every scalar tag;
+            # `python -m capsexp.tensorboard` serves one of every run's choices and the metrics named.
+            _, session_start, session_end = hparams_summary(dict(choices), {})
             writer = logger.experiment._get_file_writer()
-            for summary in summaries:
+            for summary in (session_start, session_end):
                 writer.add_summary(summary)
             writer.flush()

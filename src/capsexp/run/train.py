@@ -31,7 +31,7 @@ from capsexp.run import slurm
 from capsexp.run.build import build_model, instantiate, instantiate_all
 from capsexp.run.checkpoints import check_checkpoint
 from capsexp.run.distributed import DDPJob, ddp_job
-from capsexp.run.hparams import log_hyperparameters, metric_names, run_choices
+from capsexp.run.hparams import log_hyperparameters, run_choices
 from capsexp.run.model_cost import forward_flops_per_image, parameter_count
 from capsexp.run.resume import LAST_CHECKPOINT
 from capsexp.run.run_folder import StepSeen, no_files_left_if_failed_early, say_run_folder, shown_path
@@ -115,9 +115,8 @@ def _fit_and_test(
         overrides, choices = list(HydraConfig.get().overrides.task), dict(HydraConfig.get().runtime.choices)
     else:
         overrides, choices = [], {}
-    presence = getattr(module, "val_presence", None) is not None
     chosen = run_choices(hparams, overrides, choices)
-    log_hyperparameters(trainer.loggers, hparams, metric_names(datamodule.test_set_names, presence=presence), chosen)
+    log_hyperparameters(trainer.loggers, hparams, chosen)
 
     metrics: dict[str, float] = {}
     train_seconds, ckpt_path = None, None
