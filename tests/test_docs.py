@@ -78,3 +78,40 @@ def test_every_relative_link_of_the_docs_resolves():
         if not path.exists():
             broken.append(f"{page}: {target}")
     assert broken == []
+
+
+# A docs page's quote of a results page: `<!-- quote experiments/results/<page>: <text> = <template> -->`,
+# the template (Jinja, capsexp.results.claims) rendered over the page's kept runs must give the text,
+# and the text must be on the docs page.
+QUOTE = re.compile(r"<!-- quote (experiments/results/[\w.-]+): (.+?) = (.+?) -->")
+
+
+def quotes() -> list[tuple[str, str, str, str]]:
+    found = []
+    for path in sorted([PROJECT_ROOT / "README.md", *(PROJECT_ROOT / "docs").glob("*.md")]):
+        for page, text, template in QUOTE.findall(path.read_text()):
+            found.append((path.name, page, text, template))
+    return found
+
+
+def test_the_docs_quotes_of_results_pages_are_the_figures_of_their_runs():
+    """Every quote, rendered from the runs kept beside its page: a figure that drifts from the runs (or a
+    step that is not the last logged) fails here, naming the docs page and the quote."""
+    from capsexp.results.claims import render_over_page
+
+    found = quotes()
+    assert len(found) >= 20  # docs/em_training.md quotes its pages' figures so
+    by_page: dict[str, str] = {}
+    for doc, page, text, template in found:
+        rendered = render_over_page(PROJECT_ROOT / page, template)
+        assert rendered == text, f"{doc}: quoted {text!r}, the runs of {page} give {rendered!r}"
+        body = by_page.setdefault(
+            doc,
+            QUOTE.sub(
+                "",
+                next(
+                    p for p in [PROJECT_ROOT / "README.md", *(PROJECT_ROOT / "docs").glob("*.md")] if p.name == doc
+                ).read_text(),
+            ),
+        )
+        assert text in " ".join(body.split()), f"{doc}: the quote {text!r} is not in its text"

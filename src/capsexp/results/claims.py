@@ -290,9 +290,9 @@ def unsupported_block(failed: list[str]) -> str:
     )
 
 
-def docs_quote(folder: Path, expression: str) -> object:
-    """The value of ``expression`` over the runs kept on the results page ``folder`` (a docs page's
-    quote of it, checked by the tests)."""
+def render_over_page(folder: Path, template: str) -> str:
+    """``template`` rendered over the runs kept on the results page ``folder``, with the functions of
+    :class:`Figures`: how a docs page's quote of a results page is checked (tests/test_docs.py)."""
     from capsexp.results.runs import KEPT_RUNS, find_runs, label_configurations
     from capsexp.results.study import page_for
 
@@ -300,4 +300,4 @@ def docs_quote(folder: Path, expression: str) -> object:
     label_configurations(runs)
     page = page_for(runs)
     figures = Figures(runs, page, _extra_functions(page, runs))
-    return _environment().compile_expression(expression)(figures.namespace())
+    return _environment().from_string(template).render(figures.namespace())
