@@ -7,9 +7,10 @@ the run time and the command; per configuration the number of runs, the mean ± 
 confidence interval of the test accuracy (or of the experiment's metric) and the other metrics'
 mean ± std; each configuration against the reference (the experiment's, else the first) with a paired
 t-test where they share seeds, Welch's otherwise, Holm-adjusted; for runs of an experiment config, its
-paper's figures and its reproduction check. Also ``comparison.csv`` (every metric's mean, std and
-interval), ``val_acc.png`` (validation curves, mean ± std over seeds) and, with rotated test sets,
-``rotation.png``.
+paper's figures and its reproduction check; the notes' figures are filled in from the runs and their
+claims checked (exit 1 naming a claim the runs do not support). Also ``comparison.csv`` (every metric's
+mean, std and interval), ``headline.png`` (each run's headline metric, the means and their intervals),
+``val_acc.png`` (validation curves, mean ± std over seeds) and, with rotated test sets, ``rotation.png``.
 """
 
 from __future__ import annotations
