@@ -42,9 +42,10 @@ LAUNCHES = [
     ["model=capsnet", "model/routing=uniform", "seed=1", *SHORT],
 ]
 # The dashboards photographed: file name -> the address's tail after the host (capsexp.tensorboard.url's
-# for the first view).
+# for the first view, with its charts drawn as SVG: headless Chromium has no WebGL, and drew none).
+FIRST_VIEW, _, TAB = url(0).split("/", 3)[3].partition("#")
 DASHBOARDS = {
-    "scalars": url(0).split("/", 3)[3],
+    "scalars": f"{FIRST_VIEW}&forceSVG=true#{TAB}",
     "images": "#images",
     "hparams": "#hparams",
 }

@@ -148,6 +148,7 @@ def test_capsnet_on_rotated_mnist_logs_each_angle_and_the_figures(mnist_dir, tmp
     assert list(hparams["hparams"]) == [
         "model",
         "data",
+        "model/routing",
         "seed",
         "model/params",
         *sorted(
@@ -161,6 +162,7 @@ def test_capsnet_on_rotated_mnist_logs_each_angle_and_the_figures(mnist_dir, tmp
         ),
     ]
     assert hparams["hparams"]["model"] == "capsnet" and hparams["hparams"]["data"] == "rotated_mnist"
+    assert hparams["hparams"]["model/routing"] == "dynamic"  # chosen by the model config, shown all the same
     assert hparams["hparams"]["data/test_rotations"] == "[0, 45]" and hparams["hparams"]["seed"] == 1234
     assert hparams["hparams"]["model/params"] > 0
     assert (tmp_path / "hparams.yaml").is_file() and "routing:" in (tmp_path / "hparams.yaml").read_text()

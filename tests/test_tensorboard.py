@@ -56,7 +56,7 @@ def test_a_mixed_logs_folder_is_served_with_short_names_and_every_runs_choices_a
     # Every run's choices are columns, the leading ones first, whichever run made them.
     write_columns(sorted(p.resolve() for p in links.iterdir()), links / COLUMNS_RUN)
     hparams, metrics = columns(links / COLUMNS_RUN)
-    assert hparams == ["model", "data", "seed", "data/root", "model/routing"]
+    assert hparams == ["model", "data", "model/routing", "seed", "data/root"]
     assert metrics == ["val/acc_best", "test/acc", "test/acc_affine_mnist", "val/acc"]  # no grad_norm
 
 

@@ -58,7 +58,8 @@ def metric_names(test_set_names: Iterable[str] = (PLAIN,), presence: bool = Fals
     return [VAL_ACC_BEST, *metrics_of_test_sets(test_set_names), *gap, TRAIN_IMAGES_PER_S, VAL_ACC, VAL_LOSS]
 
 
-LEADING_GROUPS = ("model", "data")  # config groups whose choice the HParams tab shows, with the seed
+# Config groups whose choice the HParams tab shows, with the seed (model/routing: capsule models only).
+LEADING_GROUPS = ("model", "data", "model/routing")
 LEADING_COLUMNS = (*LEADING_GROUPS, "seed", MODEL_PARAMETERS)  # the HParams tab's first columns, in order
 
 
