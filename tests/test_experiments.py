@@ -58,6 +58,7 @@ def test_bench_gpu_runs_its_code_path_on_the_cpu(tmp_path):
     assert all("failed" not in row and float(row.split(" | ")[4].replace(",", "")) > 0 for row in rows)
 
 
+@pytest.mark.slow  # a benchmark worker timing every recipe (about 16 s): make test-all
 def test_bench_em_caps_measures_each_recipe_as_its_model_config_sets_it():
     """One worker of experiments/bench_em_caps.py (batch 2, one step): the net built from the
     composed model config, its step timed, its routing share profiled."""
@@ -82,6 +83,7 @@ def test_bench_em_caps_measures_each_recipe_as_its_model_config_sets_it():
     assert floor["vote_gradient"] > 0 and errors["vote_gradient"] < 1.5 * floor["vote_gradient"]
 
 
+@pytest.mark.slow  # two benchmark workers, one of them building a git revision's package (about 19 s): make test-all
 def test_bench_em_caps_compares_with_the_net_of_a_git_revision():
     """--baseline REV: steps of the net as the working tree builds it and as REV's package does,
     interleaved."""

@@ -84,7 +84,7 @@ def test_a_model_and_seed_sweep_names_its_runs_and_hparams_by_them(mnist_dir, tm
         assert any((sweep / name).glob("events.out.tfevents.*")) and not (sweep / name / "tensorboard").exists()
         hparams = hparams_summary(sweep / name)["hparams"]
         model, seed = name.removeprefix("model=").split(",seed=")
-        assert list(hparams.items())[:3] == [("model", model), ("data", "mnist"), ("seed", int(seed))]
+        assert (hparams["model"], hparams["data"], hparams["seed"]) == (model, "mnist", int(seed))
     page = (sweep / "README.md").read_text()
     assert "| model=capsnet | 2 |" in page and "| model=lenet5 | 2 |" in page
     assert page.index("| model=lenet5 | 2 |") < page.index("| model=capsnet | 2 |")  # job order

@@ -18,6 +18,7 @@ import argparse
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -131,6 +132,8 @@ def main(argv: list[str] | None = None) -> None:
         write_columns(run_folders(args.root), links / COLUMNS_RUN)
         command = [str(Path(sys.executable).with_name("tensorboard")), "--logdir", served, "--port", str(args.port)]
         server = subprocess.Popen(command)
+        # Stopped (Ctrl-C, or a SIGTERM from whatever started it): the server goes too, not left orphaned.
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
         print(f"Serving {count} runs of {args.root} as TensorBoard runs named by what they ran: {url(args.port)}")
         try:
             while server.poll() is None:
@@ -139,8 +142,10 @@ def main(argv: list[str] | None = None) -> None:
                     write_columns(run_folders(args.root), links / COLUMNS_RUN)  # the latest summary counts
                     print(f"{new} new run{'s' if new > 1 else ''} linked")
         except KeyboardInterrupt:
+            pass
+        finally:
             server.terminate()
-        server.wait()
+            server.wait()
 
 
 if __name__ == "__main__":
