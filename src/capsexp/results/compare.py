@@ -120,13 +120,13 @@ def differences_section(configurations: list[Configuration], headline: str, page
     """Each compared metric (the headline first, then the page's others): each configuration minus each
     reference, with its interval and test; the p-values adjusted by Holm's method over the distinct
     comparisons made for that metric. Test-only configurations (:func:`test_only`) are not compared."""
-    compared = [c for c in configurations if not test_only(c)]
-    if len(compared) < 2:
+    in_comparison = [c for c in configurations if not test_only(c)]
+    if len(in_comparison) < 2:
         return ""
-    references = references_of(compared, page)
+    references = references_of(in_comparison, page)
     metrics = [headline, *(m for m in page.metrics if m != headline)]
     left_out = [c.label for c in configurations if test_only(c)]
-    return "\n".join(_differences(compared, metric, references, len(metrics) > 1, left_out) for metric in metrics)
+    return "\n".join(_differences(in_comparison, metric, references, len(metrics) > 1, left_out) for metric in metrics)
 
 
 def _differences(
