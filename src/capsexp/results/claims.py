@@ -162,6 +162,15 @@ class Figures:
         found = statistics.summarise(values)
         return Spread(found.mean, found.std, found.n, found.low, found.high)
 
+    def after(self, tag: str, key: str, steps: int) -> Spread:
+        """``tag`` as logged after ``steps`` training steps (at step ``steps - 1``: Lightning counts from 0),
+        mean ± std over ``key``'s runs, as logged."""
+        values = [v for run in self.configuration(key).runs for s, v in run.scalars.get(tag, []) if s == steps - 1]
+        if not values:
+            raise MissingFigure(f"{key!r} logged no {tag} after {steps} steps")
+        found = statistics.summarise(values)
+        return Spread(found.mean, found.std, found.n, found.low, found.high)
+
     def last_step(self, tag: str, key: str) -> int:
         """The step at which ``key``'s first run last logged ``tag``."""
         series = self.configuration(key).runs[0].scalars.get(tag)
@@ -176,6 +185,7 @@ class Figures:
             "significantly_above": self.significantly_above,
             "most_variable": self.most_variable,
             "last": self.last,
+            "after": self.after,
             "last_step": self.last_step,
             "configurations": [c.label for c in self.configurations],
             **self.extra,
