@@ -49,12 +49,21 @@ def test_train_test_and_resume(mnist_dir, tmp_path):
     assert min(train_steps) >= 24, "the resumed run must continue from step 24, not restart at 0"
 
 
-def test_debug_fast_runs_one_batch_of_each_loop(mnist_dir, tmp_path):
-    result = run_cli_in_process(
-        *TINY_RUN, f"paths.data_dir={mnist_dir}", "debug=fast", f"hydra.run.dir={tmp_path / 'run'}"
-    )
+def test_debug_fast_is_a_short_run_that_leaves_a_result_compare_reads(mnist_dir, tmp_path):
+    """A few batches of each loop, then what a real run leaves: event files with a validation and a
+    test, a checkpoint, and a page from capsexp.compare."""
+    from capsexp.results.compare import compare
+
+    run = tmp_path / "run"
+    result = run_cli_in_process(*TINY_RUN, f"paths.data_dir={mnist_dir}", "debug=fast", f"hydra.run.dir={run}")
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "testing the current weights" in result.stderr + result.stdout
+    logged = scalars(run)
+    assert [s.step for s in logged["train/loss_step"]] == [0, 1, 2, 3, 4]  # five steps
+    assert len(logged["val/acc"]) == 1 and "test/acc" in logged
+    assert (run / "checkpoints" / "last.ckpt").is_file()
+    assert "never validated" not in result.stderr + result.stdout
+    page = (compare(run).output / "README.md").read_text()
+    assert "debug=fast | 1 |" in page
 
 
 def test_the_baseline_cnn_trains_from_the_command_line_and_stops_at_the_threshold(mnist_dir, tmp_path):

@@ -267,7 +267,15 @@ BAD_COMMANDS = {
     "unknown attack": (["attack=fgms"], 2, "did you mean attack=fgsm?"),
     # Hydra applies a plain attack.* key to a sweep's base config, which has no attack.
     "key of a swept optional group": (["-m", "attack=fgsm,bim", "attack.eps=[0,0.1]"], 2, "++attack.eps=[0,0.1]"),
-    "unknown key": (["data.batchsize=3"], 1, "data.batchsize"),
+    # A mistyped key gets the key it meant and what its node has, exit 2, not Hydra's advice to add it.
+    "unknown key": (["data.batchsize=3"], 2, ("no such key (did you mean data.batch_size?)", "data has:")),
+    "mistyped trainer key": (["trainer.max_epoch=1"], 2, "did you mean trainer.max_epochs?"),
+    "key of another option": (
+        ["data.root=photos"],
+        2,
+        ("data.root=photos: no such key", "data is data=mnist; the other options of data:", "image_folder"),
+    ),
+    "key of an unchosen group": (["attack.eps=0.1"], 2, "no attack is chosen, so it has no key eps; choose one first"),
     "image too small for the net": (
         ["model=capsnet", "geometry.image_size=16"],
         2,
@@ -276,7 +284,7 @@ BAD_COMMANDS = {
     "unknown strategy": (["trainer.accelerator=cpu", "trainer.strategy=bogus"], 2, "trainer.strategy=bogus"),
     # One bad checkpoint file: the message of each kind (empty, noise, not Lightning, pickled objects, a
     # folder) is checked word for word below (check_checkpoint); the command line reports them alike.
-    "checkpoint missing": (["train=false", "ckpt_path={missing}"], 1, "{missing}"),
+    "checkpoint missing": (["train=false", "ckpt_path={missing}"], 1, ("{missing}", "no such file or folder")),
     "run folder without state": (["ckpt_path={stateless_run}"], 1, "checkpoints/last.ckpt is missing"),
     "data dir is a file": (["data.data_dir={noise}"], 1, "{noise}"),
     "data dir without MNIST": (
@@ -306,6 +314,28 @@ def test_bad_command_lines_get_a_short_error(name, tmp_path):
     for culprit in (named,) if isinstance(named, str) else named:
         assert culprit.format(**files) in result.stderr
     assert "weights_only=False" not in result.stderr  # never suggest unpickling an untrusted file
+
+
+def test_lightnings_own_setting_errors_and_a_missing_checkpoint_are_named_without_a_traceback(mnist_dir, tmp_path):
+    """A validation interval beyond the epoch's batches (found by Lightning once the data is known): a few
+    lines naming the trainer key, exit 2. A checkpoint that is not there: refused before a run folder is
+    made for nothing."""
+    result = run_cli_in_process(
+        *TINY_RUN,
+        f"paths.data_dir={mnist_dir}",
+        "trainer.limit_train_batches=3",
+        "trainer.val_check_interval=300",
+        f"hydra.run.dir={tmp_path / 'run'}",
+    )
+    message = [line for line in result.stderr.splitlines() if line.strip() and "capsexp" not in line[:40]]
+    assert result.returncode == 2 and "Traceback" not in result.stderr + result.stdout
+    assert "trainer.val_check_interval" in result.stderr and "do not fit the data" in result.stderr
+    assert len([line for line in result.stderr.splitlines() if line.startswith(("error", "  "))]) <= 12, message
+    result = run_cli_in_process(
+        "train=false", f"ckpt_path={tmp_path / 'nothing.ckpt'}", f"hydra.run.dir={tmp_path / 'x'}"
+    )
+    assert result.returncode == 1 and "no such file or folder" in result.stderr
+    assert not (tmp_path / "x").exists()
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without a GPU")
@@ -611,3 +641,22 @@ def test_the_model_of_a_run_is_built_from_its_config_with_its_weights_or_named_e
         "sit inside the folder of the run that wrote it (<run>/checkpoints/*.ckpt): its .hydra/config.yaml builds "
         "its model."
     )
+
+
+def test_more_cpu_processes_than_cores_are_warned_about(caplog):
+    import os
+
+    import lightning as L
+
+    from capsexp.run.train import _warn_if_more_processes_than_cores
+
+    cores = os.cpu_count() or 1
+    trainer = L.Trainer(accelerator="cpu", devices=cores + 1, strategy="ddp", logger=False, enable_progress_bar=False)
+    with caplog.at_level("WARNING", logger="capsexp.run.train"):
+        _warn_if_more_processes_than_cores(trainer)
+    assert f"trainer.devices={cores + 1} runs {cores + 1} processes on {cores} CPU cores" in caplog.text
+    one = L.Trainer(accelerator="cpu", devices=1, logger=False)
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="capsexp.run.train"):
+        _warn_if_more_processes_than_cores(one)
+    assert "CPU cores" not in caplog.text

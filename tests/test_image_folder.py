@@ -72,6 +72,9 @@ def test_each_bad_folder_gets_an_error_that_names_it(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(DatasetNotFoundError, match="no class folders in it"):
         prepared(tmp_path / "empty", tmp_path)
+    (tmp_path / "single" / "cats").mkdir(parents=True)
+    with pytest.raises(DatasetNotFoundError, match=r"one class folder \(cats\); a classifier needs two classes"):
+        prepared(tmp_path / "single", tmp_path)
     write_images(tmp_path / "one_empty", per_class=3)
     (tmp_path / "one_empty" / "yellow").mkdir()
     (tmp_path / "one_empty" / "yellow" / "notes.txt").write_text("not an image")

@@ -69,6 +69,7 @@ def check_group_overrides(arguments: list[str], config_dir: Path) -> None:
                 model_groups[key.removeprefix("model/")] = value
         _check_models_have_groups(model_groups, arguments)
         _check_keys_of_swept_optional_groups(arguments)
+        _check_keys(arguments, loader)
     check_study_budget(arguments, config_dir)
 
 
@@ -138,6 +139,69 @@ def _check_keys_of_swept_optional_groups(arguments: list[str]) -> None:
                 f"{argument}: in a sweep over {group} options, Hydra sets {key} before it chooses the {group} "
                 f"(the default has none); write ++{argument}"
             )
+
+
+def _first(value: str) -> str:
+    """A sweep's first value (``a,b`` -> ``a``; a list ``[a,b]`` is one value)."""
+    return value if value.startswith("[") else value.split(",", 1)[0]
+
+
+def _check_keys(arguments: list[str], loader) -> None:
+    """``trainer.max_epoch=1``, ``data.root=photos`` with data=mnist: a key the composed config does not
+    have. Hydra's answer is "not in struct" and the advice to add it with ``+``, a key nothing would
+    read; this names the key, the closest keys of its node and, for a config group's node, the group's
+    options. Composed with the command line's group choices (a sweep's first value)."""
+    dotted = [
+        a
+        for a in arguments
+        if "=" in a
+        and not a.startswith(("-", "+", "~"))
+        and "." in (key := a.split("=", 1)[0])
+        and not key.startswith("hydra.")
+    ]
+    if not dotted:
+        return
+    choices = [
+        f"{a.split('=', 1)[0]}={_first(a.split('=', 1)[1])}"
+        for a in arguments
+        if "=" in a and not a.startswith(("-", "~")) and "." not in a.split("=", 1)[0]
+    ]
+    hydra_setup.register()  # a model config chooses its net
+    try:
+        config = compose("config", overrides=choices, return_hydra_config=True)
+    except Exception:  # what does not compose is Hydra's to report, with its own message
+        return
+    for argument in dotted:
+        key = argument.split("=", 1)[0]
+        parts = key.split(".")
+        node, depth = config, 0
+        # keys(), not `in`: a key left ??? (a value still to give) is there, and `in` says it is not.
+        while depth < len(parts) and OmegaConf.is_dict(node) and parts[depth] in list(node.keys()):
+            node, depth = node._get_node(parts[depth]), depth + 1
+        if depth == len(parts):
+            continue  # the key exists
+        parent, group = ".".join(parts[:depth]), "/".join(parts[:depth])
+        missing_group = "/".join(parts[: depth + 1])
+        unchosen = loader.get_group_options(missing_group)
+        if unchosen or (depth and not OmegaConf.is_dict(node)):  # an optional group left unchosen (attack)
+            missing_group = missing_group if unchosen else group
+            choices_text = "|".join(unchosen or loader.get_group_options(group))
+            raise ConfigError(
+                f"{argument}: no {missing_group} is chosen, so it has no key {key.split('.', depth + 1)[-1]}"
+                + (f"; choose one first: {missing_group}=<{choices_text}>" if choices_text else "")
+            )
+        keys = [str(k) for k in node if not (depth == 0 and k == "hydra")]
+        close = difflib.get_close_matches(parts[depth], keys, n=1)
+        message = f"{argument}: no such key"
+        if close:
+            message += f" (did you mean {'.'.join([*parts[:depth], close[0]])}?)"
+        message += f"\n  {parent or 'the config'} has: {', '.join(keys)}"
+        options = loader.get_group_options(group) if depth else []
+        if options and not close:  # the key may be another option's: data.root is data=image_folder's
+            chosen = OmegaConf.select(config, f"hydra.runtime.choices.{group}", default="...")
+            others = ", ".join(o for o in options if o != chosen)
+            message += f"\n  {parent} is {group}={chosen}; the other options of {group}: {others}"
+        raise ConfigError(message)
 
 
 def _check_models_have_groups(model_groups: dict[str, str], arguments: list[str]) -> None:

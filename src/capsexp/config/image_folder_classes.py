@@ -32,6 +32,11 @@ def class_names(root: str | os.PathLike) -> list[str]:
             f"{folder}: no class folders in it. Put each class's images in a sub-folder named after the "
             "class (<root>/<class>/<image>)."
         )
+    if len(names) == 1:  # a classifier of one class learns nothing (and torchmetrics refuses it)
+        raise DatasetNotFoundError(
+            f"{folder}: one class folder ({names[0]}); a classifier needs two classes at least, each a "
+            "sub-folder of images named after the class (<root>/<class>/<image>)."
+        )
     return names
 
 

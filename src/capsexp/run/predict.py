@@ -37,6 +37,7 @@ from capsexp.run.build import instantiate
 from capsexp.run.explain import explain_figure
 from capsexp.run.inference import Predictions, TrainedModel, load
 from capsexp.run.run_folder import shown_path
+from capsexp.run.train import quiet_lightning_notices
 
 log = logging.getLogger("capsexp")
 
@@ -258,7 +259,7 @@ def predict(cfg: DictConfig) -> dict[str, Any]:
     )
     # Lightning's notices (which devices exist, tips advertising its services) and a deprecation it raises
     # on every run: nothing a user acts on here.
-    logging.getLogger("lightning.pytorch.utilities.rank_zero").setLevel(logging.WARNING)
+    quiet_lightning_notices()
     warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)")
     terminal = sys.stdout.isatty()  # a progress bar on a terminal; in a log, a line every tenth of the images
     trainer: L.Trainer = instantiate(

@@ -65,6 +65,11 @@ def expand_run_folder(arguments: list[str]) -> list[str]:
     if not folder.is_dir():
         if folder.is_file():  # a checkpoint file: quoted, since a job folder's name holds "=" and ","
             return [a if a is not given[-1] else f"{a.split('=', 1)[0]}={hydra_value(value)}" for a in arguments]
+        if value.lower() not in ("", "null", "none") and "${" not in value:  # refused before a run folder is made
+            raise CheckpointError(
+                f"{where}: no such file or folder (give a .ckpt file, a run folder logs/<task_name>/runs/<time>, "
+                "or last for the latest run)"
+            )
         return arguments
     overrides_file = folder / ".hydra" / "overrides.yaml"
     if not overrides_file.is_file():

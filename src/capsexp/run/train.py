@@ -28,7 +28,7 @@ from capsexp.results.model_card import CardFacts, write_model_card
 from capsexp.results.revision import describe as describe_revision
 from capsexp.results.revision import write_revision
 from capsexp.run import slurm
-from capsexp.run.build import build_model, instantiate, instantiate_all
+from capsexp.run.build import build_model, instantiate, instantiate_all, lightning_settings_named
 from capsexp.run.checkpoints import check_checkpoint
 from capsexp.run.distributed import DDPJob, ddp_job
 from capsexp.run.hparams import log_hyperparameters, run_choices
@@ -42,13 +42,30 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+# Lightning's notices at INFO (GPU/TPU available, the seed, a tip advertising a cloud logger, "fit
+# stopped"): capsexp's own lines say what a run does; Lightning's warnings still show.
+LIGHTNING_NOTICES = (
+    "lightning.pytorch.utilities.rank_zero",
+    "lightning.fabric.utilities.rank_zero",
+    "lightning.fabric.utilities.seed",
+)
+
+
 def _quiet_duplicate_console() -> None:
     """``import lightning`` gives its logger a console handler of its own; when the root logger
-    already prints (Hydra's, which also writes the run's log file), each line would show twice."""
+    already prints (Hydra's, which also writes the run's log file), each line would show twice.
+    Lightning's notices (:data:`LIGHTNING_NOTICES`) are left out."""
     if logging.getLogger().hasHandlers():
         lightning_logger = logging.getLogger("lightning")
         for handler in list(lightning_logger.handlers):
             lightning_logger.removeHandler(handler)
+    quiet_lightning_notices()
+
+
+def quiet_lightning_notices() -> None:
+    """Lightning's INFO notices (:data:`LIGHTNING_NOTICES`) off the console and the log file."""
+    for name in LIGHTNING_NOTICES:
+        logging.getLogger(name).setLevel(logging.WARNING)
 
 
 def run(cfg: DictConfig) -> dict[str, float]:
@@ -89,12 +106,26 @@ def _run(cfg: DictConfig, job: DDPJob) -> dict[str, float]:
     loggers: list[Logger] = instantiate_all("logger", cfg.get("logger"))
     step_seen = StepSeen()
     trainer: L.Trainer = instantiate("trainer", cfg.trainer, callbacks=[*callbacks, step_seen], logger=loggers or False)
+    _warn_if_more_processes_than_cores(trainer)
     job.watch(trainer)
     with no_files_left_if_failed_early(loggers, trainer, step_seen):
         metrics = _fit_and_test(cfg, datamodule, module, attack, trainer)
     if run_folder is not None and trainer.is_global_zero:
         say_run_folder(run_folder, finished=True)
     return metrics
+
+
+def _warn_if_more_processes_than_cores(trainer: L.Trainer) -> None:
+    """CPU processes beyond the cores share them: each step waits for the slowest, so the run is slower
+    than with fewer processes (two threads each on two busy cores ran ten times slower)."""
+    from lightning.pytorch.accelerators import CPUAccelerator
+
+    cores = os.cpu_count() or 1
+    if isinstance(trainer.accelerator, CPUAccelerator) and trainer.num_devices > cores and trainer.is_global_zero:
+        log.warning(
+            f"trainer.devices={trainer.num_devices} runs {trainer.num_devices} processes on {cores} CPU cores: "
+            f"they share the cores and the run is slower than with trainer.devices={cores} or fewer"
+        )
 
 
 def _fit_and_test(
@@ -128,7 +159,8 @@ def _fit_and_test(
                 log.info(f"SLURM job {slurm.job_id()}: its restarts resume this run (recorded in {record})")
         log.info("Training")
         started = time.perf_counter()
-        trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
+        with lightning_settings_named():
+            trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
         train_seconds = time.perf_counter() - started
         _raise_if_stopped_by_signal(trainer)
         metrics.update({name: float(value) for name, value in trainer.callback_metrics.items()})
