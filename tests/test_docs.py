@@ -115,3 +115,43 @@ def test_the_docs_quotes_of_results_pages_are_the_figures_of_their_runs():
             ),
         )
         assert text in " ".join(body.split()), f"{doc}: the quote {text!r} is not in its text"
+
+
+def config_groups() -> dict[str, list[str]]:
+    """Every config group a user chooses from (not Hydra's own, not a study's arms) and its options, as
+    `python -m capsexp --help` lists them: conf/'s folders and the options stored in code."""
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from capsexp import CONFIG_DIR
+    from capsexp.config import hydra_setup
+
+    hydra_setup.register()
+    found = {}
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        loader = GlobalHydra.instance().config_loader()
+        pending = [""]
+        while pending:
+            prefix = pending.pop()
+            for group in loader.list_groups(prefix):
+                name = f"{prefix}/{group}" if prefix else group
+                if name.startswith(("hydra", "arm")):
+                    continue
+                found[name] = loader.get_group_options(name)
+                pending.append(name)
+    return found
+
+
+def test_the_docs_table_of_config_groups_lists_every_group_and_option():
+    """docs/running.md's table: a group or an option added to conf/ (or stored in code) without a word
+    in the table fails here, naming it."""
+    table = {}
+    for line in (PROJECT_ROOT / "docs" / "running.md").read_text().splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if len(cells) == 3 and cells[0].startswith("`") and cells[0].endswith("`"):
+            table[cells[0].strip("`")] = set(re.findall(r"`([^`]+)`", cells[1]))
+    groups = config_groups()
+    assert sorted(set(groups) - set(table)) == [], "config groups missing from docs/running.md's table"
+    for group, options in groups.items():
+        missing = sorted(set(options) - table[group])
+        assert not missing, f"docs/running.md's table: {group} lacks {', '.join(missing)}"
