@@ -71,18 +71,32 @@ def test_svhn_mat_files_are_read_with_10_as_the_digit_0(tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("module", "write", "culprit"),
-    [(CIFAR10DataModule, write_cifar, "data_batch_1"), (SVHNDataModule, write_svhn, "test_32x32.mat")],
+    ("module", "write", "culprit", "by_hand"),
+    [
+        (
+            CIFAR10DataModule,
+            write_cifar,
+            "data_batch_1",
+            "By hand: fetch https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz",
+        ),
+        (
+            SVHNDataModule,
+            write_svhn,
+            "test_32x32.mat",
+            "By hand: fetch http://ufldl.stanford.edu/housenumbers/test_32x32.mat",
+        ),
+    ],
 )
 def test_files_that_are_not_the_official_ones_and_missing_files_offline_are_short_errors(
-    module, write, culprit, tmp_path
+    module, write, culprit, by_hand, tmp_path
 ):
     data_dir = write(tmp_path / "data")
     with pytest.raises(CorruptDatasetError, match=r"md5 differs from the official .* data\.verify_checksums=false"):
         module(data_dir=data_dir).prepare_data()  # the tests' files are not the official ones
     next(p for p in data_dir.rglob(culprit)).unlink()
-    with pytest.raises(DatasetNotFoundError, match=rf"(?s){culprit}\n.*Downloading is off"):
+    with pytest.raises(DatasetNotFoundError, match=rf"(?s){culprit}\n.*Downloading is off") as refused:
         module(data_dir=data_dir, download=False).prepare_data()
+    assert by_hand in str(refused.value)  # the archive to fetch where capsexp cannot
 
 
 def test_training_batches_are_padded_cropped_and_mirrored_and_evaluation_is_centred(tmp_path):

@@ -79,12 +79,12 @@ class ColourDataModule(InMemoryDataModule):
         missing = [name for name in self.files if not (self.data_folder / name).exists()]
         if missing:
             if not self.hparams.download:
-                raise self.not_found(missing, "Downloading is off (data.download=false).")
+                raise self.not_found(missing, f"Downloading is off (data.download=false). {self.by_hand(missing)}")
             self.data_folder.mkdir(parents=True, exist_ok=True)
             try:
                 self.fetch(missing)
             except DownloadFailed as error:
-                raise self.not_found(missing, f"Download failed (offline?): {error}") from None
+                raise self.not_found(missing, f"Download failed (offline?): {error}\n{self.by_hand(missing)}") from None
         if self.hparams.verify_checksums:
             for name, expected in self.checksums.items():
                 if md5sum(self.data_folder / name) != expected:
@@ -96,6 +96,10 @@ class ColourDataModule(InMemoryDataModule):
 
     def fetch(self, missing: list[str]) -> None:
         """Download the missing official files into the data folder (:class:`DownloadFailed` if it cannot)."""
+        raise NotImplementedError
+
+    def by_hand(self, missing: list[str]) -> str:
+        """What to fetch by hand, and where to put it, where capsexp cannot download it."""
         raise NotImplementedError
 
     def read(self, train: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -162,6 +166,10 @@ class CIFAR10DataModule(ColourDataModule):
         with open(self.data_folder / CIFAR10.meta["filename"], "rb") as handle:
             return [name.decode() for name in pickle.load(handle, encoding="bytes")[b"label_names"]]
 
+    def by_hand(self, missing: list[str]) -> str:
+        """Where to fetch the files from where capsexp cannot."""
+        return f"By hand: fetch {CIFAR10.url} (md5 {CIFAR10.tgz_md5}) and unpack it in {self.data_dir}."
+
     def fetch(self, missing: list[str]) -> None:
         archive = self.data_dir / CIFAR10.filename
         download(CIFAR10.url, archive, CIFAR10.tgz_md5)
@@ -204,6 +212,11 @@ class SVHNDataModule(ColourDataModule):
     @property
     def data_folder(self) -> Path:
         return self.data_dir / "svhn"
+
+    def by_hand(self, missing: list[str]) -> str:
+        """Where to fetch the files from where capsexp cannot."""
+        urls = {filename: url for url, filename, _ in SVHN.split_list.values()}
+        return f"By hand: fetch {', '.join(urls[name] for name in missing)} into {self.data_folder}."
 
     def fetch(self, missing: list[str]) -> None:
         urls = {filename: url for url, filename, _ in SVHN.split_list.values()}
