@@ -51,10 +51,14 @@ def test_a_run_folder_cannot_continue_a_sweep(tmp_path):
         expand_run_folder(["-m", f"ckpt_path={tmp_path}"])
 
 
-def test_anything_but_a_folder_is_left_to_the_checkpoint_checks(tmp_path):
+def test_a_file_is_left_to_the_checkpoint_checks_and_a_missing_path_is_refused_at_once(tmp_path):
+    (tmp_path / "x.ckpt").write_bytes(b"")
     arguments = ["model=lenet5", f"ckpt_path={tmp_path / 'x.ckpt'}"]
     assert expand_run_folder(arguments) == arguments
     assert expand_run_folder(["model=lenet5"]) == ["model=lenet5"]
+    assert expand_run_folder(["ckpt_path=null"]) == ["ckpt_path=null"]
+    with pytest.raises(CheckpointError, match=r"ckpt_path=.*nothing\.ckpt: no such file or folder"):
+        expand_run_folder([f"ckpt_path={tmp_path / 'nothing.ckpt'}"])
 
 
 def _state(path: Path) -> dict[str, torch.Tensor]:

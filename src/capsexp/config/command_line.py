@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 from pathlib import Path
 
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from capsexp.config import hydra_setup
 from capsexp.errors import ConfigError
@@ -69,7 +70,7 @@ def check_group_overrides(arguments: list[str], config_dir: Path) -> None:
                 model_groups[key.removeprefix("model/")] = value
         _check_models_have_groups(model_groups, arguments)
         _check_keys_of_swept_optional_groups(arguments)
-        _check_keys(arguments, loader)
+        _check_keys(arguments, loader, config_dir)
     check_study_budget(arguments, config_dir)
 
 
@@ -141,12 +142,23 @@ def _check_keys_of_swept_optional_groups(arguments: list[str]) -> None:
             )
 
 
+@functools.lru_cache(maxsize=32)
+def _composed(config_dir: str, choices: tuple[str, ...]) -> DictConfig | None:
+    """The config the group ``choices`` compose from ``config_dir`` (inside :func:`check_group_overrides`'s
+    Hydra context), kept per process: which keys exist depends on the choices alone."""
+    hydra_setup.register()  # a model config chooses its net
+    try:
+        return compose("config", overrides=list(choices), return_hydra_config=True)
+    except Exception:
+        return None
+
+
 def _first(value: str) -> str:
     """A sweep's first value (``a,b`` -> ``a``; a list ``[a,b]`` is one value)."""
     return value if value.startswith("[") else value.split(",", 1)[0]
 
 
-def _check_keys(arguments: list[str], loader) -> None:
+def _check_keys(arguments: list[str], loader, config_dir: Path) -> None:
     """``trainer.max_epoch=1``, ``data.root=photos`` with data=mnist: a key the composed config does not
     have. Hydra's answer is "not in struct" and the advice to add it with ``+``, a key nothing would
     read; this names the key, the closest keys of its node and, for a config group's node, the group's
@@ -166,10 +178,8 @@ def _check_keys(arguments: list[str], loader) -> None:
         for a in arguments
         if "=" in a and not a.startswith(("-", "~")) and "." not in a.split("=", 1)[0]
     ]
-    hydra_setup.register()  # a model config chooses its net
-    try:
-        config = compose("config", overrides=choices, return_hydra_config=True)
-    except Exception:  # what does not compose is Hydra's to report, with its own message
+    config = _composed(str(config_dir), tuple(choices))
+    if config is None:  # what does not compose is Hydra's to report, with its own message
         return
     for argument in dotted:
         key = argument.split("=", 1)[0]
