@@ -27,6 +27,7 @@ import urllib.parse
 from pathlib import Path
 
 from capsexp import PROJECT_ROOT
+from capsexp.results.events import load_events
 from capsexp.results.metric_names import PLAIN, PRESENCE_GAP, TEST_ACC, VAL_ACC, VAL_ACC_BEST
 from capsexp.run.hparams import LEADING_COLUMNS, metric_names
 
@@ -80,7 +81,6 @@ def write_columns(folders: list[Path], target: Path) -> None:
     """An HParams experiment summary into ``target``: every hyperparameter any run's session names
     (the first value seen sets its type), the run's leading choices first, then by name; and as metrics
     :func:`~capsexp.run.hparams.metric_names` of every test set and score any run logged."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     from tensorboard.plugins.hparams import metadata
     from torch.utils.tensorboard import SummaryWriter
     from torch.utils.tensorboard.summary import hparams as hparams_summary
@@ -88,8 +88,7 @@ def write_columns(folders: list[Path], target: Path) -> None:
     hyperparameters: dict = {}
     logged: set[str] = set()
     for folder in folders:
-        events = EventAccumulator(str(folder), size_guidance={"scalars": 1, "tensors": 1})
-        events.Reload()
+        events = load_events(folder, scalars=1, tensors=1)
         logged.update(events.Tags()["scalars"])
         try:
             session = events.PluginTagToContent(metadata.PLUGIN_NAME).get(metadata.SESSION_START_INFO_TAG)

@@ -30,6 +30,16 @@ def event_files(run_dir: str | Path) -> list[Path]:
     return sorted(event_folder(run_dir).glob("events.out.tfevents.*"))
 
 
+def _fast_checksums() -> None:
+    """TensorBoard without TensorFlow checks each record's CRC-32C in pure Python: 80% of the time a
+    results page took to read its 45 runs (6.5 of 8 s, profiled). ``google_crc32c`` computes the same
+    checksum in C; its value replaces the pure-Python one where the reader looks it up."""
+    import google_crc32c
+    from tensorboard.compat.tensorflow_stub import pywrap_tensorflow
+
+    pywrap_tensorflow.crc32c = google_crc32c.value
+
+
 def load_events(run_dir: str | Path, **size_guidance: int) -> EventAccumulator:
     """The event files of a run (:func:`event_folder`), loaded.
 
@@ -38,6 +48,8 @@ def load_events(run_dir: str | Path, **size_guidance: int) -> EventAccumulator:
     """
     # Imported here: tensorboard's reader takes a second to import, and most runs never read back.
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    _fast_checksums()
 
     events = EventAccumulator(str(event_folder(run_dir)), size_guidance={"scalars": 0, **size_guidance})
     events.Reload()
