@@ -483,8 +483,8 @@ def compare(folder: Path, output: Path | None = None, keep: bool = False) -> Com
     blocks = [
         header(page, runs, folder, relative, rebuild),
         unsupported_block(notes.failed),
+        "".join(f"![{png.stem}]({png.name})\n" for png in first),  # the answer at a glance, then the notes
         notes.text + "\n" if notes.text else "",
-        "".join(f"![{png.stem}]({png.name})\n" for png in first),
         results,
         differences_section(configurations, headline, page),
         diagnostics_section(configurations),
