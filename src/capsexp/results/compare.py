@@ -23,7 +23,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from capsexp import PROJECT_ROOT
 from capsexp.errors import ConfigError, NoRunsError
 from capsexp.results import statistics
-from capsexp.results.claims import BoundNotes, ClaimError, bind, unsupported_block
+from capsexp.results.claims import BoundNotes, ClaimError, bind, p_text, unsupported_block
 from capsexp.results.diagnostics import diagnostics_section
 from capsexp.results.differences import compared, hypotheses, references_of, scale, test_only
 from capsexp.results.events import event_files, event_folder
@@ -82,14 +82,6 @@ def mean_std(summary: statistics.Summary | None, factor: float) -> str:
 
 def interval(low: float | None, high: float | None, factor: float) -> str:
     return "" if low is None else f"[{factor * low:.2f}, {factor * high:.2f}]"
-
-
-def p_text(p: float | None) -> str:
-    if p is None:
-        return ""
-    if math.isnan(p):
-        return "n/a (no spread)"
-    return "< 0.001" if p < 0.001 else f"{p:.3f}"
 
 
 def results_table(configurations: list[Configuration], metrics: list[str], headline: str, page: StudyPage) -> str:
