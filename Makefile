@@ -27,10 +27,10 @@ format:  ## ruff: fix what can be fixed, reformat
 	$(BIN)/ruff format .
 
 test:  ## the fast test suite (no slow tests), one worker per core
-	$(BIN)/python -m pytest -n auto -m "not slow" $(ARGS)
+	$(BIN)/python -m pytest -n auto --dist worksteal -m "not slow" $(ARGS)
 
 test-all:  ## every test, slow ones included (end-to-end runs on real MNIST)
-	$(BIN)/python -m pytest -n auto $(ARGS)
+	$(BIN)/python -m pytest -n auto --dist worksteal $(ARGS)
 
 mutate:  ## mutation testing (mutmut), 50 mutants of each area (ARGS="--area models": one area whole) -> experiments/results/mutation.md
 	$(BIN)/python experiments/mutation.py $(or $(ARGS),--sample)

@@ -137,7 +137,8 @@ def test_capsule_loss_terms():
 
 
 def test_a_small_capsnet_learns_real_format_digits(mnist_dir, tmp_path):
-    """A few hundred steps on the synthetic IDX digits: the loss falls well below its start."""
+    """A hundred steps on the synthetic IDX digits: the loss falls well below its start (to about 4% of
+    it here) and the held-out digits are classified."""
     torch.manual_seed(0)
     net = CapsNet(conv_channels=32, primary_types=8)  # the paper's layout, narrower for a CPU test
     module = Classifier(net, CapsuleLoss(), functools.partial(torch.optim.Adam, lr=1e-3))
@@ -151,7 +152,7 @@ def test_a_small_capsnet_learns_real_format_digits(mnist_dir, tmp_path):
             losses.append(outputs["loss"].item())
 
     trainer = L.Trainer(
-        max_steps=225,
+        max_steps=100,
         accelerator="cpu",
         logger=False,
         enable_progress_bar=False,

@@ -117,6 +117,42 @@ def test_the_docs_quotes_of_results_pages_are_the_figures_of_their_runs():
         assert text in " ".join(body.split()), f"{doc}: the quote {text!r} is not in its text"
 
 
+# A time the README or docs give: `<!-- time <file>: <text> -->` names where it was measured (a results
+# page, which must hold the text) or set (a source file, which must hold its numbers), and a `quote`
+# may give it from a page's runs. A time in their prose that neither names is a figure nobody measured.
+TIMED = re.compile(r"<!-- time ([\w./-]+): (.+?) -->")
+A_TIME = re.compile(r"(?<![\w.])\d[\d.,]*(?: (?:to|and) \d[\d.,]*)? ?(?:ms|s|min|minutes|seconds|hours?)\b")
+
+
+def flat(text: str) -> str:
+    return " ".join(text.split())
+
+
+def test_every_time_the_readme_and_docs_give_names_the_page_or_setting_it_comes_from():
+    timed = 0
+    for path in sorted([PROJECT_ROOT / "README.md", *(PROJECT_ROOT / "docs").glob("*.md")]):
+        text = path.read_text()
+        prose = flat(re.sub(r"<!--.*?-->", "", text, flags=re.S))
+        sourced = [quoted for _, quoted in TIMED.findall(text)] + [quoted for _, quoted, _ in QUOTE.findall(text)]
+        for source, quoted in TIMED.findall(text):
+            timed += 1
+            assert quoted in prose, f"{path.name}: the time {quoted!r} is not in its text"
+            held = flat((PROJECT_ROOT / source).read_text())
+            if source.endswith(".md"):  # the whole figure: "1 s" is not the end of "11 s"
+                assert re.search(rf"(?<![\w.]){re.escape(quoted)}(?![\w.])", held), f"{source} does not say {quoted!r}"
+            else:
+                for number in re.findall(r"\d+(?:\.\d+)?", quoted):
+                    assert re.search(rf"(?<![\d.]){re.escape(number)}(?:\.0)?(?![\d.])", held), (
+                        f"{path.name}: {source} sets no {number} ({quoted!r})"
+                    )
+        for found in A_TIME.finditer(prose):
+            assert any(found.group(0) in quoted for quoted in sourced), (
+                f"{path.name}: {found.group(0)!r} ({prose[max(found.start() - 60, 0) : found.end() + 20]!r}) names "
+                f"no page that measured it: add <!-- time <page>: <text> --> or a quote of a page's runs"
+            )
+    assert timed >= 8
+
+
 def config_groups() -> dict[str, list[str]]:
     """Every config group a user chooses from (not Hydra's own, not a study's arms) and its options, as
     `python -m capsexp --help` lists them: conf/'s folders and the options stored in code."""

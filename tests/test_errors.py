@@ -27,7 +27,7 @@ from capsexp.lit.schedulers import exponential_decay
 from capsexp.models import BaselineCNN, CapsNet, LeNet5, MatrixCapsNet
 from capsexp.nn import DynamicRouting, EMRouting
 from capsexp.run.checkpoints import _LINE_LIMIT, check_checkpoint, model_of_run
-from tests.helpers import TINY_RUN, compose_config, run_cli_in_process
+from tests.helpers import TINY_EM_CAPS, TINY_RUN, compose_config, run_cli_in_process
 
 
 def _options(group: str) -> list[str]:
@@ -368,6 +368,7 @@ def test_an_optuna_job_that_never_validated_fails_and_says_how_to_validate(mnist
         f"paths.data_dir={mnist_dir}",
         "hparams_search=em_caps_optuna",
         "model=em_caps_small",
+        *TINY_EM_CAPS,
         "hydra.sweeper.n_trials=1",
         "trainer.max_steps=2",
         "data.batch_size=20",

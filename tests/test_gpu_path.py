@@ -175,7 +175,8 @@ def _nets() -> dict:
             primary_types=4,
             conv_caps1_types=4,
             conv_caps2_types=4,
-            routing=EMRouting(final_lambda=3.0),
+            # Two iterations trace the first and the later ones (each iteration is traced anew).
+            routing=EMRouting(final_lambda=3.0, iterations=2),
         ),
     }
 

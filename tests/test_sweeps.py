@@ -9,12 +9,14 @@ from tests.helpers import TINY_RUN, hparams_summary, run_cli, run_cli_in_process
 
 
 # Both launchers name and place jobs alike (the naming runs in each job's process): the fast suite runs
-# joblib's, make test-all both.
+# joblib's, make test-all both. One joblib worker runs both jobs: a process other than the sweep's,
+# and one start-up of torch instead of two.
 @pytest.mark.parametrize("launcher", ["joblib", pytest.param("submitit_local", marks=pytest.mark.slow)])
 def test_launchers_run_each_job_in_its_own_folder(mnist_dir, tmp_path, launcher):
     result = run_cli(
         "-m",
         f"hydra/launcher={launcher}",
+        *(["hydra.launcher.n_jobs=1"] if launcher == "joblib" else []),
         "seed=1,2",
         *TINY_RUN,
         f"paths.data_dir={mnist_dir}",

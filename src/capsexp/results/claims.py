@@ -178,8 +178,17 @@ class Figures:
             raise MissingFigure(f"{key!r} logged no {tag}")
         return series[-1].step
 
+    def minutes(self, key: str) -> list[float]:
+        """Each of ``key``'s runs' time in minutes, as the page's header counts run time (first to last
+        logged scalar), in the runs' order."""
+        found = [run.seconds / 60 for run in self.configuration(key).runs if run.seconds is not None]
+        if not found:
+            raise MissingFigure(f"{key!r} has no run with a logged time")
+        return found
+
     def namespace(self) -> dict:
         return {
+            "minutes": self.minutes,
             "summary": self.summary,
             "difference": self.difference,
             "significantly_above": self.significantly_above,
