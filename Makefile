@@ -32,10 +32,11 @@ test:  ## the fast test suite (no slow tests), one worker per core
 test-all:  ## every test, slow ones included (end-to-end runs on real MNIST)
 	$(BIN)/python -m pytest -n auto --dist worksteal $(ARGS)
 
-mutate:  ## mutation testing (mutmut), 50 mutants of each area (ARGS="--area models": one area whole) -> experiments/results/mutation.md
+mutate:  ## mutation testing (mutmut), 50 mutants of each area (ARGS="--area models": one area whole), then the planted flips -> experiments/results/mutation.md
 	$(BIN)/python experiments/mutation.py $(or $(ARGS),--sample)
+	$(BIN)/python experiments/flips.py
 
-bench:  ## speed + accuracy benchmarks -> experiments/results/bench.md, bench_em.md, bench_routing.md (about 50 min on 2 cores), bench_predict.md (13 min)
+bench:  ## speed + accuracy benchmarks -> experiments/results/bench.md, bench_em.md, bench_routing.md, bench_predict.md
 	$(BIN)/python experiments/bench_capsnet.py --accuracy $(ARGS)
 	$(BIN)/python experiments/bench_em_caps.py --accuracy $(ARGS)
 	$(BIN)/python experiments/bench_routing.py

@@ -40,6 +40,8 @@ from mutmut.stats import status_by_exit_code
 
 from capsexp import PROJECT_ROOT
 from capsexp.results.machine import cpu_name
+from flips import BEGIN as FLIPS_BEGIN
+from flips import END as FLIPS_END
 from timing import Stopwatch
 
 RESULTS = PROJECT_ROOT / "experiments" / "results" / "mutation.md"
@@ -421,7 +423,14 @@ def main() -> None:
             wall = watch.seconds
     statuses = results()
     per_area = sample_size()
-    RESULTS.write_text(page(statuses, load_equivalents(), wall, sample(list(statuses), per_area) if per_area else None))
+    written = page(statuses, load_equivalents(), wall, sample(list(statuses), per_area) if per_area else None)
+    # The planted flips' block (experiments/flips.py) is that script's to write: kept as it was.
+    kept = (
+        re.search(re.escape(FLIPS_BEGIN) + ".*?" + re.escape(FLIPS_END), RESULTS.read_text(), re.S)
+        if RESULTS.exists()
+        else None
+    )
+    RESULTS.write_text(written.rstrip() + (f"\n\n{kept.group(0)}\n" if kept else "\n"))
     print(f"wrote {RESULTS.relative_to(PROJECT_ROOT)}")
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 
 import lightning as L
+import numpy as np
 import pytest
 import torch
 
@@ -12,6 +13,7 @@ from capsexp.data import MNISTDataModule
 from capsexp.lit import CapsuleLoss, Classifier
 from capsexp.models import CapsNet
 from capsexp.nn import DynamicRouting, PrimaryCapsules, RoutingCapsules, dynamic_routing, fully_connected_routing
+from capsexp.nn.functional import squash
 
 
 def test_primary_capsules_group_32_types_of_8_dims():
@@ -177,3 +179,65 @@ def test_the_resnet_backbone_keeps_the_images_size_so_primarycaps_sees_a_larger_
     out = resnet(torch.rand(2, 3, 32, 32))
     out.scores.sum().backward()
     assert all(p.grad is not None for p in resnet.conv1.parameters())
+
+
+def official_update_routing(votes: np.ndarray, biases: np.ndarray, num_routing: int, leaky: bool) -> np.ndarray:
+    """The official code's ``_update_routing`` for a fully connected layer (research/capsules,
+    models/layers/layers.py), transcribed in numpy: votes [batch, input_dim, output_dim, atoms], biases
+    [output_dim, atoms] added to every iteration's weighted sum before the squash."""
+    logits = np.zeros(votes.shape[:3])
+    for _ in range(num_routing):
+        if leaky:  # a zero logit beside the output capsules takes its share, then is dropped
+            padded = np.concatenate([np.zeros((*logits.shape[:2], 1)), logits], axis=2)
+            route = (np.exp(padded) / np.exp(padded).sum(axis=2, keepdims=True))[:, :, 1:]
+        else:
+            route = np.exp(logits) / np.exp(logits).sum(axis=2, keepdims=True)
+        preactivate = (route[..., None] * votes).sum(axis=1) + biases
+        norm = np.linalg.norm(preactivate, axis=2, keepdims=True)
+        activation = preactivate / norm * (norm**2 / (1 + norm**2))
+        logits = logits + (votes * activation[:, None]).sum(axis=3)
+    return activation
+
+
+@pytest.mark.parametrize("leaky", [False, True])
+def test_routing_with_the_official_bias_is_the_official_codes(leaky):
+    """RoutingCapsules(bias=0.1) against the official layer transcribed: W std 0.1 (the official
+    ``weight_variable``), biases 0.1, 3 iterations; float64."""
+    torch.manual_seed(0)
+    routing = DynamicRouting(iterations=3, none_of_the_above=leaky)
+    layer = RoutingCapsules(12, 8, 10, 16, routing=routing, init_std=0.1, bias=0.1).double()
+    with torch.no_grad():
+        layer.router.bias.add_(0.05 * torch.randn_like(layer.router.bias))  # learned biases: not all equal
+    inputs = squash(torch.randn(4, 12, 8, dtype=torch.float64))
+    expected = official_update_routing(
+        layer.votes(inputs).detach().numpy(), layer.router.bias.detach().numpy(), 3, leaky
+    )
+    # rtol: capsexp's squash keeps 1e-8 under its square root (SQUASH_EPS), the official code none.
+    np.testing.assert_allclose(layer(inputs).poses.detach().numpy(), expected, rtol=1e-6, atol=1e-12)
+
+
+@pytest.mark.parametrize("detach_agreement", [False, True])
+def test_the_bias_gradient_is_autograds(detach_agreement):
+    """The written-out backward pass with a bias: votes, inputs, W and the bias get autograd's gradients
+    of the same routing run step by step (float64)."""
+    from capsexp.nn.functional._capsnet import _route
+
+    torch.manual_seed(0)
+    routing = DynamicRouting(iterations=3, detach_agreement=detach_agreement)
+    inputs = squash(torch.randn(3, 6, 4, dtype=torch.float64)).requires_grad_()
+    weight = (0.3 * torch.randn(6, 4, 5 * 2, dtype=torch.float64)).requires_grad_()
+    bias = (0.1 + 0.05 * torch.randn(5, 2, dtype=torch.float64)).requires_grad_()
+    upstream = torch.randn(3, 5, 2, dtype=torch.float64)
+    fused = torch.autograd.grad(
+        (fully_connected_routing(inputs, weight, 5, routing, bias) * upstream).sum(), [inputs, weight, bias]
+    )
+
+    votes = torch.einsum("bid,idk->bik", inputs, weight).view(3, 6, 5, 2).transpose(1, 2)  # (B, J, I, D)
+    if detach_agreement:  # the couplings as constants: only the last weighted sum carries gradient
+        couplings, _, _ = _route(votes.detach(), 3, False, bias.detach())
+        parents = squash(torch.matmul(couplings[-1].unsqueeze(2), votes).squeeze(2) + bias)
+    else:
+        parents = _route(votes, 3, False, bias)[2][-1]
+    reference = torch.autograd.grad((parents * upstream).sum(), [inputs, weight, bias])
+    for got, expected in zip(fused, reference, strict=True):
+        torch.testing.assert_close(got, expected, rtol=1e-9, atol=1e-12)

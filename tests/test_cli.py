@@ -207,3 +207,25 @@ def test_a_run_that_fails_before_its_first_step_leaves_no_tensorboard_run(
     assert "failed before its first step: its logger files were removed" in output
     assert (run / ".hydra" / "config.yaml").is_file()  # the record of what was asked
     assert not list(run.rglob("events.out.tfevents.*")) and not (run / "hparams.yaml").exists()
+
+
+def test_a_progress_bar_or_model_summary_set_to_null_is_not_replaced_by_lightnings(mnist_dir, tmp_path, monkeypatch):
+    """TINY_RUN drops both: Lightning's default bar (tqdm) and summary do not start in their place; a
+    summary left in does."""
+    from lightning.pytorch.callbacks import ModelSummary, TQDMProgressBar
+
+    started = []
+    monkeypatch.setattr(ModelSummary, "on_fit_start", lambda self, *a: started.append(type(self).__name__))
+    monkeypatch.setattr(TQDMProgressBar, "on_train_start", lambda self, *a: started.append(type(self).__name__))
+    common = [*TINY_RUN, f"paths.data_dir={mnist_dir}", "trainer.max_steps=1", "trainer.limit_val_batches=1"]
+    quiet = run_cli_in_process(*common, "trainer.limit_test_batches=1", f"hydra.run.dir={tmp_path / 'quiet'}")
+    assert quiet.returncode == 0, quiet.stderr[-3000:]
+    assert started == []
+    summary = run_cli_in_process(
+        *common,
+        "trainer.limit_test_batches=1",
+        "+callbacks.model_summary._target_=lightning.pytorch.callbacks.ModelSummary",
+        f"hydra.run.dir={tmp_path / 'summary'}",
+    )
+    assert summary.returncode == 0, summary.stderr[-3000:]
+    assert started == ["ModelSummary"]

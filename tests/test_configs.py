@@ -129,7 +129,8 @@ def test_unknown_option_lists_the_available_ones():
     assert result.returncode == 2
     assert "error: model=nope: no such option" in result.stderr
     assert (
-        "model is one of: baseline_cnn, capsnet, capsnet_cifar10, capsnet_small, em_caps," in result.stderr
+        "model is one of: baseline_cnn, capsnet, capsnet_cifar10, capsnet_official, capsnet_small, em_caps,"
+        in result.stderr
         and "lenet5" in result.stderr
     )
 

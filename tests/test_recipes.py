@@ -169,6 +169,8 @@ RECIPES = {
             "primary_types": 32,
             "primary_dim": 8,
             "pose_dim": 16,
+            "capsule_bias": None,  # the paper's parameter count: no capsule biases
+            "official_init": False,
         },
         "objective": {
             "_target_": "capsexp.lit.CapsuleLoss",
@@ -182,6 +184,7 @@ RECIPES = {
     },
     "capsnet_small": None,  # set below: capsnet's recipe, with conv1 64 channels and 8 PrimaryCaps types
     "capsnet_cifar10": None,  # set below
+    "capsnet_official": None,  # set below
     # The large net (A=B=C=D=32) and the small one (A=64, B=8, C=D=16), each under capsexp's recipe and
     # under the paper's.
     "em_caps": em_recipe(matrix_capsnet(32, 32, 32, 32, EM_ROUTING_CAPSEXP, True), lr=0.01, **CAPSEXP_SCHEDULE),
@@ -194,6 +197,15 @@ RECIPES = {
 RECIPES["capsnet_small"] = {
     **RECIPES["capsnet"],
     "net": {**RECIPES["capsnet"]["net"], "conv_channels": 64, "primary_types": 8},
+}
+# The authors' released code (research/capsules, models/layers/layers.py and variables.py): capsule biases
+# initialised to 0.1 (bias_variable) and truncated-normal weights (weight_variable).
+RECIPES["capsnet_official"] = {
+    **RECIPES["capsnet"],
+    "net": {**RECIPES["capsnet"]["net"], "capsule_bias": 0.1, "official_init": True},
+    # Its margin loss a mean over batch and classes, halved (1/20 of Eq. 4 over 10 classes), beside
+    # 0.0005 x the reconstruction's sum of squares: under Adam, Eq. 4 with 0.01.
+    "objective": {**RECIPES["capsnet"]["objective"], "recon_weight": 0.01},
 }
 # Sabour et al. 2017, section 7: 64 primary capsule types and a none-of-the-above routing category.
 RECIPES["capsnet_cifar10"] = {

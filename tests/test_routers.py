@@ -73,6 +73,13 @@ def test_capsnet_trains_with_every_routing_from_the_command_line(name, mnist_dir
     assert [e.step for e in logged["routing/digits/entropy"]] == [0, 1]
     assert all(0 <= e.value <= 1 + 1e-6 for e in logged["routing/digits/entropy"])
     assert logged["routing/digits/activation_std_across_inputs"][0].value >= 0
+    # Whether it routes, beside the entropy: shares in [1/J, 1], a KL from uniform of at least 0; and, after
+    # testing, the share each child sends to the predicted class.
+    classes = 10
+    assert all(1 / classes - 1e-6 <= e.value <= 1 + 1e-6 for e in logged["routing/digits/largest_coupling"])
+    assert all(e.value >= 0 for e in logged["routing/digits/kl_from_uniform"])
+    assert all(0 <= e.value <= 1 for e in logged["routing/digits/decided_share"])
+    assert 0 <= logged["routing/digits/test_predicted_share"][0].value <= 1
     # What routing did, whatever the algorithm: the weight of each primary capsule's vote per class.
     assert "routing/digits/couplings" in load_events(tmp_path, images=0).Tags()["images"]
     # How it settles over the iterations, for an algorithm that iterates.

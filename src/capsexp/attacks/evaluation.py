@@ -122,18 +122,27 @@ class AdversarialEvaluation:
         self, target: PixelClassifier, source: PixelClassifier | None, batches: Any, num_classes: int
     ) -> AttackResult:
         """Attack every ``(pixels, labels)`` batch of ``batches`` (on the models' device)."""
-        import foolbox as fb
 
         crafter = source or target
         for model in {target, crafter}:
             model.eval()
-        fmodel = None  # made at the first batch, on its device
         attacks = {self.method: self._foolbox_attack(self.method)}
         if self.method != "fgsm":
             attacks["fgsm"] = self._foolbox_attack("fgsm")
+        # foolbox draws PGD's random start from torch's global generator: seeded here, and the run's own
+        # generator state given back afterwards, so that an attack changes no later draw of the run.
+        with torch.random.fork_rng():
+            if self.method == "pgd":
+                torch.manual_seed(self.seed)
+            return self._run(target, crafter, attacks, batches, num_classes)
+
+    def _run(
+        self, target: PixelClassifier, crafter: PixelClassifier, attacks: dict, batches: Any, num_classes: int
+    ) -> AttackResult:
+        import foolbox as fb
+
+        fmodel = None  # made at the first batch, on its device
         generator = torch.Generator().manual_seed(self.seed)
-        if self.method == "pgd":
-            torch.manual_seed(self.seed)  # foolbox draws PGD's random start from torch's generator
         correct = {name: torch.zeros(len(self.eps), dtype=torch.long) for name in attacks}
         on_target = torch.zeros(len(self.eps), dtype=torch.long)
         clean = zero_gradients = gradient_entries = seen = 0

@@ -7,6 +7,13 @@ Every ``every_n_steps`` training steps, for each routing layer of the net: the E
   the parents that receive it, divided by its maximum (1: uniform, routing undecided; 0: hard
   assignments). A value near 0 after the first E-step is the collapse that stalls EM training (see
   docs/em_training.md);
+- ``routing/<layer>/largest_coupling``, ``kl_from_uniform`` and ``decided_share``: how far the assignments
+  are from uniform, where the entropy moves little (:func:`~capsexp.nn.functional.routing_engagement`): the
+  mean largest share a child gives one parent (1/P uniform), the mean KL divergence from uniform (nats, 0
+  uniform) and the share of children whose largest share exceeds twice uniform;
+- ``routing/<layer>/test_predicted_share``, after testing, for a layer whose parents are the classes: the
+  mean share of each child's assignment that goes to the class the layer's activations predict (1/J when
+  routing ignores the prediction);
 - ``routing/<layer>/activation_mean`` and ``activation_std``: parent activations over all capsules
   and inputs (all near 0.5 means the sigmoid argument is too small to tell parents apart);
 - ``routing/<layer>/activation_std_across_inputs``: the std of each capsule's (parent type at one
@@ -31,9 +38,11 @@ from pydantic import PositiveInt
 from capsexp.callbacks.image_logging import tensorboard_writer
 from capsexp.config.arguments import checked
 from capsexp.nn import ClassMatrixCapsules, ConvMatrixCapsules, RoutingCapsules
-from capsexp.nn.functional import responsibility_entropy
+from capsexp.nn.functional import predicted_share, responsibility_entropy, routing_engagement
 
 ROUTING_LAYERS = (ConvMatrixCapsules, ClassMatrixCapsules, RoutingCapsules)
+# routing_engagement's measures and the tags they are logged under
+ENGAGEMENT = {"largest": "largest_coupling", "kl_from_uniform": "kl_from_uniform", "decided": "decided_share"}
 
 
 def routing_layers(module: torch.nn.Module) -> dict[str, torch.nn.Module]:
@@ -71,11 +80,12 @@ class RoutingDiagnostics(L.Callback):
         the responsibilities, detached."""
         _, parent_activations, responsibilities = output
         with torch.no_grad():
+            layout = (kwargs.get("child_index"), kwargs.get("num_children"))
+            engagement = routing_engagement(responsibilities.detach(), *layout)
             self._routing[name] = {
                 "activations": parent_activations.detach(),
-                "entropy": responsibility_entropy(
-                    responsibilities.detach(), kwargs.get("child_index"), kwargs.get("num_children")
-                ),
+                "entropy": responsibility_entropy(responsibilities.detach(), *layout),
+                **{measure: value for measure, value in zip(ENGAGEMENT, engagement, strict=True)},
             }
 
     def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer) -> None:
@@ -110,6 +120,8 @@ class RoutingDiagnostics(L.Callback):
                 continue
             activations, entropy = routing["activations"].float().cpu(), routing["entropy"].float().cpu()
             writer.add_scalar(f"routing/{name}/entropy", entropy.mean().item(), step)
+            for measure, tag in ENGAGEMENT.items():
+                writer.add_scalar(f"routing/{name}/{tag}", routing[measure].float().mean().item(), step)
             writer.add_scalar(f"routing/{name}/activation_mean", activations.mean().item(), step)
             writer.add_scalar(f"routing/{name}/activation_std", activations.std().item(), step)
             if activations.shape[0] > 1:
@@ -118,3 +130,30 @@ class RoutingDiagnostics(L.Callback):
             if self.histograms:
                 writer.add_histogram(f"routing/{name}/activations", activations, step)
                 writer.add_histogram(f"routing/{name}/entropy", entropy, step)
+
+    # ---- at test time: does each child send its mass to the class the layer predicts? ----------
+    def on_test_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        layers = routing_layers(pl_module) if tensorboard_writer(trainer) is not None else {}
+        self._test_shares: dict[str, list[float]] = {name: [0.0, 0.0] for name in layers}  # sum, count
+        self._test_hooks = [
+            layer.router.register_forward_hook(functools.partial(self._share, name), with_kwargs=True)
+            for name, layer in layers.items()
+        ]
+
+    def _share(self, name: str, router: torch.nn.Module, args, kwargs, output) -> None:
+        _, parent_activations, assignment = output
+        if kwargs.get("child_index") is not None or parent_activations.ndim != 2:
+            return  # a convolutional layer's parents are not the classes
+        with torch.no_grad():
+            shares = predicted_share(assignment.detach(), parent_activations.detach().argmax(dim=-1))
+        total = self._test_shares[name]
+        total[0], total[1] = total[0] + shares.sum().item(), total[1] + shares.numel()
+
+    def on_test_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        for hook in getattr(self, "_test_hooks", []):
+            hook.remove()
+        self._test_hooks = []
+        writer = tensorboard_writer(trainer)
+        for name, (total, count) in getattr(self, "_test_shares", {}).items():
+            if count and writer is not None:
+                writer.add_scalar(f"routing/{name}/test_predicted_share", total / count, trainer.global_step)

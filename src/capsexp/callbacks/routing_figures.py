@@ -93,7 +93,10 @@ class RoutingFigures(L.Callback):
             children, routed = captured[name]
             if isinstance(layer.routing, DynamicRouting):  # fused: its couplings are traced from the votes
                 trace = dynamic_routing_trace(
-                    layer.votes(children), layer.routing.iterations, layer.routing.none_of_the_above
+                    layer.votes(children),
+                    layer.routing.iterations,
+                    layer.routing.none_of_the_above,
+                    layer.router.bias,
                 )
                 for r, change in enumerate(trace.logit_changes.tolist(), start=1):
                     writer.add_scalar(f"routing/{name}/logit_change_iter{r}", change, step)

@@ -20,6 +20,7 @@ from torch import nn
 from capsexp.config.arguments import checked
 from capsexp.models.input_check import check_images
 from capsexp.nn import Backbone, DynamicRouting, PrimaryCapsules, ResNetStem, RoutingCapsules, RoutingOptions
+from capsexp.nn.capsnet import INIT_STD as ROUTING_INIT_STD
 
 # What stands between PrimaryCaps and the decoder: the class capsules (routed) or the plain reference.
 Head = Literal["capsules", "fully_connected"]
@@ -27,6 +28,13 @@ Head = Literal["capsules", "fully_connected"]
 # per class from its pose by one linear map shared by the classes, w . v_j + b (inverted dot-product
 # attention routing's classifier, Tsai et al. 2020), for a cross-entropy loss.
 ClassScores = Literal["activations", "pose_logits"]
+# The official code's initialisation (research/capsules, models/layers/variables.py): weights from a normal
+# truncated at two standard deviations, of std 0.1 (conv1: 0.05); biases 0.1.
+OFFICIAL_STD, OFFICIAL_CONV1_STD, OFFICIAL_BIAS = 0.1, 0.05, 0.1
+
+
+def _truncated_normal_(weight: torch.Tensor, std: float) -> None:
+    nn.init.trunc_normal_(weight, std=std, a=-2 * std, b=2 * std)
 
 
 class FullyConnectedHead(nn.Module):
@@ -79,6 +87,14 @@ class CapsNet(nn.Module):
         objects: objects per image (MultiMNIST: 2), each reconstructed from its own capsule; in
             evaluation, the ``objects`` longest capsules are decoded.
         conv_channels, primary_types, primary_dim, pose_dim: layer widths (paper: 256, 32, 8, 16).
+        capsule_bias: None (the paper's parameter count: no capsule biases), or the value the official
+            code's capsule biases start at (0.1): PrimaryCaps as the official layer
+            (:class:`~capsexp.nn.PrimaryCapsules`'s ``bias``) and a learned bias added to DigitCaps' s_j
+            in every routing iteration (:class:`~capsexp.nn.RoutingCapsules`'s ``bias``; dynamic routing only).
+        official_init: initialise as the official code (``research/capsules``): conv1's kernel from a
+            normal of std 0.05 truncated at two stds, its bias 0.1; PrimaryCaps' kernel, DigitCaps' W and the
+            decoder's weights of std 0.1, truncated, biases 0.1. False: PyTorch's default layers and W_ij of
+            std 0.01.
     """
 
     def __init__(
@@ -96,8 +112,15 @@ class CapsNet(nn.Module):
         primary_types: PositiveInt = 32,
         primary_dim: PositiveInt = 8,
         pose_dim: PositiveInt = 16,
+        capsule_bias: float | None = None,
+        official_init: bool = False,
     ) -> None:
         super().__init__()
+        if capsule_bias is not None and not (head == "capsules" and isinstance(routing, DynamicRouting)):
+            raise ValueError(
+                f"capsule_bias={capsule_bias}: the official capsule biases are those of dynamic routing's "
+                "DigitCaps (model/routing=dynamic, model.net.head=capsules)"
+            )
         self.image_shape = (in_channels, image_size, image_size)
         self.num_classes, self.pose_dim, self.objects = num_classes, pose_dim, objects
         if backbone == "conv":
@@ -106,12 +129,23 @@ class CapsNet(nn.Module):
         else:
             self.conv1 = ResNetStem(in_channels, conv_channels)
             feature_size = image_size
-        self.primary = PrimaryCapsules(conv_channels, primary_types, primary_dim, kernel_size=9, stride=2)
+        self.primary = PrimaryCapsules(
+            conv_channels, primary_types, primary_dim, kernel_size=9, stride=2, bias=capsule_bias
+        )
         if feature_size < 9:
             raise ValueError(f"CapsNet: image_size={image_size} is too small for two 9x9 convolutions (needs >= 17)")
         num_primary = self.primary.output_size(feature_size, feature_size)
         self.digits = (
-            RoutingCapsules(num_primary, primary_dim, num_classes, pose_dim, routing)
+            RoutingCapsules(
+                num_primary,
+                primary_dim,
+                num_classes,
+                pose_dim,
+                routing,
+                init_std=OFFICIAL_STD if official_init else ROUTING_INIT_STD,
+                bias=capsule_bias,
+                truncated_init=official_init,
+            )
             if head == "capsules"
             else FullyConnectedHead(num_primary, primary_dim, num_classes, pose_dim)
         )
@@ -128,6 +162,18 @@ class CapsNet(nn.Module):
             if reconstruction
             else None
         )
+        if official_init:
+            with torch.no_grad():
+                if isinstance(self.conv1, nn.Conv2d):
+                    _truncated_normal_(self.conv1.weight, OFFICIAL_CONV1_STD)
+                    self.conv1.bias.fill_(OFFICIAL_BIAS)
+                _truncated_normal_(self.primary.conv.weight, OFFICIAL_STD)
+                if self.primary.conv.bias is not None:
+                    self.primary.conv.bias.fill_(OFFICIAL_BIAS)
+                for layer in self.decoder or []:
+                    if isinstance(layer, nn.Linear):
+                        _truncated_normal_(layer.weight, OFFICIAL_STD)
+                        layer.bias.fill_(OFFICIAL_BIAS)
 
     def decode(self, poses: torch.Tensor, classes: torch.Tensor) -> torch.Tensor:
         """Reconstruct images from class capsules (B, classes, pose_dim), keeping only ``classes``:

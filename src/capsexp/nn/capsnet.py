@@ -17,14 +17,26 @@ class PrimaryCapsules(nn.Module):
     ``t * dim + d`` is dimension d of capsule type t: the 256 channels group as 32 types x 8 dims
     (not 8 x 32), and every spatial position of every type is one capsule. Output: (B, num_types * H' * W',
     dim), type-major, each vector squashed (Eq. 1).
+
+    ``bias`` (a value): the official code's layer (``conv_slim_capsule`` with one input capsule and one
+    routing iteration): the convolution has no bias of its own; its output is weighted by that routing's
+    coupling, 1/num_types (a softmax over the types of one zero logit each), and a learned bias per type
+    and dimension, initialised to ``bias``, is added before the squash. None: a plain convolution with bias.
     """
 
     def __init__(
-        self, in_channels: int = 256, num_types: int = 32, dim: int = 8, kernel_size: int = 9, stride: int = 2
+        self,
+        in_channels: int = 256,
+        num_types: int = 32,
+        dim: int = 8,
+        kernel_size: int = 9,
+        stride: int = 2,
+        bias: float | None = None,
     ) -> None:
         super().__init__()
         self.num_types, self.dim = num_types, dim
-        self.conv = nn.Conv2d(in_channels, num_types * dim, kernel_size=kernel_size, stride=stride)
+        self.conv = nn.Conv2d(in_channels, num_types * dim, kernel_size=kernel_size, stride=stride, bias=bias is None)
+        self.bias = None if bias is None else nn.Parameter(torch.full((num_types, 1, 1, dim), float(bias)))
 
     def output_size(self, height: int, width: int) -> int:
         """Number of capsules for an input feature map of the given size."""
@@ -35,12 +47,18 @@ class PrimaryCapsules(nn.Module):
         out = self.conv(features)
         batch, _, height, width = out.shape
         capsules = out.view(batch, self.num_types, self.dim, height, width).permute(0, 1, 3, 4, 2)
+        if self.bias is not None:  # the official layer: one routing iteration's coupling, then its bias
+            capsules = capsules / self.num_types + self.bias
         return squash(capsules.reshape(batch, self.num_types * height * width, self.dim))
 
 
 def _lengths(capsules: torch.Tensor) -> torch.Tensor:
     """|u|: a squashed capsule's activation. vector_norm's gradient at a zero vector is 0, not NaN."""
     return torch.linalg.vector_norm(capsules, dim=-1)
+
+
+# W_ij's std at initialisation (the official code's is 0.1: capsexp.models.capsnet.OFFICIAL_STD).
+INIT_STD = 0.01
 
 
 class RoutingCapsules(nn.Module):
@@ -51,7 +69,11 @@ class RoutingCapsules(nn.Module):
     activations |u_i| where it uses them (the inputs are squashed capsules). Dynamic routing (the paper's)
     runs fused with the votes (:func:`~capsexp.nn.functional.fully_connected_routing`), without its
     couplings; while a forward hook watches ``self.router``, the router also runs (without gradient) so
-    that the hook sees them. No bias, as in the paper's parameter count.
+    that the hook sees them. No bias by default, as in the paper's parameter count; ``bias`` (a value, with
+    dynamic routing): a learned bias per parent dimension, initialised to it and added to s_j in every
+    routing iteration, as the official code's ``capsule`` layer does (``router.bias``). ``init_std``: W_ij
+    drawn from N(0, init_std^2), truncated at two standard deviations with ``truncated_init`` (TensorFlow's
+    ``truncated_normal``, the official code's).
     """
 
     def __init__(
@@ -61,14 +83,21 @@ class RoutingCapsules(nn.Module):
         out_caps: int,
         out_dim: int,
         routing: RoutingOptions = DynamicRouting(),
-        init_std: float = 0.01,
+        init_std: float = INIT_STD,
+        bias: float | None = None,
+        truncated_init: bool = False,
     ) -> None:
         super().__init__()
         self.in_caps, self.in_dim, self.out_caps, self.out_dim = in_caps, in_dim, out_caps, out_dim
         self.routing = routing
-        self.router = make_router(routing, in_caps, in_dim, out_caps, out_dim)
+        self.router = make_router(routing, in_caps, in_dim, out_caps, out_dim, bias)
         # Stored (I, in_dim, J * out_dim): the votes are then one batched matmul over the inputs i.
-        self.weight = nn.Parameter(torch.randn(in_caps, in_dim, out_caps * out_dim) * init_std)
+        shape = (in_caps, in_dim, out_caps * out_dim)
+        if truncated_init:
+            weight = nn.init.trunc_normal_(torch.empty(shape), std=init_std, a=-2 * init_std, b=2 * init_std)
+        else:
+            weight = torch.randn(shape) * init_std
+        self.weight = nn.Parameter(weight)
 
     def votes(self, inputs: torch.Tensor) -> torch.Tensor:
         """u_hat_j|i = W_ij u_i for inputs (B, I, in_dim): shape (B, I, J, D), stored parent-major.
@@ -91,7 +120,7 @@ class RoutingCapsules(nn.Module):
             )
         if isinstance(self.routing, DynamicRouting) and not exporting():
             # Same as dynamic_routing(self.votes(inputs), ...), with the vote matmul fused into the backward.
-            poses = fully_connected_routing(inputs, self.weight, self.out_caps, self.routing)
+            poses = fully_connected_routing(inputs, self.weight, self.out_caps, self.routing, self.router.bias)
             if self.router._forward_hooks:  # someone watches the routing (diagnostics): show it the couplings
                 with torch.no_grad():
                     self.router(self.votes(inputs), inputs, _lengths(inputs))

@@ -48,10 +48,16 @@ class _Router(nn.Module):
 
 
 class DynamicRouter(_Router):
-    """Procedure 1 of Sabour et al. 2017 (:func:`~capsexp.nn.functional.dynamic_routing`); activation |v_j|."""
+    """Procedure 1 of Sabour et al. 2017 (:func:`~capsexp.nn.functional.dynamic_routing`); activation |v_j|.
+    With ``bias`` (a value), a learned bias b_j (J, D), initialised to it, is added to every iteration's s_j,
+    as the official code does."""
+
+    def __init__(self, routing: DynamicRouting, out_caps: int = 1, out_dim: int = 1, bias: float | None = None) -> None:
+        super().__init__(routing)
+        self.bias = None if bias is None else nn.Parameter(torch.full((out_caps, out_dim), float(bias)))
 
     def forward(self, votes: torch.Tensor, children: torch.Tensor, child_activations: torch.Tensor) -> Routed:
-        poses, couplings = dynamic_routing(votes, self.routing, return_couplings=True)
+        poses, couplings = dynamic_routing(votes, self.routing, return_couplings=True, bias=self.bias)
         return Routed(poses, torch.linalg.vector_norm(poses, dim=-1), couplings)
 
 
@@ -146,11 +152,18 @@ class RandomRouter(_Router):
         return random_routing(votes)
 
 
-def make_router(routing: RoutingOptions, in_caps: int, in_dim: int, out_caps: int, out_dim: int) -> nn.Module:
+def make_router(
+    routing: RoutingOptions, in_caps: int, in_dim: int, out_caps: int, out_dim: int, bias: float | None = None
+) -> nn.Module:
     """The router module of the algorithm ``routing`` names, for I = ``in_caps`` children of ``in_dim``
-    dimensions and J = ``out_caps`` parents of ``out_dim``."""
+    dimensions and J = ``out_caps`` parents of ``out_dim``; ``bias``: dynamic routing's official bias
+    (:class:`DynamicRouter`), refused for the other algorithms, which have none."""
+    if bias is not None and not isinstance(routing, DynamicRouting):
+        raise ValueError(
+            f"bias={bias}: the official routing bias is dynamic routing's; {type(routing).__name__} has none"
+        )
     if isinstance(routing, DynamicRouting):
-        return DynamicRouter(routing)
+        return DynamicRouter(routing, out_caps, out_dim, bias)
     if isinstance(routing, EMRouting):
         return EMVectorRouter(routing, out_caps)
     if isinstance(routing, SelfRouting):

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import lightning as L
 import torch
 from hydra.core.hydra_config import HydraConfig
-from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.callbacks import Callback, ModelSummary, ProgressBar
 from lightning.pytorch.loggers import Logger
 from omegaconf import DictConfig, OmegaConf
 
@@ -105,7 +105,15 @@ def _run(cfg: DictConfig, job: DDPJob) -> dict[str, float]:
     callbacks: list[Callback] = instantiate_all("callbacks", cfg.get("callbacks"))
     loggers: list[Logger] = instantiate_all("logger", cfg.get("logger"))
     step_seen = StepSeen()
-    trainer: L.Trainer = instantiate("trainer", cfg.trainer, callbacks=[*callbacks, step_seen], logger=loggers or False)
+    # A progress bar or model summary dropped from the callbacks (callbacks.progress_bar=null) is gone:
+    # Lightning would otherwise add its own default one.
+    shown = {
+        "enable_progress_bar": any(isinstance(c, ProgressBar) for c in callbacks),
+        "enable_model_summary": any(isinstance(c, ModelSummary) for c in callbacks),
+    }
+    trainer: L.Trainer = instantiate(
+        "trainer", cfg.trainer, callbacks=[*callbacks, step_seen], logger=loggers or False, **shown
+    )
     _warn_if_more_processes_than_cores(trainer)
     job.watch(trainer)
     with no_files_left_if_failed_early(loggers, trainer, step_seen):

@@ -4,7 +4,8 @@ Dynamic routing (Sabour, Frosst & Hinton 2017) is in ``_capsnet.py``; EM routing
 Frosst 2018, Procedure 1) in ``_em_caps.py``; self-routing (Hahn et al. 2019) in ``_self_routing.py``,
 inverted dot-product attention routing (Tsai et al. 2020) in ``_attention_routing.py``, Efficient-CapsNet's
 self-attention routing (Mazzia et al. 2021) in ``_efficient_routing.py``, and the baselines that do not
-route by agreement (uniform and random couplings) with the result they all return in ``_routing.py``.
+route by agreement (uniform and random couplings) with the result they all return in ``_routing.py``;
+how far an assignment is from uniform (whether routing routes) in ``_engagement.py``.
 Import them from here::
 
     from capsexp.nn.functional import dynamic_routing, em_routing
@@ -29,6 +30,7 @@ from capsexp.nn.functional._em_caps import (
     responsibility_entropy,
     spread_loss,
 )
+from capsexp.nn.functional._engagement import Engagement, predicted_share, routing_engagement
 from capsexp.nn.functional._export import exporting
 from capsexp.nn.functional._routing import Routed, random_routing, uniform_routing
 from capsexp.nn.functional._self_routing import self_routing
@@ -36,6 +38,7 @@ from capsexp.nn.functional._self_routing import self_routing
 __all__ = [
     "COST_NORMALIZATIONS",
     "CostNormalization",
+    "Engagement",
     "Routed",
     "RoutingTrace",
     "VoteMaker",
@@ -49,8 +52,10 @@ __all__ = [
     "fully_connected_routing",
     "inverse_temperatures",
     "margin_loss",
+    "predicted_share",
     "random_routing",
     "responsibility_entropy",
+    "routing_engagement",
     "self_routing",
     "spread_loss",
     "squash",

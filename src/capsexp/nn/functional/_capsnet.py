@@ -58,7 +58,10 @@ def squash(s: torch.Tensor, dim: int = -1, eps: float = SQUASH_EPS) -> torch.Ten
 
 
 def dynamic_routing(
-    votes: torch.Tensor, routing: DynamicRouting = DynamicRouting(), return_couplings: bool = False
+    votes: torch.Tensor,
+    routing: DynamicRouting = DynamicRouting(),
+    return_couplings: bool = False,
+    bias: torch.Tensor | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Procedure 1 (routing-by-agreement): parent capsules v (B, J, D) from votes (B, I, J, D).
 
@@ -80,6 +83,9 @@ def dynamic_routing(
             of each child's coupling and is then dropped (section 7's CIFAR-10 models; the official
             code's leaky routing): c_ij = exp(b_ij) / (1 + sum_k exp(b_ik)), summing to less than 1.
         return_couplings: also return the last coupling coefficients c, shape (B, I, J).
+        bias: (J, D) added to every iteration's s_j before its squash, as the official code adds its
+            learned biases (``_update_routing`` in the authors' ``research/capsules``); None: the paper's
+            Procedure 1, without.
 
     The backward pass is written out (derivation in ``_routing_gradient_factors``), not left to autograd:
     the gradient of the votes is a sum of 2r - 1 outer products, written into one tensor by one batched
@@ -92,11 +98,11 @@ def dynamic_routing(
     if not parent_major_votes.is_contiguous():
         parent_major_votes = parent_major_votes.contiguous()
     if exporting():  # Procedure 1's forward alone, which the exporters trace
-        all_couplings, _, all_parents = _route(parent_major_votes, routing.iterations, routing.none_of_the_above)
+        all_couplings, _, all_parents = _route(parent_major_votes, routing.iterations, routing.none_of_the_above, bias)
         parents, couplings = all_parents[-1].to(votes.dtype), all_couplings[-1]
     else:
         parents, couplings = _DynamicRouting.apply(
-            parent_major_votes, routing.iterations, routing.detach_agreement, routing.none_of_the_above
+            parent_major_votes, bias, routing.iterations, routing.detach_agreement, routing.none_of_the_above
         )
     if return_couplings:
         return parents, couplings.transpose(1, 2)
@@ -104,9 +110,10 @@ def dynamic_routing(
 
 
 def _route(
-    votes: torch.Tensor, iterations: int, none_of_the_above: bool = False
+    votes: torch.Tensor, iterations: int, none_of_the_above: bool = False, bias: torch.Tensor | None = None
 ) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
-    """Procedure 1 on parent-major votes (B, J, I, D); returns every iteration's c, s and v.
+    """Procedure 1 on parent-major votes (B, J, I, D); returns every iteration's c, s and v (s with the
+    ``bias`` (J, D) added, where given).
 
     c: (B, J, I), s and v: (B, J, D). Sums over children are batched matrix-vector products. With
     ``none_of_the_above``, the softmax also covers a parent of logit 0 that is dropped; the backward pass
@@ -125,6 +132,8 @@ def _route(
         else:
             c = torch.softmax(logits, dim=1)  # over parents j
         s = torch.matmul(c.to(votes.dtype).unsqueeze(2), votes).squeeze(2).to(state_dtype)  # s_j = sum_i c_ij u_hat_j|i
+        if bias is not None:  # the official code's s_j + b_j
+            s = s + bias.to(state_dtype)
         v = squash(s)  # v_j = squash(s_j)
         couplings.append(c), totals.append(s), parents.append(v)
         if r < iterations - 1:
@@ -143,7 +152,9 @@ class RoutingTrace(NamedTuple):
 
 
 @torch.no_grad()
-def dynamic_routing_trace(votes: torch.Tensor, iterations: int, none_of_the_above: bool = False) -> RoutingTrace:
+def dynamic_routing_trace(
+    votes: torch.Tensor, iterations: int, none_of_the_above: bool = False, bias: torch.Tensor | None = None
+) -> RoutingTrace:
     """Procedure 1 on votes (B, I, J, D) as :func:`dynamic_routing` runs it, recording every
     iteration's couplings and three measures of how routing settles (means over images, children
     and parents):
@@ -158,7 +169,7 @@ def dynamic_routing_trace(votes: torch.Tensor, iterations: int, none_of_the_abov
     - the absolute change of the couplings c_ij from iteration r - 1 to r.
     """
     parent_major = votes.transpose(1, 2).contiguous()
-    couplings, _, parents = _route(parent_major, iterations, none_of_the_above)
+    couplings, _, parents = _route(parent_major, iterations, none_of_the_above, bias)
     agreements = [_dot_each_child(parent_major, v) for v in parents]
     logit_changes = torch.stack([a.abs().mean() for a in agreements])
     none = logit_changes.new_zeros(0)
@@ -195,8 +206,9 @@ def _routing_gradient_factors(
         g(a_r)   = g(b_{r+1})
         g(u_hat) = sum_r c_r (x) g(s_r) + sum_{r<R} g(a_r) (x) v_r
 
-    Returns the factors of the last line: ``left`` terms of shape (B, J, I), ``right`` of (B, J, D).
-    With ``detach_agreement`` only the last iteration's c_R (x) g(s_R) remains.
+    Returns the factors of the last line: ``left`` terms of shape (B, J, I), ``right`` of (B, J, D), and
+    sum_r g(s_r) (B, J, D): the gradient of a bias added to every s_r. With ``detach_agreement`` only the
+    last iteration's c_R (x) g(s_R) remains (and g(s_R) for the bias).
     """
     iterations = len(saved) // 3
     couplings, totals, parents = saved[:iterations], saved[iterations : 2 * iterations], saved[2 * iterations :]
@@ -204,6 +216,7 @@ def _routing_gradient_factors(
     grad_v = grad_parents.to(state_dtype)
     grad_logits = None  # g(b_{r+1})
     left, right = [], []
+    grad_totals = None  # sum_r g(s_r)
     for r in [iterations - 1] if detach_agreement else range(iterations - 1, -1, -1):
         if r < iterations - 1:
             grad_v = torch.matmul(grad_logits.to(votes.dtype).unsqueeze(2), votes).squeeze(2).to(state_dtype)
@@ -212,23 +225,31 @@ def _routing_gradient_factors(
             total = totals[r].detach().requires_grad_()
             (grad_s,) = torch.autograd.grad(squash(total), total, grad_v)
         left.append(couplings[r]), right.append(grad_s)
+        grad_totals = grad_s if grad_totals is None else grad_totals + grad_s
         if r > 0 and not detach_agreement:
             grad_c = _dot_each_child(votes, grad_s).to(state_dtype)
             c = couplings[r]
             grad_b = c * (grad_c - (grad_c * c).sum(dim=1, keepdim=True))  # softmax over the parents
             grad_logits = grad_b if grad_logits is None else grad_logits + grad_b
-    return left, right
+    return left, right, grad_totals
 
 
 class _DynamicRouting(torch.autograd.Function):
     """Routing on parent-major votes (B, J, I, D), with the backward pass written out."""
 
     @staticmethod
-    def forward(ctx, votes: torch.Tensor, iterations: int, detach_agreement: bool, none_of_the_above: bool):
+    def forward(
+        ctx,
+        votes: torch.Tensor,
+        bias: torch.Tensor | None,
+        iterations: int,
+        detach_agreement: bool,
+        none_of_the_above: bool,
+    ):
         # Autocast off: the votes keep the dtype they come in, the small routing state is float32.
         with torch.autocast(device_type=votes.device.type, enabled=False):
-            couplings, totals, parents = _route(votes, iterations, none_of_the_above)
-        ctx.detach_agreement = detach_agreement
+            couplings, totals, parents = _route(votes, iterations, none_of_the_above, bias)
+        ctx.detach_agreement, ctx.bias_dtype = detach_agreement, None if bias is None else bias.dtype
         ctx.save_for_backward(votes, *couplings, *totals, *parents)
         ctx.mark_non_differentiable(couplings[-1])  # returned for inspection, not for a loss
         return parents[-1].to(votes.dtype), couplings[-1]
@@ -238,18 +259,24 @@ class _DynamicRouting(torch.autograd.Function):
     def backward(ctx, grad_parents: torch.Tensor, _grad_couplings: None):
         votes, *saved = ctx.saved_tensors
         with torch.autocast(device_type=votes.device.type, enabled=False):
-            left, right = _routing_gradient_factors(votes, saved, grad_parents, ctx.detach_agreement)
+            left, right, grad_totals = _routing_gradient_factors(votes, saved, grad_parents, ctx.detach_agreement)
             # (B, J, I, T) @ (B, J, T, D) -> (B, J, I, D): every term written in one pass.
             grad_votes = torch.matmul(
                 torch.stack(left, dim=-1).to(votes.dtype), torch.stack(right, dim=-2).to(votes.dtype)
             )
-        return grad_votes, None, None, None
+        grad_bias = None if ctx.bias_dtype is None else grad_totals.sum(dim=0).to(ctx.bias_dtype)
+        return grad_votes, grad_bias, None, None, None
 
 
 def fully_connected_routing(
-    inputs: torch.Tensor, weight: torch.Tensor, out_caps: int, routing: DynamicRouting = DynamicRouting()
+    inputs: torch.Tensor,
+    weight: torch.Tensor,
+    out_caps: int,
+    routing: DynamicRouting = DynamicRouting(),
+    bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Votes u_hat_j|i = W_ij u_i, then :func:`dynamic_routing`: a DigitCaps layer in one call.
+    """Votes u_hat_j|i = W_ij u_i, then :func:`dynamic_routing` (with its ``bias``, where given): a
+    DigitCaps layer in one call.
 
     ``inputs`` (B, I, in_dim); ``weight`` (I, in_dim, out_caps * out_dim), W_ij = weight[i, :, j].T;
     returns the parents (B, out_caps, out_dim). Same result as
@@ -265,6 +292,7 @@ def fully_connected_routing(
     return _VotesAndRouting.apply(
         inputs.to(dtype),
         weight.to(dtype),
+        bias,
         out_caps,
         routing.iterations,
         routing.detach_agreement,
@@ -278,6 +306,7 @@ class _VotesAndRouting(torch.autograd.Function):
         ctx,
         inputs: torch.Tensor,
         weight: torch.Tensor,
+        bias: torch.Tensor | None,
         num_parents: int,
         iterations: int,
         detach_agreement: bool,
@@ -289,8 +318,8 @@ class _VotesAndRouting(torch.autograd.Function):
             torch.bmm(inputs.transpose(0, 1), weight, out=child_major)  # (I, B, J*D)
             # Parent-major (B, J, I, D): each routing sum becomes a contiguous matrix-vector product.
             votes = child_major.view(num_children, batch, num_parents, -1).permute(1, 2, 0, 3).contiguous()
-            couplings, totals, parents = _route(votes, iterations, none_of_the_above)
-        ctx.detach_agreement = detach_agreement
+            couplings, totals, parents = _route(votes, iterations, none_of_the_above, bias)
+        ctx.detach_agreement, ctx.bias_dtype = detach_agreement, None if bias is None else bias.dtype
         ctx.save_for_backward(inputs, weight, votes, *couplings, *totals, *parents)
         return parents[-1].to(votes.dtype)
 
@@ -300,7 +329,7 @@ class _VotesAndRouting(torch.autograd.Function):
         inputs, weight, votes, *saved = ctx.saved_tensors
         num_children, batch = weight.shape[0], inputs.shape[0]
         with torch.autocast(device_type=inputs.device.type, enabled=False):
-            left, right = _routing_gradient_factors(votes, saved, grad_parents, ctx.detach_agreement)
+            left, right, grad_totals = _routing_gradient_factors(votes, saved, grad_parents, ctx.detach_agreement)
             grad_votes = _scratch((num_children, *votes.shape[:2], votes.shape[3]), votes)  # (I, B, J, D)
             for term, (child_factor, parent_factor) in enumerate(zip(left, right, strict=True)):  # 2r - 1 terms at most
                 child_factor = child_factor.to(votes.dtype).permute(2, 0, 1).unsqueeze(-1)  # (I, B, J, 1)
@@ -315,7 +344,8 @@ class _VotesAndRouting(torch.autograd.Function):
                 grad_inputs = torch.bmm(grad_votes, weight.transpose(1, 2)).transpose(0, 1)
             if ctx.needs_input_grad[1]:
                 grad_weight = torch.bmm(inputs.transpose(0, 1).transpose(1, 2), grad_votes)
-        return grad_inputs, grad_weight, None, None, None, None
+        grad_bias = None if ctx.bias_dtype is None else grad_totals.sum(dim=0).to(ctx.bias_dtype)
+        return grad_inputs, grad_weight, grad_bias, None, None, None, None
 
 
 def margin_loss(

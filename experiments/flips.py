@@ -1,0 +1,153 @@
+"""Planted flips: each either/or of ``experiments/mutation_flips.yaml`` taken the other way in a scratch
+copy of the code, against the tests it names; the block of ``experiments/results/mutation.md`` between
+its flips markers says which were caught, and by which test.
+
+    python experiments/flips.py               # this tree's tests
+    python experiments/flips.py --before REV  # and, beside them, the tests as they were at git revision REV
+
+The verdicts are kept in ``experiments/results/flips.json``: a run without ``--before`` judges this tree's
+tests again and keeps the earlier revision's column while the flips are the same.
+
+A flip is caught when its tests fail with it and pass without it (each copy is checked unflipped first).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import io
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+
+import yaml
+
+from capsexp import PROJECT_ROOT
+from capsexp.results.machine import cpu_name
+from timing import Stopwatch
+
+FLIPS = PROJECT_ROOT / "experiments" / "mutation_flips.yaml"
+PAGE = PROJECT_ROOT / "experiments" / "results" / "mutation.md"
+VERDICTS = PROJECT_ROOT / "experiments" / "results" / "flips.json"  # each column's verdicts, kept between runs
+BEGIN, END = "<!-- flips -->", "<!-- /flips -->"
+THIS_TREE = "this tree's tests"
+COPIED = ("src", "conf", "tests", "pyproject.toml", "README.md", "docs", "experiments")
+FAILED = re.compile(r"^(?:FAILED|ERROR) (.+?)(?: - .*)?$", re.MULTILINE)  # a test id may hold spaces
+
+
+def scratch_copy(folder: Path, tests_from: str | None) -> None:
+    """The code and configs of this tree in ``folder``; the tests of ``tests_from`` (a git revision) if given."""
+    for name in COPIED:
+        source = PROJECT_ROOT / name
+        if source.is_dir():
+            # The results pages' kept runs are left out: no flip's tests rebuild a page.
+            shutil.copytree(source, folder / name, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info", "runs"))
+        else:
+            shutil.copy(source, folder / name)
+    if tests_from:
+        shutil.rmtree(folder / "tests")
+        archive = subprocess.run(
+            ["git", "archive", tests_from, "tests"], cwd=PROJECT_ROOT, capture_output=True, check=True
+        ).stdout
+        with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+            tar.extractall(folder, filter="data")
+
+
+def pytest(folder: Path, tests: list[str]) -> subprocess.CompletedProcess:
+    # The copy's package first on the path (before the editable install of this tree), one thread each.
+    env = {**os.environ, "PYTHONPATH": str(folder / "src"), "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2", "-m", "not slow", *tests]
+    return subprocess.run(command, cwd=folder, env=env, capture_output=True, text=True)
+
+
+def flip(folder: Path, entry: dict) -> str:
+    """What the flip's tests say: the first test that failed, "survived", or why it could not be judged."""
+    tests = [t for t in entry["tests"] if (folder / t).exists()]
+    if not tests:
+        return "no test (none of its test files exist)"
+    path = folder / entry["file"]
+    original = path.read_text()
+    if entry["old"] not in original:
+        raise SystemExit(f"flips: {entry['file']} no longer holds {entry['old']!r}: update {FLIPS.name}")
+    if pytest(folder, tests).returncode != 0:
+        return "not judged: its tests fail without the flip"
+    path.write_text(original.replace(entry["old"], entry["new"], 1))
+    try:
+        result = pytest(folder, tests)
+    finally:
+        path.write_text(original)
+    if result.returncode == 0:
+        return "survived"
+    failed = FAILED.findall(result.stdout)
+    return f"caught by `{failed[0]}`" if failed else "caught (the tests did not run)"
+
+
+def block(columns: dict[str, list[str]], whats: list[str], command: str, seconds: float) -> str:
+    header = " | ".join(columns)
+    rows = "\n".join(f"| {what} | " + " | ".join(v[i] for v in columns.values()) + " |" for i, what in enumerate(whats))
+    totals = "; ".join(
+        f"with {name}, {sum(v.startswith('caught') for v in verdicts)} of {len(whats)} caught"
+        for name, verdicts in columns.items()
+    )
+    earlier = f" (the earlier revision's column from `{command}`)" if len(columns) > 1 else ""
+    return f"""{BEGIN}
+## Planted flips
+
+Written by `python experiments/flips.py` on {datetime.date.today()}: {cpu_name()}, {os.cpu_count()} cores,
+{seconds / 60:.1f} min{earlier}. Where the code picks one of two things (the best checkpoint or the last, training or
+evaluation batches, seed 0 or none, rank zero or the others) or passes an option down, the other side
+taken in a scratch copy of the code, against the tests a change there runs
+(`experiments/mutation_flips.yaml`). **{totals[0].upper()}{totals[1:]}.**
+
+| flip | {header} |
+| --- |{" --- |" * len(columns)}
+{rows}
+{END}"""
+
+
+def judge_all(entries: list[dict], tests_from: str | None) -> list[str]:
+    with tempfile.TemporaryDirectory(prefix="capsexp-flips-") as tmp:
+        scratch_copy(Path(tmp), tests_from)
+        verdicts = []
+        for entry in entries:
+            verdicts.append(flip(Path(tmp), entry))
+            print(f"flips ({tests_from or 'this tree'}): {entry['what']}: {verdicts[-1]}", flush=True)
+    return verdicts
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--before", help="a git revision whose tests to judge the flips with too, beside this tree's")
+    args = parser.parse_args()
+    entries = yaml.safe_load(FLIPS.read_text())
+    whats = [e["what"] for e in entries]
+    kept = json.loads(VERDICTS.read_text()) if VERDICTS.exists() else {}
+    # An earlier revision's column is kept while the flips are the same ones (its tests do not change).
+    columns = {
+        name: v for name, v in kept.get("columns", {}).items() if kept.get("flips") == whats and name != THIS_TREE
+    }
+    command = kept.get("command", "python experiments/flips.py") if columns else "python experiments/flips.py"
+    with Stopwatch() as watch:
+        if args.before:
+            columns = {f"the tests of {args.before}": judge_all(entries, args.before)}
+            command = f"python experiments/flips.py --before {args.before}"
+        columns[THIS_TREE] = judge_all(entries, None)
+    VERDICTS.write_text(json.dumps({"flips": whats, "columns": columns, "command": command}, indent=1) + "\n")
+    new = block(columns, whats, command, watch.seconds)
+    text = PAGE.read_text()
+    if BEGIN in text:
+        text = re.sub(re.escape(BEGIN) + ".*?" + re.escape(END), lambda _: new, text, flags=re.S)
+    else:
+        text = f"{text.rstrip()}\n\n{new}\n"
+    PAGE.write_text(text)
+    print(f"flips: wrote {PAGE.relative_to(PROJECT_ROOT)} and {VERDICTS.relative_to(PROJECT_ROOT)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,52 @@
+"""Whether routing routes: how far each child's assignment (couplings, responsibilities) is from
+uniform. The normalised entropy moves little near uniform (a child that sends 0.15 to one of ten
+parents and 0.094 to the others still has entropy 0.998); these measures move in proportion."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from capsexp.nn.functional._em_caps import _children_counts
+
+
+class Engagement(NamedTuple):
+    """Per child (B, children), for an assignment over P parents (P: the parents that receive the child)."""
+
+    largest: torch.Tensor  # max_j c_ij: 1/P when uniform, 1 for a hard assignment
+    kl_from_uniform: torch.Tensor  # KL(c_i || uniform) = log P - H(c_i), nats: 0 when uniform
+    decided: torch.Tensor  # 1.0 where max_j c_ij > 2/P (a child that favours a parent), else 0.0
+
+
+def routing_engagement(
+    assignment: torch.Tensor, child_index: torch.Tensor | None = None, num_children: int | None = None
+) -> Engagement:
+    """:class:`Engagement` of an assignment as routers return it: (B, I, J) dense, or (B, Q, M, J) with
+    ``child_index`` (Q, M) naming the child in each of a convolutional layer's window slots (EM)."""
+    assignment = assignment.float()
+    plogp = torch.special.xlogy(assignment, assignment)
+    parents = assignment.shape[-1]
+    if child_index is None:
+        fan_out = torch.full(assignment.shape[:2], float(parents), device=assignment.device)
+        largest, negative_entropy = assignment.amax(dim=-1), plogp.sum(dim=-1)
+    else:
+        batch, num_children = assignment.shape[0], num_children or int(child_index.max()) + 1
+        flat_index = child_index.reshape(-1).expand(batch, -1)
+        fan_out = (_children_counts(child_index.reshape(-1), num_children, assignment.dtype) * parents).expand(
+            batch, -1
+        )
+        largest = assignment.new_zeros(batch, num_children).scatter_reduce(
+            1, flat_index, assignment.amax(dim=-1).reshape(batch, -1), reduce="amax"
+        )
+        negative_entropy = plogp.new_zeros(batch, num_children).scatter_add(
+            1, flat_index, plogp.sum(-1).reshape(batch, -1)
+        )
+    kl = torch.log(fan_out) + negative_entropy
+    return Engagement(largest, kl.clamp_min(0.0), (largest > 2.0 / fan_out).float())
+
+
+def predicted_share(couplings: torch.Tensor, predicted: torch.Tensor) -> torch.Tensor:
+    """(B, I): the share of each child's coupling (B, I, J) that goes to its image's predicted class
+    ``predicted`` (B,): 1/J when routing ignores the prediction."""
+    return couplings.float().gather(-1, predicted[:, None, None].expand(-1, couplings.shape[1], 1)).squeeze(-1)
