@@ -43,7 +43,10 @@ PYTEST_SUMMARY = re.compile(r"=+ (.*\bpassed\b.*) in ([\d.]+)s")
 
 
 def duration_text(seconds: float) -> str:
-    """How the page writes a time, and so how the README and docs quote it: seconds below 90 s, else minutes."""
+    """How the page writes a time, and so how the README and docs quote it: tenths of a second below 10 s,
+    seconds below 90 s, else minutes."""
+    if seconds < 10:
+        return f"{seconds:.1f} s"
     return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.1f} min"
 
 
