@@ -13,8 +13,10 @@ and the README and docs quote their times from it (checked by tests/test_docs.py
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import gzip
+import json
 import os
 import platform
 import re
@@ -22,7 +24,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 
 from capsexp import PROJECT_ROOT
@@ -43,14 +44,14 @@ PYTEST_SUMMARY = re.compile(r"=+ (.*\bpassed\b.*) in ([\d.]+)s")
 
 
 def duration_text(seconds: float) -> str:
-    """How the page writes a time, and so how the README and docs quote it: tenths of a second below 10 s,
-    seconds below 90 s, else minutes."""
-    if seconds < 10:
-        return f"{seconds:.1f} s"
+    """How the page writes a time, and so how the README and docs quote it: "under 1 s", seconds below
+    90 s, else minutes."""
+    if seconds < 1:
+        return "under 1 s"
     return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.1f} min"
 
 
-@dataclass
+@dataclasses.dataclass
 class Step:
     name: str
     command: str
@@ -156,14 +157,16 @@ def first_hour(clone: Clone) -> None:
         clone.note(f"exit 2, {len(lines)} lines: {' '.join(lines)}")
 
 
-def page(steps: list[Step], commit: str) -> str:
+def page(record: dict) -> str:
+    """The page, from the record a run keeps beside it (``first_hour.json``)."""
+    steps = [Step(**step) for step in record["steps"]]
     rows = "\n".join(
         f"| {s.name} | `{s.command}` | {duration_text(s.seconds)} | {s.result.replace('|', '&#124;')} |" for s in steps
     )
     return f"""# A newcomer's first hour
 
-Written by `experiments/first_hour.py` on {datetime.date.today()}: {cpu_name()}, {os.cpu_count()} cores,
-Python {platform.python_version()}; commit {commit}.
+Written by `experiments/first_hour.py` on {record["date"]}: {record["machine"]}.
+The code revision it cloned is in `first_hour.json` beside this page.
 
 A fresh clone of the repository, with `CAPSEXP_DATA_DIR` a folder whose `MNIST/raw/` holds the four plain
 IDX files, runs the README's commands in its order. Each time is the step's wall time, start-up included;
@@ -173,7 +176,8 @@ the machine is shared, so a busy one takes longer.
 | --- | --- | ---: | --- |
 {rows}
 
-Rebuild: `python experiments/first_hour.py` (about {duration_text(sum(s.seconds for s in steps))}).
+Run again: `python experiments/first_hour.py` (about {duration_text(sum(s.seconds for s in steps))}); this page
+from its record: `python experiments/first_hour.py --report`.
 """
 
 
@@ -186,7 +190,13 @@ def main() -> None:
         help="a folder with the official MNIST files, plain or .gz (default: $CAPSEXP_DATA_DIR/MNIST/raw)",
     )
     parser.add_argument("--output", type=Path, default=PROJECT_ROOT / "experiments" / "results" / "first_hour.md")
+    parser.add_argument("--report", action="store_true", help="write the page from its record, without running")
     args = parser.parse_args()
+    record_file = args.output.with_suffix(".json")
+    if args.report:
+        args.output.write_text(page(json.loads(record_file.read_text())))
+        print(f"first_hour: wrote {args.output}")
+        return
     commit = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], cwd=PROJECT_ROOT, capture_output=True, text=True, check=True
     ).stdout.strip()
@@ -195,7 +205,14 @@ def main() -> None:
         subprocess.run(["git", "clone", "--quiet", str(PROJECT_ROOT), f"{tmp}/capsexp"], check=True)
         clone = Clone(Path(tmp) / "capsexp", Path(tmp) / "data")
         first_hour(clone)
-    args.output.write_text(page(clone.steps, commit))
+    record = {
+        "date": str(datetime.date.today()),
+        "machine": f"{cpu_name()}, {os.cpu_count()} cores, Python {platform.python_version()}",
+        "revision": commit,
+        "steps": [dataclasses.asdict(step) for step in clone.steps],
+    }
+    record_file.write_text(json.dumps(record, indent=1) + "\n")
+    args.output.write_text(page(record))
     print(f"first_hour: wrote {args.output}")
 
 

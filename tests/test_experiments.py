@@ -119,3 +119,12 @@ def test_bench_routing_measures_every_routing_and_the_plain_head_as_the_study_bu
     result = subprocess.run(child, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     assert 23.6 < json.loads(result.stdout) < 2000
+
+
+def test_the_first_hour_page_rebuilds_from_its_record():
+    """experiments/results/first_hour.md is what first_hour.py writes from first_hour.json, byte for byte."""
+    import first_hour
+
+    results = PROJECT_ROOT / "experiments" / "results"
+    record = json.loads((results / "first_hour.json").read_text())
+    assert first_hour.page(record) == (results / "first_hour.md").read_text()

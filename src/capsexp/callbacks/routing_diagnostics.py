@@ -64,6 +64,8 @@ class RoutingDiagnostics(L.Callback):
         self._grad_norms: dict[str, float] = {}
         self._routing: dict[str, dict[str, torch.Tensor]] = {}  # per layer, from its router's forward hook
         self._hooks: list[torch.utils.hooks.RemovableHandle] = []
+        self._test_shares: dict[str, list[float]] = {}  # per class layer: [sum of shares, count]
+        self._test_hooks: list[torch.utils.hooks.RemovableHandle] = []
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch, batch_idx: int) -> None:
         layers = routing_layers(pl_module)
@@ -134,7 +136,7 @@ class RoutingDiagnostics(L.Callback):
     # ---- at test time: does each child send its mass to the class the layer predicts? ----------
     def on_test_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         layers = routing_layers(pl_module) if tensorboard_writer(trainer) is not None else {}
-        self._test_shares: dict[str, list[float]] = {name: [0.0, 0.0] for name in layers}  # sum, count
+        self._test_shares = {name: [0.0, 0.0] for name in layers}
         self._test_hooks = [
             layer.router.register_forward_hook(functools.partial(self._share, name), with_kwargs=True)
             for name, layer in layers.items()
@@ -150,10 +152,10 @@ class RoutingDiagnostics(L.Callback):
         total[0], total[1] = total[0] + shares.sum().item(), total[1] + shares.numel()
 
     def on_test_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        for hook in getattr(self, "_test_hooks", []):
+        for hook in self._test_hooks:
             hook.remove()
         self._test_hooks = []
         writer = tensorboard_writer(trainer)
-        for name, (total, count) in getattr(self, "_test_shares", {}).items():
+        for name, (total, count) in self._test_shares.items():
             if count and writer is not None:
                 writer.add_scalar(f"routing/{name}/test_predicted_share", total / count, trainer.global_step)
