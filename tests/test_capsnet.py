@@ -234,10 +234,10 @@ def test_the_bias_gradient_is_autograds(detach_agreement):
 
     votes = torch.einsum("bid,idk->bik", inputs, weight).view(3, 6, 5, 2).transpose(1, 2)  # (B, J, I, D)
     if detach_agreement:  # the couplings as constants: only the last weighted sum carries gradient
-        couplings, _, _ = _route(votes.detach(), 3, False, bias.detach())
+        couplings, _, _ = _route(votes.detach(), routing, bias.detach())
         parents = squash(torch.matmul(couplings[-1].unsqueeze(2), votes).squeeze(2) + bias)
     else:
-        parents = _route(votes, 3, False, bias)[2][-1]
+        parents = _route(votes, routing, bias)[2][-1]
     reference = torch.autograd.grad((parents * upstream).sum(), [inputs, weight, bias])
     for got, expected in zip(fused, reference, strict=True):
         torch.testing.assert_close(got, expected, rtol=1e-9, atol=1e-12)

@@ -51,10 +51,16 @@ def paper_squash(s: torch.Tensor) -> torch.Tensor:
     return squared_norm / (1 + squared_norm) * s / torch.sqrt(squared_norm)
 
 
-def procedure_1(votes: torch.Tensor, iterations: int, detach_agreement: bool = False, none_of_the_above: bool = False):
+def procedure_1(
+    votes: torch.Tensor,
+    iterations: int,
+    detach_agreement: bool = False,
+    none_of_the_above: bool = False,
+    logit_scale: float = 1.0,
+):
     """Plain transcription of Procedure 1 with explicit loops over examples, children and parents; with
     ``none_of_the_above``, each child's softmax also over a last logit fixed at 0, whose share is dropped
-    (section 7; the official code's leaky routing)."""
+    (section 7; the official code's leaky routing); each agreement times ``logit_scale`` (1: the paper)."""
     batch, children, parents, _ = votes.shape
     outputs, couplings = [], []
     for n in range(batch):
@@ -69,7 +75,7 @@ def procedure_1(votes: torch.Tensor, iterations: int, detach_agreement: bool = F
                     for j in range(parents):
                         u = votes[n, i, j].detach() if detach_agreement else votes[n, i, j]
                         vj = v[j].detach() if detach_agreement else v[j]
-                        b[i][j] = b[i][j] + torch.dot(u, vj)
+                        b[i][j] = b[i][j] + logit_scale * torch.dot(u, vj)
         outputs.append(torch.stack(v))
         couplings.append(torch.stack(c))
     return torch.stack(outputs), torch.stack(couplings)
@@ -94,7 +100,7 @@ def test_routing_matches_procedure_1_values_and_gradients(iterations, detach_agr
 def test_the_routing_trace_records_each_iterations_couplings_and_changes(iterations):
     torch.manual_seed(0)
     votes = torch.randn(2, 6, 4, 3, dtype=torch.float64)
-    trace = dynamic_routing_trace(votes, iterations)
+    trace = dynamic_routing_trace(votes, DynamicRouting(iterations))
     assert trace.couplings.shape == (iterations, 2, 6, 4)
     assert torch.allclose(trace.couplings.sum(dim=-1), torch.ones(iterations, 2, 6, dtype=torch.float64))
     agreements = []
@@ -117,7 +123,7 @@ def test_routing_settles_when_the_children_agree_on_a_parent():
     torch.manual_seed(0)
     votes = 0.05 * torch.randn(4, 64, 10, 16, dtype=torch.float64)
     votes[:, :, 0] += 0.2 * torch.randn(4, 1, 16, dtype=torch.float64)  # every child agrees on parent 0
-    trace = dynamic_routing_trace(votes, 8)
+    trace = dynamic_routing_trace(votes, DynamicRouting(8))
     updates = trace.update_changes
     assert (updates[1:] < 0.7 * updates[:-1]).all(), updates
     assert updates[-1] < 0.05 * updates[0]
@@ -147,6 +153,35 @@ def test_defaults_are_the_papers_three_iterations_with_learning_couplings():
         fully_connected_routing(inputs, weight, 4, DynamicRouting(3, False)), inputs, upstream
     )
     assert torch.equal(default, paper)
+
+
+@pytest.mark.parametrize("detach_agreement", [False, True])
+def test_a_routing_logit_scale_matches_its_transcription_and_sharpens_the_couplings(detach_agreement):
+    torch.manual_seed(5)
+    votes = (0.3 * torch.randn(2, 6, 4, 3, dtype=torch.float64)).requires_grad_()
+    routing = DynamicRouting(3, detach_agreement, logit_scale=20.0)
+    v, c = dynamic_routing(votes, routing, return_couplings=True)
+    v_ref, c_ref = procedure_1(votes, 3, detach_agreement, logit_scale=20.0)
+    assert torch.allclose(v, v_ref) and torch.allclose(c, c_ref)
+    upstream = torch.randn_like(v)
+    (grad,) = torch.autograd.grad(v, votes, upstream)
+    (grad_ref,) = torch.autograd.grad(v_ref, votes, upstream)
+    assert torch.allclose(grad, grad_ref, rtol=1e-5, atol=1e-7)
+    # Fused with the votes: the same gradients of the inputs and W.
+    inputs = torch.randn(3, 7, 5, dtype=torch.float64, requires_grad=True)
+    weight = (0.3 * torch.randn(7, 5, 4 * 3, dtype=torch.float64)).requires_grad_()
+    fused = fully_connected_routing(inputs, weight, 4, routing)
+    unfused = dynamic_routing(torch.einsum("bip,ipq->biq", inputs, weight).view(3, 7, 4, 3), routing)
+    torch.testing.assert_close(fused, unfused, rtol=1e-12, atol=1e-14)
+    for got, want in zip(
+        torch.autograd.grad((fused * fused).sum(), (inputs, weight)),
+        torch.autograd.grad((unfused * unfused).sum(), (inputs, weight)),
+        strict=True,
+    ):
+        torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-12)
+    # A larger scale moves the couplings further from uniform (1/J), on the same votes.
+    _, c_paper = dynamic_routing(votes, DynamicRouting(3, detach_agreement), return_couplings=True)
+    assert (c - 1 / 4).abs().mean() > 5 * (c_paper - 1 / 4).abs().mean()
 
 
 @pytest.mark.parametrize("iterations", [1, 3])

@@ -161,6 +161,7 @@ RECIPES = {
                 "iterations": 3,
                 "detach_agreement": False,
                 "none_of_the_above": False,
+                "logit_scale": 1.0,
             },
             "backbone": "conv",
             "head": "capsules",

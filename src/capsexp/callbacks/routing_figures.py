@@ -92,12 +92,7 @@ class RoutingFigures(L.Callback):
         for name, layer in fully_connected.items():
             children, routed = captured[name]
             if isinstance(layer.routing, DynamicRouting):  # fused: its couplings are traced from the votes
-                trace = dynamic_routing_trace(
-                    layer.votes(children),
-                    layer.routing.iterations,
-                    layer.routing.none_of_the_above,
-                    layer.router.bias,
-                )
+                trace = dynamic_routing_trace(layer.votes(children), layer.routing, layer.router.bias)
                 for r, change in enumerate(trace.logit_changes.tolist(), start=1):
                     writer.add_scalar(f"routing/{name}/logit_change_iter{r}", change, step)
                 for r, change in enumerate(trace.update_changes.tolist(), start=2):

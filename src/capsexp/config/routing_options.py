@@ -33,6 +33,11 @@ class DynamicRouting:
     # more parent, of routing logit 0, takes its share of each child's coupling and is dropped (the
     # official code's leaky routing). Off for MNIST, as in the paper.
     none_of_the_above: bool = False
+    # lambda in b_ij += lambda u_hat_j|i . v_j: an inverse temperature of the routing softmax, since every
+    # b_ij is a sum of these updates (1: the paper). Not in the paper or the official code: a knob to ask
+    # whether DigitCaps' small agreements (1e-12 at initialisation, where W_ij start at std 0.01) are why
+    # dynamic routing leaves its couplings near uniform (experiments/results/routing_engagement_quick/).
+    logit_scale: PositiveFloat = 1.0
 
 
 @checked

@@ -263,17 +263,23 @@ def reproduction(configurations: list[Configuration], headline: str, page: Study
     return "\n".join([f"## Reproduction check (study={page.budget})", "", intro, "", status, "", *table]) + "\n", failed
 
 
+def _page_function(key: str, name: str):
+    """The function ``module.function`` that the page's ``key`` names."""
+    module, _, function = name.rpartition(".")
+    try:
+        return getattr(importlib.import_module(module), function)
+    except (ImportError, AttributeError, ValueError) as error:
+        raise ConfigError(f"page.{key}: {name} is no function ({error})") from error
+
+
 def extra_sections(page: StudyPage, runs: list[Run], output: Path) -> list[str]:
     """The Markdown of the page's ``sections``: functions ``(runs, page, output) -> str`` named by module path."""
-    texts = []
-    for name in page.sections:
-        module, _, function = name.rpartition(".")
-        try:
-            section = getattr(importlib.import_module(module), function)
-        except (ImportError, AttributeError, ValueError) as error:
-            raise ConfigError(f"page.sections: {name} is no function ({error})") from error
-        texts.append(section(runs, page, output).strip() + "\n")
-    return texts
+    return [_page_function("sections", name)(runs, page, output).strip() + "\n" for name in page.sections]
+
+
+def lead_figure(page: StudyPage, runs: list[Run], output: Path) -> Path | None:
+    """The page's ``lead_figure``, written into ``output``: the figure that shows its answer."""
+    return _page_function("lead_figure", page.lead_figure)(runs, page, output) if page.lead_figure else None
 
 
 def header(page: StudyPage, runs: list[Run], folder: Path, relative: str, rebuild: str) -> str:
@@ -458,7 +464,10 @@ def compare(folder: Path, output: Path | None = None, keep: bool = False) -> Com
     ]
     notes = notes_of(page, runs, configurations)
     plots = write_plots(configurations, metrics, output, [panel for panel in panels if panel[1]], reference_labels)
-    first = [png for png in plots if png.name == HEADLINE]
+    lead = lead_figure(page, runs, output)
+    headline_plot = [png for png in plots if png.name == HEADLINE]
+    first = [lead] if lead else headline_plot
+    in_results = headline_plot if lead else []  # under a lead figure, the comparison heads its table
     results = (
         "## Results\n\n"
         f"Per configuration (runs that differ only by seed): {headline} as mean ± std over the runs with the "
@@ -470,6 +479,7 @@ def compare(folder: Path, output: Path | None = None, keep: bool = False) -> Com
         + "\n"
         + (f"\nCommon to every run: `{' '.join(shared)}`\n" if shared else "")
         + "\n"
+        + "".join(f"![{png.stem}]({png.name})\n\n" for png in in_results)
         + results_table(configurations, metrics, headline, page)
     )
     blocks = [
@@ -482,7 +492,7 @@ def compare(folder: Path, output: Path | None = None, keep: bool = False) -> Com
         diagnostics_section(configurations),
         *extra_sections(page, runs, output),
         check_text,
-        "".join(f"![{png.stem}]({png.name})\n" for png in plots if png not in first),
+        "".join(f"![{png.stem}]({png.name})\n" for png in plots if png not in first + in_results),
     ]
     (output / PAGE).write_text("\n".join(block for block in blocks if block))
     write_csv(configurations, metrics, output)

@@ -27,6 +27,8 @@ and the functions that add what a table cannot show. A comparison of runs made w
           - claim: CapsNet beats LeNet5 at every angle up to 45 degrees
             holds: "difference('test/acc_rot45', 'model=capsnet', 'model=lenet5').points > 0"
       functions: [capsexp.studies.routing.figures]        # more figures the notes and claims may quote
+      lead_figure: capsexp.studies.engagement.engagement_figure  # (runs, page, folder) -> the page's first
+                                       # figure, when its answer is not the headline metric's comparison
 
 The notes are Jinja templates: ``{{ summary('test/acc', 'model=capsnet') }}`` quotes a figure of the runs
 (:mod:`capsexp.results.claims`).
@@ -122,6 +124,7 @@ class StudyPage:
     claims: tuple[Claim, ...] = ()
     functions: tuple[str, ...] = ()  # figure functions the notes and claims may call (capsexp.results.claims)
     swept: tuple[str, ...] = ()  # the keys the experiment's sweep sets (hydra.sweeper.params), without a "+"
+    lead_figure: str | None = None  # a function (runs, page, folder) -> Path: the figure shown first
 
     @property
     def reference(self) -> str | None:
@@ -188,6 +191,7 @@ def load_study_page(experiment: str | None, budget: str | None) -> StudyPage:
             claims=tuple(Claim(c["claim"], c["holds"]) for c in (page.get("claims") or {}).get(budget) or []),
             functions=_strings(page.get("functions")),
             swept=tuple(str(key).lstrip("+") for key in params),
+            lead_figure=page.get("lead_figure"),
         )
     except (KeyError, TypeError, ValueError) as error:
         raise ConfigError(f"conf/experiment/{experiment}.yaml: its page is malformed ({error!r})") from error

@@ -112,7 +112,7 @@ class RoutingConvergence:
             writer = SummaryWriter(str(event_folder(run.folder)), filename_suffix=f".{CONVERGENCE}")
             writer.add_scalar(IMAGES, len(next(iter(votes.values()))), 0, walltime=wall_time)
             for layer, layer_votes in votes.items():
-                trace = dynamic_routing_trace(layer_votes, self.iterations)
+                trace = dynamic_routing_trace(layer_votes, DynamicRouting(self.iterations))
                 for measure, values in zip(MEASURES, trace[1:], strict=True):
                     first = self.iterations - len(values) + 1  # the changes between iterations start at 2
                     for iteration, value in enumerate(values.tolist(), start=first):

@@ -67,7 +67,7 @@ def dynamic_routing(
 
     For every example the routing logits start at b = 0; each iteration sets
     c_i = softmax(b_i) over the parents j, s_j = sum_i c_ij u_hat_j|i, v_j = squash(s_j) and, except
-    after the last, b_ij += u_hat_j|i . v_j.
+    after the last, b_ij += u_hat_j|i . v_j (times ``routing.logit_scale``, 1 in the paper).
 
     Args:
         votes: u_hat, shape (B, I, J, D). Laid out in memory as (B, J, I, D) (i.e. a
@@ -82,6 +82,8 @@ def dynamic_routing(
             routing softmax over the J parents and one more whose logit stays 0, which takes its share
             of each child's coupling and is then dropped (section 7's CIFAR-10 models; the official
             code's leaky routing): c_ij = exp(b_ij) / (1 + sum_k exp(b_ik)), summing to less than 1.
+            ``logit_scale`` lambda: b_ij += lambda u_hat_j|i . v_j, the routing softmax's inverse
+            temperature.
         return_couplings: also return the last coupling coefficients c, shape (B, I, J).
         bias: (J, D) added to every iteration's s_j before its squash, as the official code adds its
             learned biases (``_update_routing`` in the authors' ``research/capsules``); None: the paper's
@@ -98,19 +100,17 @@ def dynamic_routing(
     if not parent_major_votes.is_contiguous():
         parent_major_votes = parent_major_votes.contiguous()
     if exporting():  # Procedure 1's forward alone, which the exporters trace
-        all_couplings, _, all_parents = _route(parent_major_votes, routing.iterations, routing.none_of_the_above, bias)
+        all_couplings, _, all_parents = _route(parent_major_votes, routing, bias)
         parents, couplings = all_parents[-1].to(votes.dtype), all_couplings[-1]
     else:
-        parents, couplings = _DynamicRouting.apply(
-            parent_major_votes, bias, routing.iterations, routing.detach_agreement, routing.none_of_the_above
-        )
+        parents, couplings = _DynamicRouting.apply(parent_major_votes, bias, routing)
     if return_couplings:
         return parents, couplings.transpose(1, 2)
     return parents
 
 
 def _route(
-    votes: torch.Tensor, iterations: int, none_of_the_above: bool = False, bias: torch.Tensor | None = None
+    votes: torch.Tensor, routing: DynamicRouting, bias: torch.Tensor | None = None
 ) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
     """Procedure 1 on parent-major votes (B, J, I, D); returns every iteration's c, s and v (s with the
     ``bias`` (J, D) added, where given).
@@ -119,6 +119,7 @@ def _route(
     ``none_of_the_above``, the softmax also covers a parent of logit 0 that is dropped; the backward pass
     is the same (its Jacobian dc_j / db_k = c_j (delta_jk - c_k) keeps the form of the softmax's).
     """
+    iterations, none_of_the_above, scale = routing.iterations, routing.none_of_the_above, routing.logit_scale
     batch, num_parents, num_children, _ = votes.shape
     # The routing state (b, c, s, v) is small: keep it at least float32 when the votes are half/bf16.
     state_dtype = torch.promote_types(votes.dtype, torch.float32)
@@ -138,7 +139,7 @@ def _route(
         couplings.append(c), totals.append(s), parents.append(v)
         if r < iterations - 1:
             agreement = _dot_each_child(votes, v)
-            logits = logits + agreement.to(state_dtype)  # b_ij += u_hat_j|i . v_j
+            logits = logits + scale * agreement.to(state_dtype)  # b_ij += u_hat_j|i . v_j (times the scale)
     return couplings, totals, parents
 
 
@@ -153,7 +154,7 @@ class RoutingTrace(NamedTuple):
 
 @torch.no_grad()
 def dynamic_routing_trace(
-    votes: torch.Tensor, iterations: int, none_of_the_above: bool = False, bias: torch.Tensor | None = None
+    votes: torch.Tensor, routing: DynamicRouting = DynamicRouting(), bias: torch.Tensor | None = None
 ) -> RoutingTrace:
     """Procedure 1 on votes (B, I, J, D) as :func:`dynamic_routing` runs it, recording every
     iteration's couplings and three measures of how routing settles (means over images, children
@@ -169,7 +170,7 @@ def dynamic_routing_trace(
     - the absolute change of the couplings c_ij from iteration r - 1 to r.
     """
     parent_major = votes.transpose(1, 2).contiguous()
-    couplings, _, parents = _route(parent_major, iterations, none_of_the_above, bias)
+    couplings, _, parents = _route(parent_major, routing, bias)
     agreements = [_dot_each_child(parent_major, v) for v in parents]
     logit_changes = torch.stack([a.abs().mean() for a in agreements])
     none = logit_changes.new_zeros(0)
@@ -192,25 +193,25 @@ def _dot_each_child(votes: torch.Tensor, parent_vectors: torch.Tensor) -> torch.
 
 
 def _routing_gradient_factors(
-    votes: torch.Tensor, saved: tuple[torch.Tensor, ...], grad_parents: torch.Tensor, detach_agreement: bool
-) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    votes: torch.Tensor, saved: tuple[torch.Tensor, ...], grad_parents: torch.Tensor, routing: DynamicRouting
+) -> tuple[list[torch.Tensor], list[torch.Tensor], torch.Tensor]:
     """Reverse Procedure 1: the gradient of the parent-major votes as a sum of outer products.
 
     With g(x) = dL/dx, going back over r = R..1:
 
         g(v_r)   = g(output)                        if r = R
-                 = sum_i g(a_ir) u_hat_i            otherwise (a_r = u_hat . v_r was added to b_{r+1})
+                 = sum_i g(a_ir) u_hat_i            otherwise (a_r = u_hat . v_r; lambda a_r was added to b_{r+1})
         g(s_r)   = squash'(s_r)^T g(v_r)
         g(c_r)   = u_hat . g(s_r)                   (per child i and parent j)
         g(b_r)   = g(b_{r+1}) + softmax'(c_r)^T g(c_r)     (c_1 is constant: b_1 = 0)
-        g(a_r)   = g(b_{r+1})
+        g(a_r)   = lambda g(b_{r+1})               (lambda: the routing's logit_scale)
         g(u_hat) = sum_r c_r (x) g(s_r) + sum_{r<R} g(a_r) (x) v_r
 
     Returns the factors of the last line: ``left`` terms of shape (B, J, I), ``right`` of (B, J, D), and
     sum_r g(s_r) (B, J, D): the gradient of a bias added to every s_r. With ``detach_agreement`` only the
     last iteration's c_R (x) g(s_R) remains (and g(s_R) for the bias).
     """
-    iterations = len(saved) // 3
+    iterations, detach_agreement = len(saved) // 3, routing.detach_agreement
     couplings, totals, parents = saved[:iterations], saved[iterations : 2 * iterations], saved[2 * iterations :]
     state_dtype = totals[0].dtype
     grad_v = grad_parents.to(state_dtype)
@@ -219,8 +220,9 @@ def _routing_gradient_factors(
     grad_totals = None  # sum_r g(s_r)
     for r in [iterations - 1] if detach_agreement else range(iterations - 1, -1, -1):
         if r < iterations - 1:
-            grad_v = torch.matmul(grad_logits.to(votes.dtype).unsqueeze(2), votes).squeeze(2).to(state_dtype)
-            left.append(grad_logits), right.append(parents[r])
+            grad_agreement = grad_logits * routing.logit_scale
+            grad_v = torch.matmul(grad_agreement.to(votes.dtype).unsqueeze(2), votes).squeeze(2).to(state_dtype)
+            left.append(grad_agreement), right.append(parents[r])
         with torch.enable_grad():
             total = totals[r].detach().requires_grad_()
             (grad_s,) = torch.autograd.grad(squash(total), total, grad_v)
@@ -238,18 +240,11 @@ class _DynamicRouting(torch.autograd.Function):
     """Routing on parent-major votes (B, J, I, D), with the backward pass written out."""
 
     @staticmethod
-    def forward(
-        ctx,
-        votes: torch.Tensor,
-        bias: torch.Tensor | None,
-        iterations: int,
-        detach_agreement: bool,
-        none_of_the_above: bool,
-    ):
+    def forward(ctx, votes: torch.Tensor, bias: torch.Tensor | None, routing: DynamicRouting):
         # Autocast off: the votes keep the dtype they come in, the small routing state is float32.
         with torch.autocast(device_type=votes.device.type, enabled=False):
-            couplings, totals, parents = _route(votes, iterations, none_of_the_above, bias)
-        ctx.detach_agreement, ctx.bias_dtype = detach_agreement, None if bias is None else bias.dtype
+            couplings, totals, parents = _route(votes, routing, bias)
+        ctx.routing, ctx.bias_dtype = routing, None if bias is None else bias.dtype
         ctx.save_for_backward(votes, *couplings, *totals, *parents)
         ctx.mark_non_differentiable(couplings[-1])  # returned for inspection, not for a loss
         return parents[-1].to(votes.dtype), couplings[-1]
@@ -259,13 +254,13 @@ class _DynamicRouting(torch.autograd.Function):
     def backward(ctx, grad_parents: torch.Tensor, _grad_couplings: None):
         votes, *saved = ctx.saved_tensors
         with torch.autocast(device_type=votes.device.type, enabled=False):
-            left, right, grad_totals = _routing_gradient_factors(votes, saved, grad_parents, ctx.detach_agreement)
+            left, right, grad_totals = _routing_gradient_factors(votes, saved, grad_parents, ctx.routing)
             # (B, J, I, T) @ (B, J, T, D) -> (B, J, I, D): every term written in one pass.
             grad_votes = torch.matmul(
                 torch.stack(left, dim=-1).to(votes.dtype), torch.stack(right, dim=-2).to(votes.dtype)
             )
         grad_bias = None if ctx.bias_dtype is None else grad_totals.sum(dim=0).to(ctx.bias_dtype)
-        return grad_votes, grad_bias, None, None, None
+        return grad_votes, grad_bias, None
 
 
 def fully_connected_routing(
@@ -289,15 +284,7 @@ def fully_connected_routing(
         dtype = torch.get_autocast_dtype(device_type)
     else:
         dtype = torch.result_type(inputs, weight)
-    return _VotesAndRouting.apply(
-        inputs.to(dtype),
-        weight.to(dtype),
-        bias,
-        out_caps,
-        routing.iterations,
-        routing.detach_agreement,
-        routing.none_of_the_above,
-    )
+    return _VotesAndRouting.apply(inputs.to(dtype), weight.to(dtype), bias, out_caps, routing)
 
 
 class _VotesAndRouting(torch.autograd.Function):
@@ -308,9 +295,7 @@ class _VotesAndRouting(torch.autograd.Function):
         weight: torch.Tensor,
         bias: torch.Tensor | None,
         num_parents: int,
-        iterations: int,
-        detach_agreement: bool,
-        none_of_the_above: bool,
+        routing: DynamicRouting,
     ):
         num_children, batch = weight.shape[0], inputs.shape[0]
         with torch.autocast(device_type=inputs.device.type, enabled=False):
@@ -318,8 +303,8 @@ class _VotesAndRouting(torch.autograd.Function):
             torch.bmm(inputs.transpose(0, 1), weight, out=child_major)  # (I, B, J*D)
             # Parent-major (B, J, I, D): each routing sum becomes a contiguous matrix-vector product.
             votes = child_major.view(num_children, batch, num_parents, -1).permute(1, 2, 0, 3).contiguous()
-            couplings, totals, parents = _route(votes, iterations, none_of_the_above, bias)
-        ctx.detach_agreement, ctx.bias_dtype = detach_agreement, None if bias is None else bias.dtype
+            couplings, totals, parents = _route(votes, routing, bias)
+        ctx.routing, ctx.bias_dtype = routing, None if bias is None else bias.dtype
         ctx.save_for_backward(inputs, weight, votes, *couplings, *totals, *parents)
         return parents[-1].to(votes.dtype)
 
@@ -329,7 +314,7 @@ class _VotesAndRouting(torch.autograd.Function):
         inputs, weight, votes, *saved = ctx.saved_tensors
         num_children, batch = weight.shape[0], inputs.shape[0]
         with torch.autocast(device_type=inputs.device.type, enabled=False):
-            left, right, grad_totals = _routing_gradient_factors(votes, saved, grad_parents, ctx.detach_agreement)
+            left, right, grad_totals = _routing_gradient_factors(votes, saved, grad_parents, ctx.routing)
             grad_votes = _scratch((num_children, *votes.shape[:2], votes.shape[3]), votes)  # (I, B, J, D)
             for term, (child_factor, parent_factor) in enumerate(zip(left, right, strict=True)):  # 2r - 1 terms at most
                 child_factor = child_factor.to(votes.dtype).permute(2, 0, 1).unsqueeze(-1)  # (I, B, J, 1)
@@ -345,7 +330,7 @@ class _VotesAndRouting(torch.autograd.Function):
             if ctx.needs_input_grad[1]:
                 grad_weight = torch.bmm(inputs.transpose(0, 1).transpose(1, 2), grad_votes)
         grad_bias = None if ctx.bias_dtype is None else grad_totals.sum(dim=0).to(ctx.bias_dtype)
-        return grad_inputs, grad_weight, grad_bias, None, None, None, None
+        return grad_inputs, grad_weight, grad_bias, None, None
 
 
 def margin_loss(
