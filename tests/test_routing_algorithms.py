@@ -17,9 +17,11 @@ from capsexp.nn.functional import (
     efficient_squash,
     random_routing,
     self_routing,
+    sinkhorn_routing,
     squash,
     uniform_routing,
 )
+from capsexp.nn import SinkhornRouting
 
 B, I, J, D = 2, 5, 3, 4  # small enough for the loops of the transcriptions
 
@@ -276,7 +278,7 @@ ILL_CONDITIONED = {"offset": 30.0, "spread": 0.01}  # votes far from zero compar
 
 @pytest.mark.parametrize(
     "name",
-    ["uniform", "self", "attention", "efficient"],
+    ["uniform", "self", "attention", "efficient", "sinkhorn"],
 )
 def test_float32_stays_close_to_float64_on_ill_conditioned_votes(name):
     def route(votes):
@@ -290,6 +292,9 @@ def test_float32_stays_close_to_float64_on_ill_conditioned_votes(name):
             return self_routing(votes, activations, logits)
         if name == "attention":
             return attention_routing(votes, 3, score_weight=torch.ones(D, dtype=dtype) / D)
+        if name == "sinkhorn":
+            masses = torch.rand(B, I, generator=torch.Generator().manual_seed(1), dtype=torch.float64).to(dtype)
+            return sinkhorn_routing(votes / 30, masses)
         return efficient_routing(votes / 30)
 
     single = route(votes := _votes(**ILL_CONDITIONED, dtype=torch.float32))
@@ -298,3 +303,83 @@ def test_float32_stays_close_to_float64_on_ill_conditioned_votes(name):
         error = (getattr(single, field).double() - getattr(exact, field)).abs().max().item()
         scale = getattr(exact, field).abs().max().item()
         assert error <= 1e-5 * max(scale, 1.0), f"{name} {field}: float32 off by {error:.2e}"
+
+
+# ---- Sinkhorn routing (routing as optimal transport) ----------------------------------------------------
+
+
+def transcribe_sinkhorn_routing(votes, masses, iterations, balance_iterations, epsilon):
+    """Sinkhorn-Knopp in the probability domain, as the matrix-scaling algorithm is usually written: the
+    kernel K = exp(b / eps), scalings u (children) and w (parents) alternately fitted to the marginals
+    m_i = a_i / sum a and 1/J (w first, from 1), then one last u; the plan diag(u) K diag(w), its rows
+    divided by m_i for the couplings. One example at a time; the routing around it as Procedure 1."""
+    poses_out, couplings_out = [], []
+    for n in range(votes.shape[0]):
+        m = [masses[n, i] / sum(masses[n, k] for k in range(I)) for i in range(I)]
+        b = [[votes.new_zeros(()) for _ in range(J)] for _ in range(I)]
+        for r in range(iterations):
+            if r == 0:
+                c = [[votes.new_tensor(1 / J) for _ in range(J)] for _ in range(I)]
+            else:
+                kernel = [[torch.exp(b[i][j] / epsilon) for j in range(J)] for i in range(I)]
+                w = [votes.new_ones(()) for _ in range(J)]
+                for _ in range(balance_iterations):
+                    u = [m[i] / sum(kernel[i][j] * w[j] for j in range(J)) for i in range(I)]
+                    w = [(1 / J) / sum(kernel[i][j] * u[i] for i in range(I)) for j in range(J)]
+                u = [m[i] / sum(kernel[i][j] * w[j] for j in range(J)) for i in range(I)]
+                c = [[u[i] * kernel[i][j] * w[j] / m[i] for j in range(J)] for i in range(I)]
+            s = [sum(c[i][j] * votes[n, i, j] for i in range(I)) for j in range(J)]
+            v = [(_length(s[j]) ** 2 / (1 + _length(s[j]) ** 2)) * s[j] / _length(s[j]) for j in range(J)]
+            if r < iterations - 1:
+                b = [[b[i][j] + torch.dot(votes[n, i, j], v[j]) for j in range(J)] for i in range(I)]
+        poses_out.append(torch.stack(v)), couplings_out.append(torch.stack([torch.stack(row) for row in c]))
+    return torch.stack(poses_out), torch.stack(couplings_out)
+
+
+@pytest.mark.parametrize(("iterations", "epsilon"), [(1, 1.0), (3, 1.0), (3, 0.25)])
+def test_sinkhorn_routing_matches_its_probability_domain_transcription_values_and_gradients(iterations, epsilon):
+    votes = _votes(spread=0.8).requires_grad_()
+    masses = torch.rand(B, I, generator=torch.Generator().manual_seed(3), dtype=torch.float64).requires_grad_()
+    routing = SinkhornRouting(iterations=iterations, balance_iterations=4, epsilon=epsilon)
+    routed = sinkhorn_routing(votes, masses, routing)
+    poses, couplings = transcribe_sinkhorn_routing(votes, masses, iterations, 4, epsilon)
+    torch.testing.assert_close(routed.poses, poses, rtol=1e-6, atol=1e-9)  # squash's 1e-8 under the root
+    torch.testing.assert_close(routed.assignment, couplings, rtol=1e-6, atol=1e-9)
+    torch.testing.assert_close(routed.activations, poses.norm(dim=-1), rtol=1e-6, atol=1e-9)
+    upstream = torch.randn_like(poses)
+    got = torch.autograd.grad((routed.poses * upstream).sum(), (votes, masses), allow_unused=True)
+    want = torch.autograd.grad((poses * upstream).sum(), (votes, masses), allow_unused=True)
+    for g, w in zip(got, want, strict=True):
+        if w is None:  # one iteration: uniform couplings, the masses unused
+            assert g is None or not g.abs().max()
+        else:
+            torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-7)
+
+
+def test_sinkhorn_couplings_sum_to_one_per_child_and_give_every_parent_the_same_mass():
+    """The marginals: each child's couplings sum to 1 exactly; each parent's received mass sum_i m_i c_ij
+    tends to 1/J. Votes that all agree with parent 0 would send dynamic routing's mass there; the
+    transport cannot."""
+    votes = _votes(spread=0.3)
+    votes[:, :, 0] += 2.0  # every child's vote for parent 0 is long and alike
+    masses = torch.rand(B, I, generator=torch.Generator().manual_seed(4), dtype=torch.float64) + 0.1
+    routed = sinkhorn_routing(votes, masses, SinkhornRouting(iterations=3, balance_iterations=200))
+    c = routed.assignment
+    torch.testing.assert_close(c.sum(dim=-1), torch.ones(B, I, dtype=torch.float64), rtol=0, atol=1e-12)
+    m = masses / masses.sum(dim=1, keepdim=True)
+    received = torch.einsum("bi,bij->bj", m, c)
+    torch.testing.assert_close(received, torch.full((B, J), 1 / J, dtype=torch.float64), rtol=0, atol=1e-8)
+    _, dynamic = dynamic_routing(votes.transpose(1, 2).contiguous().transpose(1, 2), return_couplings=True)
+    assert torch.einsum("bi,bij->bj", m, dynamic)[:, 0].min() > 1.5 / J  # dynamic routing's parent 0 takes more
+
+
+def test_sinkhorn_routing_with_equal_costs_is_uniform_and_stays_finite_on_huge_votes():
+    votes = _votes().expand(B, I, J, D).clone()
+    votes[:] = votes[:, :, :1]  # every parent gets the same vote from a child: equal costs
+    routed = sinkhorn_routing(votes, torch.ones(B, I, dtype=torch.float64), SinkhornRouting())
+    torch.testing.assert_close(routed.assignment, torch.full((B, I, J), 1 / J, dtype=torch.float64))
+    huge = _votes(spread=1e4, dtype=torch.float32).requires_grad_()
+    masses = torch.zeros(B, I)  # and children of mass 0
+    routed = sinkhorn_routing(huge, masses, SinkhornRouting())
+    (gradient,) = torch.autograd.grad(routed.poses.sum(), huge)
+    assert all(torch.isfinite(t).all() for t in (*routed, gradient))

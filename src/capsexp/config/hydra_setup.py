@@ -29,6 +29,7 @@ from capsexp.config.routing_options import (
     EMRouting,
     RandomRouting,
     SelfRouting,
+    SinkhornRouting,
     UniformRouting,
 )
 from capsexp.config.run_names import job_name, run_name
@@ -41,6 +42,7 @@ ROUTINGS = {
     "self": SelfRouting(),
     "attention": AttentionRouting(),
     "efficient": EfficientRouting(),
+    "sinkhorn": SinkhornRouting(),
     "uniform": UniformRouting(),
     "random": RandomRouting(),
 }

@@ -128,9 +128,31 @@ class EfficientRouting:
     :func:`~capsexp.nn.functional.efficient_routing`): one pass, with learned log priors. No options."""
 
 
+@checked
+@dataclass(frozen=True)
+class SinkhornRouting:
+    """Routing as entropy-regularised optimal transport (:func:`~capsexp.nn.functional.sinkhorn_routing`):
+    dynamic routing's iterations, each child's mass spread over the parents so that every parent receives
+    the same total. Not from a paper."""
+
+    # Routing iterations, counted as dynamic routing's: the first with uniform couplings.
+    iterations: PositiveInt = 3
+    # Sinkhorn-Knopp steps per iteration (each a column and a row normalisation).
+    balance_iterations: PositiveInt = 10
+    # The entropy's weight eps: the couplings are softmax(b / eps + g); at 1 the softmax of dynamic routing.
+    epsilon: PositiveFloat = 1.0
+
+
 # Every routing algorithm's options, by class: the type a capsule layer's ``routing`` argument takes.
 RoutingOptions = (
-    DynamicRouting | EMRouting | UniformRouting | RandomRouting | SelfRouting | AttentionRouting | EfficientRouting
+    DynamicRouting
+    | EMRouting
+    | UniformRouting
+    | RandomRouting
+    | SelfRouting
+    | AttentionRouting
+    | EfficientRouting
+    | SinkhornRouting
 )
 
 

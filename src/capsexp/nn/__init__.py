@@ -9,6 +9,7 @@ from capsexp.config.routing_options import (
     RandomRouting,
     RoutingOptions,
     SelfRouting,
+    SinkhornRouting,
     UniformRouting,
 )
 from capsexp.nn.capsnet import PrimaryCapsules, RoutingCapsules
@@ -33,6 +34,7 @@ __all__ = [
     "RoutingCapsules",
     "RoutingOptions",
     "SelfRouting",
+    "SinkhornRouting",
     "UniformRouting",
     "dynamic_routing",
     "em_routing",

@@ -24,6 +24,7 @@ from capsexp.config.routing_options import (
     RandomRouting,
     RoutingOptions,
     SelfRouting,
+    SinkhornRouting,
     UniformRouting,
 )
 from capsexp.nn.functional import (
@@ -34,6 +35,7 @@ from capsexp.nn.functional import (
     em_routing,
     random_routing,
     self_routing,
+    sinkhorn_routing,
     uniform_routing,
 )
 
@@ -137,6 +139,14 @@ class EfficientRouter(_Router):
         return efficient_routing(votes, self.log_priors)
 
 
+class SinkhornRouter(_Router):
+    """Routing as optimal transport (:func:`~capsexp.nn.functional.sinkhorn_routing`): the children's
+    activations are the masses each spreads over the parents, every parent receiving the same share."""
+
+    def forward(self, votes: torch.Tensor, children: torch.Tensor, child_activations: torch.Tensor) -> Routed:
+        return sinkhorn_routing(votes, child_activations, self.routing)
+
+
 class UniformRouter(_Router):
     """Every coupling 1/J (:func:`~capsexp.nn.functional.uniform_routing`)."""
 
@@ -172,6 +182,8 @@ def make_router(
         return AttentionRouter(routing, out_dim)
     if isinstance(routing, EfficientRouting):
         return EfficientRouter(routing, in_caps, out_caps)
+    if isinstance(routing, SinkhornRouting):
+        return SinkhornRouter(routing)
     if isinstance(routing, UniformRouting):
         return UniformRouter(routing)
     if isinstance(routing, RandomRouting):

@@ -3,7 +3,8 @@
 Dynamic routing (Sabour, Frosst & Hinton 2017) is in ``_capsnet.py``; EM routing (Hinton, Sabour &
 Frosst 2018, Procedure 1) in ``_em_caps.py``; self-routing (Hahn et al. 2019) in ``_self_routing.py``,
 inverted dot-product attention routing (Tsai et al. 2020) in ``_attention_routing.py``, Efficient-CapsNet's
-self-attention routing (Mazzia et al. 2021) in ``_efficient_routing.py``, and the baselines that do not
+self-attention routing (Mazzia et al. 2021) in ``_efficient_routing.py``, routing as optimal transport
+(Sinkhorn-Knopp) in ``_sinkhorn_routing.py``, and the baselines that do not
 route by agreement (uniform and random couplings) with the result they all return in ``_routing.py``;
 how far an assignment is from uniform (whether routing routes) in ``_engagement.py``.
 Import them from here::
@@ -34,6 +35,7 @@ from capsexp.nn.functional._engagement import Engagement, predicted_share, routi
 from capsexp.nn.functional._export import exporting
 from capsexp.nn.functional._routing import Routed, random_routing, uniform_routing
 from capsexp.nn.functional._self_routing import self_routing
+from capsexp.nn.functional._sinkhorn_routing import sinkhorn_routing
 
 __all__ = [
     "COST_NORMALIZATIONS",
@@ -57,6 +59,7 @@ __all__ = [
     "responsibility_entropy",
     "routing_engagement",
     "self_routing",
+    "sinkhorn_routing",
     "spread_loss",
     "squash",
     "uniform_routing",
