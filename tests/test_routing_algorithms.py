@@ -10,6 +10,7 @@ import math
 import pytest
 import torch
 
+from capsexp.nn import SinkhornRouting
 from capsexp.nn.functional import (
     attention_routing,
     dynamic_routing,
@@ -21,7 +22,6 @@ from capsexp.nn.functional import (
     squash,
     uniform_routing,
 )
-from capsexp.nn import SinkhornRouting
 
 B, I, J, D = 2, 5, 3, 4  # small enough for the loops of the transcriptions
 

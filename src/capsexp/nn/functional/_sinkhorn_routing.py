@@ -14,7 +14,9 @@ from capsexp.nn.functional._routing import Routed, length, weighted_sum
 MASS_FLOOR = 1e-12
 
 
-def sinkhorn_routing(votes: torch.Tensor, child_masses: torch.Tensor, routing: SinkhornRouting = SinkhornRouting()) -> Routed:
+def sinkhorn_routing(
+    votes: torch.Tensor, child_masses: torch.Tensor, routing: SinkhornRouting = SinkhornRouting()
+) -> Routed:
     """Parents (B, J, D) from votes u_hat_j|i (B, I, J, D) and the children's masses a_i (B, I) (their
     activations or lengths).
 
@@ -41,7 +43,8 @@ def sinkhorn_routing(votes: torch.Tensor, child_masses: torch.Tensor, routing: S
     """
     if votes.ndim != 4 or child_masses.shape != votes.shape[:2]:
         raise ValueError(
-            f"votes (B, I, J, D) and child masses (B, I) expected, got {tuple(votes.shape)} and {tuple(child_masses.shape)}"
+            f"votes (B, I, J, D) and child masses (B, I) expected, got {tuple(votes.shape)} and "
+            f"{tuple(child_masses.shape)}"
         )
     batch, children, parents, _ = votes.shape
     state_dtype = torch.promote_types(votes.dtype, torch.float32)  # bf16 votes: the plan in float32
