@@ -12,7 +12,14 @@ import torch
 from capsexp.data import MNISTDataModule
 from capsexp.lit import CapsuleLoss, Classifier
 from capsexp.models import CapsNet
-from capsexp.nn import DynamicRouting, PrimaryCapsules, RoutingCapsules, dynamic_routing, fully_connected_routing
+from capsexp.nn import (
+    DynamicRouting,
+    PrimaryCapsules,
+    RoutingCapsules,
+    UniformRouting,
+    dynamic_routing,
+    fully_connected_routing,
+)
 from capsexp.nn.functional import squash
 
 
@@ -41,6 +48,43 @@ def test_votes_are_w_ij_times_u_i():
         for j in range(3):
             assert torch.allclose(votes[:, i, j], inputs[:, i] @ weight[i, :, j], atol=1e-6)
     assert votes.transpose(1, 2).is_contiguous(), "votes should be stored parent-major for routing"
+
+
+@pytest.mark.parametrize("routing", [DynamicRouting(), UniformRouting()])
+def test_a_shared_transform_gives_every_position_of_a_type_its_types_w_and_sums_their_gradients(routing):
+    """Gu & Tresp 2020: one W per (child type, parent). PrimaryCaps' children are type-major, so child i
+    is of type i // positions; a child's vote is its type's W times it, wherever it sits."""
+    torch.manual_seed(0)
+    types, positions = 3, 4
+    layer = RoutingCapsules(types * positions, 8, 5, 4, routing, child_types=types).double()
+    assert layer.weight.shape == (types, 8, 5 * 4)
+    inputs = torch.randn(2, types * positions, 8, dtype=torch.float64, requires_grad=True)
+    votes = layer.votes(inputs)
+    weight = layer.weight.view(types, 8, 5, 4)
+    for i in range(types * positions):
+        for j in range(5):
+            torch.testing.assert_close(votes[:, i, j], inputs[:, i] @ weight[i // positions, :, j])
+    # The gradient of the shared W is the sum of what each position's copy would get.
+    upstream = torch.randn(2, 5, 4, dtype=torch.float64)
+    (shared,) = torch.autograd.grad((layer(inputs).poses * upstream).sum(), layer.weight)
+    unshared = RoutingCapsules(types * positions, 8, 5, 4, routing).double()
+    with torch.no_grad():
+        unshared.weight.copy_(layer.weight.repeat_interleave(positions, dim=0))
+    (each,) = torch.autograd.grad((unshared(inputs).poses * upstream).sum(), unshared.weight)
+    torch.testing.assert_close(shared, each.view(types, positions, 8, 20).sum(dim=1))
+    with pytest.raises(ValueError, match="child_types=5 does not divide the 12 input capsules"):
+        RoutingCapsules(12, 8, 5, 4, child_types=5)
+
+
+def test_capsnet_with_a_shared_transform_has_one_w_per_primary_type_and_class():
+    net = CapsNet(conv_channels=16, primary_types=4, shared_transform=True)
+    assert net.digits.weight.shape == (4, 8, 10 * 16)
+    assert (
+        sum(p.numel() for p in net.parameters())
+        == sum(p.numel() for p in CapsNet(conv_channels=16, primary_types=4).parameters()) - (4 * 36 - 4) * 8 * 160
+    )
+    with pytest.raises(ValueError, match="shared_transform=true"):
+        CapsNet(shared_transform=True, head="fully_connected")
 
 
 @pytest.mark.parametrize("detach_agreement", [False, True])

@@ -172,6 +172,7 @@ RECIPES = {
             "pose_dim": 16,
             "capsule_bias": None,  # the paper's parameter count: no capsule biases
             "official_init": False,
+            "shared_transform": False,
         },
         "objective": {
             "_target_": "capsexp.lit.CapsuleLoss",

@@ -95,6 +95,9 @@ class CapsNet(nn.Module):
             normal of std 0.05 truncated at two stds, its bias 0.1; PrimaryCaps' kernel, DigitCaps' W and the
             decoder's weights of std 0.1, truncated, biases 0.1. False: PyTorch's default layers and W_ij of
             std 0.01.
+        shared_transform: one W per (PrimaryCaps type, class) shared by the type's positions, instead of
+            one per primary capsule (:class:`~capsexp.nn.RoutingCapsules`'s ``child_types``; Gu & Tresp
+            2020, whose AffCaps also average instead of routing: ``model/routing=uniform``).
     """
 
     def __init__(
@@ -114,6 +117,7 @@ class CapsNet(nn.Module):
         pose_dim: PositiveInt = 16,
         capsule_bias: float | None = None,
         official_init: bool = False,
+        shared_transform: bool = False,
     ) -> None:
         super().__init__()
         if capsule_bias is not None and not (head == "capsules" and isinstance(routing, DynamicRouting)):
@@ -121,6 +125,8 @@ class CapsNet(nn.Module):
                 f"capsule_bias={capsule_bias}: the official capsule biases are those of dynamic routing's "
                 "DigitCaps (model/routing=dynamic, model.net.head=capsules)"
             )
+        if shared_transform and head != "capsules":
+            raise ValueError("shared_transform=true: the shared W is DigitCaps'; model.net.head=fully_connected has none")
         self.image_shape = (in_channels, image_size, image_size)
         self.num_classes, self.pose_dim, self.objects = num_classes, pose_dim, objects
         if backbone == "conv":
@@ -145,6 +151,7 @@ class CapsNet(nn.Module):
                 init_std=OFFICIAL_STD if official_init else ROUTING_INIT_STD,
                 bias=capsule_bias,
                 truncated_init=official_init,
+                child_types=primary_types if shared_transform else None,
             )
             if head == "capsules"
             else FullyConnectedHead(num_primary, primary_dim, num_classes, pose_dim)

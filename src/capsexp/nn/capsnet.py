@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+from pydantic import PositiveInt
 from torch import nn
 
 from capsexp.config.routing_options import DynamicRouting, RoutingOptions
@@ -73,7 +74,10 @@ class RoutingCapsules(nn.Module):
     dynamic routing): a learned bias per parent dimension, initialised to it and added to s_j in every
     routing iteration, as the official code's ``capsule`` layer does (``router.bias``). ``init_std``: W_ij
     drawn from N(0, init_std^2), truncated at two standard deviations with ``truncated_init`` (TensorFlow's
-    ``truncated_normal``, the official code's).
+    ``truncated_normal``, the official code's). ``child_types`` T (a number): the children are T types of I/T
+    positions each, type-major (PrimaryCaps' order), and one W_tj per child type t and parent j serves every
+    position (I/T times fewer matrices): Gu & Tresp 2020's transformation shared by the children of a parent,
+    which makes each vote independent of where its child sits. None: one W_ij per child (the paper).
     """
 
     def __init__(
@@ -86,18 +90,29 @@ class RoutingCapsules(nn.Module):
         init_std: float = INIT_STD,
         bias: float | None = None,
         truncated_init: bool = False,
+        child_types: PositiveInt | None = None,
     ) -> None:
         super().__init__()
+        if child_types is not None and in_caps % child_types:
+            raise ValueError(f"child_types={child_types} does not divide the {in_caps} input capsules")
         self.in_caps, self.in_dim, self.out_caps, self.out_dim = in_caps, in_dim, out_caps, out_dim
+        self.child_types = child_types
         self.routing = routing
         self.router = make_router(routing, in_caps, in_dim, out_caps, out_dim, bias)
         # Stored (I, in_dim, J * out_dim): the votes are then one batched matmul over the inputs i.
-        shape = (in_caps, in_dim, out_caps * out_dim)
+        shape = (child_types or in_caps, in_dim, out_caps * out_dim)
         if truncated_init:
             weight = nn.init.trunc_normal_(torch.empty(shape), std=init_std, a=-2 * init_std, b=2 * init_std)
         else:
             weight = torch.randn(shape) * init_std
         self.weight = nn.Parameter(weight)
+
+    def transform(self) -> torch.Tensor:
+        """Every child's W_ij, (I, in_dim, J * out_dim): the weight itself, or with ``child_types`` each
+        type's matrices repeated over its positions (their gradients summed back by autograd)."""
+        if self.child_types is None:
+            return self.weight
+        return self.weight.repeat_interleave(self.in_caps // self.child_types, dim=0)
 
     def votes(self, inputs: torch.Tensor) -> torch.Tensor:
         """u_hat_j|i = W_ij u_i for inputs (B, I, in_dim): shape (B, I, J, D), stored parent-major.
@@ -107,7 +122,7 @@ class RoutingCapsules(nn.Module):
         (example, parent) as one contiguous I x D matrix, and returned as a (B, I, J, D) view.
         """
         batch = inputs.shape[0]
-        votes = torch.bmm(inputs.transpose(0, 1), self.weight)  # (I, B, J*D)
+        votes = torch.bmm(inputs.transpose(0, 1), self.transform())  # (I, B, J*D)
         votes = votes.view(self.in_caps, batch, self.out_caps, self.out_dim)
         return votes.permute(1, 2, 0, 3).contiguous().transpose(1, 2)  # (B, I, J, D)
 
@@ -120,7 +135,7 @@ class RoutingCapsules(nn.Module):
             )
         if isinstance(self.routing, DynamicRouting) and not exporting():
             # Same as dynamic_routing(self.votes(inputs), ...), with the vote matmul fused into the backward.
-            poses = fully_connected_routing(inputs, self.weight, self.out_caps, self.routing, self.router.bias)
+            poses = fully_connected_routing(inputs, self.transform(), self.out_caps, self.routing, self.router.bias)
             if self.router._forward_hooks:  # someone watches the routing (diagnostics): show it the couplings
                 with torch.no_grad():
                     self.router(self.votes(inputs), inputs, _lengths(inputs))
@@ -136,4 +151,5 @@ class RoutingCapsules(nn.Module):
         return (
             f"in_caps={self.in_caps}, in_dim={self.in_dim}, out_caps={self.out_caps}, "
             f"out_dim={self.out_dim}, routing={self.routing}"
+            + (f", child_types={self.child_types}" if self.child_types is not None else "")
         )
