@@ -126,7 +126,9 @@ class CapsNet(nn.Module):
                 "DigitCaps (model/routing=dynamic, model.net.head=capsules)"
             )
         if shared_transform and head != "capsules":
-            raise ValueError("shared_transform=true: the shared W is DigitCaps'; model.net.head=fully_connected has none")
+            raise ValueError(
+                "shared_transform=true: the shared W is DigitCaps'; model.net.head=fully_connected has none"
+            )
         self.image_shape = (in_channels, image_size, image_size)
         self.num_classes, self.pose_dim, self.objects = num_classes, pose_dim, objects
         if backbone == "conv":
