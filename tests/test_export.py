@@ -14,7 +14,7 @@ from capsexp.run.export import Exported, ExportError, export, runner
 from capsexp.run.inference import TrainedModel
 from tests.helpers import TINY_EM_CAPS, compose_config, run_cli_in_process
 
-ROUTINGS = ["dynamic", "em", "em_paper", "self", "attention", "efficient", "sinkhorn", "uniform"]
+ROUTINGS = ["dynamic", "em", "em_paper", "self", "attention", "efficient", "sinkhorn", "vb", "uniform"]
 TINY_CAPSNET = ["model=capsnet_small", "model.net.conv_channels=16", "model.net.primary_types=4"]
 MODELS = {
     "lenet5": ["model=lenet5"],

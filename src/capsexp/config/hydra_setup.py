@@ -31,6 +31,7 @@ from capsexp.config.routing_options import (
     SelfRouting,
     SinkhornRouting,
     UniformRouting,
+    VBRouting,
 )
 from capsexp.config.run_names import job_name, run_name
 
@@ -43,6 +44,7 @@ ROUTINGS = {
     "attention": AttentionRouting(),
     "efficient": EfficientRouting(),
     "sinkhorn": SinkhornRouting(),
+    "vb": VBRouting(),
     "uniform": UniformRouting(),
     "random": RandomRouting(),
 }

@@ -9,8 +9,9 @@ checks answer quickly. Import them from :mod:`capsexp.nn`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Annotated, Literal
 
+from annotated_types import Gt
 from pydantic import PositiveFloat, PositiveInt
 
 from capsexp.config.arguments import checked
@@ -143,6 +144,28 @@ class SinkhornRouting:
     epsilon: PositiveFloat = 1.0
 
 
+@checked
+@dataclass(frozen=True)
+class VBRouting:
+    """Variational Bayes routing (Ribeiro, Leontidis & Kollias 2020, :func:`~capsexp.nn.functional.vb_routing`):
+    EM routing with Dirichlet and Normal-Wishart priors. The defaults are the priors of the authors' code
+    (fabio-deep/Variational-Capsule-Routing, src/capsnet.py: alpha0 1, kappa0 1, Psi0 the identity, nu0 D + 1,
+    m0 0)."""
+
+    # M-steps; an E-step between each two (the code's routing_iter, 3 in its examples).
+    iterations: PositiveInt = 3
+    # The Dirichlet prior over the mixing proportions (pseudo-count of every parent).
+    alpha0: PositiveFloat = 1.0
+    # The Normal prior's precision scaling of the parents' means (their mean m0 is 0).
+    kappa0: PositiveFloat = 1.0
+    # The Wishart prior's scale Psi0 = psi0 I: each parent's inverse scale Psi0 + its weighted scatter is at
+    # least psi0 along every pose element, the variance floor.
+    psi0: PositiveFloat = 1.0
+    # The Wishart prior's degrees of freedom nu0 = D + nu0_offset for D pose elements (the code's: D + 1);
+    # above -1, as the Wishart needs nu0 > D - 1.
+    nu0_offset: Annotated[float, Gt(-1)] = 1.0
+
+
 # Every routing algorithm's options, by class: the type a capsule layer's ``routing`` argument takes.
 RoutingOptions = (
     DynamicRouting
@@ -153,6 +176,7 @@ RoutingOptions = (
     | AttentionRouting
     | EfficientRouting
     | SinkhornRouting
+    | VBRouting
 )
 
 

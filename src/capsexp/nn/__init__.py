@@ -11,6 +11,7 @@ from capsexp.config.routing_options import (
     SelfRouting,
     SinkhornRouting,
     UniformRouting,
+    VBRouting,
 )
 from capsexp.nn.capsnet import PrimaryCapsules, RoutingCapsules
 from capsexp.nn.em_caps import ClassMatrixCapsules, ConvMatrixCapsules, EMRouter, PrimaryMatrixCapsules
@@ -36,6 +37,7 @@ __all__ = [
     "SelfRouting",
     "SinkhornRouting",
     "UniformRouting",
+    "VBRouting",
     "dynamic_routing",
     "em_routing",
     "fully_connected_routing",

@@ -26,6 +26,7 @@ from capsexp.config.routing_options import (
     SelfRouting,
     SinkhornRouting,
     UniformRouting,
+    VBRouting,
 )
 from capsexp.nn.functional import (
     Routed,
@@ -37,6 +38,7 @@ from capsexp.nn.functional import (
     self_routing,
     sinkhorn_routing,
     uniform_routing,
+    vb_routing,
 )
 
 
@@ -139,6 +141,26 @@ class EfficientRouter(_Router):
         return efficient_routing(votes, self.log_priors)
 
 
+class VBRouter(_Router):
+    """Variational Bayes routing (Ribeiro et al. 2020, :func:`~capsexp.nn.functional.vb_routing`) on vector
+    poses, as the authors' class-capsule layer has it: beta_u and beta_a learned per parent (from 0), the
+    posterior mean poses batch-normalised per parent, the activations sigmoid(batch norm of the logits), both
+    normalisations without learned scale or shift."""
+
+    def __init__(self, routing: VBRouting, out_caps: int) -> None:
+        super().__init__(routing)
+        self.beta_u = nn.Parameter(torch.zeros(out_caps))
+        self.beta_a = nn.Parameter(torch.zeros(out_caps))
+        self.pose_norm = nn.BatchNorm1d(out_caps, affine=False)
+        self.activation_norm = nn.BatchNorm1d(out_caps, affine=False)
+
+    def forward(self, votes: torch.Tensor, children: torch.Tensor, child_activations: torch.Tensor) -> Routed:
+        routed = vb_routing(votes, child_activations, self.beta_u, self.beta_a, self.routing)
+        poses = self.pose_norm(routed.poses).to(votes.dtype)
+        activations = torch.sigmoid(self.activation_norm(routed.activation_logits)).to(votes.dtype)
+        return Routed(poses, activations, routed.responsibilities)
+
+
 class SinkhornRouter(_Router):
     """Routing as optimal transport (:func:`~capsexp.nn.functional.sinkhorn_routing`): the children's
     activations are the masses each spreads over the parents, every parent receiving the same share."""
@@ -184,6 +206,8 @@ def make_router(
         return EfficientRouter(routing, in_caps, out_caps)
     if isinstance(routing, SinkhornRouting):
         return SinkhornRouter(routing)
+    if isinstance(routing, VBRouting):
+        return VBRouter(routing, out_caps)
     if isinstance(routing, UniformRouting):
         return UniformRouter(routing)
     if isinstance(routing, RandomRouting):

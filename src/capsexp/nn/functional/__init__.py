@@ -4,7 +4,8 @@ Dynamic routing (Sabour, Frosst & Hinton 2017) is in ``_capsnet.py``; EM routing
 Frosst 2018, Procedure 1) in ``_em_caps.py``; self-routing (Hahn et al. 2019) in ``_self_routing.py``,
 inverted dot-product attention routing (Tsai et al. 2020) in ``_attention_routing.py``, Efficient-CapsNet's
 self-attention routing (Mazzia et al. 2021) in ``_efficient_routing.py``, routing as optimal transport
-(Sinkhorn-Knopp) in ``_sinkhorn_routing.py``, and the baselines that do not
+(Sinkhorn-Knopp) in ``_sinkhorn_routing.py``, variational Bayes routing (Ribeiro et al. 2020) in
+``_vb_routing.py``, and the baselines that do not
 route by agreement (uniform and random couplings) with the result they all return in ``_routing.py``;
 how far an assignment is from uniform (whether routing routes) in ``_engagement.py``.
 Import them from here::
@@ -36,6 +37,7 @@ from capsexp.nn.functional._export import exporting
 from capsexp.nn.functional._routing import Routed, random_routing, uniform_routing
 from capsexp.nn.functional._self_routing import self_routing
 from capsexp.nn.functional._sinkhorn_routing import sinkhorn_routing
+from capsexp.nn.functional._vb_routing import VBRouted, vb_routing
 
 __all__ = [
     "COST_NORMALIZATIONS",
@@ -43,6 +45,7 @@ __all__ = [
     "Engagement",
     "Routed",
     "RoutingTrace",
+    "VBRouted",
     "VoteMaker",
     "attention_routing",
     "dynamic_routing",
@@ -63,4 +66,5 @@ __all__ = [
     "spread_loss",
     "squash",
     "uniform_routing",
+    "vb_routing",
 ]

@@ -1,0 +1,110 @@
+"""Variational Bayes routing (Ribeiro, Leontidis & Kollias, "Capsule routing via variational Bayes", AAAI
+2020): EM routing's Gaussian mixture of the votes with priors over its parameters, fitted by variational
+Bayes."""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+
+from capsexp.config.routing_options import VBRouting
+from capsexp.nn.functional._export import exporting
+
+
+def _digamma(x: torch.Tensor) -> torch.Tensor:
+    """psi(x), in ops ONNX has where the model is exported (it has no digamma): psi(x) = psi(x + 6) -
+    sum_{k<6} 1/(x + k), then for y = x + 6 the asymptotic series ln y - 1/(2y) - 1/(12y^2) + 1/(120y^4) -
+    1/(252y^6) + 1/(240y^8): within 1e-9 for x > 0."""
+    if not exporting():
+        return torch.digamma(x)
+    shift = sum((x + k).reciprocal() for k in range(6))
+    y = x + 6
+    inverse_square = (y * y).reciprocal()
+    series = inverse_square * (1 / 12 - inverse_square * (1 / 120 - inverse_square * (1 / 252 - inverse_square / 240)))
+    return torch.log(y) - 0.5 / y - series - shift
+
+
+class VBRouted(NamedTuple):
+    """The parents' posterior mean poses m_j (B, J, D), their activation logits (B, J) (before the batch
+    normalisation and sigmoid of the layer) and the responsibilities (B, I, J) of the last M-step."""
+
+    poses: torch.Tensor
+    activation_logits: torch.Tensor
+    responsibilities: torch.Tensor
+
+
+def vb_routing(
+    votes: torch.Tensor,
+    child_activations: torch.Tensor,
+    beta_u: torch.Tensor,
+    beta_a: torch.Tensor,
+    routing: VBRouting = VBRouting(),
+) -> VBRouted:
+    """Votes V_ij (B, I, J, D) and child activations a_i (B, I) -> parents, with beta_u, beta_a (J,).
+
+    From responsibilities r_ij = 1/J, ``iterations`` M-steps with an E-step between each two (section 3 of
+    the paper; the code's ``update_qparam`` and ``update_qlatent``); with R_ij = r_ij a_i, diagonal
+    precisions and the priors of ``routing`` (Dirichlet alpha0; Normal mean 0 and precision scaling kappa0;
+    Wishart scale psi0 I and nu0 = D + nu0_offset degrees of freedom):
+
+    - M-step (Eq. 10-14): R_j = sum_i R_ij, alpha_j = alpha0 + R_j, kappa_j = kappa0 + R_j,
+      nu_j = nu0 + R_j; mu_j = sum_i R_ij V_ij / R_j, m_j = R_j mu_j / kappa_j;
+      Psi_j^-1 = psi0 + sum_i R_ij (V_ij - mu_j)^2 + (kappa0 R_j / kappa_j) mu_j^2 (per pose element).
+    - E-step (Eq. 15-18): E[ln pi_j] = psi(alpha_j) - psi(sum_k alpha_k);
+      E[ln|Lambda_j|] = sum_{d=0}^{D-1} psi((nu_j - d) / 2) + D ln 2 + ln|Psi_j|;
+      E_ij = D / kappa_j + nu_j sum_d (V_ijd - m_jd)^2 Psi_jd;
+      ln rho_ij = E[ln pi_j] + E[ln|Lambda_j|] / 2 - (D / 2) ln 2 pi - E_ij / 2, and
+      r_ij = softmax_j(ln rho_ij), normalised in the log domain.
+    - Activation logits (Eq. 19): beta_a - (exp(E[ln pi_j]) H[q(mu_j, Lambda_j)] + beta_u), with the
+      entropy H = (D / 2) ln(2 pi e) - E[ln|Lambda_j|] / 2.
+
+    The authors' code normalises r_ij in probability space, exp(ln rho_ij) / max(sum_k exp(ln rho_ik),
+    1e-8): when every ln rho_ij of a child is below ln 1e-8 (16-D votes of norm about 2 and more) its
+    responsibilities sum to less than 1, and to 0 when the exponentials underflow, which makes R_j 0 and
+    mu_j 0/0 = NaN. Here they always sum to 1 (``tests/test_vb_routing.py`` shows both).
+
+    Computed in at least float32, with autocast off (the routing state is small); the scatter about mu_j
+    is summed from the centred votes, not as E[V^2] - mu^2, so that votes far from 0 keep their spread.
+    """
+    if votes.ndim != 4 or child_activations.shape != votes.shape[:2]:
+        raise ValueError(
+            f"votes (B, I, J, D) and child activations (B, I) expected, got {tuple(votes.shape)} and "
+            f"{tuple(child_activations.shape)}"
+        )
+    batch, children, parents, dims = votes.shape
+    nu0 = dims + routing.nu0_offset
+    dtype = torch.promote_types(votes.dtype, torch.float32)
+    with torch.autocast(device_type=votes.device.type, enabled=False):
+        votes = votes.to(dtype)
+        activations = child_activations.to(dtype).unsqueeze(-1)  # (B, I, 1)
+        half_index = 0.5 * torch.arange(dims, dtype=dtype, device=votes.device)
+        constant = 0.5 * dims * math.log(2 * math.pi)
+        responsibilities = votes.new_full((batch, children, parents), 1.0 / parents)
+        for iteration in range(routing.iterations):
+            # M-step
+            weights = responsibilities * activations  # R_ij
+            mass = weights.sum(dim=1)  # R_j (B, J)
+            alpha, kappa, nu = routing.alpha0 + mass, routing.kappa0 + mass, nu0 + mass
+            first = torch.einsum("bij,bijd->bjd", weights, votes)
+            mu = first / mass.clamp_min(torch.finfo(dtype).tiny).unsqueeze(-1)  # R_j = 0: no votes, mu 0
+            mean = first / kappa.unsqueeze(-1)  # m_j = R_j mu_j / kappa_j
+            scatter = torch.einsum("bij,bijd->bjd", weights, (votes - mu.unsqueeze(1)).square())
+            inverse_scale = routing.psi0 + scatter + (routing.kappa0 * mass / kappa).unsqueeze(-1) * mu.square()
+            e_ln_pi = _digamma(alpha) - _digamma(alpha.sum(dim=-1, keepdim=True))
+            e_ln_lambda = (
+                _digamma(0.5 * nu.unsqueeze(-1) - half_index).sum(dim=-1)
+                + dims * math.log(2.0)
+                - inverse_scale.log().sum(dim=-1)
+            )
+            if iteration == routing.iterations - 1:
+                break
+            # E-step
+            distance = torch.einsum("bijd,bjd->bij", (votes - mean.unsqueeze(1)).square(), inverse_scale.reciprocal())
+            expected = dims / kappa.unsqueeze(1) + nu.unsqueeze(1) * distance  # E_ij
+            log_rho = e_ln_pi.unsqueeze(1) + 0.5 * e_ln_lambda.unsqueeze(1) - constant - 0.5 * expected
+            responsibilities = torch.softmax(log_rho, dim=-1)
+        entropy = 0.5 * dims * math.log(2 * math.pi * math.e) - 0.5 * e_ln_lambda
+        logits = beta_a.to(dtype) - (e_ln_pi.exp() * entropy + beta_u.to(dtype))
+    return VBRouted(mean, logits, responsibilities)
