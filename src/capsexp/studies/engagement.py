@@ -73,7 +73,7 @@ def engagement_figure(runs: list[Run], page: StudyPage, output: Path) -> Path | 
                 axes.set_yscale("log")
                 axes.set_ylim(bottom=KL_FLOOR)
             elif measure == ENGAGEMENT["decided"]:
-                axes.set_ylim(-0.02, 1.02)
+                axes.set_ylim(bottom=0)
             axes.set_xlabel("training step")
             axes.set_title(f"{layer}: {label}", fontsize="medium")
             axes.grid(alpha=0.3)
