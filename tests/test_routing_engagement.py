@@ -9,11 +9,13 @@ import numpy as np
 import pytest
 import yaml
 from omegaconf import OmegaConf
+from scipy import stats
 from torch.utils.tensorboard import SummaryWriter
 
 from capsexp.results.compare import compare
 from capsexp.results.runs import find_runs, group, label_configurations
-from capsexp.studies.engagement import FIGURE, curve
+from capsexp.results.study import StudyPage
+from capsexp.studies.engagement import FIGURE, curve, figures
 from tests.helpers import compose_config
 
 START = 1795564800  # 2026-11-25 00:00 UTC
@@ -99,6 +101,13 @@ def test_the_page_leads_with_engagement_over_training_and_its_comparison_heads_t
     np.testing.assert_allclose(mean, [0.0, 0.002, 0.003], rtol=1e-6)
     np.testing.assert_allclose(low, [0.0, 0.001, 0.002], rtol=1e-6)
     np.testing.assert_allclose(high, [0.0, 0.003, 0.004], rtol=1e-6)
+
+    # An engagement measure's difference, paired by seed, in its own units: last KL 0.004 and 0.002 against 0.
+    gap = figures(runs, StudyPage())["scalar_difference"](
+        "routing/digits/kl_from_uniform", "+arm/routing_engagement=dynamic", "+arm/routing_engagement=uniform"
+    )
+    assert gap.points == pytest.approx(0.003)
+    assert gap.p == pytest.approx(stats.ttest_rel([0.004, 0.002], [0.0, 0.0]).pvalue) and not gap.significant
 
     result = compare(tmp_path / "sweep")
     page = (result.output / "README.md").read_text()

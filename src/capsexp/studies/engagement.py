@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from capsexp.callbacks.routing_diagnostics import ENGAGEMENT
+from capsexp.results import statistics
 from capsexp.results.plots import DPI, _legend, _pyplot
 from capsexp.results.runs import Configuration, Run, group
 from capsexp.results.study import StudyPage
@@ -88,3 +89,28 @@ def engagement_figure(runs: list[Run], page: StudyPage, output: Path) -> Path | 
     figure.savefig(path, dpi=DPI, bbox_inches="tight")
     plt.close(figure)
     return path
+
+
+def figures(runs: list[Run], page: StudyPage) -> dict:
+    """The figures the page's notes quote beyond the tables' (:mod:`capsexp.results.claims`):
+    ``scalar_difference(tag, key, reference)``, ``key`` minus ``reference`` in the last logged value of any
+    scalar (an engagement measure), as logged, paired by seed (:func:`capsexp.results.statistics.difference`)
+    and not adjusted for other comparisons: a Gap whose ``points`` are in the scalar's units."""
+    from capsexp.results.claims import Gap, MissingFigure
+
+    configurations = {c.label: c for c in group(runs)}
+
+    def scalar_difference(tag: str, key: str, reference: str) -> Gap:
+        if key not in configurations or reference not in configurations:
+            raise MissingFigure(f"no configuration {key!r} or {reference!r} among these runs")
+        sides = [
+            [(run.seed, value) for run in configurations[label].runs if (value := run.final(tag)) is not None]
+            for label in (key, reference)
+        ]
+        if not all(sides):
+            raise MissingFigure(f"{tag} not logged by both {key!r} and {reference!r}")
+        found = statistics.difference(*sides)
+        significant = found.p is not None and found.p < statistics.SIGNIFICANCE  # NaN: no spread, not significant
+        return Gap(found.mean, found.p, None, significant)
+
+    return {"scalar_difference": scalar_difference}
