@@ -1,7 +1,8 @@
 """What each routing algorithm costs in CapsNet's place; writes experiments/results/bench_routing.md.
 
 The nets of ``experiment=routing_comparison study=quick``: ``model=capsnet_small`` on 40x40 translated
-MNIST with each ``model/routing=<name>``, and the fully connected head of matched size. Per net: its
+MNIST with each ``model/routing=<name>``, the shared transform without routing (affcaps) and the fully
+connected head of matched size. Per net: its
 parameters and forward FLOPs per image, the time of a training step (forward, margin and reconstruction
 loss, backward, Adam) at batch 32, and the peak memory a training step adds.
 
@@ -38,12 +39,15 @@ from timing import Stopwatch
 RESULTS = PROJECT_ROOT / "experiments" / "results" / "bench_routing.md"
 BASE = ["model=capsnet_small", "data=translated_mnist"]
 PLAIN_HEAD = "fully_connected head"  # the non-capsule reference: model.net.head=fully_connected
+SHARED = "affcaps"  # Gu & Tresp's capsules without routing: one W per child type, uniform averaging
 REFERENCE = "uniform"  # the ratios' denominator: routing removed, the same layers
 
 
 def nets() -> dict[str, list[str]]:
-    """The overrides of each net, by name: every routing option, then the plain head."""
+    """The overrides of each net, by name: every routing option, the shared transform without routing, then
+    the plain head."""
     found = {name: [*BASE, f"model/routing={name}"] for name in ROUTINGS}
+    found[SHARED] = [*BASE, "model/routing=uniform", "model.net.shared_transform=true"]
     found[PLAIN_HEAD] = [*BASE, "model.net.head=fully_connected"]
     return found
 
@@ -126,7 +130,8 @@ def write(results: dict[str, dict[str, float]], rounds: int, command: str, load:
         f"- Command: `{command}`",
         "",
         "The nets of `experiment=routing_comparison study=quick`: `model=capsnet_small` on 1x40x40 input with "
-        "each `model/routing=<name>`, and `model.net.head=fully_connected`. A training step at batch 32: "
+        f"each `model/routing=<name>`, `{SHARED}` (`model/routing=uniform model.net.shared_transform=true`) and "
+        "`model.net.head=fully_connected`. A training step at batch 32: "
         "forward, margin and reconstruction loss, backward, Adam. Step times: the median of "
         f"{rounds} steps of each net, taken in turn in one process; the ratio: the median over those rounds "
         f"of each net's step time over `{REFERENCE}`'s in the same round. Peak memory: what two training steps "

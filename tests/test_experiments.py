@@ -104,10 +104,12 @@ def test_bench_em_caps_compares_with_the_net_of_a_git_revision():
 
 
 def test_bench_routing_measures_every_routing_and_the_plain_head_as_the_study_builds_them():
-    from bench_routing import PLAIN_HEAD, Step, nets
+    from bench_routing import PLAIN_HEAD, SHARED, Step, nets
     from capsexp.config.hydra_setup import ROUTINGS
 
-    assert list(nets()) == [*ROUTINGS, PLAIN_HEAD]
+    assert list(nets()) == [*ROUTINGS, SHARED, PLAIN_HEAD]
+    shared = Step(nets()[SHARED]).net.digits
+    assert shared.child_types == 8 and type(shared.routing).__name__ == "UniformRouting"  # one W per type
     step = Step(nets()["attention"])
     assert step.images.shape == (32, 1, 40, 40)  # the study's data and batch
     assert type(step.net.digits.routing).__name__ == "AttentionRouting" and step.net.conv1.out_channels == 64
