@@ -3,6 +3,8 @@ balanced so that every parent receives the same share of the children's mass."""
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from capsexp.config.routing_options import SinkhornRouting
@@ -51,7 +53,7 @@ def sinkhorn_routing(
     masses = child_masses.to(state_dtype)
     masses = torch.clamp(masses, min=MASS_FLOOR * masses.mean(dim=1, keepdim=True).clamp_min(MASS_FLOOR))
     log_m = (masses / masses.sum(dim=1, keepdim=True)).log().unsqueeze(-1)  # (B, I, 1)
-    log_n = -torch.log(torch.tensor(float(parents), dtype=state_dtype, device=votes.device))
+    log_n = -math.log(parents)  # every parent's mass 1/J
     logits = votes.new_zeros(batch, children, parents, dtype=state_dtype)
     couplings = logits.new_full(logits.shape, 1.0 / parents)  # r = 1: equal costs, the plan m_i / J
     for r in range(routing.iterations):
