@@ -83,7 +83,7 @@ def test_every_shipped_option_passes_the_check(extra):
         (["model=em_caps_small", "+model.net.iterations=2"], "model.net.iterations: MatrixCapsNet takes no such"),
         (
             ["model=em_caps_small", "model/routing=dynamic"],
-            "model.net.routing=DynamicRouting: must be an instance of EMRouting",
+            "model.net.routing=DynamicRouting: must be an instance of EMRouting or an instance of VBRouting",
         ),
         (
             ["model=em_caps_small", "model.margin.unit=epochs"],
@@ -132,7 +132,9 @@ def test_a_new_parameter_is_checked_from_its_type_hint_alone():
 def test_constructors_check_their_arguments_when_built_from_python():
     with pytest.raises(ValueError, match=r"^EMRouting: iterations=0: must be greater than 0$"):
         EMRouting(iterations=0)
-    with pytest.raises(ValueError, match=r"^MatrixCapsNet: routing=.*: must be an instance of EMRouting$"):
+    with pytest.raises(
+        ValueError, match=r"^MatrixCapsNet: routing=.*: must be an instance of EMRouting or an instance of VBRouting$"
+    ):
         MatrixCapsNet(routing=DynamicRouting())
     with pytest.raises(ValueError, match=r"^LeNet5: in_channels=0: must be greater than 0$"):
         LeNet5(0)  # positional arguments too

@@ -222,7 +222,7 @@ def test_each_option_of_each_net_and_layer_changes_what_it_computes(name, option
 
 
 # Each routing's options, in the layer that routes by them: EM's in the matrix capsules (one of them,
-# route_per_window, is the convolutional layer's), the others in a fully connected capsule layer.
+# route_per_window, is the convolutional layer's, as VB's is), the others in a fully connected capsule layer.
 def routing_cases() -> list[Any]:
     found = []
     for routing, base in ROUTINGS.items():
@@ -235,7 +235,8 @@ def routing_cases() -> list[Any]:
 @pytest.mark.parametrize("routing,option,value", routing_cases())
 def test_each_option_of_each_routing_changes_what_its_layer_computes(routing, option, value):
     base = ROUTINGS[routing]
-    subject = SUBJECTS["MatrixCapsNet" if isinstance(base, EMRouting) else "RoutingCapsules"]
+    matrix = isinstance(base, EMRouting) or option == "route_per_window"
+    subject = SUBJECTS["MatrixCapsNet" if matrix else "RoutingCapsules"]
     inputs = subject.inputs(subject.base)
     first = fingerprint(subject.build(routing=base), inputs)
     second = fingerprint(subject.build(routing=dataclasses.replace(base, **{option: value})), inputs)

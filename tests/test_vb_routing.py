@@ -8,9 +8,11 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 
-from capsexp.nn import VBRouting
-from capsexp.nn.functional import vb_routing
+from capsexp.models import MatrixCapsNet
+from capsexp.nn import ConvMatrixCapsules, VBRouting
+from capsexp.nn.functional import VoteMaker, vb_routing
 from capsexp.nn.routers import make_router
 
 B, I, J, D = 2, 6, 3, 16  # 16-D poses, as in CapsNet's place
@@ -187,3 +189,78 @@ def test_the_digamma_an_exported_model_computes_is_torchs(monkeypatch):
     x = torch.cat([torch.linspace(0.5, 20, 400, dtype=torch.float64), torch.logspace(1.5, 4, 50, dtype=torch.float64)])
     monkeypatch.setattr(_vb_routing, "exporting", lambda: True)
     torch.testing.assert_close(_vb_routing._digamma(x), torch.digamma(x), rtol=0, atol=1e-9)
+
+
+def _given(votes: torch.Tensor):
+    """A VoteMaker of parent-major votes (B, Q, J, M, D) given as a tensor."""
+    return VoteMaker(lambda v, out=None: v, (votes,), (), tuple(votes.shape[1:]))
+
+
+def _conv_inputs(positions: int, slots: int, children: int, seed: int = 0):
+    generator = torch.Generator().manual_seed(seed)
+    votes = torch.randn(B, positions, J, slots, D, generator=generator, dtype=torch.float64) / math.sqrt(D)
+    activations = torch.rand(B, children, generator=generator, dtype=torch.float64) * 0.9 + 0.1
+    beta_u, beta_a = 0.1 * torch.randn(2, J, generator=generator, dtype=torch.float64)
+    return votes.requires_grad_(), activations, beta_u, beta_a
+
+
+def test_in_a_convolutional_layer_each_window_routes_as_a_dense_layer_of_its_own_children():
+    """Every (window, slot) a child of its own, as the authors' code routes a ConvCaps layer: each position is
+    the dense routing (tested against the code above) of its window's votes, the Dirichlet's sum over the
+    parent types of that position alone."""
+    positions, slots = 3, 5
+    votes, activations, beta_u, beta_a = _conv_inputs(positions, slots, positions * slots)
+    index = torch.arange(positions * slots).view(positions, slots)
+    conv = vb_routing(_given(votes), activations, beta_u, beta_a, VBRouting(), child_index=index)
+    per_window = votes.permute(0, 1, 3, 2, 4).reshape(B * positions, slots, J, D)
+    dense = vb_routing(per_window, activations.view(B * positions, slots), beta_u, beta_a, VBRouting())
+    torch.testing.assert_close(conv.poses.reshape(B * positions, J, D), dense.poses, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(conv.activation_logits.reshape(B * positions, J), dense.activation_logits)
+    torch.testing.assert_close(conv.responsibilities.reshape(B * positions, slots, J), dense.responsibilities)
+    grad = torch.autograd.grad(conv.activation_logits.sum(), votes)[0]
+    dense_grad = torch.autograd.grad(dense.activation_logits.sum(), votes)[0]
+    torch.testing.assert_close(grad, dense_grad, rtol=1e-9, atol=1e-12)
+
+
+def test_a_child_under_several_windows_shares_its_responsibilities_among_all_their_parents():
+    """Without route_per_window: the responsibilities of a child held by several windows sum to 1 over every
+    parent of every one of them (EM routing's paper's sharing), and they differ from routing each window
+    on its own; finite for votes of norm 1,000."""
+    children = 4
+    index = torch.tensor([[0, 1], [1, 2], [2, 3]])  # three windows of two slots, overlapping by one
+    for scale in (1.0, 1e3):
+        votes, activations, beta_u, beta_a = _conv_inputs(3, 2, children)
+        votes = (scale * votes).detach().requires_grad_()
+        shared = vb_routing(_given(votes), activations, beta_u, beta_a, VBRouting(), child_index=index)
+        per_child = torch.zeros(B, children, dtype=torch.float64).index_add_(
+            1, index.flatten(), shared.responsibilities.sum(-1).reshape(B, -1)
+        )
+        torch.testing.assert_close(per_child, torch.ones(B, children, dtype=torch.float64))
+        assert all(torch.isfinite(t).all() for t in shared)
+        assert torch.isfinite(torch.autograd.grad(shared.activation_logits.sum(), votes)[0]).all()
+    own = vb_routing(
+        _given(votes), activations[:, index.flatten()], beta_u, beta_a, child_index=torch.arange(6).view(3, 2)
+    )
+    assert not torch.allclose(own.activation_logits, shared.activation_logits)
+
+
+@pytest.mark.parametrize("route_per_window", [True, False])
+def test_vb_in_the_matrix_capsule_net_normalises_its_parents_and_trains_every_layer(route_per_window):
+    """model=em_caps model/routing=vb's layers, as the authors' layer ends: each parent type's poses
+    batch-normalised (mean 0, variance 1 over the batch, positions and pose elements, in training), the
+    activations in (0, 1); every layer's W, beta_u and beta_a get a gradient."""
+    torch.manual_seed(0)
+    routing = VBRouting(route_per_window=route_per_window)
+    layer = ConvMatrixCapsules(in_types=2, out_types=3, kernel_size=3, stride=1, routing=routing)
+    poses, activations = layer(torch.randn(4, 2, 16, 5, 5), torch.rand(4, 2, 5, 5))
+    assert poses.shape == (4, 3, 16, 3, 3) and activations.shape == (4, 3, 3, 3)
+    per_type = poses.transpose(0, 1).reshape(3, -1)
+    torch.testing.assert_close(per_type.mean(1), torch.zeros(3), atol=1e-5, rtol=0)
+    torch.testing.assert_close(per_type.var(1, unbiased=False), torch.ones(3), atol=1e-3, rtol=0)
+    assert ((activations > 0) & (activations < 1)).all()
+    net = MatrixCapsNet(conv_channels=8, primary_types=4, conv_caps1_types=4, conv_caps2_types=4, routing=routing)
+    output = net(torch.rand(3, 1, 28, 28))
+    assert output.scores.shape == (3, 10) and output.poses.shape == (3, 10, 16)
+    F.cross_entropy(output.scores, torch.tensor([0, 1, 2])).backward()
+    for name, parameter in net.named_parameters():
+        assert parameter.grad is not None and parameter.grad.abs().sum() > 0, name

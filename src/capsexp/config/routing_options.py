@@ -164,6 +164,11 @@ class VBRouting:
     # The Wishart prior's degrees of freedom nu0 = D + nu0_offset for D pose elements (the code's: D + 1);
     # above -1, as the Wishart needs nu0 > D - 1.
     nu0_offset: Annotated[float, Gt(-1)] = 1.0
+    # In the matrix-capsule layers (model=em_caps, model=vb_caps): true normalises each window's
+    # responsibilities on their own, as the authors' code does (src/vb_routing.py normalises over the parent
+    # types of one window); false shares a child's among every parent of every window that holds it, as
+    # EM routing's paper does. Nothing in CapsNet's place, which has one window.
+    route_per_window: bool = True
 
 
 # Every routing algorithm's options, by class: the type a capsule layer's ``routing`` argument takes.

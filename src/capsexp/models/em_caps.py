@@ -16,7 +16,15 @@ from torch import nn
 
 from capsexp.config.arguments import checked
 from capsexp.models.input_check import check_images
-from capsexp.nn import Backbone, ClassMatrixCapsules, ConvMatrixCapsules, EMRouting, PrimaryMatrixCapsules, ResNetStem
+from capsexp.nn import (
+    Backbone,
+    ClassMatrixCapsules,
+    ConvMatrixCapsules,
+    EMRouting,
+    PrimaryMatrixCapsules,
+    ResNetStem,
+    VBRouting,
+)
 
 
 class MatrixCapsNetOutput(NamedTuple):
@@ -35,11 +43,13 @@ class MatrixCapsNet(nn.Module):
         primary_types: PrimaryCaps capsule types (B).
         conv_caps1_types, conv_caps2_types: ConvCaps1 and ConvCaps2 capsule types (C, D).
         kernel_size: ConvCaps kernel size (K). pose_size: pose matrices are pose_size x pose_size (P).
-        routing: how every capsule layer routes (:class:`~capsexp.nn.EMRouting`; its defaults are
-            capsexp's recipe).
+        routing: how every capsule layer routes: :class:`~capsexp.nn.EMRouting` (its defaults are
+            capsexp's recipe) or :class:`~capsexp.nn.VBRouting` (variational Bayes routing, model=vb_caps).
         conv1_norm: BatchNorm after conv1 (before its ReLU), as yl-1993/Matrix-Capsules-EM-PyTorch has;
             not in the paper (model=em_caps_paper: false). The arm no_batchnorm of experiment=em_training
             trains without it.
+        primary_norm: BatchNorm on PrimaryCaps' poses and activation logits, as the variational Bayes
+            routing authors' net has (:class:`~capsexp.nn.PrimaryMatrixCapsules`; model=vb_caps).
         weight_std: initial std of the transformation matrices (None: 1/sqrt(P)).
         backbone: ``conv`` (the paper's conv1 alone) or ``resnet``: a small ResNet stem
             (:class:`~capsexp.nn.ResNetStem`, ``conv_channels`` channels at the image's size) before conv1,
@@ -57,9 +67,10 @@ class MatrixCapsNet(nn.Module):
         kernel_size: PositiveInt = 3,
         pose_size: PositiveInt = 4,
         image_size: PositiveInt = 28,
-        routing: EMRouting = EMRouting(),
+        routing: EMRouting | VBRouting = EMRouting(),
         coordinate_addition: bool = True,
         conv1_norm: bool = True,
+        primary_norm: bool = False,
         weight_std: PositiveFloat | None = None,
         backbone: Backbone = "conv",
     ) -> None:
@@ -72,7 +83,7 @@ class MatrixCapsNet(nn.Module):
         )
         # BatchNorm between conv1 and its ReLU, as yl-1993/Matrix-Capsules-EM-PyTorch has; not in the paper.
         self.conv1_norm = nn.BatchNorm2d(conv_channels) if conv1_norm else nn.Identity()
-        self.primary = PrimaryMatrixCapsules(conv_channels, primary_types, pose_size)
+        self.primary = PrimaryMatrixCapsules(conv_channels, primary_types, pose_size, primary_norm)
         self.conv_caps1 = ConvMatrixCapsules(primary_types, conv_caps1_types, kernel_size, stride=2, **layer)
         self.conv_caps2 = ConvMatrixCapsules(conv_caps1_types, conv_caps2_types, kernel_size, stride=1, **layer)
         self.class_caps = ClassMatrixCapsules(

@@ -12,8 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from capsexp.config.routing_options import EMRouting
-from capsexp.nn.functional import VoteMaker, em_routing
+from capsexp.config.routing_options import EMRouting, VBRouting
+from capsexp.nn.functional import VoteMaker, em_routing, vb_routing
 
 CapsuleMap = tuple[torch.Tensor, torch.Tensor]
 
@@ -97,18 +97,25 @@ def class_votes(
 
 
 class PrimaryMatrixCapsules(nn.Module):
-    """1x1 convolutions: a P x P pose and a sigmoid activation for each of ``num_types`` types."""
+    """1x1 convolutions: a P x P pose and a sigmoid activation for each of ``num_types`` types.
 
-    def __init__(self, in_channels: int, num_types: int, pose_size: int = 4) -> None:
+    ``norm``: batch-normalise each type's poses (over the batch, its pose elements and the positions) and
+    its activation logits, with learned scale and shift, as the variational Bayes routing authors'
+    PrimaryCapsules2d does (fabio-deep/Variational-Capsule-Routing, src/layers.py); not in the EM paper.
+    """
+
+    def __init__(self, in_channels: int, num_types: int, pose_size: int = 4, norm: bool = False) -> None:
         super().__init__()
         self.num_types, self.pose_elements = num_types, pose_size * pose_size
         self.pose = nn.Conv2d(in_channels, num_types * self.pose_elements, kernel_size=1)
         self.activation = nn.Conv2d(in_channels, num_types, kernel_size=1)
+        self.pose_norm = nn.BatchNorm3d(num_types) if norm else nn.Identity()
+        self.activation_norm = nn.BatchNorm2d(num_types) if norm else nn.Identity()
 
     def forward(self, features: torch.Tensor) -> CapsuleMap:
         batch, _, height, width = features.shape
-        poses = self.pose(features).view(batch, self.num_types, self.pose_elements, height, width)
-        return poses, torch.sigmoid(self.activation(features))
+        poses = self.pose_norm(self.pose(features).view(batch, self.num_types, self.pose_elements, height, width))
+        return poses, torch.sigmoid(self.activation_norm(self.activation(features)))
 
 
 class EMRouter(nn.Module):
@@ -130,8 +137,44 @@ class EMRouter(nn.Module):
         return repr(self.routing)
 
 
+class VBMatrixRouter(nn.Module):
+    """Variational Bayes routing (Ribeiro et al. 2020, :func:`~capsexp.nn.functional.vb_routing`) in a
+    matrix-capsule layer, as the authors' VariationalBayesRouting2d ends: the posterior mean poses
+    batch-normalised per parent type (over the batch, the positions and the pose elements), the activations
+    sigmoid(batch norm of the logits) per parent type, both normalisations without learned scale or shift.
+    Called as :class:`EMRouter` is, and returns what it returns."""
+
+    def __init__(self, routing: VBRouting, out_types: int) -> None:
+        super().__init__()
+        self.routing = routing
+        self.pose_norm = nn.BatchNorm1d(out_types, affine=False)
+        self.activation_norm = nn.BatchNorm1d(out_types, affine=False)
+
+    def forward(
+        self, votes: VoteMaker, activations: torch.Tensor, beta_u: torch.Tensor, beta_a: torch.Tensor, **kwargs
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(poses (B, Q, J, P*P), activations (B, Q, J), responsibilities)``; ``kwargs``: child_index,
+        num_children, as :func:`~capsexp.nn.functional.vb_routing` takes them."""
+        mean, logits, responsibilities = vb_routing(votes, activations, beta_u, beta_a, self.routing, **kwargs)
+        dense = mean.ndim == 3  # the class capsules: (B, J, P*P)
+        if dense:
+            mean, logits = mean.unsqueeze(1), logits.unsqueeze(1)
+        batch, positions, types, elements = mean.shape
+        dtype = votes.batched[0].dtype
+        poses = self.pose_norm(mean.permute(0, 2, 1, 3).reshape(batch, types, positions * elements))
+        poses = poses.view(batch, types, positions, elements).permute(0, 2, 1, 3).to(dtype)
+        activations = torch.sigmoid(self.activation_norm(logits.transpose(1, 2))).transpose(1, 2).to(dtype)
+        if dense:
+            poses, activations = poses[:, 0], activations[:, 0]
+        return poses, activations, responsibilities
+
+    def extra_repr(self) -> str:
+        return repr(self.routing)
+
+
 class _EMLayer(nn.Module):
-    """What the EM capsule layers share: beta_u, beta_a per parent type and the routing (:class:`EMRouting`).
+    """What the EM capsule layers share: beta_u, beta_a per parent type and the routing (:class:`EMRouting`,
+    or :class:`VBRouting`: variational Bayes routing, :class:`VBMatrixRouter`).
 
     ``weight_std``: the transformation matrices W start as N(0, weight_std^2); None gives 1/sqrt(P),
     which keeps the votes V = M W at the scale of the poses M (each entry sums P products).
@@ -144,16 +187,17 @@ class _EMLayer(nn.Module):
         self,
         out_types: int,
         pose_size: int,
-        routing: EMRouting,
+        routing: EMRouting | VBRouting,
         weight_std: float | None = None,
     ) -> None:
         super().__init__()
         self.pose_size, self.out_types = pose_size, out_types
         self.weight_std = 1.0 / math.sqrt(pose_size) if weight_std is None else weight_std
-        self.router = EMRouter(routing)
+        self.router = VBMatrixRouter(routing, out_types) if isinstance(routing, VBRouting) else EMRouter(routing)
         self.beta_u = nn.Parameter(torch.zeros(out_types))
         self.beta_a = nn.Parameter(torch.zeros(out_types))
-        self.log_inverse_temperature = nn.Parameter(torch.zeros(())) if routing.learn_inverse_temperature else None
+        learned = isinstance(routing, EMRouting) and routing.learn_inverse_temperature
+        self.log_inverse_temperature = nn.Parameter(torch.zeros(())) if learned else None
 
     def _route(self, votes: VoteMaker, activations: torch.Tensor, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
         if self.log_inverse_temperature is not None:
@@ -181,7 +225,7 @@ class ConvMatrixCapsules(_EMLayer):
         kernel_size: int = 3,
         stride: int = 1,
         pose_size: int = 4,
-        routing: EMRouting = EMRouting(),
+        routing: EMRouting | VBRouting = EMRouting(),
         weight_std: float | None = None,
     ) -> None:
         super().__init__(out_types, pose_size, routing, weight_std)
@@ -243,7 +287,7 @@ class ClassMatrixCapsules(_EMLayer):
         in_types: int,
         num_classes: int,
         pose_size: int = 4,
-        routing: EMRouting = EMRouting(),
+        routing: EMRouting | VBRouting = EMRouting(),
         coordinate_addition: bool = True,
         weight_std: float | None = None,
     ) -> None:

@@ -10,6 +10,7 @@ from typing import NamedTuple
 import torch
 
 from capsexp.config.routing_options import VBRouting
+from capsexp.nn.functional._em_caps import VoteMaker, _Children, _normalise_per_child, _uniform_assignment
 from capsexp.nn.functional._export import exporting
 
 
@@ -27,8 +28,9 @@ def _digamma(x: torch.Tensor) -> torch.Tensor:
 
 
 class VBRouted(NamedTuple):
-    """The parents' posterior mean poses m_j (B, J, D), their activation logits (B, J) (before the batch
-    normalisation and sigmoid of the layer) and the responsibilities (B, I, J) of the last M-step."""
+    """The parents' posterior mean poses m_j, their activation logits (before the batch normalisation and
+    sigmoid of the layer) and the responsibilities of the last M-step: (B, J, D), (B, J) and (B, I, J) for
+    a dense layer (no ``child_index``); (B, Q, J, D), (B, Q, J) and (B, Q, M, J) for a convolutional one."""
 
     poses: torch.Tensor
     activation_logits: torch.Tensor
@@ -36,13 +38,23 @@ class VBRouted(NamedTuple):
 
 
 def vb_routing(
-    votes: torch.Tensor,
+    votes: torch.Tensor | VoteMaker,
     child_activations: torch.Tensor,
     beta_u: torch.Tensor,
     beta_a: torch.Tensor,
     routing: VBRouting = VBRouting(),
+    child_index: torch.Tensor | None = None,
+    num_children: int | None = None,
 ) -> VBRouted:
     """Votes V_ij (B, I, J, D) and child activations a_i (B, I) -> parents, with beta_u, beta_a (J,).
+
+    The matrix-capsule layers pass a :class:`~capsexp.nn.functional.VoteMaker` of parent-major votes
+    (B, Q, J, M, D), Q parent positions with M receptive-field slots each, and for a convolutional layer
+    ``child_index`` (Q, M) with the child activations (B, ``num_children``), as
+    :func:`~capsexp.nn.functional.em_routing` takes them: a child's responsibilities then sum to 1 over
+    every parent of every window that holds it (a layer that routes each window on its own, as the
+    authors' code does, numbers every (window, slot) as a child of its own). Each position is a mixture
+    of its own: the Dirichlet's sum runs over the parent types of the position, as in the authors' code.
 
     From responsibilities r_ij = 1/J, ``iterations`` M-steps with an E-step between each two (section 3 of
     the paper; the code's ``update_qparam`` and ``update_qlatent``); with R_ij = r_ij a_i, diagonal
@@ -65,32 +77,52 @@ def vb_routing(
     responsibilities sum to less than 1, and to 0 when the exponentials underflow, which makes R_j 0 and
     mu_j 0/0 = NaN. Here they always sum to 1 (``tests/test_vb_routing.py`` shows both).
 
-    Computed in at least float32, with autocast off (the routing state is small); the scatter about mu_j
-    is summed from the centred votes, not as E[V^2] - mu^2, so that votes far from 0 keep their spread.
+    Computed in at least float32, with autocast off (the routing state is small). The votes are centred once,
+    V' = V - c with c the first M-step's means (detached: every output is the same function of V whatever
+    c is), and stored beside their squares, [V' | V'^2], so that each M-step reads them once for both
+    weighted sums (the scatter expanded about mu_j, exact because V' is of the order of the votes' spread)
+    and each E-step once for all distances, sum_d (V'_d - m'_d)^2 P_d = [V' | V'^2] . [-2 m' P | P] +
+    sum_d m'_d^2 P_d, with m' = m - c. Around 0 instead, votes far from 0 lose their spread in float32.
     """
-    if votes.ndim != 4 or child_activations.shape != votes.shape[:2]:
-        raise ValueError(
-            f"votes (B, I, J, D) and child activations (B, I) expected, got {tuple(votes.shape)} and "
-            f"{tuple(child_activations.shape)}"
-        )
-    batch, children, parents, dims = votes.shape
+    dense = not isinstance(votes, VoteMaker)
+    if dense:
+        if votes.ndim != 4 or child_activations.shape != votes.shape[:2]:
+            raise ValueError(
+                f"votes (B, I, J, D) and child activations (B, I) expected, got {tuple(votes.shape)} and "
+                f"{tuple(child_activations.shape)}"
+            )
+        parent_major = votes.transpose(1, 2).unsqueeze(1)  # (B, 1, J, I, D), a view
+        children = _Children(None, None)
+    else:
+        parent_major = votes.make(*votes.batched, *votes.shared)
+        if child_index is None and parent_major.shape[1] != 1:
+            raise ValueError("votes of several parent positions (B, Q, J, M, D) need child_index (Q, M)")
+        children = _Children(child_index, num_children)
+    dims = parent_major.shape[-1]
     nu0 = dims + routing.nu0_offset
-    dtype = torch.promote_types(votes.dtype, torch.float32)
-    with torch.autocast(device_type=votes.device.type, enabled=False):
-        votes = votes.to(dtype)
-        activations = child_activations.to(dtype).unsqueeze(-1)  # (B, I, 1)
-        half_index = 0.5 * torch.arange(dims, dtype=dtype, device=votes.device)
+    dtype = torch.promote_types(parent_major.dtype, torch.float32)
+    with torch.autocast(device_type=parent_major.device.type, enabled=False):
+        parent_major = parent_major.to(dtype)
+        activations, responsibilities = _uniform_assignment(parent_major.shape, child_activations.to(dtype), children)
+        half_index = 0.5 * torch.arange(dims, dtype=dtype, device=parent_major.device)
         constant = 0.5 * dims * math.log(2 * math.pi)
-        responsibilities = votes.new_full((batch, children, parents), 1.0 / parents)
+        with torch.no_grad():
+            weights = responsibilities * activations
+            centre = torch.einsum("bqjm,bqjmd->bqjd", weights, parent_major)
+            centre = centre / weights.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(dtype).tiny)
+        centred = parent_major - centre.unsqueeze(-2)
+        stacked = torch.cat([centred, centred.square()], dim=-1)  # [V' | V'^2] (B, Q, J, M, 2D)
         for iteration in range(routing.iterations):
             # M-step
             weights = responsibilities * activations  # R_ij
-            mass = weights.sum(dim=1)  # R_j (B, J)
+            mass = weights.sum(dim=-1)  # R_j (B, Q, J)
             alpha, kappa, nu = routing.alpha0 + mass, routing.kappa0 + mass, nu0 + mass
-            first = torch.einsum("bij,bijd->bjd", weights, votes)
-            mu = first / mass.clamp_min(torch.finfo(dtype).tiny).unsqueeze(-1)  # R_j = 0: no votes, mu 0
-            mean = first / kappa.unsqueeze(-1)  # m_j = R_j mu_j / kappa_j
-            scatter = torch.einsum("bij,bijd->bjd", weights, (votes - mu.unsqueeze(1)).square())
+            sums = torch.einsum("bqjm,bqjmk->bqjk", weights, stacked)
+            first, second = sums[..., :dims], sums[..., dims:]  # sum_i R_ij V', sum_i R_ij V'^2
+            shift = first / mass.clamp_min(torch.finfo(dtype).tiny).unsqueeze(-1)  # mu_j - c; R_j = 0: c
+            mu = centre + shift
+            scatter = (second - shift * first).clamp_min(0)  # sum_i R_ij (V' - mu')^2, expanded
+            mean = (mass / kappa).unsqueeze(-1) * mu  # m_j = R_j mu_j / kappa_j
             inverse_scale = routing.psi0 + scatter + (routing.kappa0 * mass / kappa).unsqueeze(-1) * mu.square()
             e_ln_pi = _digamma(alpha) - _digamma(alpha.sum(dim=-1, keepdim=True))
             e_ln_lambda = (
@@ -101,10 +133,17 @@ def vb_routing(
             if iteration == routing.iterations - 1:
                 break
             # E-step
-            distance = torch.einsum("bijd,bjd->bij", (votes - mean.unsqueeze(1)).square(), inverse_scale.reciprocal())
-            expected = dims / kappa.unsqueeze(1) + nu.unsqueeze(1) * distance  # E_ij
-            log_rho = e_ln_pi.unsqueeze(1) + 0.5 * e_ln_lambda.unsqueeze(1) - constant - 0.5 * expected
-            responsibilities = torch.softmax(log_rho, dim=-1)
+            precision = inverse_scale.reciprocal()
+            offset = mean - centre  # m'
+            vector = torch.cat([-2 * offset * precision, precision], dim=-1)
+            distance = torch.einsum("bqjmk,bqjk->bqjm", stacked, vector)
+            distance = distance + (offset.square() * precision).sum(dim=-1, keepdim=True)
+            expected = (dims / kappa).unsqueeze(-1) + nu.unsqueeze(-1) * distance  # E_ij
+            log_rho = (e_ln_pi + 0.5 * e_ln_lambda - constant).unsqueeze(-1) - 0.5 * expected
+            responsibilities = _normalise_per_child(log_rho, children)
         entropy = 0.5 * dims * math.log(2 * math.pi * math.e) - 0.5 * e_ln_lambda
         logits = beta_a.to(dtype) - (e_ln_pi.exp() * entropy + beta_u.to(dtype))
+    responsibilities = responsibilities.transpose(2, 3)  # (B, Q, M, J)
+    if child_index is None:  # one window: a dense layer
+        return VBRouted(mean[:, 0], logits[:, 0], responsibilities[:, 0])
     return VBRouted(mean, logits, responsibilities)
