@@ -72,10 +72,12 @@ def vb_routing(
     - Activation logits (Eq. 19): beta_a - (exp(E[ln pi_j]) H[q(mu_j, Lambda_j)] + beta_u), with the
       entropy H = (D / 2) ln(2 pi e) - E[ln|Lambda_j|] / 2.
 
-    The authors' code normalises r_ij in probability space, exp(ln rho_ij) / max(sum_k exp(ln rho_ik),
-    1e-8): when every ln rho_ij of a child is below ln 1e-8 (16-D votes of norm about 2 and more) its
-    responsibilities sum to less than 1, and to 0 when the exponentials underflow, which makes R_j 0 and
-    mu_j 0/0 = NaN. Here they always sum to 1 (``tests/test_vb_routing.py`` shows both).
+    The authors' code (src/vb_routing.py at 78fb69d) normalises r_ij in probability space,
+    exp(ln rho_ij) / max(sum_k exp(ln rho_ik), 1e-11): when every ln rho_ij of a child is below ln 1e-11
+    (16-D votes of norm about 2 and more) its responsibilities sum to less than 1, and to 0 when the
+    exponentials underflow, which makes R_j 0 and mu_j 0/0 = NaN. Here they always sum to 1
+    (``tests/test_vb_routing.py`` shows both). Its earlier revisions normalised with a log-sum-exp but
+    left E[ln pi_j] out of the numerator, so that r_ij summed to 1 only where the proportions were equal.
 
     Computed in at least float32, with autocast off (the routing state is small). The votes are centred once,
     V' = V - c with c the first M-step's means (detached: every output is the same function of V whatever
