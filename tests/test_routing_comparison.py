@@ -57,3 +57,27 @@ def test_the_section_reads_each_run_at_the_fastest_configurations_training_time(
     # slow: 0.2 and 0.24 s per step (median 0.22): steps 300 and 250 in 60 s, at 80 and 73.33.
     assert rows["+arm/routing=slow"][1:5] == ["2,000", "3.0", "0.220", "273"]
     assert rows["+arm/routing=slow"][5].startswith(f"{(80 + 60 + 100 / 150 * 20) / 2:.2f} ± ")
+
+
+def test_training_times_of_another_machine_are_not_matched_with_the_others(tmp_path):
+    """A configuration run on another machine keeps its step time but gets no accuracy at the matched time,
+    however fast it ran there; the page names the machine whose times it compares."""
+    make_runs(tmp_path)
+    for name in RUNS:
+        machine = {"cpu": "AMD EPYC", "cores": 2, "torch": "2.14.1"}
+        (tmp_path / name / "machine.yaml").write_text(yaml.safe_dump(machine))
+    other = tmp_path / "4"
+    (other / ".hydra").mkdir(parents=True)
+    (other / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(["+arm/routing=elsewhere", "seed=1"]))
+    with SummaryWriter(str(other / "tensorboard")) as writer:
+        writer.add_scalar("val/acc", 0.5, 600)
+        writer.add_scalar("perf/train_epoch_s", 30.0, 600)
+    (other / "machine.yaml").write_text(yaml.safe_dump({"cpu": "Intel Xeon", "cores": 2, "torch": "2.14.1"}))
+    runs = find_runs(tmp_path)
+    label_configurations(runs)
+    section = cost_and_matched_time(runs, StudyPage(), tmp_path)
+    assert "Matched time: 60 s of training, the median of `+arm/routing=fast`" in section
+    assert "the matched time is that of the runs on AMD EPYC, 2 cores, CPU only" in section
+    rows = {line.split(" | ")[0][2:]: line.split(" | ") for line in section.splitlines() if line.startswith("| +arm")}
+    assert rows["+arm/routing=elsewhere"][3:6] == ["0.050", "", "another machine"]
+    assert rows["+arm/routing=fast"][4:6] == ["600", "91.00 ± 1.41"]

@@ -14,7 +14,7 @@ from capsexp.config.routing_options import (
     VBRouting,
 )
 from capsexp.nn.capsnet import PrimaryCapsules, RoutingCapsules
-from capsexp.nn.em_caps import ClassMatrixCapsules, ConvMatrixCapsules, EMRouter, PrimaryMatrixCapsules
+from capsexp.nn.em_caps import ClassMatrixCapsules, ConvMatrixCapsules, EMRouter, PrimaryMatrixCapsules, VBMatrixRouter
 from capsexp.nn.functional import dynamic_routing, em_routing, fully_connected_routing, margin_loss, spread_loss, squash
 from capsexp.nn.resnet_stem import Backbone, ResNetStem
 
@@ -37,6 +37,7 @@ __all__ = [
     "SelfRouting",
     "SinkhornRouting",
     "UniformRouting",
+    "VBMatrixRouter",
     "VBRouting",
     "dynamic_routing",
     "em_routing",

@@ -5,7 +5,9 @@ Every configuration trains the same number of steps, so that the results table c
 steps; a slower routing had more time for them. At matched time, each run's validation accuracy is read
 at the step it had reached when the fastest configuration finished: the training time of a step is the
 run's own (``perf/train_epoch_s``, without validation), and the accuracy is interpolated linearly between
-the validations around that step (a run that had finished by then gives its last)."""
+the validations around that step (a run that had finished by then gives its last). Training times are
+compared on one machine: where the runs ran on several, the matched time is read from the configurations
+whose runs all ran on the machine that ran most of them, and the others show their own step times only."""
 
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from capsexp.results import statistics
 from capsexp.results.compare import RECORDED_HPARAMS
 from capsexp.results.differences import references_of
 from capsexp.results.events import event_folder
+from capsexp.results.machine import describe_text
 from capsexp.results.metric_names import MODEL_FLOPS, MODEL_PARAMETERS, VAL_ACC
 from capsexp.results.plots import Row, interval_plot, interval_title
 from capsexp.results.runs import Configuration, Run, group
@@ -66,9 +69,25 @@ def _median(configuration: Configuration, measure) -> float | None:
     return stats.median(found) if found else None
 
 
+def _machine(run: Run) -> str | None:
+    return describe_text(run.machine) if run.machine else None
+
+
+def timed_configurations(configurations: list[Configuration]) -> tuple[list[Configuration], str | None]:
+    """The configurations whose training times compare with each other: all, where every run ran on one
+    machine (or none recorded it); else those whose runs all ran on the machine that ran the most runs,
+    and that machine."""
+    machines = [_machine(run) for c in configurations for run in c.runs]
+    if len(set(machines)) <= 1:
+        return configurations, None
+    most = max(set(machines), key=machines.count)
+    return [c for c in configurations if all(_machine(run) == most for run in c.runs)], most
+
+
 def matched_time(configurations: list[Configuration]) -> tuple[float, str] | None:
     """The matched training time: the fastest configuration's (the median of its runs' training times),
-    and its label; None where no run recorded its training time."""
+    among :func:`timed_configurations`, and its label; None where no run recorded its training time."""
+    configurations = timed_configurations(configurations)[0]
     totals = {c.label: total for c in configurations if (total := _median(c, training_seconds)) is not None}
     if not totals:
         return None
@@ -93,8 +112,10 @@ def figures(runs: list[Run], page: StudyPage) -> dict:
     configurations = group(runs)
     found = matched_time(configurations)
 
+    timed = timed_configurations(configurations)[0]
+
     def at_matched_time(key: str) -> Spread:
-        configuration = next((c for c in configurations if c.label == key), None)
+        configuration = next((c for c in timed if c.label == key), None)
         values = accuracies_at_time(configuration, found[0]) if configuration and found else []
         if not values:
             raise MissingFigure(f"no {VAL_ACC} at the matched time for {key!r}")
@@ -112,6 +133,7 @@ def cost_and_matched_time(runs: list[Run], page: StudyPage, output: Path) -> str
     if (found := matched_time(configurations)) is None:
         return ""
     matched, fastest = found
+    timed, machine = timed_configurations(configurations)
     references = [c.label for c in references_of(configurations, page)]
     rows = []
     lines = [
@@ -122,7 +144,8 @@ def cost_and_matched_time(runs: list[Run], page: StudyPage, output: Path) -> str
     for configuration in configurations:
         parameters, flops = model_cost(configuration.runs[0])
         per_step = _median(configuration, seconds_per_step)
-        at_time = accuracies_at_time(configuration, matched)
+        compared = configuration in timed
+        at_time = accuracies_at_time(configuration, matched) if compared else []
         summary = statistics.summarise(at_time) if at_time else None
         if at_time:
             rows.append(Row(configuration.label, [100 * a for a in at_time], configuration.label in references))
@@ -131,8 +154,8 @@ def cost_and_matched_time(runs: list[Run], page: StudyPage, output: Path) -> str
             f"{parameters:,}" if parameters is not None else "",
             f"{flops / 1e6:,.1f}" if flops is not None else "",
             f"{per_step:.3f}" if per_step is not None else "",
-            f"{matched / per_step:.0f}" if per_step else "",
-            summary.text(100) if summary else "",
+            f"{matched / per_step:.0f}" if per_step and compared else "",
+            summary.text(100) if summary else ("" if compared else "another machine"),
             f"[{100 * summary.low:.2f}, {100 * summary.high:.2f}]" if summary and summary.low is not None else "",
         ]
         lines.append("| " + " | ".join(cells) + " |")
@@ -149,7 +172,15 @@ def cost_and_matched_time(runs: list[Run], page: StudyPage, output: Path) -> str
         "(validation excluded) over its steps, as the runs ran (see the notes for what shared the machine). "
         f"Matched time: {matched:.0f} s of training, the median of `{fastest}`, the fastest configuration, "
         f"over its runs. Each run's {VAL_ACC} at the step it reached in that time, interpolated between the "
-        "validations around it; mean ± std over the runs (%).\n\n"
+        "validations around it; mean ± std over the runs (%)."
+        + (
+            f" Training times compare on one machine only: the matched time is that of the runs on {machine}, "
+            "which ran most of them; the configurations run elsewhere show their own step times, not comparable "
+            "with the others', and no accuracy at the matched time."
+            if machine
+            else ""
+        )
+        + "\n\n"
         + (f"![{figure.stem}]({figure.name})\n\n" if figure else "")
         + "\n".join(lines)
         + "\n"
