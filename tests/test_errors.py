@@ -155,7 +155,7 @@ def test_group_options_are_checked_before_hydra_composes():
     with pytest.raises(ConfigError, match=r"model=lenet: no such option \(did you mean model=lenet5\?\)"):
         check_group_overrides(["model=capsnet,lenet"], CONFIG_DIR)
     # The options listed are the group's own: not its subgroups (model/routing).
-    with pytest.raises(ConfigError, match=r"model is one of: baseline_cnn, capsnet, .*lenet5$") as refused:
+    with pytest.raises(ConfigError, match=r"model is one of: baseline_cnn, capsnet, .*lenet5, vb_caps$") as refused:
         check_group_overrides(["model=routing"], CONFIG_DIR)
     assert "routing" not in str(refused.value).splitlines()[-1]
     check_group_overrides(
