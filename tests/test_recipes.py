@@ -69,7 +69,7 @@ EM_ROUTING_CAPSEXP = {
 }
 
 
-def matrix_capsnet(a: int, b: int, c: int, d: int, routing: dict, conv1_norm: bool) -> dict:
+def matrix_capsnet(a: int, b: int, c: int, d: int, routing: dict, conv1_norm: bool, primary_norm: bool = False) -> dict:
     """Hinton et al. 2018, section 4: conv1 A channels, B primary capsule types, ConvCaps1 C and ConvCaps2
     D types, 3x3 kernels, 4x4 pose matrices, coordinate addition in the class capsules."""
     return {
@@ -86,6 +86,7 @@ def matrix_capsnet(a: int, b: int, c: int, d: int, routing: dict, conv1_norm: bo
         "routing": routing,
         "coordinate_addition": True,
         "conv1_norm": conv1_norm,  # not in the paper; capsexp's recipe (yl-1993/Matrix-Capsules-EM-PyTorch)
+        "primary_norm": primary_norm,  # the VB authors' PrimaryCapsules2d
         "weight_std": None,
         "backbone": "conv",
     }
@@ -196,6 +197,26 @@ RECIPES = {
 }
 
 
+# Ribeiro et al. 2020, fabio-deep/Variational-Capsule-Routing: src/capsnet.py CapsuleNet with src/main.py's
+# defaults (arch 64, 8, 16, 16; routing_iter 3; the priors alpha0 = kappa0 = 1, Psi0 = I, nu0 = D + 1; conv1
+# and PrimaryCaps batch-normalised), src/train.py (cross-entropy on the class activations, Adam at 1e-3, no
+# schedule); its VariationalBayesRouting2d normalises each window on its own.
+VB_ROUTING_AUTHORS = {
+    "_target_": "capsexp.nn.VBRouting",
+    "iterations": 3,
+    "alpha0": 1.0,
+    "kappa0": 1.0,
+    "psi0": 1.0,
+    "nu0_offset": 1.0,
+    "route_per_window": True,
+}
+RECIPES["vb_caps"] = {
+    **CLASSIFIER,
+    "net": matrix_capsnet(64, 8, 16, 16, VB_ROUTING_AUTHORS, conv1_norm=True, primary_norm=True),
+    "objective": {"_target_": "capsexp.lit.CrossEntropy"},
+    "optimizer": adam(1e-3),
+    "lr_scheduler": CONSTANT_LR,
+}
 RECIPES["capsnet_small"] = {
     **RECIPES["capsnet"],
     "net": {**RECIPES["capsnet"]["net"], "conv_channels": 64, "primary_types": 8},
