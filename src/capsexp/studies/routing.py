@@ -12,6 +12,7 @@ whose runs all ran on the machine that ran most of them, and the others show the
 from __future__ import annotations
 
 import statistics as stats
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -80,7 +81,7 @@ def timed_configurations(configurations: list[Configuration]) -> tuple[list[Conf
     machines = [_machine(run) for c in configurations for run in c.runs]
     if len(set(machines)) <= 1:
         return configurations, None
-    most = max(set(machines), key=machines.count)
+    most = Counter(machines).most_common(1)[0][0]  # a tie goes to the first run's machine: rebuilds agree
     return [c for c in configurations if all(_machine(run) == most for run in c.runs)], most
 
 
