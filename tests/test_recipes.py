@@ -251,3 +251,19 @@ def test_the_composed_recipe_is_the_one_its_sources_give(model):
     expected = RECIPES[model]
     for key in sorted(expected.keys() | composed.keys()):  # key by key, so a failure names the part
         assert composed.get(key, "<absent>") == expected.get(key, "<absent>"), f"model={model}: {key}"
+
+
+# A routing may change the recipe of the net it routes in (model/<model>/routing_recipe/<routing>.yaml):
+# VB routing's transformation matrices start ~30x smaller than EM's (Xavier's std), which Adam at em_caps's
+# 1e-2 outruns (experiments/results/vb_em_caps_lr_quick/), so em_caps routed by VB trains at 3e-3.
+@pytest.mark.parametrize(
+    ("model", "lr"), [("em_caps", 0.003), ("em_caps_small", 0.003), ("em_caps_paper", 0.003), ("vb_caps", 1e-3)]
+)
+def test_vb_routing_in_an_em_net_takes_its_own_rate(model, lr):
+    config = compose_config([f"model={model}", "model/routing=vb", "data=mnist"])
+    composed = OmegaConf.to_container(config.model, resolve=True)
+    assert composed["net"]["routing"] == VB_ROUTING_AUTHORS
+    assert composed["optimizer"] == adam(lr)
+    # The rest of the net's recipe is its own: only the routing and the rate changed.
+    unchanged = {key: value for key, value in RECIPES[model].items() if key not in ("net", "optimizer")}
+    assert {key: composed[key] for key in unchanged} == unchanged
