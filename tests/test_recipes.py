@@ -253,8 +253,8 @@ def test_the_composed_recipe_is_the_one_its_sources_give(model):
         assert composed.get(key, "<absent>") == expected.get(key, "<absent>"), f"model={model}: {key}"
 
 
-# A routing may change the recipe of the net it routes in (model/<model>/routing_recipe/<routing>.yaml):
-# VB routing's transformation matrices start ~30x smaller than EM's (Xavier's std), which Adam at em_caps's
+# A routing may change the recipe of the net it routes in (conf/model/routing_recipe/<routing>.yaml): VB
+# routing's transformation matrices start 9-34 times smaller than EM's (Xavier's std), which Adam at em_caps's
 # 1e-2 outruns (experiments/results/vb_em_caps_lr_quick/), so em_caps routed by VB trains at 3e-3.
 @pytest.mark.parametrize(
     ("model", "lr"), [("em_caps", 0.003), ("em_caps_small", 0.003), ("em_caps_paper", 0.003), ("vb_caps", 1e-3)]
