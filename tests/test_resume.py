@@ -15,6 +15,7 @@ import torch
 import yaml
 
 from capsexp.callbacks.model_checkpoint import BestAndLastCheckpoint
+from capsexp.config.run_names import hydra_value
 from capsexp.data import MNISTDataModule
 from capsexp.data.resumable import EpochSampler, ResumableDataLoader, step_generator
 from capsexp.errors import CheckpointError
@@ -49,6 +50,18 @@ def test_a_run_folder_cannot_continue_a_sweep(tmp_path):
     (tmp_path / ".hydra" / "overrides.yaml").write_text("- seed=1\n")
     with pytest.raises(CheckpointError, match="resumes one run: drop -m"):
         expand_run_folder(["-m", f"ckpt_path={tmp_path}"])
+
+
+def test_a_quoted_checkpoint_path_is_read_as_hydra_reads_it(tmp_path):
+    """The black-box attack step quotes its checkpoints' paths (a job folder's name holds "="): the
+    quoted path of a file that exists is a checkpoint, not a missing path."""
+    checkpoint = tmp_path / "+arm.net=capsnet" / "checkpoints" / "epoch_000-step_000003.ckpt"
+    checkpoint.parent.mkdir(parents=True)
+    checkpoint.write_bytes(b"")
+    arguments = ["train=false", f"ckpt_path={hydra_value(checkpoint)}"]
+    assert expand_run_folder(arguments) == arguments
+    with pytest.raises(CheckpointError, match=r"ckpt_path=.*other\.ckpt: no such file or folder"):
+        expand_run_folder(["train=false", f"ckpt_path={hydra_value(checkpoint.with_name('other.ckpt'))}"])
 
 
 def test_a_file_is_left_to_the_checkpoint_checks_and_a_missing_path_is_refused_at_once(tmp_path):

@@ -208,7 +208,8 @@ def test_the_adversarial_study_attacks_every_net_and_the_capsule_nets_from_lenet
         f"hydra.sweep.dir={sweep}",
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    assert sorted(p.name for p in (sweep / "blackbox").iterdir()) == ["1"]  # CapsNet's job; LeNet5 is the source
+    # CapsNet's job, named as its folder in the sweep; LeNet5 is the source
+    assert sorted(p.name for p in (sweep / "blackbox").iterdir()) == ["+arm.net=capsnet"]
     page = (sweep / "README.md").read_text()
     table = page[page.index("## Accuracy (%) under attack") :]
     rows = {tuple(line.split(" | ")[:2]) for line in table.splitlines() if line.startswith("| +arm/net=")}

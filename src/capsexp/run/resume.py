@@ -25,6 +25,21 @@ def _is_ckpt_path(argument: str) -> bool:
     return argument.lstrip("+").startswith("ckpt_path=")
 
 
+def _ckpt_path_value(argument: str) -> str:
+    """The path a ``ckpt_path=`` override gives, as Hydra reads it: a quoted value unquoted (the
+    black-box step and users quote paths whose folder names hold ``=`` and ``,``); text Hydra cannot
+    parse, or a value that is no string (``null``), as written."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    written = argument.split("=", 1)[1]
+    try:
+        value = OverridesParser.create().parse_override(argument.lstrip("+")).value()
+    except HydraException:  # an unquoted path holding "=": taken as written
+        return written
+    return value if isinstance(value, str) else written
+
+
 def task_folder(arguments: list[str], where: str) -> Path:
     """``<log_dir>/<task_name>``, as this command's overrides set the log folder and task;
     :class:`CheckpointError` naming ``where`` when Hydra refuses an override."""
@@ -59,7 +74,7 @@ def expand_run_folder(arguments: list[str]) -> list[str]:
     given = [argument for argument in arguments if _is_ckpt_path(argument)]
     if not given:
         return arguments
-    value = given[-1].split("=", 1)[1]
+    value = _ckpt_path_value(given[-1])
     where = f"ckpt_path={value}"
     folder = latest_run(arguments) if value == "last" else Path(value)
     if not folder.is_dir():
