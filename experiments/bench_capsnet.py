@@ -25,8 +25,8 @@ import torch
 from torch import nn
 
 from benchlib import cli_test_accuracy
-from capsexp import PROJECT_ROOT
 from capsexp.lit import CapsuleLoss
+from capsexp.locations import PROJECT_ROOT
 from capsexp.models import CapsNet
 from capsexp.results.machine import cpu_name
 from timing import Stopwatch

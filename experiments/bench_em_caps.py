@@ -40,7 +40,7 @@ from pathlib import Path
 import torch
 
 from benchlib import cli_test_accuracy
-from capsexp import PROJECT_ROOT
+from capsexp.locations import PROJECT_ROOT
 from capsexp.results.machine import cpu_name
 from timing import Stopwatch
 

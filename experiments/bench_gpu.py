@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from capsexp import PROJECT_ROOT
+from capsexp.locations import PROJECT_ROOT
 from capsexp.results.events import read_scalars
 from capsexp.results.machine import cpu_name
 from timing import Stopwatch

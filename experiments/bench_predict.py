@@ -28,15 +28,15 @@ from pathlib import Path
 import torch
 from omegaconf import open_dict
 
-from capsexp import PROJECT_ROOT
 from capsexp.config.hydra_setup import register
 from capsexp.data import MNISTDataModule
+from capsexp.locations import PROJECT_ROOT
 from capsexp.results.machine import describe, describe_text
 from capsexp.results.revision import describe as describe_revision
 from capsexp.results.revision import short
-from capsexp.run.export import Exported, export, runner
-from capsexp.run.inference import load
-from capsexp.run.predict import predict
+from capsexp.use.export import Exported, export, runner
+from capsexp.use.inference import load
+from capsexp.use.predict import predict
 from mnist_image_folder import write_split
 from timing import Stopwatch
 
@@ -62,7 +62,7 @@ def train(name: str, folder: Path) -> Path:
 def predict_config(run: Path, images: Path, output: Path):
     from hydra import compose, initialize_config_dir
 
-    from capsexp import CONFIG_DIR
+    from capsexp.locations import CONFIG_DIR
 
     with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
         cfg = compose("predict", [f"ckpt_path={run}", f"images={images}", "lines=0", "explain=0"])

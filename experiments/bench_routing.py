@@ -29,8 +29,8 @@ from pathlib import Path
 
 import torch
 
-from capsexp import PROJECT_ROOT
 from capsexp.config.hydra_setup import ROUTINGS, compose
+from capsexp.locations import PROJECT_ROOT
 from capsexp.results.machine import cpu_name
 from capsexp.run.build import instantiate
 from capsexp.run.model_cost import forward_flops_per_image, parameter_count

@@ -6,7 +6,7 @@ import datetime
 import subprocess
 import sys
 
-from capsexp import PROJECT_ROOT
+from capsexp.locations import PROJECT_ROOT
 from capsexp.results.events import last_scalar
 from capsexp.results.metric_names import TEST_ACC
 from timing import Stopwatch

@@ -26,7 +26,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from capsexp import PROJECT_ROOT
+from capsexp.locations import PROJECT_ROOT
 from capsexp.results.compare import PAGE
 from capsexp.results.events import last_scalar
 from capsexp.results.machine import cpu_name

@@ -38,7 +38,7 @@ from mutmut.mutation.data import SourceFileMutationData
 from mutmut.mutation.diff_apply import get_diff_for_mutant
 from mutmut.stats import status_by_exit_code
 
-from capsexp import PROJECT_ROOT
+from capsexp.locations import PROJECT_ROOT
 from capsexp.results.machine import cpu_name
 from flips import BEGIN as FLIPS_BEGIN
 from flips import END as FLIPS_END

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import capsexp
 from capsexp.data import MNISTDataModule
-from capsexp.run.explain import explain_figure
+from capsexp.use.explain import explain_figure
 
 
 def main(argv: list[str] | None = None) -> None:

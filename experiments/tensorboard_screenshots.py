@@ -24,7 +24,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from capsexp import PROJECT_ROOT
+from capsexp.locations import PROJECT_ROOT
 from capsexp.tensorboard import url
 
 OUTPUT = PROJECT_ROOT / "docs" / "images"

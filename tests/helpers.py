@@ -17,10 +17,10 @@ import torch
 from omegaconf import DictConfig, open_dict
 from tensorboard.plugins.hparams import plugin_data_pb2
 
-from capsexp import PROJECT_ROOT
 from capsexp.config.hydra_setup import compose
 from capsexp.data.norb_format import write_matrix
 from capsexp.data.smallnorb import PREFIX
+from capsexp.locations import PROJECT_ROOT
 from capsexp.results.events import Scalar, load_events, read_scalars
 
 MNIST_FILES = {

@@ -124,8 +124,8 @@ def test_the_attacks_run_on_every_model(model, extra, method):
 
 def test_a_source_outside_a_run_folder_or_of_other_data_is_refused(attacked_run, tmp_path):
     cfg = compose_config(["attack=fgsm"])
-    loose = tmp_path / "loose.ckpt"
-    loose.write_bytes(b"")
+    loose = tmp_path / "loose.ckpt"  # a Lightning checkpoint without its run's record, outside a run folder
+    torch.save({"state_dict": {}, "pytorch-lightning_version": "2.6.0"}, loose)
     with pytest.raises(
         CheckpointError, match=r"^attack\.source=\S+loose\.ckpt: no run config at .*\.hydra/config\.yaml"
     ):

@@ -10,8 +10,8 @@ import pytest
 import yaml
 from torch.utils.tensorboard import SummaryWriter
 
-from capsexp import PROJECT_ROOT
 from capsexp.errors import ConfigError
+from capsexp.locations import PROJECT_ROOT
 from capsexp.results.claims import ClaimError, reflow
 from capsexp.results.compare import compare
 from capsexp.results.events import event_files, load_events

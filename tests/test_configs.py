@@ -14,10 +14,10 @@ import torch
 from hydra.utils import get_object, instantiate
 from omegaconf import OmegaConf
 
-from capsexp import CONFIG_DIR
 from capsexp.config.config_check import config_problems
 from capsexp.config.hydra_setup import NETS, ROUTINGS
 from capsexp.lit import Classifier, class_scores
+from capsexp.locations import CONFIG_DIR
 from tests.helpers import SAME_GEOMETRY_AS, TINY_EM_CAPS, compose_config, data_overrides, run_cli_in_process
 
 # Every config group, nested ones too ("model/optimizer"), and its options: files under conf/, and the

@@ -14,7 +14,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from omegaconf import OmegaConf, open_dict
 
-from capsexp import CONFIG_DIR
+from capsexp.locations import CONFIG_DIR
 from capsexp.run.distributed import LAUNCH_ENVIRONMENT, child_process_command
 from tests.helpers import TINY_RUN, run_cli, run_cli_in_process, scalars, write_mnist
 

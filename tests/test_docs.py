@@ -8,8 +8,8 @@ import shlex
 
 import pytest
 
-from capsexp import PROJECT_ROOT
 from capsexp.config.config_check import config_problems
+from capsexp.locations import PROJECT_ROOT
 from tests.helpers import compose_config
 
 PAGES = [PROJECT_ROOT / "README.md", *sorted((PROJECT_ROOT / "docs").glob("*.md"))]
@@ -159,8 +159,8 @@ def config_groups() -> dict[str, list[str]]:
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
-    from capsexp import CONFIG_DIR
     from capsexp.config import hydra_setup
+    from capsexp.locations import CONFIG_DIR
 
     hydra_setup.register()
     found = {}

@@ -14,7 +14,6 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 from pydantic import PositiveInt
 
-from capsexp import CONFIG_DIR
 from capsexp.__main__ import check_group_overrides
 from capsexp.callbacks.progress_log import ProgressLog
 from capsexp.config.arguments import checked
@@ -24,6 +23,7 @@ from capsexp.errors import CheckpointError, ConfigError, InputShapeError, Interr
 from capsexp.lit import Classifier, CrossEntropy
 from capsexp.lit.margin import LinearMargin
 from capsexp.lit.schedulers import exponential_decay
+from capsexp.locations import CONFIG_DIR
 from capsexp.models import BaselineCNN, CapsNet, LeNet5, MatrixCapsNet
 from capsexp.nn import DynamicRouting, EMRouting
 from capsexp.run.checkpoints import _LINE_LIMIT, check_checkpoint, model_of_run
@@ -534,14 +534,12 @@ def test_an_unpickling_error_without_the_unpicklers_advice_is_quoted_whole(tmp_p
     elsewhere (another torch release, a plain pickle) has no such part and is quoted from its start."""
     import pickle
 
-    import capsexp.run.checkpoints as checkpoints
-
     torch.save(LIGHTNING_FILE, tmp_path / "good.ckpt")
 
     def load(*args, **kwargs):
         raise pickle.UnpicklingError("invalid load key, 'x'.\nmore")
 
-    monkeypatch.setattr(checkpoints.torch, "load", load)
+    monkeypatch.setattr(torch, "load", load)  # checkpoints imports torch where it reads
     with pytest.raises(CheckpointError) as error:
         check_checkpoint(tmp_path / "good.ckpt")
     assert (
@@ -636,7 +634,8 @@ def test_the_model_of_a_run_is_built_from_its_config_with_its_weights_or_named_e
         ConfigError, match=r"in_channels=0: must be greater than 0\n  raised building attack\.source=X \("
     ):
         model_of_run(checkpoint, "attack.source=X")
-    loose = tmp_path / "loose.ckpt"
+    loose = tmp_path / "loose.ckpt"  # a checkpoint without its run's record, outside a run folder
+    loose.write_bytes(checkpoint.read_bytes())
     with pytest.raises(CheckpointError) as error:
         model_of_run(loose, "attack.source=X")
     assert str(error.value) == (

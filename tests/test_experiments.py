@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 
-from capsexp import PROJECT_ROOT
+from capsexp.locations import PROJECT_ROOT
 
 
 def test_results_pages_are_portable_and_say_things_once():

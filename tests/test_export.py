@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from capsexp.run.build import build_model, instantiate
-from capsexp.run.export import Exported, ExportError, export, runner
-from capsexp.run.inference import TrainedModel
+from capsexp.use.export import Exported, ExportError, export, runner
+from capsexp.use.inference import TrainedModel
 from tests.helpers import TINY_EM_CAPS, compose_config, run_cli_in_process
 
 ROUTINGS = ["dynamic", "em", "em_paper", "self", "attention", "efficient", "sinkhorn", "vb", "uniform"]
@@ -93,7 +93,7 @@ def test_the_export_command_writes_checks_and_times_the_file(tmp_path):
         f"hydra.run.dir={run}",
     )
     assert trained.returncode == 0, trained.stderr[-2000:]
-    from capsexp.export import main
+    from capsexp.export import cli as main
 
     out = tmp_path / "out"
     result = run_cli_in_process(

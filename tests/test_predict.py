@@ -20,15 +20,15 @@ from capsexp.errors import CheckpointError, ImageError
 from capsexp.lit.classifier import RUN_RECORD
 from capsexp.results.revision import REVISION_FILE, read_revision
 from capsexp.run.build import build_model, instantiate
-from capsexp.run.explain import explain_figure
-from capsexp.run.inference import TrainedModel
+from capsexp.use.explain import explain_figure
+from capsexp.use.inference import TrainedModel
 from tests.helpers import TINY_RUN, FakeTrainer, compose_config, run_cli_in_process, write_mnist, write_png
 
 TINY_CAPSNET = ["model=capsnet_small", "model.net.conv_channels=16", "model.net.primary_types=4"]
 
 
 def predict_cli(*overrides: str):
-    from capsexp.predict import main
+    from capsexp.predict import cli as main
 
     return run_cli_in_process(*overrides, entry=main)
 
@@ -131,14 +131,21 @@ def test_an_rgb_image_folders_files_reach_the_net_as_its_datamodule_decodes_them
     assert torch.equal(torch.stack([pixels for pixels, _ in read]), cache["images"][index])
 
 
-def test_a_digit_on_a_canvas_model_is_centred_and_other_sizes_resized_each_with_a_note(tmp_path):
+def test_a_digit_on_a_canvas_model_is_centred_and_other_sizes_framed_or_with_fit_plain_resized(tmp_path):
     model = untrained(["data=translated_mnist", f"paths.data_dir={tmp_path}"], tmp_path)
-    digit = torch.randint(0, 256, (1, 28, 28), dtype=torch.uint8)
+    digit = torch.zeros(1, 28, 28, dtype=torch.uint8)
+    digit[:, 5:22, 9:18] = torch.randint(1, 256, (1, 17, 9), dtype=torch.uint8)  # light ink on black
     pixels, notes = model.read(digit)
     assert notes == ["placed at the centre of the 40x40 canvas"]
     assert torch.equal(pixels[:, 6:34, 6:34], digit) and pixels.sum() == digit.sum()
-    pixels, notes = model.read(torch.randint(0, 256, (1, 50, 60), dtype=torch.uint8))
-    assert pixels.shape == (1, 40, 40) and notes == ["resized (shorter side to 40, centre crop)"]
+    page = torch.zeros(1, 50, 60, dtype=torch.uint8)
+    page[:, 10:40, 20:35] = 200
+    pixels, notes = model.read(page)
+    assert pixels.shape == (1, 40, 40) and notes[1] == "placed at the centre of the 40x40 canvas"
+    assert notes[0].startswith("framed as MNIST's digits: the ink's 30x15 box scaled to 20 pixels")
+    model.fit = "plain"
+    pixels, notes = model.read(page)
+    assert pixels.shape == (1, 40, 40) and notes == ["resized (shorter side to 40, centre crop): fit=plain"]
 
 
 def test_colour_is_converted_both_ways_with_a_note(tmp_path):
@@ -258,7 +265,7 @@ def test_bad_inputs_get_a_few_lines(trained_run, tmp_path):
 
 
 def readme_section() -> str:
-    from capsexp import PROJECT_ROOT
+    from capsexp.locations import PROJECT_ROOT
 
     return (PROJECT_ROOT / "README.md").read_text().split("## Using a trained model")[1].split("\n## ")[0]
 
@@ -327,11 +334,14 @@ def test_an_image_the_model_takes_otherwise_gets_one_line_per_thing_done(trained
     in its row."""
     write_png(torch.randint(0, 256, (3, 50, 60), dtype=torch.uint8), tmp_path / "photo.png")
     result = predict_cli(
-        f"ckpt_path={trained_run}", f"images={tmp_path / 'photo.png'}", f"hydra.run.dir={tmp_path / 'out'}"
+        f"ckpt_path={trained_run}",
+        f"images={tmp_path / 'photo.png'}",
+        "fit=plain",
+        f"hydra.run.dir={tmp_path / 'out'}",
     )
     assert result.returncode == 0, result.stderr[-2000:]
     assert "1 of 1 images: RGB converted to grey (ITU-R 601-2 luma), as the model's training images" in result.stdout
-    assert "1 of 1 images: resized (shorter side to 28, centre crop)" in result.stdout
+    assert "1 of 1 images: resized (shorter side to 28, centre crop): fit=plain" in result.stdout
     (row,) = read_rows(tmp_path / "out" / "predictions.csv")
     grey = "RGB converted to grey (ITU-R 601-2 luma), as the model's training images"
-    assert row["notes"] == f"{grey}; resized (shorter side to 28, centre crop)"
+    assert row["notes"] == f"{grey}; resized (shorter side to 28, centre crop): fit=plain"

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 from omegaconf import OmegaConf
 
-from capsexp import CONFIG_DIR
+from capsexp.locations import CONFIG_DIR
 from tests.helpers import compose_config
 
 CLASSIFIER = {"_target_": "capsexp.lit.Classifier", "num_classes": 10, "compile": False}

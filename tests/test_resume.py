@@ -15,12 +15,12 @@ import torch
 import yaml
 
 from capsexp.callbacks.model_checkpoint import BestAndLastCheckpoint
-from capsexp.config.run_names import hydra_value
 from capsexp.data import MNISTDataModule
 from capsexp.data.resumable import EpochSampler, ResumableDataLoader, step_generator
 from capsexp.errors import CheckpointError
 from capsexp.lit import Classifier, CrossEntropy
 from capsexp.lit.schedulers import cosine_decay
+from capsexp.locations import hydra_value
 from capsexp.models import LeNet5
 from capsexp.run.resume import expand_run_folder, task_folder
 from tests.helpers import PROJECT_ROOT, TINY_EM_CAPS, TINY_RUN, run_cli_in_process, scalars

@@ -15,8 +15,8 @@ from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf, open_dict
 
-from capsexp import CONFIG_DIR, PROJECT_ROOT
 from capsexp.config import hydra_setup
+from capsexp.locations import CONFIG_DIR, PROJECT_ROOT
 from capsexp.results.events import load_events
 from capsexp.results.study import figure_for, load_study_page
 from capsexp.studies.dr import CONVERGENCE, RoutingConvergence

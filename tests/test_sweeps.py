@@ -121,7 +121,7 @@ def test_job_names_hold_what_the_sweep_varies_and_stay_unique_and_short(tmp_path
 def test_checkpoint_paths_in_named_job_folders_reach_hydra_quoted(tmp_path):
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    from capsexp.config.run_names import hydra_value
+    from capsexp.locations import hydra_value
     from capsexp.run.resume import expand_run_folder
 
     checkpoint = tmp_path / "model=capsnet,seed=1" / "checkpoints" / "epoch=0-step=2.ckpt"

@@ -1,8 +1,14 @@
-"""capsexp: capsule-network experiments with PyTorch Lightning and Hydra."""
+"""capsexp: capsule-network experiments with PyTorch Lightning and Hydra.
 
-import importlib
+The root package is a facade: ``capsexp.load`` and the repository's folders (``PROJECT_ROOT``,
+``CONFIG_DIR``) are imported when first used, so ``import capsexp`` loads neither torch nor any of the
+package's rooms, and no module of the package imports this one.
+"""
+
+from __future__ import annotations
+
 import os
-from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 # Transparent huge pages for PyTorch's large CPU allocations (a documented c10 switch). PyTorch reads
 # it at its first allocation of 2 MiB or more, so setting it here works for the CLI and for a script
@@ -13,18 +19,27 @@ os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 
 __version__ = "0.1.0"
 
-# The repository root (src/capsexp/__init__.py -> two levels up): conf/, data/ and logs/ live there.
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
-CONFIG_DIR = PROJECT_ROOT / "conf"
+if TYPE_CHECKING:
+    from capsexp.locations import CONFIG_DIR, PROJECT_ROOT
+    from capsexp.use.inference import load
+
+__all__ = ["CONFIG_DIR", "PROJECT_ROOT", "load"]
 
 
-def load(path: str | os.PathLike, device: str = "cpu"):
-    """The trained model of a checkpoint or run folder, ready to predict (:func:`capsexp.run.inference.load`)::
+def __getattr__(name: str) -> Any:
+    """``capsexp.load`` (:func:`capsexp.use.inference.load`): a checkpoint or run folder as a model that
+    predicts on images::
 
-    model = capsexp.load("logs/train/runs/<time>")
-    predictions = model.predict(["digit.png", "photo.jpg"])
-    """
-    # Imported by name when called: the root package is what every layer imports (for CONFIG_DIR), so a
-    # static import of the run layer here would close a cycle through it, and would load torch and
-    # Lightning for anyone importing capsexp.nn alone.
-    return importlib.import_module("capsexp.run.inference").load(path, device)
+        model = capsexp.load("logs/train/runs/<time>")
+        predictions = model.predict(["digit.png", "photo.jpg"])
+
+    and the repository's folders, ``capsexp.PROJECT_ROOT`` and ``capsexp.CONFIG_DIR``."""
+    if name == "load":
+        from capsexp.use.inference import load
+
+        return load
+    if name in ("PROJECT_ROOT", "CONFIG_DIR"):
+        from capsexp import locations
+
+        return getattr(locations, name)
+    raise AttributeError(f"module 'capsexp' has no attribute {name!r}")

@@ -8,10 +8,10 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from capsexp import CONFIG_DIR
 from capsexp.config import hydra_setup
 from capsexp.config.command_line import check_group_overrides
 from capsexp.errors import CapsexpError, report
+from capsexp.locations import CONFIG_DIR, quote_locations
 from capsexp.run.resume import expand_run_folder
 from capsexp.run.slurm import resume_if_restarted
 
@@ -78,12 +78,14 @@ def _sweeper_needs_metric() -> bool:
 
 
 def cli() -> None:
-    """The entry point: group options checked before Hydra composes (its message lists the search
-    path; ours names the option and the choices) and a run folder given as ``ckpt_path`` expanded
+    """The entry point: locations quoted as Hydra needs them (a run folder's name as capsexp printed it:
+    :mod:`capsexp.locations`), group options checked before Hydra composes (its message lists the
+    search path; ours names the option and the choices) and a run folder given as ``ckpt_path`` expanded
     (:mod:`capsexp.run.resume`; a restarted SLURM job's own folder: :mod:`capsexp.run.slurm`), then :func:`main`."""
     try:
-        check_group_overrides(sys.argv[1:], CONFIG_DIR)
-        sys.argv[1:] = expand_run_folder(resume_if_restarted(sys.argv[1:]))
+        arguments = quote_locations(sys.argv[1:])
+        check_group_overrides(arguments, CONFIG_DIR)
+        sys.argv[1:] = expand_run_folder(resume_if_restarted(arguments))
     except CapsexpError as error:
         report(error)
     hydra_setup.register()  # the nets' nodes: imports torch, after the checks that answer without it

@@ -5,19 +5,21 @@ outputs against the model's."""
 
 from __future__ import annotations
 
+import sys
+
 import hydra
 from omegaconf import DictConfig
 
-from capsexp import CONFIG_DIR
 from capsexp.config import hydra_setup
 from capsexp.errors import CapsexpError, report
+from capsexp.locations import CONFIG_DIR, quote_locations
 
 hydra_setup.register_routing()  # the resolvers conf/hydra/default.yaml calls
 
 
 @hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="export")
 def main(cfg: DictConfig) -> None:
-    from capsexp.run.export import export_command  # torch: after Hydra has read the command line
+    from capsexp.use.export import export_command  # torch: after Hydra has read the command line
 
     try:
         export_command(cfg)
@@ -25,5 +27,12 @@ def main(cfg: DictConfig) -> None:
         report(error)
 
 
-if __name__ == "__main__":
+def cli() -> None:
+    """The entry point: a location typed as capsexp printed it (a run folder named by its overrides, with
+    ``=`` and ``,``) quoted for Hydra (:mod:`capsexp.locations`), then :func:`main`."""
+    sys.argv[1:] = quote_locations(sys.argv[1:])
     main()
+
+
+if __name__ == "__main__":
+    cli()

@@ -5,25 +5,49 @@ docs/predict.md). Writes ``predictions.csv``, ``summary.md`` and per-image figur
 
 from __future__ import annotations
 
+import logging
+import sys
+from pathlib import Path
+
 import hydra
 from omegaconf import DictConfig
 
-from capsexp import CONFIG_DIR
 from capsexp.config import hydra_setup
 from capsexp.errors import CapsexpError, report
+from capsexp.locations import CONFIG_DIR, quote_locations
 
 hydra_setup.register_routing()  # the resolvers conf/hydra/default.yaml calls
+log = logging.getLogger("capsexp")
 
 
 @hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="predict")
 def main(cfg: DictConfig) -> None:
-    from capsexp.run.predict import predict  # torch and Lightning: after Hydra has read the command line
+    # What the command asks for is read and said before torch and Lightning load (seconds): a missing
+    # file or a bad option is named at once, and the first line comes as soon as the files are listed.
+    from capsexp.use.request import image_files, predict_options
 
     try:
-        predict(cfg)
+        predict_options(cfg)
+        if not Path(str(cfg.ckpt_path)).exists():
+            from capsexp.run.checkpoints import read_checkpoint
+
+            read_checkpoint(cfg.ckpt_path, f"ckpt_path={cfg.ckpt_path}")  # its message for a missing file
+        found = image_files(str(cfg.images))
+        skipped = f" ({len(found.skipped):,} other files skipped)" if found.skipped else ""
+        log.info(f"{len(found.files):,} images to predict on{skipped}; loading the model of {cfg.ckpt_path}")
+        from capsexp.use.predict import predict
+
+        predict(cfg, found)
     except CapsexpError as error:
         report(error)
 
 
-if __name__ == "__main__":
+def cli() -> None:
+    """The entry point: a location typed as capsexp printed it (a run folder named by its overrides, with
+    ``=`` and ``,``) quoted for Hydra (:mod:`capsexp.locations`), then :func:`main`."""
+    sys.argv[1:] = quote_locations(sys.argv[1:])
     main()
+
+
+if __name__ == "__main__":
+    cli()

@@ -26,7 +26,7 @@ import time
 import urllib.parse
 from pathlib import Path
 
-from capsexp import PROJECT_ROOT
+from capsexp.locations import PROJECT_ROOT
 from capsexp.results.events import load_events
 from capsexp.results.metric_names import PLAIN, PRESENCE_GAP, TEST_ACC, VAL_ACC, VAL_ACC_BEST
 from capsexp.run.hparams import LEADING_COLUMNS, metric_names

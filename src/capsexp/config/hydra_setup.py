@@ -19,7 +19,6 @@ from hydra.core.config_store import ConfigStore
 from hydra.utils import get_object
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from capsexp import CONFIG_DIR, PROJECT_ROOT
 from capsexp.config.image_folder_classes import number_of_classes
 from capsexp.config.routing_options import (
     EM_PAPER,
@@ -34,6 +33,7 @@ from capsexp.config.routing_options import (
     VBRouting,
 )
 from capsexp.config.run_names import job_name, run_name
+from capsexp.locations import CONFIG_DIR, PROJECT_ROOT
 
 # model/routing=<name>: how the capsule layers route (model.net.routing).
 ROUTINGS = {

@@ -4,7 +4,7 @@ A single run: ``runs/<time>`` followed by its command-line overrides, ``runs/<ti
 A job of a multirun: the overrides that differ across the sweep, ``multiruns/<time>/model=capsnet,seed=1``
 (the values the sweep gives a key: ``model=lenet5,capsnet`` on the command line, or the sweeper's
 ``hydra.sweeper.params`` of an experiment config); an override every job shares is left out. Overrides
-that only locate files (``paths.*``, ``*_dir``, ``ckpt_path``...) are left out of both: folder names
+that only locate files (:func:`~capsexp.locations.is_location`) are left out of both: folder names
 carry no machine's paths. ``/`` in a group name becomes ``.`` (``model/optimizer=sgd`` →
 ``model.optimizer=sgd``). Names longer than :data:`MAX_NAME` end in a digest of the whole name instead.
 Hydra calls these resolvers from ``conf/hydra/default.yaml``; the run's exact overrides stay in its
@@ -14,41 +14,18 @@ Hydra calls these resolvers from ``conf/hydra/default.yaml``; the run's exact ov
 from __future__ import annotations
 
 import hashlib
-import re
 from collections.abc import Iterable
 from pathlib import Path
 
-# Keys that only locate files (data/data_dir, trainer/default_root_dir, a checkpoint callback's
-# dirpath, ckpt_path, the images of capsexp.predict), or config groups that do: left out of run names
-# and of the HParams tab.
-LOCATION_KEY = re.compile(r"(^|[/._])(dir|dirpath|path)$|^paths([/.]|$)|^hydra[/.]|^images$")
+from capsexp.locations import is_location, key
+
 MAX_NAME = 120  # characters of a run folder's name; file systems allow 255
 DIGEST = 10  # hex digits of the digest that ends a shortened name
 
 
-# Characters an override value may hold unquoted: others (``,`` a sweep, ``=``, brackets, quotes,
-# ``$``, whitespace) make Hydra's grammar read more than a string.
-_PLAIN_VALUE = re.compile(r"[\w./:@%+~-]*")
-
-
-def hydra_value(text: str | Path) -> str:
-    r"""``text`` as an override value Hydra reads back as that string: quoted where it holds more than
-    plain characters (a job folder's name holds ``=`` and ``,``: ``model=capsnet,seed=1``). In quotes,
-    a quote and the backslashes before it, or before the end, are escaped; ``${`` is escaped as ``\${``."""
-    text = str(text)
-    if _PLAIN_VALUE.fullmatch(text):
-        return text
-    quoted = re.sub(r"(\\*)('|$)", lambda m: m[1] * 2 + ("\\'" if m[2] else ""), text)
-    return "'" + quoted.replace("${", "\\${") + "'"
-
-
-def _key(override: str) -> str:
-    return override.split("=", 1)[0].lstrip("+~")
-
-
 def _readable(overrides: Iterable[str]) -> str:
     """``key=value`` pairs joined by commas, ``/`` replaced (it would make subfolders), at most MAX_NAME long."""
-    name = ",".join(o.replace("/", ".") for o in overrides if not LOCATION_KEY.search(_key(o)))
+    name = ",".join(o.replace("/", ".") for o in overrides if not is_location(key(o)))
     if len(name) > MAX_NAME:
         digest = hashlib.sha1(name.encode()).hexdigest()[:DIGEST]
         name = f"{name[: MAX_NAME - DIGEST - 1]}~{digest}"
@@ -66,7 +43,7 @@ def job_name(overrides: Iterable[str], sweep_dir: str, job_number: int) -> str:
     ``multirun.yaml`` in ``sweep_dir``); the job number where they name nothing, or where the sweep
     gives a key one value twice (two jobs would share a name)."""
     varied, repeated = _swept_keys(Path(sweep_dir) / "multirun.yaml")
-    label = _readable(o for o in overrides if _key(o) in varied)
+    label = _readable(o for o in overrides if key(o) in varied)
     if not label:
         return str(job_number)
     return f"{label}_{job_number}" if repeated else label

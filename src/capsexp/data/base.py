@@ -19,8 +19,8 @@ import torch
 from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from torch.utils.data import DataLoader, Sampler
 
+from capsexp.data.conventions import ImageConventions, fit
 from capsexp.data.device_loader import DeviceBatchLoader
-from capsexp.data.images import square
 from capsexp.data.resumable import EpochSampler, ResumableDataLoader, ResumableDeviceBatchLoader, step_generator
 from capsexp.data.tensor_dataset import ImageTensorDataset, collate_batch
 from capsexp.errors import ConfigError, CorruptDatasetError, DataFolderError, DatasetNotFoundError
@@ -269,7 +269,7 @@ class InMemoryDataModule(L.LightningDataModule):
         images, *rest = self.pixel_batch(batch, dataloader_idx)
         return (self.input_transform(images), *rest)
 
-    # ---- a user's images, as the evaluation sets reach the net (capsexp.run.inference) ------------
+    # ---- a user's images, as the evaluation sets reach the net (capsexp.use.inference) ------------
     @property
     def evaluation_size(self) -> int:
         """The side of the evaluation sets' stored images (before :meth:`pixel_batch`): the net's input
@@ -281,14 +281,17 @@ class InMemoryDataModule(L.LightningDataModule):
         """The classes' names, in the order of the targets; the class numbers unless a subclass has names."""
         return [str(j) for j in range(self.num_classes)]
 
-    def fit_image(self, image: torch.Tensor) -> tuple[torch.Tensor, str | None]:
-        """A (C, H, W) uint8 image of any size brought to :attr:`evaluation_size`, and what was done to it
-        (None when nothing was): one of that size is kept; any other has its shorter side resized to it
-        (antialiased), then is centre-cropped to a square, as ``data=image_folder`` decodes images."""
-        size = self.evaluation_size
-        if tuple(image.shape[-2:]) == (size, size):
-            return image, None
-        return square(image, size), f"resized (shorter side to {size}, centre crop)"
+    @property
+    def image_conventions(self) -> ImageConventions:
+        """How the evaluation images look (:mod:`capsexp.data.conventions`): of :attr:`evaluation_size`;
+        no polarity, no framing unless a subclass declares them. Read without the dataset's files."""
+        return ImageConventions(size=self.evaluation_size)
+
+    def fit_image(self, image: torch.Tensor, plain: bool = False) -> tuple[torch.Tensor, list[str]]:
+        """A (C, H, W) uint8 image of any size made as the evaluation images were (:attr:`image_conventions`;
+        ``plain``: resized and centre-cropped alone, as ``data=image_folder`` decodes images), and a note
+        for each thing done to it."""
+        return fit(image, self.image_conventions, plain)
 
     def evaluation_input(self, images: torch.Tensor) -> torch.Tensor:
         """The net's input for (N, C, S, S) uint8 images of :attr:`evaluation_size`: what an evaluation

@@ -26,7 +26,7 @@ from torchvision.datasets.utils import download_and_extract_archive
 
 from capsexp.config.arguments import checked
 from capsexp.data.affnist import AFFNIST_SIZE, TEST_BATCHES, ensure_affnist_files, read_affnist_test
-from capsexp.data.augment import centred, random_affine, random_placement, random_shift, rotate
+from capsexp.data.augment import random_affine, random_placement, random_shift, rotate
 from capsexp.data.base import (
     AFFINE_SPLIT,
     InMemoryDataModule,
@@ -35,6 +35,7 @@ from capsexp.data.base import (
     md5sum,
     partial_path,
 )
+from capsexp.data.conventions import ImageConventions
 from capsexp.data.tensor_dataset import ImageTensorDataset
 from capsexp.errors import CorruptDatasetError
 from capsexp.results.metric_names import PLAIN, rotation_set_name
@@ -51,6 +52,7 @@ UNPACKED_MD5 = {
 }
 MNIST_MEAN, MNIST_STD = 0.1307, 0.3081
 DIGIT_SIZE = 28  # MNIST digits are 28x28
+MNIST_DIGIT_BOX = 20  # the box each digit's ink was scaled into (LeCun et al. 1998)
 
 
 def check_idx_file(path: Path, magic: int, max_label: int = 9) -> int:
@@ -344,20 +346,17 @@ class MNISTDataModule(MNISTFiles):
         """Standardised with the training set's mean and std where ``normalize`` asks; the pixels otherwise."""
         return (images - self.mean) / self.std if self.hparams.normalize else images
 
-    def fit_image(self, image: torch.Tensor) -> tuple[torch.Tensor, str | None]:
-        """On a canvas, a digit-sized (28x28) image is placed at its centre (the evaluation digits sit at
-        random positions on it, every one equally likely); otherwise as every DataModule fits images."""
-        return fit_digit(self, image, self.hparams.canvas)
+    @property
+    def image_conventions(self) -> ImageConventions:
+        """White ink on black, digits framed as MNIST's (20x20 box in 28x28); on a canvas, that digit at
+        its centre (the evaluation digits sit at random positions on it, every one equally likely)."""
+        return digit_conventions(self.evaluation_size)
 
 
-def fit_digit(
-    datamodule: InMemoryDataModule, image: torch.Tensor, canvas: int | None
-) -> tuple[torch.Tensor, str | None]:
-    """:meth:`~capsexp.data.base.InMemoryDataModule.fit_image` of digits that a ``canvas`` may hold: a 28x28
-    image centred on it."""
-    if canvas is not None and canvas != DIGIT_SIZE and tuple(image.shape[-2:]) == (DIGIT_SIZE, DIGIT_SIZE):
-        return centred(image, canvas), f"placed at the centre of the {canvas}x{canvas} canvas"
-    return InMemoryDataModule.fit_image(datamodule, image)
+def digit_conventions(size: int) -> ImageConventions:
+    """MNIST's digits (LeCun et al. 1998): light ink on dark, each framed in a 20x20 box, centred by its
+    mass in 28x28; on a ``size`` x ``size`` canvas where ``size`` is larger."""
+    return ImageConventions(size=size, light_ink=True, digit_box=MNIST_DIGIT_BOX, digit=DIGIT_SIZE)
 
 
 @checked
@@ -375,3 +374,8 @@ class FashionMNISTDataModule(MNISTDataModule):
     @property
     def class_names(self) -> list[str]:
         return list(FashionMNIST.classes)
+
+    @property
+    def image_conventions(self) -> ImageConventions:
+        """Light garments on black, as MNIST's digits, but not framed as digits: resized and cropped."""
+        return ImageConventions(size=self.evaluation_size, light_ink=True)

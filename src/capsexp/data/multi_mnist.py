@@ -19,7 +19,8 @@ from torch.utils.data import Dataset
 
 from capsexp.config.arguments import checked
 from capsexp.data.base import data_folder_errors, evaluation_generator
-from capsexp.data.mnist import DIGIT_SIZE, MNISTFiles, fit_digit
+from capsexp.data.conventions import ImageConventions
+from capsexp.data.mnist import DIGIT_SIZE, MNISTFiles, digit_conventions
 
 
 class Pairs(NamedTuple):
@@ -230,9 +231,10 @@ class MultiMNISTDataModule(MNISTFiles):
             self._on_device[str(device)] = tuple(tensor.to(device) for tensor in pool)
         return self._on_device[str(device)]
 
-    def fit_image(self, image: torch.Tensor) -> tuple[torch.Tensor, str | None]:
-        """A 28x28 image is centred on the canvas; one of the canvas's size is kept; others are resized."""
-        return fit_digit(self, image, self.hparams.canvas)
+    @property
+    def image_conventions(self) -> ImageConventions:
+        """MNIST's digits, one framed digit at the centre of the canvas (a person's image of one digit)."""
+        return digit_conventions(self.hparams.canvas)
 
     def evaluation_input(self, images: torch.Tensor) -> torch.Tensor:
         """Pixels in [0, 1], as the composed pairs."""

@@ -27,12 +27,10 @@ from torchmetrics.classification import MultilabelExactMatch
 from capsexp.errors import ConfigError
 from capsexp.lit.margin import MarginSchedule
 from capsexp.lit.objectives import class_scores, multi_hot
+from capsexp.locations import RUN_RECORD
 from capsexp.results.metric_names import PLAIN, TEST_ACC, VAL_ACC, VAL_ACC_BEST, metric_suffix, presence_metric
 
 Batch = tuple[torch.Tensor, ...]  # (images, targets) or (images, targets, objects)
-# The checkpoint entry holding the run's record (its resolved config, class names, code revision), which
-# makes a checkpoint file enough to rebuild its model and its preprocessing (capsexp.run.inference).
-RUN_RECORD = "capsexp"
 
 
 class Classifier(L.LightningModule):

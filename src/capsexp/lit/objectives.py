@@ -82,6 +82,12 @@ class CapsuleLoss:
     ) -> None:
         self.m_pos, self.m_neg, self.lambda_, self.recon_weight = m_pos, m_neg, lambda_, recon_weight
 
+    @property
+    def presence_threshold(self) -> float:
+        """The score halfway between the margin loss's targets for a present class (m+) and an absent one
+        (m-): a class scoring below it on an image is taken as absent (0.5 with the paper's 0.9 and 0.1)."""
+        return (self.m_pos + self.m_neg) / 2
+
     def __call__(self, output: Any, images: torch.Tensor, targets: torch.Tensor) -> dict[str, torch.Tensor]:
         margin = margin_loss(class_scores(output), targets, self.m_pos, self.m_neg, self.lambda_)
         reconstructions = getattr(output, "reconstructions", None)

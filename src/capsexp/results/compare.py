@@ -20,8 +20,9 @@ from pathlib import Path
 import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from capsexp import PROJECT_ROOT
 from capsexp.errors import ConfigError, NoRunsError
+from capsexp.locations import PROJECT_ROOT, is_setting
+from capsexp.locations import key as override_key
 from capsexp.results import statistics
 from capsexp.results.claims import BoundNotes, ClaimError, bind, p_text, unsupported_block
 from capsexp.results.diagnostics import diagnostics_section
@@ -43,7 +44,6 @@ from capsexp.results.revision import short as short_revision
 from capsexp.results.runs import (
     KEPT_ORDER,
     KEPT_RUNS,
-    LOCATION_OVERRIDE,
     OVERRIDES,
     OVERRIDES_AS_RUN,
     SEED_OVERRIDE,
@@ -184,9 +184,7 @@ def _as_the_study_runs_it(key: str, overrides: list[str]) -> bool:
     overrides, beyond where they went and their seed, are the key's (a run given other settings, e.g.
     fewer steps, is not checked against the study's figure)."""
     chosen = {
-        o.lower()
-        for o in overrides
-        if not (LOCATION_OVERRIDE.match(o) or SEED_OVERRIDE.match(o) or _AS_THE_STUDY_RUNS_IT.match(o))
+        o.lower() for o in overrides if is_setting(o) and not (SEED_OVERRIDE.match(o) or _AS_THE_STUDY_RUNS_IT.match(o))
     }
     return chosen == {part.lower() for part in key.split()}
 
@@ -367,7 +365,7 @@ def keep_runs(runs: list[Run], folder: Path, output: Path) -> Path:
     for run in runs:
         target = kept / run.folder.relative_to(folder)
         (target / OVERRIDES).parent.mkdir(parents=True, exist_ok=True)
-        overrides = [o for o in run.overrides if not LOCATION_OVERRIDE.match(o) or o.startswith("task_name=")]
+        overrides = [o for o in run.overrides if is_setting(o) or override_key(o) == "task_name"]
         (target / OVERRIDES).write_text(yaml.safe_dump(overrides))
         if (run.folder / OVERRIDES_AS_RUN).exists():
             shutil.copy2(run.folder / OVERRIDES_AS_RUN, target / OVERRIDES_AS_RUN)
@@ -515,7 +513,7 @@ def other_settings(runs: list[Run], page: StudyPage) -> list[str]:
         if any(o.lower() == "train=false" for o in run.overrides):
             continue
         for override in run.overrides:
-            if LOCATION_OVERRIDE.match(override) or SEED_OVERRIDE.match(override):
+            if not is_setting(override) or SEED_OVERRIDE.match(override):
                 continue
             if _AS_THE_STUDY_RUNS_IT.match(override) or override.split("=", 1)[0].lstrip("+") in page.swept:
                 continue

@@ -4,6 +4,7 @@ recorded (never typed by hand), with the command that uses it."""
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +35,8 @@ class CardFacts:
     checkpoint: str | None  # the tested checkpoint (a path, as the run shows it)
     run_folder: str
     overrides: Sequence[str] = field(default_factory=list)
+    # A test-only run (train=false): the SHA-256 of the checkpoint it tested, which another run trained.
+    tested_sha256: str | None = None
 
 
 def _row(name: str, value: Any) -> str:
@@ -52,8 +55,7 @@ def model_card(facts: CardFacts) -> str:
         f"# Model card: {title}",
         "",
         "Written by the run from what it recorded. Use it: "
-        f"`python -m capsexp.predict ckpt_path={facts.run_folder} images=<file | folder | glob>` "
-        "(docs/predict.md).",
+        f"`{use_command(facts)} images=<file | folder | glob>` (docs/predict.md).",
         "",
         "## Model",
         "",
@@ -73,6 +75,7 @@ def model_card(facts: CardFacts) -> str:
         "| --- | --- |",
         _row("data", f"`data={facts.choices.get('data', '?')}` (`{data.get('_target_', '?')}`)"),
         _row("split sizes", ", ".join(f"{name} {count:,}" for name, count in facts.split_sizes.items())),
+        _row("used of each split", _used(trainer)),
         _row("batch size (global)", data.get("batch_size")),
         _row("optimizer", f"{_target(optimizer)}, lr {optimizer.get('lr')}"),
         _row("learning-rate schedule", _target(scheduler) if scheduler else "constant"),
@@ -91,7 +94,12 @@ def model_card(facts: CardFacts) -> str:
     lines += [_row(name, _value(name, facts.metrics[name])) for name in shown if name in facts.metrics]
     lines += [
         "",
-        f"Tested checkpoint: `{facts.checkpoint or 'the final weights'}` (the best by val/acc).",
+        f"Tested checkpoint: `{facts.checkpoint or 'the final weights'}` "
+        + (
+            f"(given as ckpt_path: trained by another run; SHA-256 {facts.tested_sha256})."
+            if facts.tested_sha256
+            else "(the best by val/acc)."
+        ),
         "",
         "## Provenance",
         "",
@@ -112,18 +120,33 @@ def write_model_card(run_folder: Path, facts: CardFacts) -> Path:
     return path
 
 
+def use_command(facts: CardFacts) -> str:
+    """The command that predicts with the run's model, as a shell takes it: the run folder (its best
+    checkpoint), or for a test-only run the checkpoint it tested (its own folder holds none)."""
+    target = facts.checkpoint if facts.tested_sha256 and facts.checkpoint else facts.run_folder
+    return shlex.join(["python", "-m", "capsexp.predict", f"ckpt_path={target}"])
+
+
 def _length(trainer: Mapping[str, Any]) -> str:
-    """The run's length and how much of each split it used (Lightning's limit_*_batches where set)."""
-    text = (
+    return (
         f"max_epochs {trainer.get('max_epochs')}, max_steps {trainer.get('max_steps')}, "
         f"validation every {trainer.get('val_check_interval')}"
     )
-    limits = [
-        f"{key} {trainer[key]}"
-        for key in ("limit_train_batches", "limit_val_batches", "limit_test_batches")
-        if trainer.get(key) not in (None, 1.0)
-    ]
-    return text + (f"; {', '.join(limits)} (not the whole split)" if limits else "")
+
+
+def _used(trainer: Mapping[str, Any]) -> str:
+    """How much of each split an epoch, a validation and a test used (Lightning's ``limit_*_batches``: a
+    whole number is batches, a fraction a share of the split; 1.0 or unset, all of it)."""
+    parts = []
+    for split in ("train", "val", "test"):
+        limit = trainer.get(f"limit_{split}_batches")
+        if limit is None or (isinstance(limit, float) and limit == 1.0):
+            parts.append(f"{split}: all")
+        elif isinstance(limit, int) and not isinstance(limit, bool):
+            parts.append(f"{split}: {limit:,} batch{'es' if limit != 1 else ''} (limit_{split}_batches={limit})")
+        else:
+            parts.append(f"{split}: {100 * float(limit):g}% (limit_{split}_batches={limit})")
+    return ", ".join(parts)
 
 
 def _duration(seconds: float | None) -> str:

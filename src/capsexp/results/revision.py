@@ -10,23 +10,26 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import importlib.metadata
+import os
 import subprocess
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from capsexp import PROJECT_ROOT, __version__
+from capsexp.locations import PROJECT_ROOT
 
 REVISION_FILE = "revision.yaml"
 _GIT_TIMEOUT_S = 20  # a git that hangs (a network file system) must not hold up a run
+# Where an untracked file is code (git pathspecs): the package, its configs, tests and scripts, its build.
+CODE = ("src", "conf", "tests", "experiments/*.py", "pyproject.toml", "Makefile")
 
 
-def _git(*arguments: str, root: Path) -> str | None:
+def _git(*arguments: str, root: Path) -> bytes | None:
+    """git's output as bytes (a diff of a file that is not UTF-8 is no text), None where git fails."""
     try:
-        done = subprocess.run(
-            ["git", *arguments], cwd=root, capture_output=True, text=True, timeout=_GIT_TIMEOUT_S, check=False
-        )
+        done = subprocess.run(["git", *arguments], cwd=root, capture_output=True, timeout=_GIT_TIMEOUT_S, check=False)
     except (OSError, subprocess.TimeoutExpired):
         return None
     return done.stdout if done.returncode == 0 else None
@@ -34,24 +37,33 @@ def _git(*arguments: str, root: Path) -> str | None:
 
 def describe(root: Path = PROJECT_ROOT) -> dict[str, Any]:
     """``{"version", "commit", "dirty", "diff_sha256"}`` of the checkout at ``root``: the commit (None
-    outside git), whether tracked files differ from it or untracked files exist (``git status``), and
-    the SHA-256 of ``git diff HEAD`` followed by the untracked files' names and contents (None when clean)."""
-    record: dict[str, Any] = {"version": __version__, "commit": None, "dirty": None, "diff_sha256": None}
+    outside git), whether the code differs from it (a tracked file changed, or an untracked file in
+    :data:`CODE`), and the SHA-256 of ``git diff HEAD`` (bytes) followed by those untracked files' names
+    and contents (None when clean). Untracked files elsewhere (a user's images, logs) are not code."""
+    record: dict[str, Any] = {"version": _version(), "commit": None, "dirty": None, "diff_sha256": None}
     commit = _git("rev-parse", "HEAD", root=root)
     if commit is None:
         return record
-    record["commit"] = commit.strip()
-    status = _git("status", "--porcelain", "--untracked-files=all", root=root) or ""
-    record["dirty"] = bool(status.strip())
+    record["commit"] = commit.decode().strip()
+    diff = _git("diff", "HEAD", "--binary", root=root) or b""
+    untracked = (_git("ls-files", "--others", "--exclude-standard", "-z", "--", *CODE, root=root) or b"").split(b"\0")
+    untracked = sorted(filter(None, untracked))
+    record["dirty"] = bool(diff or untracked)
     if record["dirty"]:
-        digest = hashlib.sha256((_git("diff", "HEAD", "--binary", root=root) or "").encode())
-        untracked = (_git("ls-files", "--others", "--exclude-standard", "-z", root=root) or "").split("\0")
-        for name in sorted(filter(None, untracked)):
-            digest.update(name.encode() + b"\0")
+        digest = hashlib.sha256(diff)
+        for name in untracked:
+            digest.update(name + b"\0")
             with contextlib.suppress(OSError):  # removed meanwhile, or unreadable: its name alone
-                digest.update((root / name).read_bytes())
+                digest.update((root / os.fsdecode(name)).read_bytes())
         record["diff_sha256"] = digest.hexdigest()
     return record
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("capsexp")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
 
 
 def short(record: dict[str, Any] | None) -> str:

@@ -11,19 +11,16 @@ from pathlib import Path
 
 import yaml
 
+from capsexp.locations import OVERRIDES, is_setting
+from capsexp.locations import key as override_key
 from capsexp.results import statistics
 from capsexp.results.events import Scalar, event_files, load_events
 from capsexp.results.machine import read_machine
 from capsexp.results.revision import read_revision
 
-OVERRIDES = Path(".hydra") / "overrides.yaml"
 # A run launched with other overrides than the experiment config's that composes the same job keeps
 # them here (tests/test_studies.py checks that both compose the same job).
 OVERRIDES_AS_RUN = Path(".hydra") / "overrides_as_run.yaml"
-# Overrides that say where a run went (or which seed), not what it was: no part of its configuration.
-LOCATION_OVERRIDE = re.compile(
-    r"^\+{0,2}(hydra\.[\w.]+|paths\.[\w.]+|ckpt_path|attack\.source|tags|task_name|image_folder_root)="
-)
 SEED_OVERRIDE = re.compile(r"^\+?seed=")
 KEPT_RUNS = "runs"  # the folder beside a page that holds copies of its runs (compare --keep-runs)
 KEPT_ORDER = "order.yaml"  # beside a page's kept runs: their folders in the order the page lists them
@@ -49,7 +46,7 @@ class Run:
     @property
     def setting(self) -> tuple[str, ...]:
         """The overrides that make the run what it is (no seed, no location), sorted."""
-        return tuple(sorted(o for o in self.overrides if not LOCATION_OVERRIDE.match(o) and not SEED_OVERRIDE.match(o)))
+        return tuple(sorted(o for o in self.overrides if is_setting(o) and not SEED_OVERRIDE.match(o)))
 
     @property
     def seconds(self) -> float | None:
@@ -164,7 +161,7 @@ def command_line(folder: Path) -> list[str] | None:
         given = yaml.safe_load((folder / SWEEP_COMMAND).read_text())
     else:
         return None
-    return [str(o) for o in given if not LOCATION_OVERRIDE.match(str(o)) or str(o).startswith("task_name=")]
+    return [str(o) for o in given if is_setting(str(o)) or override_key(str(o)) == "task_name"]
 
 
 def launches(runs: list[Run], folder: Path) -> list[tuple[Path, list[str] | None, list[Run]]]:
@@ -195,7 +192,7 @@ def sweep_command(runs: list[Run], given: list[str] | None = None) -> str:
     values: dict[str, list[str]] = {}
     for run in runs:
         for override in run.overrides:
-            if LOCATION_OVERRIDE.match(override) and not override.startswith("task_name="):
+            if not is_setting(override) and override_key(override) != "task_name":
                 continue
             key, _, value = override.partition("=")
             values.setdefault(key, [])

@@ -44,8 +44,8 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from capsexp import CONFIG_DIR
 from capsexp.errors import ConfigError
+from capsexp.locations import CONFIG_DIR
 from capsexp.results.metric_names import TEST_ACC, VAL_ACC, VAL_ACC_BEST
 from capsexp.results.statistics import reproduction_tolerance
 

@@ -9,17 +9,19 @@ another model gets one short message. The file is only ever read with ``weights_
 from __future__ import annotations
 
 import pickle
+import re
 import zipfile
-from pathlib import Path
-from typing import Any
-
-import torch
-from torch import nn
+from pathlib import Path, PurePath, PureWindowsPath
+from typing import TYPE_CHECKING, Any
 
 from capsexp.errors import CheckpointError
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+from capsexp.locations import LAST_CHECKPOINT, RUN_CONFIG, RUN_RECORD
 from capsexp.results.metric_names import VAL_ACC
 
-RUN_CONFIG = Path(".hydra") / "config.yaml"  # a run folder's composed config
 # ckpt_path values that Lightning resolves itself ("last" checkpoint of this run, ...).
 LIGHTNING_ALIASES = ("last", "best", "hpc", "registry")
 # torch.load(weights_only=True) puts the cause of an unpickling failure after this.
@@ -34,8 +36,17 @@ def check_checkpoint(ckpt_path: str | Path, module: nn.Module | None = None, whe
     messages begin (``ckpt_path=<file>`` unless given)."""
     if str(ckpt_path) in LIGHTNING_ALIASES:
         return None
-    path = Path(ckpt_path)
     where = where or f"ckpt_path={ckpt_path}"
+    checkpoint = read_checkpoint(ckpt_path, where)
+    if module is not None:
+        check_weights_fit(where, checkpoint["state_dict"], module)
+    return checkpoint
+
+
+def read_checkpoint(ckpt_path: str | Path, where: str) -> dict:
+    """The Lightning checkpoint file ``ckpt_path``, read once (memory-mapped, on the CPU, weights only);
+    :class:`CheckpointError` naming ``where`` for a file that is missing, empty, damaged or not one."""
+    path = Path(ckpt_path)
     if path.is_dir():
         found = sorted(path.glob("*.ckpt")) or sorted(path.glob("checkpoints/*.ckpt"))
         hint = f"; it holds {', '.join(p.name for p in found[:3])}" if found else ""
@@ -49,6 +60,8 @@ def check_checkpoint(ckpt_path: str | Path, module: nn.Module | None = None, whe
         raise CheckpointError(f"{where} is empty (0 bytes): the run that wrote it stopped while saving?")
     if not zipfile.is_zipfile(path):  # torch.save writes a zip archive
         raise CheckpointError(f"{where} is not a PyTorch checkpoint (not in torch.save's format, or truncated)")
+    import torch  # here: a command can name a missing file before torch has loaded
+
     try:
         checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except pickle.UnpicklingError as error:
@@ -73,12 +86,10 @@ def check_checkpoint(ckpt_path: str | Path, module: nn.Module | None = None, whe
             f"{where} is a PyTorch file but not a Lightning checkpoint (no state_dict or "
             "pytorch-lightning_version in it): give a .ckpt written by a capsexp run"
         )
-    if module is not None:
-        _check_weights_fit(where, checkpoint["state_dict"], module)
     return checkpoint
 
 
-def _check_weights_fit(where: str, saved: dict[str, torch.Tensor], module: nn.Module) -> None:
+def check_weights_fit(where: str, saved: dict[str, torch.Tensor], module: nn.Module) -> None:
     expected = {name: tuple(tensor.shape) for name, tensor in module.state_dict().items()}
     found = {name: tuple(tensor.shape) for name, tensor in saved.items()}
     missing = [name for name in expected if name not in found]
@@ -114,15 +125,31 @@ def _first_line(text: str, error: Exception) -> str:
 
 
 def model_of_run(ckpt_path: str | Path, where: str) -> tuple[Any, Any]:
-    """The model of the run that saved ``ckpt_path`` (``<run>/checkpoints/<file>.ckpt``), built from the
-    run's ``.hydra/config.yaml`` (``where`` names the key in messages) with the checkpoint's weights,
-    and that config."""
+    """The model of the run that saved ``ckpt_path``, built from the config the checkpoint records (a
+    checkpoint older than that record: its run folder's ``.hydra/config.yaml``; ``where`` names the key in
+    messages) with the checkpoint's weights, and that config. The file is read once."""
     from capsexp.run.build import build_model
 
-    cfg = run_config(ckpt_path, where)
+    checkpoint = read_checkpoint(ckpt_path, where)
+    cfg = recorded_config(checkpoint, ckpt_path, where)
     module = build_model(where, cfg.model)
-    module.load_state_dict(check_checkpoint(ckpt_path, module, where)["state_dict"])
+    check_weights_fit(where, checkpoint["state_dict"], module)
+    module.load_state_dict(checkpoint["state_dict"])
     return module, cfg
+
+
+def recorded_config(checkpoint: dict, ckpt_path: str | Path, where: str) -> Any:
+    """The resolved config of the run that saved ``checkpoint``: its own record (:data:`RUN_RECORD`), or for
+    a checkpoint older than that record, its run folder's (:func:`run_config`)."""
+    from omegaconf import OmegaConf
+
+    record = checkpoint.get(RUN_RECORD)
+    if record is not None and "config" in record:
+        return OmegaConf.create(record["config"])
+    from capsexp.config.hydra_setup import register
+
+    register()  # the resolvers a run folder's unresolved config calls
+    return run_config(ckpt_path, where)
 
 
 def run_config(ckpt_path: str | Path, where: str) -> Any:
@@ -139,9 +166,78 @@ def run_config(ckpt_path: str | Path, where: str) -> Any:
     return OmegaConf.load(config_file)
 
 
+def checkpoint_of(path: str | Path, where: str | None = None) -> tuple[Path, str | None]:
+    """The checkpoint ``path`` names, and a note when it is not the file itself: a run or sweep job folder
+    means the checkpoint its run recorded as best (:func:`best_checkpoint`), or ``last.ckpt`` where the
+    run never validated; a file is itself. :class:`CheckpointError` for a folder without checkpoints."""
+    path = Path(path)
+    where = where or f"ckpt_path={path}"
+    if not path.is_dir():
+        return path, None
+    try:
+        return best_with_note(path)
+    except CheckpointError:
+        pass
+    if (path / LAST_CHECKPOINT).is_file():
+        return path / LAST_CHECKPOINT, f"{LAST_CHECKPOINT.name}: the run saved no best checkpoint (it never validated)"
+    found = sorted(path.glob("*.ckpt"))
+    hint = f"; give one of its files: {', '.join(p.name for p in found[:3])}" if found else ""
+    raise CheckpointError(
+        f"{where} is a folder without a run's checkpoints (no checkpoints/*.ckpt in it): give a run "
+        f"folder (logs/<task_name>/runs/<time>...) or a .ckpt file{hint}"
+    )
+
+
 def best_checkpoint(run: Path) -> Path:
-    """The run's best checkpoint by validation accuracy (the one beside ``last.ckpt``)."""
-    found = [p for p in sorted((run / "checkpoints").glob("*.ckpt")) if p.name != "last.ckpt"]
-    if not found:
+    """The run's best checkpoint by validation accuracy, the one it tested (:func:`best_with_note`)."""
+    return best_with_note(run)[0]
+
+
+def best_with_note(run: Path) -> tuple[Path, str]:
+    """The checkpoint the run recorded as its best by validation accuracy: ``best_model_path`` in the
+    ModelCheckpoint state of its latest checkpoint (``last.ckpt``, else the newest), the one the run
+    tested, found by name in the run's ``checkpoints/`` (a run folder may have moved); and a note naming
+    it. Where no checkpoint records one (or its file is gone), the newest of the others, with a note that
+    says so. :class:`CheckpointError` when the run saved no checkpoint beside ``last.ckpt``."""
+    folder = run / LAST_CHECKPOINT.parent
+    saved = sorted((p for p in folder.glob("*.ckpt") if p.name != LAST_CHECKPOINT.name), key=_step_and_name)
+    if not saved:
         raise CheckpointError(f"{run} saved no best checkpoint (did it validate?)")
-    return found[0]
+    latest = [folder / LAST_CHECKPOINT.name] if (folder / LAST_CHECKPOINT.name).is_file() else []
+    for file in [*latest, *reversed(saved)]:
+        best = _recorded_best(file)
+        if best is not None and (folder / best).is_file():
+            return folder / best, f"its best checkpoint by {VAL_ACC}, {best}, {RECORDED}"
+        if best is not None:
+            break  # recorded, but not in this folder: the newest, below
+    return saved[-1], (
+        f"{saved[-1].name}, its newest checkpoint beside {LAST_CHECKPOINT.name}: no checkpoint of the run records "
+        f"which was best by {VAL_ACC}"
+    )
+
+
+RECORDED = "as the run recorded it"  # ends the note of a run folder's best checkpoint, found as recorded
+
+
+def _step_and_name(path: Path) -> tuple[int, str]:
+    """Checkpoints in the order they were written: by the step in their name (``..._step_000120``), then name."""
+    digits = re.findall(r"step[_=]?(\d+)", path.stem)
+    return (int(digits[-1]) if digits else -1, path.name)
+
+
+def _recorded_best(file: Path) -> str | None:
+    """The file name of ``best_model_path`` in the ModelCheckpoint state ``file`` holds (None where it
+    holds none, or cannot be read)."""
+    import torch
+
+    try:
+        checkpoint = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
+    except Exception:  # an unreadable file records nothing; reading it as the model says why
+        return None
+    states = checkpoint.get("callbacks", {}) if isinstance(checkpoint, dict) else {}
+    for name, state in states.items():
+        if "ModelCheckpoint" in str(name) or "Checkpoint{" in str(name):
+            path = state.get("best_model_path") if isinstance(state, dict) else None
+            if path:
+                return PurePath(path).name if "\\" not in path else PureWindowsPath(path).name
+    return None

@@ -16,7 +16,7 @@ from lightning.pytorch.loggers import Logger, TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_only
 from torch.utils.tensorboard.summary import hparams as hparams_summary
 
-from capsexp.config.run_names import LOCATION_KEY  # left out too: event files carry no machine's paths
+from capsexp.locations import is_location  # left out too: event files carry no machine's paths
 from capsexp.results.metric_names import (
     MODEL_PARAMETERS,
     PLAIN,
@@ -80,7 +80,7 @@ def run_choices(
     for override in overrides:
         key, _, value = override.partition("=")
         name = key.lstrip("+~").replace(".", "/")
-        if name in choices or LOCATION_KEY.search(name) or name.split("/")[0] in NOT_HYPERPARAMETERS:
+        if name in choices or is_location(name) or name.split("/")[0] in NOT_HYPERPARAMETERS:
             continue
         choices[name] = flat.get(name, value)
     return choices

@@ -6,38 +6,31 @@ given now (the later value of a key wins, so ``trainer.max_epochs=20`` extends a
 ``ckpt_path=<folder>/checkpoints/last.ckpt`` and ``hydra.run.dir=<folder>``: training continues with
 the same config, and its checkpoints, log and TensorBoard curves go on in the same place.
 ``ckpt_path=last`` does the same for the newest run of the task that saved a state.
+
+With ``train=false`` the run is tested, not resumed: a run folder means its recorded best checkpoint,
+and the overrides of the run that trained it (recorded in the checkpoint itself, so a lone ``.ckpt``
+carries them) come before the ones given now. The test writes a folder of its own
+(:func:`test_run_arguments`).
 """
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import yaml
 
-from capsexp.config.run_names import hydra_value
 from capsexp.errors import CheckpointError
+from capsexp.locations import LAST_CHECKPOINT, OVERRIDES, RUN_RECORD, hydra_value, is_setting, key
+from capsexp.locations import value as location_value
 
-LAST_CHECKPOINT = Path("checkpoints") / "last.ckpt"
+log = logging.getLogger(__name__)
+
 MULTIRUN_FLAGS = ("-m", "--multirun")
 
 
 def _is_ckpt_path(argument: str) -> bool:
     return argument.lstrip("+").startswith("ckpt_path=")
-
-
-def _ckpt_path_value(argument: str) -> str:
-    """The path a ``ckpt_path=`` override gives, as Hydra reads it: a quoted value unquoted (the
-    black-box step and users quote paths whose folder names hold ``=`` and ``,``); text Hydra cannot
-    parse, or a value that is no string (``null``), as written."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.errors import HydraException
-
-    written = argument.split("=", 1)[1]
-    try:
-        value = OverridesParser.create().parse_override(argument.lstrip("+")).value()
-    except HydraException:  # an unquoted path holding "=": taken as written
-        return written
-    return value if isinstance(value, str) else written
 
 
 def task_folder(arguments: list[str], where: str) -> Path:
@@ -67,6 +60,47 @@ def latest_run(arguments: list[str]) -> Path:
     return found[-1]  # folders are named by their start time
 
 
+def _test_only(arguments: list[str]) -> bool:
+    """Whether the command line says ``train=false`` (its last ``train=`` wins)."""
+    given = [location_value(a.lstrip("+")) for a in arguments if "=" in a and key(a) == "train"]
+    return bool(given) and given[-1].lower() == "false"
+
+
+def test_run_arguments(arguments: list[str], path: Path, where: str) -> list[str]:
+    """``train=false ckpt_path=<checkpoint, run or job folder>``: the checkpoint (a folder's recorded best),
+    after the overrides of the run that trained it (from the checkpoint's own record, else its run
+    folder's ``.hydra/overrides.yaml``; locations and the task's name left out), then the ones given now,
+    which win. No ``hydra.run.dir``: the test writes a folder of its own, and the trained run's files
+    stay as they are."""
+    from capsexp.run.checkpoints import RECORDED, checkpoint_of  # torch: only for a test-only run
+
+    file, note = checkpoint_of(path, where)
+    if note and RECORDED not in note:  # a run folder whose best checkpoint is not recorded
+        log.warning(f"{where}: testing {note}")
+    saved = [o for o in _trained_overrides(file) if is_setting(o) and key(o) not in ("train", "ckpt_path")]
+    now = [argument for argument in arguments if not _is_ckpt_path(argument)]
+    first = next((i for i, argument in enumerate(now) if "=" in argument and not argument.startswith("-")), len(now))
+    return [*now[:first], *saved, *now[first:], f"ckpt_path={hydra_value(file)}"]
+
+
+def _trained_overrides(file: Path) -> list[str]:
+    """The command-line overrides of the run that saved ``file``: its record's, else its run folder's
+    (``<run>/checkpoints/<file>``); none where neither holds them."""
+    import torch
+
+    try:
+        checkpoint = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
+        recorded = checkpoint.get(RUN_RECORD, {}).get("overrides")
+    except Exception:  # an unreadable file: the run reads it again and says what is wrong
+        recorded = None
+    if recorded is not None:
+        return [str(o) for o in recorded]
+    overrides_file = file.resolve().parent.parent / OVERRIDES
+    if file.resolve().parent.name == LAST_CHECKPOINT.parent.name and overrides_file.is_file():
+        return [str(o) for o in yaml.safe_load(overrides_file.read_text()) or []]
+    return []
+
+
 def expand_run_folder(arguments: list[str]) -> list[str]:
     """``arguments`` with a run folder given as ``ckpt_path`` expanded as the module says; any
     other ``arguments`` unchanged. :class:`CheckpointError` for a folder that is not a run's, or a
@@ -74,9 +108,11 @@ def expand_run_folder(arguments: list[str]) -> list[str]:
     given = [argument for argument in arguments if _is_ckpt_path(argument)]
     if not given:
         return arguments
-    value = _ckpt_path_value(given[-1])
+    value = location_value(given[-1].lstrip("+"))
     where = f"ckpt_path={value}"
     folder = latest_run(arguments) if value == "last" else Path(value)
+    if _test_only(arguments) and (folder.is_dir() or folder.is_file()):
+        return test_run_arguments(arguments, folder, where)
     if not folder.is_dir():
         if folder.is_file():  # a checkpoint file: quoted, since a job folder's name holds "=" and ","
             return [a if a is not given[-1] else f"{a.split('=', 1)[0]}={hydra_value(value)}" for a in arguments]
@@ -86,7 +122,7 @@ def expand_run_folder(arguments: list[str]) -> list[str]:
                 "or last for the latest run)"
             )
         return arguments
-    overrides_file = folder / ".hydra" / "overrides.yaml"
+    overrides_file = folder / OVERRIDES
     if not overrides_file.is_file():
         found = sorted(folder.glob("*.ckpt"))
         hint = f"; or give one of its checkpoints: {', '.join(str(p) for p in found[:3])}" if found else ""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import shlex
@@ -19,8 +20,8 @@ from lightning.pytorch.loggers import Logger
 from omegaconf import DictConfig, OmegaConf
 
 from capsexp.callbacks.model_checkpoint import requeue_signal
-from capsexp.config.run_names import hydra_value
 from capsexp.errors import Interrupted
+from capsexp.locations import hydra_value
 from capsexp.results.machine import describe as describe_machine
 from capsexp.results.machine import write_machine
 from capsexp.results.metric_names import MODEL_FLOPS, MODEL_PARAMETERS
@@ -97,7 +98,11 @@ def _run(cfg: DictConfig, job: DDPJob) -> dict[str, float]:
     datamodule: L.LightningDataModule = instantiate("data", cfg.data, _convert_="all")
     module: L.LightningModule = build_model("model", cfg.model)
     # Every checkpoint carries what rebuilds its model and preprocessing, and the code that trained it.
-    module.run_record = {"config": OmegaConf.to_container(cfg, resolve=True), "revision": revision}
+    module.run_record = {
+        "config": OmegaConf.to_container(cfg, resolve=True),
+        "overrides": list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else [],
+        "revision": revision,
+    }
     if cfg.get("ckpt_path"):
         check_checkpoint(cfg.ckpt_path, module)
     # Built before training, so that a bad attack option fails now, not after hours of training.
@@ -180,6 +185,9 @@ def _fit_and_test(
                 log.warning("No best checkpoint was saved (the run never validated): testing the current weights.")
         else:
             ckpt_path = cfg.get("ckpt_path")
+            # Lightning restores the callbacks' states from the tested checkpoint and warns that its
+            # checkpoint folder was another run's: this run writes none.
+            warnings.filterwarnings("ignore", message=r"The dirpath has changed")
             if not ckpt_path:
                 log.warning("test without train and without ckpt_path: testing untrained weights.")
         log.info(f"Testing {ckpt_path or 'the current weights'}")
@@ -207,9 +215,18 @@ def _fit_and_test(
             checkpoint=str(shown_path(Path(ckpt_path))) if ckpt_path else None,
             run_folder=str(shown_path(run_folder)),
             overrides=overrides,
+            tested_sha256=file_sha256(Path(ckpt_path)) if ckpt_path and not cfg.get("train") else None,
         )
         log.info(f"Model card: {shown_path(write_model_card(run_folder, facts))}")
     return metrics
+
+
+def file_sha256(path: Path) -> str | None:
+    """The SHA-256 of a file, read in chunks (None where it is not a file: an alias Lightning resolved)."""
+    if not path.is_file():
+        return None
+    with open(path, "rb") as handle:
+        return hashlib.file_digest(handle, "sha256").hexdigest()
 
 
 def split_sizes(datamodule: L.LightningDataModule) -> dict[str, int]:

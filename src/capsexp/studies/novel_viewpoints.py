@@ -16,9 +16,9 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from capsexp.config.run_names import hydra_value
+from capsexp.locations import hydra_value, is_setting
 from capsexp.results.metric_names import TEST_ACC, VAL_ACC_BEST
-from capsexp.results.runs import LOCATION_OVERRIDE, Run, find_runs
+from capsexp.results.runs import Run, find_runs
 from capsexp.results.study import StudyPage, figure_for
 from capsexp.run.checkpoints import best_checkpoint
 
@@ -31,7 +31,7 @@ MATCH_TOLERANCE = 1e-6
 
 
 def _own_overrides(run: Run) -> list[str]:
-    return [o for o in run.overrides if not LOCATION_OVERRIDE.match(o)]
+    return [o for o in run.overrides if is_setting(o)]
 
 
 def _capsexp(arguments: list[str]) -> None:

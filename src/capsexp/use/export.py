@@ -3,7 +3,7 @@ TorchScript (for C++ and Python serving without the training code).
 
 The exported graph takes what a user's decoded images become before the last, on-device step of the
 training data's evaluation pipeline: ``images``, (N, C, S, S) uint8 of the evaluation size
-(:class:`~capsexp.run.inference.TrainedModel` ``read`` gives them; docs/predict.md says how an image of
+(:class:`~capsexp.use.inference.TrainedModel` ``read`` gives them; docs/predict.md says how an image of
 another size is fitted). The graph holds that last step (pixels to [0, 1], a centre crop, the
 standardisation) and the net, and returns ``scores`` (N, classes) as ``capsexp.predict`` reports them
 (probabilities for logits) and, for capsule models, the class capsules' ``poses``. Routing iterations are
@@ -25,7 +25,7 @@ from torch import nn
 
 from capsexp.config.routing_options import RandomRouting
 from capsexp.errors import CapsexpError, ConfigError
-from capsexp.run.inference import TrainedModel, reported_scores
+from capsexp.use.inference import TrainedModel, reported_scores
 
 log = logging.getLogger("capsexp")
 
@@ -65,22 +65,29 @@ def check_exportable(model: TrainedModel) -> None:
             )
 
 
-def example_images(model: TrainedModel, count: int) -> tuple[torch.Tensor, str]:
-    """``count`` images of the evaluation size to trace and check with: the training data's first test
-    images where the data is on this machine, else random pixels; and which they are."""
+def example_images(model: TrainedModel, count: int, data_dir: str | Path | None = None) -> tuple[torch.Tensor, str]:
+    """``count`` images of the evaluation size to trace and check with: the first test images of the
+    training data where its test files are in ``data_dir`` (this machine's data folder) or in the folder
+    the model was trained with, else random pixels; and which they are. Nothing is prepared or downloaded
+    and no folder made: only the test split's files are read, where they are."""
     size = model.datamodule.evaluation_size
-    try:
-        datamodule = type(model.datamodule)(**model.datamodule.hparams)
-        datamodule.prepare_data()
-        datamodule.setup("test")
-        images = datamodule.data_test.images[:count]
+    hparams = dict(model.datamodule.hparams)
+    folders = [data_dir, hparams.get("data_dir")] if "data_dir" in hparams and data_dir is not None else [None]
+    for folder in dict.fromkeys(folders):
+        changed = {"download": False, "extra_test_sets": [], "data_dir": folder}
+        try:
+            datamodule = type(model.datamodule)(
+                **{**hparams, **{k: v for k, v in changed.items() if k in hparams and v is not None}}
+            )
+            datamodule.setup("test")  # never prepare_data(), which downloads what is missing
+            images = datamodule.data_test.images[:count]
+        except Exception:  # no test files there (or none the data can read): the next folder, or random pixels
+            continue
         if images.dtype == torch.uint8 and tuple(images.shape[1:]) == (model.channels, size, size):
             return images.clone(), f"the first {len(images)} test images of {model.config.geometry.name}"
-    except (CapsexpError, OSError, AttributeError, TypeError):
-        pass
     generator = torch.Generator().manual_seed(0)
     random = torch.randint(0, 256, (count, model.channels, size, size), generator=generator, dtype=torch.uint8)
-    return random, f"{count} images of random pixels (the training data is not on this machine)"
+    return random, f"{count} images of random pixels (the training data's test files are not on this machine)"
 
 
 def export(model: TrainedModel, format: str, path: Path, batch: int = 2, images: torch.Tensor | None = None) -> Path:
@@ -119,7 +126,9 @@ def export(model: TrainedModel, format: str, path: Path, batch: int = 2, images:
         "model": model.describe(),
         "checkpoint": str(model.checkpoint),
         "revision": model.revision,
-        "preprocessing": "docs/predict.md: fit each image to the input's size as capsexp.predict does",
+        # How a person's image becomes the input (capsexp.data.conventions; docs/predict.md), the resize
+        # filter named, so that another runtime can make the same input.
+        "preprocessing": model.datamodule.image_conventions.as_dict(),
     }
     path.with_suffix(".json").write_text(json.dumps(sidecar, indent=2) + "\n")
     return path
@@ -127,7 +136,8 @@ def export(model: TrainedModel, format: str, path: Path, batch: int = 2, images:
 
 def _onnx(module: nn.Module, images: torch.Tensor, path: Path, output_names: list[str]) -> None:
     batch = torch.export.Dim("batch")
-    logging.getLogger("torch.onnx").setLevel(logging.ERROR)
+    for exporter in ("torch.onnx", "onnx_ir", "onnxscript"):  # their INFO lines on their own passes
+        logging.getLogger(exporter).setLevel(logging.ERROR)
     program = torch.onnx.export(
         module,
         (images,),
@@ -151,7 +161,9 @@ def runner(format: str, path: Path):
             raise ExportError("ONNX Runtime is not installed: pip install 'capsexp[export]' (or onnxruntime)") from None
         session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
         return lambda images: [torch.from_numpy(out) for out in session.run(None, {"images": images.numpy()})]
-    loaded = torch.jit.load(str(path))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # "torch.jit.load is deprecated": the format is TorchScript
+        loaded = torch.jit.load(str(path))
     return lambda images: list(loaded(images))
 
 
@@ -188,8 +200,8 @@ TOLERANCE = 1e-4  # the largest difference of an exported model's outputs from t
 
 def export_command(cfg) -> dict[str, Any]:
     """``python -m capsexp.export``: export, then check and time the file against the model."""
-    from capsexp.run.inference import load
     from capsexp.run.run_folder import shown_path
+    from capsexp.use.inference import load
 
     model = load(cfg.ckpt_path)
     for note in model.notes:
@@ -198,7 +210,7 @@ def export_command(cfg) -> dict[str, Any]:
     path = Path(cfg.paths.output_dir) / f"model{FORMATS.get(format, '')}"
     count = int(cfg.check_images)
     # Read once: the first two trace the graph, all of them check it.
-    images, which = example_images(model, max(count, 2))
+    images, which = example_images(model, max(count, 2), cfg.paths.data_dir)
     log.info(f"Exporting {model.describe()} to {format}")
     export(model, format, path, images=images)
     log.info(

@@ -19,7 +19,7 @@ from torchvision.utils import make_grid
 
 from capsexp.callbacks.image_logging import PosePerturbation, displayable, overlaid, perturbed_reconstructions
 from capsexp.callbacks.routing_figures import draw_coupling_maps, position_maps
-from capsexp.run.inference import Predictions, TrainedModel, child_grid
+from capsexp.use.inference import Predictions, TrainedModel, child_grid
 
 
 def shown_image(image: torch.Tensor) -> np.ndarray:

@@ -26,40 +26,23 @@ from torchvision.transforms.v2 import functional as TF
 
 from capsexp.callbacks.routing_diagnostics import routing_layers
 from capsexp.config.routing_options import DynamicRouting
-from capsexp.data.images import decode, pil_mode
+from capsexp.data.images import pil_mode, read_image
 from capsexp.errors import CapsexpError, CheckpointError, ImageError
-from capsexp.lit.classifier import RUN_RECORD
 from capsexp.lit.objectives import class_scores
+from capsexp.locations import RUN_RECORD
 from capsexp.models import CapsNet, MatrixCapsNet
 from capsexp.nn import ClassMatrixCapsules, PrimaryCapsules
 from capsexp.run.build import build_model, instantiate
-from capsexp.run.checkpoints import best_checkpoint, check_checkpoint, run_config
-from capsexp.run.resume import LAST_CHECKPOINT
+from capsexp.run.checkpoints import (
+    LIGHTNING_ALIASES,
+    check_weights_fit,
+    checkpoint_of,
+    read_checkpoint,
+    recorded_config,
+)
 
 ImageLike = str | os.PathLike | Image.Image | torch.Tensor
 BATCH_SIZE = 256  # images per forward pass
-
-
-def checkpoint_file(path: str | os.PathLike) -> tuple[Path, str | None]:
-    """The checkpoint ``path`` names, and a note when it is not the file itself: a run folder means its
-    best checkpoint by validation accuracy (the one beside ``last.ckpt``, which testing chose), or
-    ``last.ckpt`` where the run never validated."""
-    path = Path(path)
-    if not path.is_dir():
-        return path, None
-    try:
-        best = best_checkpoint(path)
-        return best, f"its best checkpoint, {best.name}"
-    except CheckpointError:
-        pass
-    if (path / LAST_CHECKPOINT).is_file():
-        return path / LAST_CHECKPOINT, f"{LAST_CHECKPOINT.name}: the run saved no best checkpoint (it never validated)"
-    found = sorted(path.glob("*.ckpt"))
-    hint = f"; give one of its files: {', '.join(p.name for p in found[:3])}" if found else ""
-    raise CheckpointError(
-        f"ckpt_path={path} is a folder without a run's checkpoints (no checkpoints/*.ckpt in it): give a run "
-        f"folder (logs/train/runs/<time>...) or a .ckpt file{hint}"
-    )
 
 
 def score_kind(module: torch.nn.Module, objects: int = 1) -> str:
@@ -94,7 +77,9 @@ class Predictions:
     ``inputs``: the net's inputs; for capsule models ``poses`` (N, K, D) of the class capsules,
     ``couplings`` (N, I, K): each child's share sent to each class capsule by the last routing layer
     (couplings c_ij, or EM responsibilities R_ij), and ``reconstructions`` from the predicted capsules
-    (models with a decoder); ``notes``: per image, what was done to bring it to the net's input."""
+    (models with a decoder); ``notes``: per image, what was done to bring it to the net's input;
+    ``present`` (N,) bool: whether the predicted class's score reaches the model's presence threshold
+    (capsule models trained with the margin loss; None for the others, which always name a class)."""
 
     classes: torch.Tensor
     scores: torch.Tensor
@@ -105,6 +90,7 @@ class Predictions:
     poses: torch.Tensor | None = None
     couplings: torch.Tensor | None = None
     reconstructions: torch.Tensor | None = None
+    present: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return len(self.scores)
@@ -140,6 +126,13 @@ class TrainedModel:
         self.objects = int(OmegaConf.select(config, "geometry.objects", default=1) or 1)
         self.class_names = _class_names(record, datamodule, int(config.geometry.num_classes))
         self.score_kind = score_kind(module, self.objects)
+        # A class counts as present where its score reaches the midpoint of the loss's targets for a present
+        # and an absent class (0.5 for the margin loss's 0.9 and 0.1); None where the loss has no such
+        # targets (logits, the spread loss): every image then has a class.
+        self.presence_threshold: float | None = getattr(getattr(module, "objective", None), "presence_threshold", None)
+        self.fit = "conventions"  # or "plain": images resized and cropped alone (capsexp.use.request.FIT_OPTIONS)
+        digits = datamodule.image_conventions.digit_box is not None
+        self.absent_text = "no digit found" if digits else "no class present"  # what a line says of such an image
         self.revision = (record or {}).get("revision")
         self.notes: list[str] = []
         self.routing_layer = next(reversed(routing_layers(module).items()), None)  # (name, layer): the last
@@ -169,21 +162,17 @@ class TrainedModel:
             elif channels not in (1, 3):
                 raise ImageError(f"a tensor image has {channels} channels: give 1 (grey) or 3 (RGB), (C, H, W)")
         else:
-            pixels, note = self._decode(image)
-            notes += [note] if note else []
+            pixels, decoded = self._decode(image)
+            notes += decoded
         if self.channels == 2 and pixels.shape[0] == 1:  # a stereo model: the image is both views
             pixels = pixels.expand(2, -1, -1)
             notes.append("used as both views of the stereo pair")
-        fitted, note = self.datamodule.fit_image(pixels.contiguous())
-        return fitted, notes + ([note] if note else [])
+        fitted, fitting = self.datamodule.fit_image(pixels.contiguous(), plain=self.fit == "plain")
+        return fitted, notes + fitting
 
-    def _decode(self, image: str | os.PathLike | Image.Image) -> tuple[torch.Tensor, str | None]:
-        mode = pil_mode(self.channels)
-        if isinstance(image, Image.Image):
-            return decode(image, mode), _mode_note(image.mode, mode)
+    def _decode(self, image: str | os.PathLike | Image.Image) -> tuple[torch.Tensor, list[str]]:
         try:
-            with Image.open(image) as opened:
-                return decode(opened, mode), _mode_note(opened.mode, mode)
+            return read_image(image, pil_mode(self.channels))
         except FileNotFoundError:
             raise ImageError(f"{image}: no such file") from None
         except (UnidentifiedImageError, OSError) as error:
@@ -211,6 +200,9 @@ class TrainedModel:
                 hook.remove()
         scores = reported_scores(class_scores(output).float(), self.score_kind)
         classes = scores.argmax(dim=-1) if self.objects == 1 else scores.topk(self.objects, dim=-1).indices
+        present = None
+        if self.presence_threshold is not None:
+            present = (scores.max(dim=-1).values >= self.presence_threshold).cpu()
         field = functools.partial(_field, output)
         return Predictions(
             classes=classes.cpu(),
@@ -222,6 +214,7 @@ class TrainedModel:
             poses=field("poses"),
             couplings=captured["assignment"].float().cpu() if captured.get("assignment") is not None else None,
             reconstructions=field("reconstructions"),
+            present=present,
         )
 
     def predict(self, images: ImageLike | Iterable[ImageLike], batch_size: int = BATCH_SIZE) -> Predictions:
@@ -268,40 +261,33 @@ def concatenate(parts: Sequence[Predictions]) -> Predictions:
 
     return dataclasses.replace(
         first,
-        **{name: joined(name) for name in ("classes", "scores", "inputs", "poses", "couplings", "reconstructions")},
+        **{
+            name: joined(name)
+            for name in ("classes", "scores", "inputs", "poses", "couplings", "reconstructions", "present")
+        },
         notes=[note for part in parts for note in part.notes],
     )
 
 
 def load(path: str | os.PathLike, device: str | torch.device = "cpu") -> TrainedModel:
-    """The trained model of a checkpoint or a run folder (see the module's docstring), in eval mode on
-    ``device``. :class:`~capsexp.errors.CheckpointError` for a file that is not a capsexp checkpoint."""
-    file, note = checkpoint_file(path)
+    """The trained model of a checkpoint, a run folder or a sweep's job folder (see the module's docstring),
+    in eval mode on ``device``. :class:`~capsexp.errors.CheckpointError` for a file that is not a capsexp
+    checkpoint. The checkpoint file is read once."""
     where = f"ckpt_path={path}"
-    checkpoint = check_checkpoint(file, where=where)
-    if checkpoint is None:
+    if str(path) in LIGHTNING_ALIASES:
         raise CheckpointError(f"{where}: give a checkpoint file or a run folder")
+    file, note = checkpoint_of(path, where)
+    checkpoint = read_checkpoint(file, where)
     record = checkpoint.get(RUN_RECORD)
-    if record is not None:
-        config = OmegaConf.create(record["config"])
-    else:  # a checkpoint from before runs recorded themselves in it: its run folder's config
-        config = _run_config(file, where)
+    config = recorded_config(checkpoint, file, where)
     module = build_model(where, config.model)
-    check_checkpoint(file, module, where)  # the weights fit (a clear message otherwise)
+    check_weights_fit(where, checkpoint["state_dict"], module)  # a clear message where they do not fit
     module.load_state_dict(checkpoint["state_dict"])
     datamodule = instantiate("data", config.data, _convert_="all")
     model = TrainedModel(module, datamodule, config, file, record).to(device)
     if note:
         model.notes.append(f"{path}: {note}")
     return model
-
-
-def _run_config(file: Path, where: str) -> DictConfig:
-    """The run folder's config, its resolvers registered (a checkpoint older than the runs' own record)."""
-    from capsexp.config.hydra_setup import register
-
-    register()
-    return run_config(file, where)
 
 
 def _class_names(record: dict | None, datamodule: Any, num_classes: int) -> list[str]:
@@ -327,16 +313,6 @@ def _uint8(image: torch.Tensor) -> torch.Tensor:
     if not image.is_floating_point() or image.min() < 0 or image.max() > 1:
         raise ImageError("a tensor image must be uint8, or float with pixels in [0, 1]")
     return image.detach().cpu().mul(255).round_().to(torch.uint8)
-
-
-def _mode_note(found: str, wanted: str) -> str | None:
-    """The note for an image converted between grey and colour (None when the model takes it as it is)."""
-    grey = found in ("1", "L", "LA", "I", "I;16", "F")  # a palette image (P) counts as colour
-    if wanted == "L" and not grey:
-        return "RGB converted to grey (ITU-R 601-2 luma), as the model's training images"
-    if wanted == "RGB" and grey:
-        return "grey converted to RGB, as the model's training images"
-    return None
 
 
 def _field(output: Any, name: str) -> torch.Tensor | None:

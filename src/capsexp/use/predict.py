@@ -3,18 +3,18 @@
 never sits in memory.
 
 Writes into ``output_dir``: ``predictions.csv`` (a row per image: file, predicted class by name, its
-score, the top-k classes with their scores, what the score is, the label and whether it was right where
-the folder gives labels, and what was done to the image to fit the net), ``summary.md`` (the model, its
-checkpoint and code revision, the counts, the accuracy and confusion matrix where labelled) and, for the
-first ``explain`` images, a figure each in ``explain/`` (:mod:`capsexp.run.explain`).
+score, the top-k classes with their scores, what the score is, whether a class is present at all for
+capsule models, the label and whether it was right where the folder gives labels, and what was done to
+the image to fit the net), ``summary.md`` (the model, its checkpoint and code revision, the counts, the
+files skipped and why, the accuracy and confusion matrix where labelled) and, for the first ``explain``
+images (and as many it got wrong), a figure each in ``explain/`` (:mod:`capsexp.use.explain`), drawn
+after the prediction pass from a second pass over those images alone.
 """
 
 from __future__ import annotations
 
 import csv
-import glob
 import logging
-import math
 import os
 import sys
 import time
@@ -30,14 +30,13 @@ from lightning.pytorch.callbacks import BasePredictionWriter, RichProgressBar
 from omegaconf import DictConfig
 from torch.utils.data import DataLoader, Dataset
 
-from capsexp.data.images import IMAGE_SUFFIXES
-from capsexp.errors import ConfigError, ImageError
+from capsexp.errors import ImageError
 from capsexp.results.revision import short as short_revision
 from capsexp.run.build import instantiate
-from capsexp.run.explain import explain_figure
-from capsexp.run.inference import Predictions, TrainedModel, load
 from capsexp.run.run_folder import shown_path
 from capsexp.run.train import quiet_lightning_notices
+from capsexp.use.inference import Predictions, TrainedModel, load
+from capsexp.use.request import ImageFiles, folder_labels, image_files, predict_options
 
 log = logging.getLogger("capsexp")
 
@@ -45,34 +44,7 @@ PREDICTIONS, SUMMARY, EXPLAINED = "predictions.csv", "summary.md", "explain"
 _SHOWN = 5  # files named in an error
 
 
-def image_files(images: str) -> tuple[list[Path], Path | None]:
-    """The files ``images`` names (a file, a folder searched recursively for image files, or a glob),
-    sorted, and the folder when it is one; :class:`~capsexp.errors.ImageError` when it names none."""
-    path = Path(images).expanduser()
-    if path.is_dir():
-        files = sorted((p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES), key=str)
-        if not files:
-            raise ImageError(f"images={images}: no image files in this folder ({', '.join(IMAGE_SUFFIXES)})")
-        return files, path
-    if path.is_file():
-        return [path], None
-    if glob.has_magic(images):
-        files = sorted(Path(p) for p in glob.glob(str(path), recursive=True) if Path(p).is_file())
-        if not files:
-            raise ImageError(f"images={images}: the pattern matches no file")
-        return files, None
-    raise ImageError(f"images={images}: no such file or folder (give an image, a folder of images, or a glob)")
-
-
-def folder_labels(files: Sequence[Path], class_names: Sequence[str]) -> list[int] | None:
-    """Each file's class when every file sits in a folder named as one of the model's classes (an image
-    folder with class sub-folders); else None."""
-    index = {name: j for j, name in enumerate(class_names)}
-    labels = [index.get(path.parent.name) for path in files]
-    return None if any(label is None for label in labels) else labels
-
-
-class ImageFiles(Dataset):
+class ImageDataset(Dataset):
     """The files, each brought to the model's evaluation size (:meth:`TrainedModel.read`); an unreadable
     one gives a blank image and its error, so that one bad file does not stop a folder."""
 
@@ -107,15 +79,15 @@ class Predictor(L.LightningModule):
 
     def predict_step(self, batch: tuple, batch_idx: int, dataloader_idx: int = 0) -> tuple[Predictions, Any, list]:
         images, indices, notes, errors = batch
-        # The couplings only while figures are still to be drawn (keeping them costs a second routing pass).
-        predictions = self.model.forward(self.model.inputs(images), couplings=self.writer.wants_figures)
+        # No couplings: keeping them costs dynamic routing a second pass; the figures recompute theirs.
+        predictions = self.model.forward(self.model.inputs(images), couplings=False)
         predictions.notes = notes
         return predictions, indices.cpu(), errors
 
 
 class PredictionWriter(BasePredictionWriter):
-    """Writes each batch's rows, keeps the first ``lines`` lines for the console, explains the first
-    ``explain`` images, and counts what the summary needs."""
+    """Writes each batch's rows, keeps the first ``lines`` lines for the console, picks the images to
+    explain (the first ``explain``, and as many it got wrong), and counts what the summary needs."""
 
     def __init__(
         self,
@@ -138,20 +110,19 @@ class PredictionWriter(BasePredictionWriter):
         self.notes: Counter[str] = Counter()
         self.errors: list[str] = []
         self.shown: list[str] = []
+        self.to_explain: list[tuple[int, str]] = []  # (file index, subfolder of explain/) for the figures
         self.explained = self.explained_wrong = 0
+        self.absent = 0  # images on which the model finds no class present
         self.rows = 0
         self._handle = open(output / PREDICTIONS, "w", newline="")  # noqa: SIM115 (closed in close())
         self._csv = csv.writer(self._handle)
         header = ["file", "predicted", "score"]
         for rank in range(1, top_k + 1):
             header += [f"top{rank}", f"top{rank}_score"]
-        header += ["score_kind", *(["label", "correct"] if labels is not None else []), "notes"]
+        self.presence = model.presence_threshold is not None
+        header += ["score_kind", *(["present"] if self.presence else [])]
+        header += [*(["label", "correct"] if labels is not None else []), "notes"]
         self._csv.writerow(header)
-
-    @property
-    def wants_figures(self) -> bool:
-        """Whether images of the next batch may still be explained (the first ones, or wrong ones)."""
-        return self.explained < self.explain or (self.labels is not None and self.explained_wrong < self.explain)
 
     def shown_name(self, path: Path) -> str:
         text = str(path)
@@ -168,13 +139,17 @@ class PredictionWriter(BasePredictionWriter):
         first, indices = first.tolist(), indices.tolist()
         kind, blank = predictions.score_kind, [""] * (2 * self.top_k)
         labels = [self.labels[index] for index in indices] if self.labels is not None else None
+        present = predictions.present.tolist() if predictions.present is not None else None
         rows = []
         for row, (index, error) in enumerate(zip(indices, errors, strict=True)):
             name = self.shown_name(self.files[index])
             label = [] if labels is None else [self.model.class_names[labels[row]]]
             if error:
                 self.errors.append(error)
-                rows.append([name, "", "", *blank, "", *label, *([""] if label else []), error])
+                rows.append(
+                    [name, "", "", *blank, "", *([""] if self.presence else []), *label, *([""] if label else [])]
+                )
+                rows[-1].append(error)
                 continue
             notes = predictions.notes[row]
             self.notes.update(notes)
@@ -182,14 +157,22 @@ class PredictionWriter(BasePredictionWriter):
             top = [value for pair in tops[row] for value in (pair[0], f"{pair[1]:.4f}")]
             correct = [str(int(labels[row] == first[row]))] if label else []
             score = f"{scores[row]:.4f}"
-            rows.append([name, names[row], score, *top, *blank[len(top) :], kind, *label, *correct, "; ".join(notes)])
+            found = [] if present is None else [str(int(present[row]))]
+            self.absent += present is not None and not present[row]
+            rows.append([name, names[row], score, *top, *blank[len(top) :], kind, *found, *label, *correct])
+            rows[-1].append("; ".join(notes))
             if len(self.shown) < self.lines:
-                self.shown.append(self._line(name, names[row], kind, scores[row], tops[row], labels, row, first[row]))
+                line = self._line(name, names[row], kind, scores[row], tops[row], labels, row, first[row])
+                if present is not None and not present[row]:
+                    best = ", ".join(f"{c} {v:.3f}" for c, v in tops[row])
+                    threshold = self.model.presence_threshold
+                    line = f"{name}: {self.model.absent_text} (no {kind} reaches {threshold:g}; the best: {best})"
+                self.shown.append(line)
             if self.explained < self.explain:
-                self._explain(predictions, row, self._title(name, index), EXPLAINED)
+                self.to_explain.append((index, EXPLAINED))
                 self.explained += 1
             if labels is not None and labels[row] != first[row] and self.explained_wrong < self.explain:
-                self._explain(predictions, row, self._title(name, index), f"{EXPLAINED}/wrong")
+                self.to_explain.append((index, f"{EXPLAINED}/wrong"))
                 self.explained_wrong += 1
         self._csv.writerows(rows)
         self._handle.flush()
@@ -213,46 +196,54 @@ class PredictionWriter(BasePredictionWriter):
     def _title(self, name: str, index: int) -> str:
         return name if self.labels is None else f"{name} (label {self.model.class_names[self.labels[index]]})"
 
-    def _explain(self, predictions: Predictions, row: int, title: str, subfolder: str) -> None:
-        folder = self.output / subfolder
-        folder.mkdir(parents=True, exist_ok=True)
-        figure = explain_figure(self.model, predictions, row, title)
-        stem = title.split(" (label ")[0].replace("/", "_").rsplit(".", 1)[0]
-        figure.savefig(folder / f"{stem}.png", dpi=90)
+    def draw_figures(self) -> None:
+        """The figure of each image picked to explain, from a second pass over those images alone (with the
+        routing couplings, which the prediction pass leaves out), after the prediction pass."""
+        from capsexp.use.explain import explain_figure  # matplotlib: only when drawing
+
+        if not self.to_explain:
+            return
+        indices = [index for index, _ in self.to_explain]
+        pixels = torch.stack([self.model.read(self.files[index])[0] for index in indices])
+        predictions = self.model.forward(self.model.inputs(pixels), couplings=True)
+        for row, (index, subfolder) in enumerate(self.to_explain):
+            folder = self.output / subfolder
+            folder.mkdir(parents=True, exist_ok=True)
+            title = self._title(self.shown_name(self.files[index]), index)
+            stem = title.split(" (label ")[0].replace("/", "_").rsplit(".", 1)[0]
+            explain_figure(self.model, predictions, row, title).savefig(folder / f"{stem}.png", dpi=90)
 
     def close(self) -> None:
         self._handle.close()
 
 
-def predict(cfg: DictConfig) -> dict[str, Any]:
-    """Predict as the module's docstring says; return the counts (``images``, ``unreadable``, and
-    ``accuracy`` where labelled). :class:`~capsexp.errors.ImageError` after writing, when a file could
-    not be read."""
-    top_k, batch_size = _positive(cfg, "top_k"), _positive(cfg, "batch_size")
-    if cfg.trainer.get("devices") not in (1, "1") or cfg.trainer.get("num_nodes", 1) != 1:
-        raise ConfigError(
-            f"trainer.devices={cfg.trainer.get('devices')}: predict runs on one device (its rows are written in "
-            "order by one process); choose it with trainer.accelerator=cpu|gpu, trainer.devices=1"
-        )
-    lines, explain = _count(cfg, "lines"), _count(cfg, "explain")
+def predict(cfg: DictConfig, found: ImageFiles | None = None) -> dict[str, Any]:
+    """Predict as the module's docstring says; return the counts (``images``, ``unreadable``, ``absent``,
+    ``skipped``, and ``accuracy`` where labelled) and the times (``seconds``: the prediction pass,
+    ``figure_seconds``: the figures). ``found``: the files, where the command line listed them already.
+    :class:`~capsexp.errors.ImageError` after writing, when a file could not be read."""
+    options = predict_options(cfg)
+    found = found or image_files(str(cfg.images))
+    files = found.files
     model = load(cfg.ckpt_path)
+    model.fit = options.fit
     for note in model.notes:
         log.info(f"Checkpoint: {note}")
-    files, root = image_files(str(cfg.images))
-    labels = folder_labels(files, model.class_names) if root is not None and model.objects == 1 else None
+    labels = folder_labels(files, model.class_names) if found.root is not None and model.objects == 1 else None
     log.info(f"{model.describe()}; trained by code {short_revision(model.revision)}")
+    size = model.datamodule.evaluation_size
     log.info(
         f"{len(files):,} images"
         + (f" in {len(set(labels))} labelled class folders" if labels is not None else "")
-        + f"; each brought to {model.channels}x{model.datamodule.evaluation_size}x{model.datamodule.evaluation_size}"
-        " as the model's evaluation images were (docs/predict.md)"
+        + f"; each brought to {model.channels}x{size}x{size} "
+        + ("as the model's evaluation images were made (docs/predict.md)" if options.fit != "plain" else "(fit=plain)")
     )
     output = Path(cfg.paths.output_dir)
     output.mkdir(parents=True, exist_ok=True)
-    writer = PredictionWriter(model, files, root, labels, output, top_k, lines, explain)
+    writer = PredictionWriter(model, files, found.root, labels, output, options.top_k, options.lines, options.explain)
     loader = DataLoader(
-        ImageFiles(files, model),
-        batch_size=batch_size,
+        ImageDataset(files, model),
+        batch_size=options.batch_size,
         num_workers=int(cfg.num_workers),
         collate_fn=_collate,
         persistent_workers=False,
@@ -270,21 +261,36 @@ def predict(cfg: DictConfig) -> dict[str, Any]:
         logger=False,
         enable_model_summary=False,
     )
-    log.info(f"Predicting on {trainer.strategy.root_device} in batches of {batch_size}")
+    log.info(f"Predicting on {trainer.strategy.root_device} in batches of {options.batch_size}")
     started = time.perf_counter()
     try:
         trainer.predict(Predictor(model, writer), dataloaders=loader, return_predictions=False)
     finally:
         writer.close()
     seconds = time.perf_counter() - started
-    log.info(f"{len(files):,} images in {seconds:.1f} s ({len(files) / seconds:,.0f} images/s: decoding and the model)")
+    started = time.perf_counter()
+    with torch.inference_mode():
+        writer.draw_figures()
+    figure_seconds = time.perf_counter() - started
+    speed = f"{len(files):,} images in {seconds:.1f} s ({len(files) / seconds:,.0f} images/s: decoding and the model)"
+    if writer.to_explain:
+        speed += f"; figures of {len(writer.to_explain)} of them drawn in {figure_seconds:.1f} s"
+    log.info(speed)
     for line in writer.shown:
         print(line)
-    if len(files) - len(writer.errors) > len(writer.shown) and writer.shown:
-        print(f"... and {len(files) - len(writer.errors) - len(writer.shown):,} more in {PREDICTIONS}")
+    predicted = len(files) - len(writer.errors)
+    if predicted > len(writer.shown) and writer.shown:
+        print(f"... and {predicted - len(writer.shown):,} more in {PREDICTIONS}")
     for note, count in writer.notes.most_common():  # what was done to fit images, one line each (docs/predict.md)
-        log.info(f"{count:,} of {len(files) - len(writer.errors):,} images: {note}")
-    result = {**_summarise(cfg, model, writer, files), "seconds": seconds}
+        log.info(f"{count:,} of {predicted:,} images: {note}")
+    if model.presence_threshold is not None:
+        log.info(
+            f"{writer.absent:,} of {predicted:,} images: {model.absent_text} (no {model.score_kind} reaches "
+            f"{model.presence_threshold:g})"
+        )
+    if found.skipped:
+        log.info(f"{len(found.skipped):,} files skipped (listed in {SUMMARY}): " + _skipped_counts(found))
+    result = {**_summarise(cfg, model, writer, found), "seconds": seconds, "figure_seconds": figure_seconds}
     log.info(f"Predictions: {shown_path(output / PREDICTIONS)}; summary: {shown_path(output / SUMMARY)}")
     if writer.errors:
         shown = "\n  ".join(writer.errors[:_SHOWN]) + ("\n  ..." if len(writer.errors) > _SHOWN else "")
@@ -295,28 +301,18 @@ def predict(cfg: DictConfig) -> dict[str, Any]:
     return result
 
 
-def _positive(cfg: DictConfig, key: str) -> int:
-    value = cfg.get(key)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(f"{key}={value}: must be a whole number of at least 1")
-    return value
+def _skipped_counts(found: ImageFiles) -> str:
+    return ", ".join(f"{count:,} {reason}" for reason, count in Counter(r for _, r in found.skipped).most_common())
 
 
-def _count(cfg: DictConfig, key: str) -> int:
-    """``lines`` / ``explain``: a number of images, ``all`` or true (every one), false (none)."""
-    value = cfg.get(key)
-    if value is True or value == "all":
-        return math.inf  # type: ignore[return-value]
-    if value is False or value is None:
-        return 0
-    if isinstance(value, int) and value >= 0:
-        return value
-    raise ConfigError(f"{key}={value}: give a number of images, all (or true), or false (none)")
-
-
-def _summarise(cfg: DictConfig, model: TrainedModel, writer: PredictionWriter, files: Sequence[Path]) -> dict:
-    predicted = len(files) - len(writer.errors)
-    result: dict[str, Any] = {"images": predicted, "unreadable": len(writer.errors)}
+def _summarise(cfg: DictConfig, model: TrainedModel, writer: PredictionWriter, found: ImageFiles) -> dict:
+    predicted = len(found.files) - len(writer.errors)
+    result: dict[str, Any] = {
+        "images": predicted,
+        "unreadable": len(writer.errors),
+        "skipped": len(found.skipped),
+        "absent": writer.absent,
+    }
     names = model.class_names
     text = [
         "# Predictions",
@@ -328,9 +324,17 @@ def _summarise(cfg: DictConfig, model: TrainedModel, writer: PredictionWriter, f
         + (f", {len(writer.errors)} unreadable" if writer.errors else ""),
         f"- each image's row, top {writer.top_k} classes and scores: [{PREDICTIONS}]({PREDICTIONS})",
     ]
+    if model.presence_threshold is not None:
+        text.append(
+            f"- {model.absent_text}: {writer.absent:,} of {predicted:,} (no {model.score_kind} reaches "
+            f"{model.presence_threshold:g}, the midpoint of the loss's targets; their `present` column is 0)"
+        )
     if writer.notes:
         text += ["", "What was done to bring images to the model's input (as its evaluation images were):", ""]
         text += [f"- {count:,} of {predicted:,}: {note}" for note, count in writer.notes.most_common()]
+    if found.skipped:
+        text += ["", f"Files skipped ({len(found.skipped):,}):", ""]
+        text += [f"- `{writer.shown_name(path)}`: {reason}" for path, reason in found.skipped]
     text += ["", "| predicted | images |", "| --- | ---: |"]
     text += [f"| {name} | {writer.predicted[name]:,} |" for name in names if writer.predicted[name]]
     for name, count in writer.predicted.items():  # several objects: the joined names

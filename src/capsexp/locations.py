@@ -1,0 +1,130 @@
+"""What on a command line is a *location*, a file or folder of the machine (a checkpoint, images, a data
+or run folder), and its value read as Hydra reads it.
+
+capsexp prints run folders named by their overrides (``runs/<time>_model=capsnet,seed=1``) and users
+paste them back: ``ckpt_path=logs/train/multiruns/<time>/model=capsnet,seed=1``. Hydra's override
+grammar reads ``=`` in a value as an error and ``,`` as a sweep, so every command line of capsexp passes
+through :func:`quote_locations` before Hydra parses it: a location's value that Hydra would not read back
+as the text written is quoted (:func:`hydra_value`). The same :func:`is_location` keeps locations out of
+run folders' names, the HParams tab and results pages' configuration labels: where a run's files were
+says nothing of what it ran.
+
+The repository's folders and the names of the files a run leaves in its folder are declared here too,
+below every module that reads or writes them.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Iterable
+from pathlib import Path
+
+# The repository root (src/capsexp/locations.py -> two levels up): conf/, data/ and logs/ live there.
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+CONFIG_DIR = PROJECT_ROOT / "conf"
+
+# In a run's folder (logs/<task_name>/runs/<time>..., or a sweep's job folder):
+RUN_CONFIG = Path(".hydra") / "config.yaml"  # the composed config
+OVERRIDES = Path(".hydra") / "overrides.yaml"  # the command line's overrides
+LAST_CHECKPOINT = Path("checkpoints") / "last.ckpt"  # the latest state, beside the best checkpoints
+
+# The key of the run's own record in every checkpoint it writes (its resolved config, its command-line
+# overrides, the code's revision, the class names): a lone .ckpt rebuilds its model from it.
+RUN_RECORD = "capsexp"
+
+# Keys that locate files: ``*_dir``/``*dir``/``dirpath``/``*_path``/``*root`` (data.data_dir,
+# trainer.default_root_dir, a checkpoint callback's dirpath, ckpt_path, data.root, image_folder_root),
+# the ``paths`` and ``hydra`` nodes, predict's ``images`` and the black-box attack's ``attack.source``.
+_LOCATION_KEY = re.compile(
+    r"(^|[/._])(dir|dirpath|path|root)$|_root$|^paths([/.]|$)|^hydra[/.]|^images$|^attack\.source$"
+)
+# Keys that name a run's place among others, not what it ran: with the locations, never part of a
+# configuration's label on a results page.
+LABEL_KEYS = ("task_name", "tags")
+
+# Characters an override value may hold unquoted: others (``,`` a sweep, ``=``, brackets, quotes,
+# ``$``, whitespace) make Hydra's grammar read more than a string.
+_PLAIN_VALUE = re.compile(r"[\w./:@%+~-]*")
+
+
+def key(argument: str) -> str:
+    """The key of a ``key=value`` override, without Hydra's ``+``, ``++`` or ``~``."""
+    return argument.split("=", 1)[0].lstrip("+~")
+
+
+def is_location(name: str) -> bool:
+    """Whether the override key ``name`` (``ckpt_path``, ``data.data_dir``, ``model/net``...) locates a file."""
+    return bool(_LOCATION_KEY.search(name.lstrip("+~")))
+
+
+def is_setting(argument: str) -> bool:
+    """Whether the override ``argument`` says what a run ran (not where its files were, nor its task's name)."""
+    name = key(argument)
+    return not is_location(name) and name not in LABEL_KEYS
+
+
+def hydra_value(text: str | Path) -> str:
+    r"""``text`` as an override value Hydra reads back as that string: quoted where it holds more than
+    plain characters (a job folder's name holds ``=`` and ``,``: ``model=capsnet,seed=1``). In quotes,
+    a quote and the backslashes before it, or before the end, are escaped; ``${`` is escaped as ``\${``."""
+    text = str(text)
+    if _PLAIN_VALUE.fullmatch(text):
+        return text
+    quoted = re.sub(r"(\\*)('|$)", lambda m: m[1] * 2 + ("\\'" if m[2] else ""), text)
+    return "'" + quoted.replace("${", "\\${") + "'"
+
+
+@functools.cache
+def _parser():
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    return OverridesParser.create()
+
+
+def _parsed(argument: str):
+    """Hydra's reading of the override ``argument`` (None where its grammar refuses it)."""
+    from hydra.errors import HydraException
+
+    try:
+        return _parser().parse_override(argument)
+    except HydraException:
+        return None
+
+
+def value(argument: str) -> str:
+    """The value of ``key=value`` as Hydra reads it: quotes removed and escapes undone; text Hydra cannot
+    parse, a sweep, or a value that is not a string (``null``), as written."""
+    override = _parsed(argument)
+    written = argument.split("=", 1)[1]
+    if override is None or override.is_sweep_override():
+        return written
+    read = override.value()
+    return read if isinstance(read, str) else written
+
+
+def quote_locations(arguments: Iterable[str]) -> list[str]:
+    """``arguments`` with each location override whose value Hydra would not read as the text written
+    quoted: a run or job folder's name with ``=`` and ``,``, a path with spaces or brackets. A value
+    already quoted, a sweep over several existing files (``-m ckpt_path=a.ckpt,b.ckpt``), ``null`` and
+    interpolations are left as they are."""
+    quoted = []
+    for argument in arguments:
+        if argument.startswith("-") or "=" not in argument or not is_location(key(argument)):
+            quoted.append(argument)
+            continue
+        prefix, written = argument.split("=", 1)
+        override = _parsed(argument)
+        if override is None:  # Hydra's grammar refuses it: the text is the path
+            needs_quotes = True
+        elif override.is_sweep_override():  # a,b: one path that holds ",", or a sweep of paths
+            needs_quotes = Path(written).expanduser().exists() or "=" in written
+        else:
+            read = override.value()
+            needs_quotes = isinstance(read, str) and read != written and not _quoted(written)
+        quoted.append(f"{prefix}={hydra_value(written)}" if needs_quotes else argument)
+    return quoted
+
+
+def _quoted(written: str) -> bool:
+    return len(written) >= 2 and written[0] == written[-1] and written[0] in "'\""
