@@ -88,7 +88,7 @@ def _run(cfg: DictConfig, job: DDPJob) -> dict[str, float]:
     if run_folder is not None and int(os.environ.get("LOCAL_RANK", 0)) == 0:
         say_run_folder(run_folder, finished=False)
         write_machine(run_folder)
-        write_revision(run_folder, revision)
+        revision = write_revision(run_folder, revision)  # with the code of the run's earlier parts, if resumed
     if cfg.get("seed") is not None:
         L.seed_everything(cfg.seed, workers=True)
     if torch.cuda.is_available():

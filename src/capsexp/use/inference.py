@@ -25,7 +25,7 @@ from PIL import Image, UnidentifiedImageError
 from torchvision.transforms.v2 import functional as TF
 
 from capsexp.callbacks.routing_diagnostics import routing_layers
-from capsexp.config.routing_options import DynamicRouting
+from capsexp.config.routing_options import DynamicRouting, VBRouting
 from capsexp.data.images import pil_mode, read_image
 from capsexp.errors import CapsexpError, CheckpointError, ImageError
 from capsexp.lit.objectives import class_scores
@@ -47,14 +47,15 @@ BATCH_SIZE = 256  # images per forward pass
 
 def score_kind(module: torch.nn.Module, objects: int = 1) -> str:
     """What a model's class scores are: a capsule length (dynamic routing), a class capsule's activation
-    (another routing algorithm in CapsNet's place), an EM activation (matrix capsules), a sigmoid score
+    (another routing algorithm in CapsNet's place), an EM or a VB activation (matrix capsules routed by EM
+    or by variational Bayes, trained on the activations), a sigmoid score
     (CapsNet's fully connected reference head), or, for logits, the probability made of them (softmax;
     sigmoid with several objects per image, as their loss is)."""
     net = getattr(module, "net", module)
     if not getattr(getattr(module, "objective", None), "presence_scores", False):
         return "sigmoid probability" if objects > 1 else "softmax probability"
     if isinstance(net, MatrixCapsNet):
-        return "EM activation"
+        return "VB activation" if isinstance(net.class_caps.router.routing, VBRouting) else "EM activation"
     if isinstance(net, CapsNet) and hasattr(net.digits, "router"):
         return "capsule length" if isinstance(net.digits.routing, DynamicRouting) else "class capsule activation"
     return "sigmoid score"

@@ -1,0 +1,120 @@
+"""Records that are right: the code a run ran (changed code only, diffs as bytes), every revision of a
+resumed run on its card, how much of each split a run used, and the docs' table of what scores are."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from capsexp.locations import PROJECT_ROOT
+from capsexp.results.model_card import _used
+from capsexp.results.revision import describe, read_revision
+from capsexp.run.build import build_model
+from capsexp.use.inference import score_kind
+from tests.helpers import TINY_RUN, compose_config, run_cli_in_process, write_mnist
+
+
+def git(root: Path, *arguments: str) -> None:
+    subprocess.run(["git", *arguments], cwd=root, check=True, capture_output=True)
+
+
+@pytest.fixture
+def checkout(tmp_path) -> Path:
+    """A git checkout laid out as capsexp's, one commit."""
+    for name in ("src/capsexp/a.py", "conf/config.yaml", "README.md", "experiments/results/page.md"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("x = 1\n")
+    (tmp_path / "latin1.txt").write_bytes("caf\xe9\n".encode("latin-1"))
+    git(tmp_path, "init", "-q")
+    git(tmp_path, "-c", "user.email=t@t", "-c", "user.name=t", "add", ".")
+    git(tmp_path, "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "first")
+    return tmp_path
+
+
+def test_files_that_are_not_code_leave_the_revision_clean(checkout):
+    (checkout / "my_digits").mkdir()
+    (checkout / "my_digits" / "7.png").write_bytes(b"\x89PNG...")
+    (checkout / "logs").mkdir()
+    (checkout / "logs" / "run.log").write_text("a log")
+    (checkout / "experiments" / "results" / "new_page.md").write_text("a page")
+    record = describe(checkout)
+    assert record["dirty"] is False and record["diff_sha256"] is None and len(record["commit"]) == 40
+
+
+def test_changed_code_and_untracked_code_mark_the_run_each_with_its_own_hash(checkout):
+    (checkout / "src" / "capsexp" / "new.py").write_text("y = 2\n")
+    untracked = describe(checkout)
+    (checkout / "conf" / "config.yaml").write_text("x = 3\n")
+    both = describe(checkout)
+    assert untracked["dirty"] and both["dirty"] and untracked["diff_sha256"] != both["diff_sha256"]
+
+
+def test_a_changed_file_that_is_not_utf8_is_hashed_as_bytes(checkout):
+    (checkout / "latin1.txt").write_bytes("na\xefve\n".encode("latin-1"))
+    first = describe(checkout)
+    (checkout / "latin1.txt").write_bytes("na\xefvet\xe9\n".encode("latin-1"))
+    assert first["dirty"] and describe(checkout)["diff_sha256"] != first["diff_sha256"]
+
+
+@pytest.mark.parametrize(
+    "limits,expected",
+    [
+        ({}, "train: all, val: all, test: all"),
+        (
+            {"limit_val_batches": 1, "limit_test_batches": 1.0, "limit_train_batches": 0.25},
+            "train: 25% (limit_train_batches=0.25), val: 1 batch (limit_val_batches=1), test: all",
+        ),
+        ({"limit_test_batches": 30}, "train: all, val: all, test: 30 batches (limit_test_batches=30)"),
+    ],
+)
+def test_the_card_reads_a_whole_number_limit_as_batches_and_a_fraction_as_a_share(limits, expected):
+    assert _used(limits) == expected
+
+
+def test_a_resumed_runs_card_names_the_code_of_each_part(tmp_path):
+    data_dir = write_mnist(tmp_path / "data")
+    run = tmp_path / "run"
+    common = [*TINY_RUN, "model=lenet5", f"paths.data_dir={data_dir}", "trainer.val_check_interval=2"]
+    first = run_cli_in_process(*common, "trainer.max_steps=2", f"hydra.run.dir={run}")
+    assert first.returncode == 0, first.stderr[-2000:]
+    # The first part ran other code (another commit): what revision.yaml would hold had it.
+    (run / "revision.yaml").write_text("version: 0.1.0\ncommit: " + "a" * 40 + "\ndirty: false\ndiff_sha256: null\n")
+    resumed = run_cli_in_process(f"ckpt_path={run}", "trainer.max_steps=4")
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    card = (run / "model_card.md").read_text()
+    (code,) = [line for line in card.splitlines() if line.startswith("| code |")]
+    assert "`aaaaaaa, then " in code and read_revision(run)["earlier"][0]["commit"] == "a" * 40
+
+
+def score_table() -> list[tuple[list[list[str]], str]]:
+    """docs/predict.md's table of scores: each row's override lists (a bare name after a comma replaces the
+    last option of the first) and the score its second cell names (up to the colon or bracket)."""
+    text = (PROJECT_ROOT / "docs" / "predict.md").read_text()
+    table = text.split("| configs | score |", 1)[1].split("\n\n", 1)[0]
+    rows = []
+    for line in table.strip().splitlines()[1:]:
+        configs, score = [cell.strip() for cell in line.strip("|").split(" | ")]
+        first, *others = re.findall(r"`([^`]+)`", configs)
+        base = first.split()
+        key = base[-1].split("=")[0]
+        rows.append(
+            ([base, *([*base[:-1], f"{key}={other}"] for other in others)], re.split(r"[:(]", score)[0].strip())
+        )
+    return rows
+
+
+def test_the_docs_name_each_models_scores_as_the_code_does():
+    rows = score_table()
+    for overrides_list, named in rows:
+        for overrides in overrides_list:
+            module = build_model("model", compose_config(overrides).model)
+            assert score_kind(module) == named, (overrides, score_kind(module), named)
+    listed = {o for overrides_list, _ in rows for overrides in overrides_list for o in overrides}
+    models = {f"model={p.stem}" for p in (PROJECT_ROOT / "conf" / "model").glob("*.yaml")}
+    assert models <= listed, models - listed
+    from capsexp.config.hydra_setup import ROUTINGS
+
+    assert {f"model/routing={name}" for name in ROUTINGS} <= listed
