@@ -6,10 +6,13 @@ card's command runs as printed; and none of these rewrites a byte of the trained
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import shlex
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -17,7 +20,7 @@ import torch
 from PIL import Image
 
 import capsexp
-from capsexp.locations import LAST_CHECKPOINT, OVERRIDES, RUN_RECORD
+from capsexp.locations import LAST_CHECKPOINT, OVERRIDES, PROJECT_ROOT, RUN_RECORD
 from capsexp.run.checkpoints import best_checkpoint, checkpoint_of
 from tests.helpers import TINY_RUN, run_cli_in_process, scalars, write_mnist
 
@@ -158,3 +161,49 @@ def test_a_run_folder_means_the_checkpoint_lightning_recorded_as_best(tmp_path):
     (run / LAST_CHECKPOINT).unlink()
     file, note = checkpoint_of(run)
     assert file.name == "epoch_000-step_000006.ckpt" and "no checkpoint of the run records which was best" in note
+
+
+def test_export_neither_prepares_nor_downloads_data_and_names_how_images_become_the_input(job, tmp_path, monkeypatch):
+    folder, _ = job
+    import capsexp.data.mnist as mnist
+
+    def refused(*args, **kwargs):
+        raise AssertionError("export prepared or downloaded data")
+
+    monkeypatch.setattr(mnist.MNISTFiles, "prepare_data", refused)
+    monkeypatch.setattr(mnist, "download_and_extract_archive", refused)
+    empty = tmp_path / "no_data_here"
+    result = export_cli(
+        f"ckpt_path={folder}", "check_images=4", f"paths.data_dir={empty}", f"hydra.run.dir={tmp_path}/x"
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert not empty.exists()  # no folder made for the data
+    check = json.loads((tmp_path / "x" / "check.json").read_text())
+    assert check["images"] == "the first 4 test images of mnist"  # the recorded data folder's test files
+    sidecar = json.loads((tmp_path / "x" / "model.onnx").with_suffix(".json").read_text())
+    assert sidecar["preprocessing"]["resize_filter"].startswith("bilinear, antialiased")
+    assert sidecar["preprocessing"]["light_ink"] is True and sidecar["preprocessing"]["digit_box"] == 20
+    assert "Replaced initializer" not in result.stdout + result.stderr  # the exporters' own INFO lines
+
+
+def test_help_shows_the_commands_own_options():
+    for module in ("predict", "export"):
+        from importlib import import_module
+
+        result = run_cli_in_process("--help", entry=import_module(f"capsexp.{module}").cli)
+        assert result.returncode == 0 and f"python -m capsexp.{module} ckpt_path=" in result.stdout
+        assert "ckpt_path: ???" in result.stdout and "arm/em_recipe" not in result.stdout
+    assert "fit: conventions" in run_cli_in_process("--help", entry=import_module("capsexp.predict").cli).stdout
+
+
+def test_a_mistake_is_named_before_torch_loads():
+    """predict's checks run before torch and Lightning are imported: an error comes in a second or two."""
+    code = (
+        "import sys\n"
+        "sys.argv = ['capsexp.predict', 'ckpt_path=missing/run', 'images=.']\n"
+        "from capsexp.predict import cli\n"
+        "try:\n    cli()\nexcept SystemExit:\n    pass\n"
+        "print('torch loaded' if 'torch' in sys.modules else 'torch not loaded')\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=PROJECT_ROOT)
+    assert "ckpt_path=missing/run: no such file" in result.stderr and result.stdout.strip() == "torch not loaded"

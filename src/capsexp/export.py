@@ -11,6 +11,7 @@ import hydra
 from omegaconf import DictConfig
 
 from capsexp.config import hydra_setup
+from capsexp.config.command_line import options_help
 from capsexp.errors import CapsexpError, report
 from capsexp.locations import CONFIG_DIR, quote_locations
 
@@ -30,6 +31,9 @@ def main(cfg: DictConfig) -> None:
 def cli() -> None:
     """The entry point: a location typed as capsexp printed it (a run folder named by its overrides, with
     ``=`` and ``,``) quoted for Hydra (:mod:`capsexp.locations`), then :func:`main`."""
+    if any(argument in ("--help", "-h") for argument in sys.argv[1:]):
+        print(options_help(CONFIG_DIR / "export.yaml"), end="")
+        return
     sys.argv[1:] = quote_locations(sys.argv[1:])
     main()
 

@@ -234,3 +234,13 @@ def _check_models_have_groups(model_groups: dict[str, str], arguments: list[str]
                         else ""
                     )
                 )
+
+
+def options_help(config_file: Path) -> str:
+    """``--help`` of a command with a config of its own (``capsexp.predict``, ``capsexp.export``): its config
+    file, whose heading says the usage and whose comments describe the options, the one place they are
+    described (the defaults list, Hydra's, left out)."""
+    lines = config_file.read_text().splitlines()
+    start = next((i for i, line in enumerate(lines) if line and not line.startswith(("#", " ", "-", "defaults"))), 0)
+    heading = [line for line in lines[:start] if line.startswith("#")]
+    return "\n".join([*heading, "", "Options (key=value; defaults shown):", *lines[start:]]) + "\n"
