@@ -12,19 +12,35 @@ rates do not depend on the weights; the page gives the accuracy they reached):
   by ONNX Runtime and its TorchScript file, on the same 10,000 decoded images in batches of 256, in
   images/s (alternating, medians), with the files' sizes and the largest difference of their scores.
 
-    python experiments/bench_predict.py            # about 13 minutes on 2 cores
+- **people's files**: the same models on 500 MNIST test digits as PNG files and redrawn as people's files
+  come (``peoples_files.py``: dark ink on light paper, anywhere on a 200x200 page, 40 to 200 pixels high,
+  JPEG), with ``fit=conventions`` (the default) and ``fit=plain``; blank pages and noise, which no digit is
+  in; and phone photos stored sideways with their EXIF orientation against their upright copies.
+- **figures**: ``capsexp.predict`` on 500 PNG files with ``explain=8`` against ``explain=false``
+  (alternating rounds, medians): the prediction pass of each, and the figures' drawing apart.
+- **start-up**: ``python -m capsexp.predict`` as a user runs it, in a new process: the seconds to its first
+  output line, and to the error of a missing checkpoint.
+
+Each part's figures are kept in ``bench_predict.json`` beside the page, which is written from it, so that
+``--parts`` reruns some parts and keeps the others (each part names its code and date).
+
+    python experiments/bench_predict.py                          # every part: about 25 minutes on 2 cores
+    python experiments/bench_predict.py --parts people figures startup
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
+import numpy as np
 import torch
 from omegaconf import open_dict
 
@@ -38,9 +54,13 @@ from capsexp.use.export import Exported, export, runner
 from capsexp.use.inference import load
 from capsexp.use.predict import predict
 from mnist_image_folder import write_split
+from peoples_files import SIDES, write_no_digit, write_people_files, write_pngs, write_sideways
 from timing import Stopwatch
 
 RESULTS = PROJECT_ROOT / "experiments" / "results" / "bench_predict.md"
+PARTS = ("speed", "people", "figures", "startup")
+PEOPLE = 500  # test digits drawn as people's files
+FIGURE_FILES = 500  # PNG files of the explain=8 against explain=false rounds
 BATCH = 256
 # Each model's training here: long enough to be a real model, short enough for the benchmark.
 MODELS = {
@@ -59,13 +79,10 @@ def train(name: str, folder: Path) -> Path:
     return run
 
 
-def predict_config(run: Path, images: Path, output: Path):
-    from hydra import compose, initialize_config_dir
+def predict_config(run: Path, images: Path, output: Path, *overrides: str):
+    from capsexp.config.hydra_setup import compose
 
-    from capsexp.locations import CONFIG_DIR
-
-    with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
-        cfg = compose("predict", [f"ckpt_path={run}", f"images={images}", "lines=0", "explain=0"])
+    cfg = compose([f"ckpt_path={run}", f"images={images}", "lines=0", "explain=0", *overrides], "predict")
     with open_dict(cfg):
         cfg.paths.output_dir = str(output)
     return cfg
@@ -116,7 +133,6 @@ def bench(name: str, run: Path, images: Path, decoded: torch.Tensor, labels: tor
         for format, (run_file, _) in exported.items():
             rates[format].append(rate(run_file, decoded))
     return {
-        "model": model,
         "accuracy": accuracy,
         "forward": forward,
         "predict": through_predict,
@@ -128,14 +144,102 @@ def bench(name: str, run: Path, images: Path, decoded: torch.Tensor, labels: tor
     }
 
 
+def people(name: str, run: Path, digits: np.ndarray, labels: np.ndarray, folder: Path) -> dict:
+    """Accuracy on the digits as PNGs and redrawn as people's files (conventions, plain); how many files
+    without a digit are flagged; sideways photos against their upright copies."""
+    pngs = write_pngs(digits, labels, folder / f"{name}_pngs")
+    drawn = write_people_files(digits, labels, folder / f"{name}_people")
+    upright, sideways = write_sideways(digits[:100], labels[:100], folder / f"{name}_photos")
+    empty = write_no_digit(folder / f"{name}_no_digit")
+
+    def run_on(images: Path, tag: str, *overrides: str) -> dict:
+        return predict(predict_config(run, images, folder / f"out_{name}_{tag}", *overrides))
+
+    result = {
+        "png": run_on(pngs, "png")["accuracy"],
+        "people": run_on(drawn, "people")["accuracy"],
+        "people_plain": run_on(drawn, "plain", "fit=plain")["accuracy"],
+        "upright": run_on(upright, "upright")["accuracy"],
+        "sideways": run_on(sideways, "sideways")["accuracy"],
+    }
+    classes = {}
+    for tag in ("upright", "sideways"):
+        with open(folder / f"out_{name}_{tag}" / "predictions.csv") as handle:
+            rows = [line.split(",") for line in handle.read().splitlines()[1:]]
+        classes[tag] = {row[0]: row[1] for row in rows}
+    result["sideways_agree"] = sum(classes["upright"][k] == v for k, v in classes["sideways"].items()) / len(
+        classes["sideways"]
+    )
+    no_digit = run_on(empty, "no_digit")
+    result["no_digit"] = {"files": no_digit["images"], "absent": no_digit["absent"]}
+    result["presence_threshold"] = no_digit["presence_threshold"]
+    present = run_on(pngs, "png_presence")
+    result["png_absent"] = present["absent"]
+    return result
+
+
+def figures(run: Path, digits: np.ndarray, labels: np.ndarray, rounds: int, folder: Path) -> dict:
+    """The prediction pass with explain=8 against explain=false, alternating; the figures' time apart."""
+    images = write_pngs(digits, labels, folder / "figure_pngs")
+    passes: dict[str, list[float]] = {"explain=8": [], "explain=false": []}
+    drawing = []
+    for number in range(rounds):
+        for setting in passes:
+            result = predict(predict_config(run, images, folder / f"figures_{number}_{setting}", setting))
+            passes[setting].append(result["seconds"])
+            if setting == "explain=8":
+                drawing.append(result["figure_seconds"])
+    return {"passes": passes, "drawing": drawing, "files": len(digits)}
+
+
+def first_line_seconds(command: list[str]) -> tuple[float, float, str]:
+    """Seconds from starting ``command`` to its first output line, and to its end; that line."""
+    started = time.perf_counter()
+    process = subprocess.Popen(command, cwd=PROJECT_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    first = ""
+    while not first.strip():
+        first = process.stdout.readline()
+        if not first and process.poll() is not None:
+            break
+    to_first = time.perf_counter() - started
+    process.communicate()
+    return to_first, time.perf_counter() - started, first.strip()
+
+
+def startup(run: Path, digits: np.ndarray, labels: np.ndarray, rounds: int, folder: Path) -> dict:
+    """``python -m capsexp.predict`` in a new process: to its first line, and a missing checkpoint's error."""
+    images = write_pngs(digits, labels, folder / "startup_pngs")
+    first, total, error = [], [], []
+    line = ""
+    for number in range(rounds):
+        out = f"hydra.run.dir={folder / f'startup_{number}'}"
+        to_first, to_end, line = first_line_seconds(
+            [sys.executable, "-m", "capsexp.predict", f"ckpt_path={run}", f"images={images}", "explain=0", out]
+        )
+        first.append(to_first)
+        total.append(to_end)
+        missing = [sys.executable, "-m", "capsexp.predict", "ckpt_path=missing/run", f"images={images}"]
+        error.append(first_line_seconds(missing)[1])
+    line = line.split(" - ", 1)[-1].split(";")[0]  # its first words: no path of this machine
+    return {"first_line": first, "total": total, "error": error, "line": line, "files": len(digits)}
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    parser.add_argument("--parts", nargs="+", default=list(PARTS), choices=list(PARTS))
     parser.add_argument("--output", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     register()
-    started = datetime.datetime.now()
+    kept = args.output.with_suffix(".json")
+    results = json.loads(kept.read_text()) if kept.exists() else {}
+    stamp = {
+        "code": short(describe_revision()),
+        "date": f"{datetime.datetime.now():%Y-%m-%d}",
+        "machine": describe_text(describe()),
+        "rounds": args.rounds,
+    }
     with tempfile.TemporaryDirectory() as temporary:
         folder = Path(temporary)
         from capsexp.config.hydra_setup import compose
@@ -143,29 +247,141 @@ def main(argv: list[str] | None = None) -> None:
         data = MNISTDataModule(data_dir=compose().paths.data_dir)
         data.prepare_data()
         data.setup("test")
-        write_split(data.data_test.images, data.data_test.targets, folder / "digits")
         decoded, labels = data.data_test.images, data.data_test.targets
-        results = {
-            name: bench(name, train(name, folder), folder / "digits", decoded, labels, args.rounds, folder)
-            for name in args.models
-        }
-    args.output.write_text(page(results, started, args.rounds))
+        digits, numbers = decoded[:, 0].numpy(), labels.numpy()
+        if "speed" in args.parts:
+            write_split(decoded, labels, folder / "digits")
+        runs = {name: train(name, folder) for name in args.models}
+        for name, run in runs.items():
+            if "speed" in args.parts:
+                results.setdefault("speed", {})[name] = {
+                    **bench(name, run, folder / "digits", decoded, labels, args.rounds, folder),
+                    **stamp,
+                }
+            if "people" in args.parts:
+                results.setdefault("people", {})[name] = {
+                    **people(name, run, digits[:PEOPLE], numbers[:PEOPLE], folder),
+                    **stamp,
+                }
+        capsnet = runs.get("capsnet")
+        if capsnet is not None and "figures" in args.parts:
+            figure_digits = digits[:FIGURE_FILES], numbers[:FIGURE_FILES]
+            results["figures"] = {**figures(capsnet, *figure_digits, max(args.rounds, 5), folder), **stamp}
+        if capsnet is not None and "startup" in args.parts:
+            results["startup"] = {**startup(capsnet, digits[:500], numbers[:500], max(args.rounds, 5), folder), **stamp}
+    kept.write_text(json.dumps(results, indent=1) + "\n")
+    args.output.write_text(page(results))
     print(args.output.read_text())
 
 
-def page(results: dict, started: datetime.datetime, rounds: int) -> str:
+def page(results: dict) -> str:
+    median = statistics.median
+    parts = [results[part] for part in ("people", "speed") if part in results] + [
+        results[part] for part in ("figures", "startup") if part in results
+    ]
+    stamps = sorted({f"`{s['code']}` ({s['date']}, {s['machine']})" for part in parts for s in _stamps(part)})
+    lines = [
+        "# Predicting on image files: people's files, start-up, figures, speed, and the exported models",
+        "",
+        f"- Machine and code of each part: {'; '.join(stamps)}.",
+        "  torch's default threads (2); `capsexp.predict` with its defaults (batches of 256, one process decoding",
+        "  images beside the model) unless a part says otherwise.",
+        "- Command: `python experiments/bench_predict.py` (every part; `--parts people figures startup` reruns",
+        "  those and keeps the others, from `bench_predict.json` beside this page). Medians; the machine is shared.",
+        "- Models: " + ", ".join(f"`{' '.join(overrides)}`" for overrides in MODELS.values()) + ", each trained here "
+        "on MNIST (`" + " ".join(TRAINING) + "`).",
+        "",
+    ]
+    if "people" in results:
+        lines += [
+            "## People's files",
+            "",
+            f"The first {PEOPLE} MNIST test digits, as 28x28 PNG files and redrawn as people's files come "
+            f"(`experiments/peoples_files.py`: dark ink on light paper, anywhere on a 200x200 page, "
+            f"{SIDES[0]} to {SIDES[1]} pixels high, JPEG), in class folders, so `capsexp.predict` gives the accuracy:",
+            "",
+            "| model | PNG files | people's files (`fit=conventions`, the default) | people's files, `fit=plain` |"
+            " photos stored sideways (EXIF), against their upright copies | blank pages and noise flagged |",
+            "| --- | ---: | ---: | ---: | --- | --- |",
+        ]
+        for name, result in results["people"].items():
+            flagged = result["no_digit"]
+            no_digit = (
+                f"{flagged['absent']} of {flagged['files']} (and {result['png_absent']} of the {PEOPLE} PNGs)"
+                if result["presence_threshold"] is not None
+                else "no presence threshold (softmax)"
+            )
+            lines.append(
+                f"| `{name}` | {100 * result['png']:.1f}% | **{100 * result['people']:.1f}%** |"
+                f" {100 * result['people_plain']:.1f}% | {100 * result['sideways']:.1f}% against"
+                f" {100 * result['upright']:.1f}%; the same class for {100 * result['sideways_agree']:.0f}% |"
+                f" {no_digit} |"
+            )
+        lines += [
+            "",
+            "`fit=conventions` inverts dark ink on light paper and frames the ink as MNIST framed its digits "
+            "(a 20x20 box, centred by its mass in 28x28); `fit=plain` resizes the page alone. "
+            "The photos: 100 of the redrawn digits saved turned by 90 degrees with EXIF orientation 6, "
+            "and upright. Blank pages (paper grey, JPEG) and images of uniform random pixels, 10 of each: a capsule "
+            "model flags an image where no class capsule reaches the margin loss's midpoint, 0.5.",
+            "",
+            "What this does not show: real photographs (lighting gradients, shadows, ruled paper), handwriting "
+            "other than MNIST's writers', several digits on a page, or models other than these two.",
+            "",
+        ]
+    if "startup" in results:
+        result = results["startup"]
+        lines += [
+            "## Start-up",
+            "",
+            f"`python -m capsexp.predict` on {result['files']} PNG files in a new process, as a user runs it "
+            f"({len(result['first_line'])} runs): its first line after **{median(result['first_line']):.1f} s** "
+            f"(`{result['line']}`), the whole command {median(result['total']):.1f} s; the error of a missing "
+            f"checkpoint after **{median(result['error']):.1f} s**. The first line comes before torch and "
+            "Lightning load: the options are checked and the files listed without them.",
+            "",
+            f"Every run (s): first line {_listed(result['first_line'], 1)}; whole command "
+            f"{_listed(result['total'], 1)}; error {_listed(result['error'], 1)}.",
+            "",
+        ]
+    if "figures" in results:
+        result = results["figures"]
+        with_figures, without = (median(result["passes"][key]) for key in ("explain=8", "explain=false"))
+        lines += [
+            "## Figures",
+            "",
+            f"`model=capsnet` on {result['files']} PNG files, `explain=8` against `explain=false`, alternating "
+            f"({len(result['drawing'])} rounds): the prediction pass takes {with_figures:.2f} s against "
+            f"{without:.2f} s (**{with_figures / without:.2f}x**); the 8 figures are drawn after it, from a second "
+            f"pass over those 8 images, in {median(result['drawing']):.1f} s, reported apart.",
+            "",
+            f"Every round (s): explain=8 {', '.join(f'{v:.2f}' for v in result['passes']['explain=8'])}; "
+            f"explain=false {', '.join(f'{v:.2f}' for v in result['passes']['explain=false'])}; figures "
+            f"{', '.join(f'{v:.1f}' for v in result['drawing'])}.",
+            "",
+        ]
+    if "speed" in results:
+        lines += _speed(results["speed"])
+    lines += ["What this does not show: GPU rates (no GPU here), other batch sizes.", ""]
+    return "\n".join(lines)
+
+
+def _listed(values: list[float], digits: int) -> str:
+    return ", ".join(f"{value:.{digits}f}" for value in values)
+
+
+def _stamps(part: dict) -> list[dict]:
+    """The code, date and machine stamps of a part (one, or one per model)."""
+    return [part] if "code" in part else list(part.values())
+
+
+def _speed(results: dict) -> list[str]:
     median = statistics.median
     lines = [
-        "# Predicting on image files, and the exported models",
-        "",
-        f"- Machine: {describe_text(describe())}; torch's default threads (2);",
-        "  `capsexp.predict` with its defaults (batches of 256, one process decoding images beside the model).",
-        f"- Code: `{short(describe_revision())}`; run {started:%Y-%m-%d}. Command:",
-        f"  `python experiments/bench_predict.py` ({rounds} rounds, medians; the machine is shared, so rates vary).",
-        "- Images: the 10,000 MNIST test digits written as 28x28 grey PNG files, in class folders (so predict also",
-        "  reports the accuracy, which equals the model's on the decoded digits: checked).",
-        "",
         "## Predicting on files against the model's forward pass",
+        "",
+        "The 10,000 MNIST test digits written as 28x28 grey PNG files, in class folders (so predict also "
+        "reports the accuracy, which equals the model's on the decoded digits: checked).",
         "",
         "| model | test accuracy | forward pass (images/s) | `capsexp.predict` on the PNG files (images/s) | ratio |"
         " decoding alone, one process (images/s) |",
@@ -232,10 +448,8 @@ def page(results: dict, started: datetime.datetime, rounds: int) -> str:
         "provider with its default threads. The checkpoint holds the optimizer's state too (Adam: twice the "
         "weights), which the exported files do not.",
         "",
-        "What this does not show: GPU rates (no GPU here), other batch sizes, or models other than these two.",
-        "",
     ]
-    return "\n".join(lines)
+    return lines
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ from pathlib import Path
 from lightning.pytorch.loggers import TensorBoardLogger
 
 from capsexp.run.hparams import log_hyperparameters
-from capsexp.tensorboard import COLUMNS_RUN, link_runs, main, short_name, url, write_columns
+from capsexp.tensorboard import COLUMNS_RUN, link_runs, main, served_names, url, write_columns
 from tests.helpers import load_events
 
 
@@ -21,12 +21,14 @@ def make_run(folder: Path, choices: dict, logged: dict) -> None:
     logger.finalize("success")
 
 
-def columns(folder: Path) -> tuple[list[str], list[str]]:
+def columns(folder: Path) -> tuple[list[str], list[str], list[str]]:
+    """The experiment summary's hyperparameters, its metrics, and the hyperparameters marked as differing."""
     from tensorboard.plugins.hparams import plugin_data_pb2
 
     content = load_events(folder).PluginTagToContent("hparams")["_hparams_/experiment"]
     experiment = plugin_data_pb2.HParamsPluginData.FromString(content).experiment
-    return [i.name for i in experiment.hparam_infos], [i.name.tag for i in experiment.metric_infos]
+    infos = experiment.hparam_infos
+    return [i.name for i in infos], [i.name.tag for i in experiment.metric_infos], [i.name for i in infos if i.differs]
 
 
 def test_a_mixed_logs_folder_is_served_with_short_names_and_every_runs_choices_as_columns(tmp_path):
@@ -34,30 +36,57 @@ def test_a_mixed_logs_folder_is_served_with_short_names_and_every_runs_choices_a
     sweep = logs / "train" / "multiruns" / "2026-11-27_20-48-08-501234"
     make_run(
         sweep / "model=capsnet,model.routing=em,seed=1",
-        {"model": "capsnet", "data": "mnist", "seed": 1, "model/routing": "em"},
+        {"model": "capsnet", "data": "mnist", "seed": 1, "model/routing": "em", "trainer/max_epochs": 1},
         {"val/acc": 0.9, "val/acc_best": 0.9, "test/acc": 0.91, "test/acc_affine_mnist": 0.6, "grad_norm": 1.0},
     )
-    make_run(sweep / "model=lenet5,seed=1", {"model": "lenet5", "data": "mnist", "seed": 1}, {"val/acc": 0.8})
+    make_run(
+        sweep / "model=lenet5,seed=1",
+        {"model": "lenet5", "data": "mnist", "seed": 1, "trainer/max_epochs": 1},
+        {"val/acc": 0.8},
+    )
     single = logs / "train" / "runs" / "2026-11-28_09-15-30-000017_data=image_folder,data.root=photos"
-    make_run(single, {"model": "capsnet", "data": "image_folder", "seed": 2, "data/root": "photos"}, {"val/acc": 0.5})
+    make_run(
+        single,
+        {"model": "capsnet", "data": "image_folder", "seed": 2, "data/root": "photos", "trainer/max_epochs": 1},
+        {"val/acc": 0.5},
+    )
 
-    # The part that differs first: the sidebar's cut (about 45 characters) no longer hides it.
-    assert short_name(sweep / "model=lenet5,seed=1", logs) == "model=lenet5,seed=1 (11-27 20-48)"
-    assert short_name(single, logs) == "data=image_folder,data.root=photos (11-28 09-15-30)"
+    # What differs between the runs first, by short keys (a location such as data.root is none of it):
+    # the sidebar's cut (about 45 characters) no longer hides it.
     links = tmp_path / "served"
     links.mkdir()
     assert link_runs(logs, links) == 3 and link_runs(logs, links) == 0  # a rescan links only new runs
     assert sorted(p.name for p in links.iterdir()) == [
-        "data=image_folder,data.root=photos (11-28 09-15-30)",
-        "model=capsnet,model.routing=em,seed=1 (11-27 20-48)",
+        "data=image_folder (11-28 09-15-30)",
+        "model=capsnet,routing=em,seed=1 (11-27 20-48)",
         "model=lenet5,seed=1 (11-27 20-48)",
     ]
 
-    # Every run's choices are columns, the leading ones first, whichever run made them.
+    # Every run's choices are columns, whichever run made them; those that differ (or that some runs lack)
+    # marked and first, so that the HParams view ticks them; what every run shares last.
     write_columns(sorted(p.resolve() for p in links.iterdir()), links / COLUMNS_RUN)
-    hparams, metrics = columns(links / COLUMNS_RUN)
-    assert hparams == ["model", "data", "model/routing", "seed", "data/root"]
+    hparams, metrics, differing = columns(links / COLUMNS_RUN)
+    assert hparams == ["model", "data", "model/routing", "seed", "data/root", "trainer/max_epochs"]
+    assert differing == ["model", "data", "model/routing", "seed", "data/root"]
     assert metrics == ["val/acc_best", "test/acc", "test/acc_affine_mnist", "val/acc"]  # no grad_norm
+
+
+def test_single_runs_are_named_by_the_override_that_differs_with_its_short_key(tmp_path):
+    """Two single runs whose folder names are cut to a digest (too long): their recorded overrides name
+    them, by what differs, with trainer.max_steps as max_steps."""
+    logs = tmp_path / "logs"
+    folders = []
+    for steps, stamp in ((600, "2026-11-29_01-00-00-000001"), (1200, "2026-11-29_02-30-15-000002")):
+        overrides = ["model=capsnet_small", f"trainer.max_steps={steps}", "trainer.val_check_interval=300", "seed=1"]
+        folder = logs / "train" / "runs" / f"{stamp}_model=capsnet_small,trainer.max_steps={steps},trai~0123456789"
+        (folder / ".hydra").mkdir(parents=True)
+        (folder / ".hydra" / "overrides.yaml").write_text(
+            "".join(f"- {o}\n" for o in [*overrides, "paths.data_dir=/d"])
+        )
+        folders.append(folder)
+    names = served_names(folders, logs)
+    assert [names[f] for f in folders] == ["max_steps=600 (11-29 01-00-00)", "max_steps=1200 (11-29 02-30-15)"]
+    assert served_names(folders[:1], logs)[folders[0]].startswith("model=capsnet_small,max_steps=600,")
 
 
 def test_the_url_pins_the_accuracy_cards_and_an_empty_folder_is_refused(tmp_path, capsys):

@@ -2,14 +2,15 @@
 ``python -m capsexp.tensorboard [logs] [--port 6006]`` (``make tensorboard``).
 
 TensorBoard names a run by its path under the folder it serves, ``train/multiruns/<time>/<job>``, and
-its run list cuts names at about 45 characters: before the part that differs. Each run is served here
-under a short name that starts with what it ran (the job's overrides, then its day and time), through a
-folder of links that is kept up to date while the server runs, so runs started later appear too.
+its run list and legends cut names at about 45 characters: before the part that differs. Each run is
+served here under a short name that starts with what differs between the runs served, by short keys
+(``max_steps=600,seed=2``), then its day and time, through a folder of links that is kept up to date
+while the server runs, so runs started later appear too.
 
 The URL printed pins the accuracy curves at the top of the Time Series tab. The HParams tab takes its
 columns from one experiment summary: a run of links holds one made from every run's choices (each run
-writes only its own session), so that choices made by some runs only (``model/routing``, ``data/root``)
-are columns too.
+writes only its own session), so that choices made by some runs only (``model/routing``) are columns too,
+those that differ between the runs marked so: the tab ticks them, the seed included.
 """
 
 from __future__ import annotations
@@ -26,7 +27,9 @@ import time
 import urllib.parse
 from pathlib import Path
 
-from capsexp.locations import PROJECT_ROOT
+import yaml
+
+from capsexp.locations import OVERRIDES, PROJECT_ROOT, is_setting, key
 from capsexp.results.events import load_events
 from capsexp.results.metric_names import PLAIN, PRESENCE_GAP, TEST_ACC, VAL_ACC, VAL_ACC_BEST
 from capsexp.run.hparams import LEADING_COLUMNS, metric_names
@@ -43,35 +46,83 @@ def run_folders(root: Path) -> list[Path]:
     return sorted({path.parent for path in root.rglob(EVENTS)})
 
 
-def short_name(folder: Path, root: Path) -> str:
-    """What the run ran first, then when: ``model=capsnet,seed=1 (11-27 20-48)`` for a multirun's job
-    ``multiruns/2026-11-27_20-48-08-501234/model=capsnet,seed=1``, ``model=lenet5 (11-27 20-48-08)`` for
-    the single run ``runs/2026-11-27_20-48-08-501234_model=lenet5``; other layouts keep their path."""
+_STAMP = re.compile(r"^\d{4}-(\d\d-\d\d)_(\d\d-\d\d-\d\d)(?:-\d+)?(?:_(.*))?$")  # conf/hydra/default.yaml's
+
+
+def _when_and_label(folder: Path, root: Path) -> tuple[str, str] | None:
+    """A run folder's start (``11-27 20-48`` for a sweep's job, to the second for a single run) and the
+    overrides its name holds; None for a folder not laid out as capsexp lays runs out."""
     parts = folder.relative_to(root).parts
-    stamp = re.compile(r"^\d{4}-(\d\d-\d\d)_(\d\d-\d\d-\d\d)(?:-\d+)?(?:_(.*))?$")  # conf/hydra/default.yaml's
     for index, part in enumerate(parts):
-        found = stamp.match(part)
-        if not found:
+        found = _STAMP.match(part)
+        if found:
+            day, clock, single = found.groups()
+            rest = "/".join(parts[index + 1 :])
+            return f"{day} {clock[:5] if rest else clock}", rest or single or ""
+    return None
+
+
+def _settings(folder: Path, label: str) -> dict[str, str]:
+    """What the run ran, ``{key: value}``: its recorded command-line overrides (``.hydra/overrides.yaml``),
+    else those its folder's name holds; locations and the task's name left out."""
+    recorded = folder / OVERRIDES
+    if recorded.is_file():
+        overrides = [str(o) for o in yaml.safe_load(recorded.read_text()) or []]
+    else:
+        overrides = [o for o in label.split(",") if "=" in o]
+    return {key(o).replace("/", "."): o.split("=", 1)[1] for o in overrides if is_setting(o)}
+
+
+def _short_keys(keys: list[str]) -> dict[str, str]:
+    """Each key by its last part (``trainer.max_steps`` -> ``max_steps``), more of it where two would
+    share a name."""
+    short = {}
+    for name in keys:
+        parts = name.split(".")
+        for depth in range(1, len(parts) + 1):
+            candidate = ".".join(parts[-depth:])
+            others = [other for other in keys if other != name and other.split(".")[-depth:] == parts[-depth:]]
+            if not others:
+                break
+        short[name] = candidate
+    return short
+
+
+def served_names(folders: list[Path], root: Path) -> dict[Path, str]:
+    """The name each run is served under: what differs between the runs served, by short keys
+    (``max_steps=600,seed=2``), then when it started (``(11-27 20-48)``); a lone run's every override.
+    TensorBoard cuts a run's name at about 45 characters in its run list and legends: what differs
+    comes first, where the cut does not reach it. Folders not laid out as capsexp lays runs out keep
+    their path."""
+    laid_out = {folder: found for folder in folders if (found := _when_and_label(folder, root))}
+    settings = {folder: _settings(folder, label) for folder, (_, label) in laid_out.items()}
+    keys = list(dict.fromkeys(k for values in settings.values() for k in values))
+    varying = [k for k in keys if len({values.get(k) for values in settings.values()}) > 1] or keys
+    short = _short_keys(varying)
+    names = {}
+    for folder in folders:
+        if folder not in laid_out:
+            names[folder] = _UNSAFE.sub("_", " ".join(folder.relative_to(root).parts)) or "."
             continue
-        day, clock, single = found.groups()
-        rest = "/".join(parts[index + 1 :])
-        what = rest or single or ""
-        when = f"{day} {clock[:5] if rest else clock}"
-        return _UNSAFE.sub("_", f"{what} ({when})" if what else when)
-    return _UNSAFE.sub("_", "/".join(parts).replace("/", " ")) or "."
+        what = ",".join(f"{short[k]}={settings[folder][k]}" for k in varying if k in settings[folder])
+        when = laid_out[folder][0]
+        names[folder] = _UNSAFE.sub("_", f"{what} ({when})" if what else when)
+    return names
 
 
 def link_runs(root: Path, links: Path) -> int:
-    """Link every run under ``root`` into ``links`` by its :func:`short_name` (numbered where two share
-    one); return how many new links were made."""
+    """Link every run under ``root`` into ``links`` by its :func:`served_names` name (numbered where two
+    share one); return how many new links were made. A run linked already keeps its name."""
     present = {os.readlink(link) for link in links.iterdir() if link.is_symlink()}
+    folders = run_folders(root)
+    names = served_names(folders, root)
     made = 0
-    for folder in run_folders(root):
+    for folder in folders:
         if str(folder.resolve()) in present:
             continue
-        name, number = short_name(folder, root), 2
+        name, number = names[folder], 2
         while (links / name).exists() or (links / name).is_symlink():
-            name, number = f"{short_name(folder, root)} #{number}", number + 1
+            name, number = f"{names[folder]} #{number}", number + 1
         (links / name).symlink_to(folder.resolve(), target_is_directory=True)
         made += 1
     return made
@@ -79,13 +130,19 @@ def link_runs(root: Path, links: Path) -> int:
 
 def write_columns(folders: list[Path], target: Path) -> None:
     """An HParams experiment summary into ``target``: every hyperparameter any run's session names
-    (the first value seen sets its type), the run's leading choices first, then by name; and as metrics
-    :func:`~capsexp.run.hparams.metric_names` of every test set and score any run logged."""
-    from tensorboard.plugins.hparams import metadata
+    (the first value seen sets its type), those whose value differs between the runs (or that some runs
+    lack) marked so and first, the leading choices first among each; and as metrics
+    :func:`~capsexp.run.hparams.metric_names` of every test set and score any run logged. TensorBoard's
+    HParams view ticks the first five hyperparameters after sorting those that differ first: what the
+    runs differ by, the seed included, is shown; what they share is listed unticked."""
+    from tensorboard.compat.proto.summary_pb2 import Summary
+    from tensorboard.plugins.hparams import api_pb2, metadata, plugin_data_pb2
     from torch.utils.tensorboard import SummaryWriter
-    from torch.utils.tensorboard.summary import hparams as hparams_summary
 
     hyperparameters: dict = {}
+    values: dict[str, set] = {}  # each hyperparameter's values, and in how many runs it is set
+    counts: dict[str, int] = {}
+    sessions = 0
     logged: set[str] = set()
     for folder in folders:
         events = load_events(folder, scalars=1, tensors=1)
@@ -96,18 +153,37 @@ def write_columns(folders: list[Path], target: Path) -> None:
             session = None
         if session is None:
             continue
+        sessions += 1
         for name, value in metadata.parse_session_start_info_plugin_data(session).hparams.items():
             kind = value.WhichOneof("kind")
-            hyperparameters.setdefault(name, getattr(value, kind))
+            hyperparameters.setdefault(name, kind)
+            values.setdefault(name, set()).add(getattr(value, kind))
+            counts[name] = counts.get(name, 0) + 1
     if not hyperparameters:
         return
+    differs = {name for name, seen in values.items() if len(seen) > 1 or counts[name] < sessions}
     test_sets = [PLAIN, *sorted(tag.removeprefix(f"{TEST_ACC}_") for tag in logged if tag.startswith(f"{TEST_ACC}_"))]
-    metrics = {name: 0.0 for name in metric_names(test_sets, presence=PRESENCE_GAP in logged) if name in logged}
+    metrics = [name for name in metric_names(test_sets, presence=PRESENCE_GAP in logged) if name in logged]
     leading = [name for name in LEADING_COLUMNS if name in hyperparameters]
-    ordered = {name: hyperparameters[name] for name in [*leading, *sorted(set(hyperparameters) - set(leading))]}
-    experiment, _, _ = hparams_summary(ordered, metrics)
+    ordered = [*leading, *sorted(set(hyperparameters) - set(leading))]
+    ordered = [name for name in ordered if name in differs] + [name for name in ordered if name not in differs]
+    types = {
+        "string_value": api_pb2.DATA_TYPE_STRING,
+        "bool_value": api_pb2.DATA_TYPE_BOOL,
+        "number_value": api_pb2.DATA_TYPE_FLOAT64,
+    }
+    infos = [
+        api_pb2.HParamInfo(name=name, type=types[hyperparameters[name]], differs=name in differs) for name in ordered
+    ]
+    experiment = api_pb2.Experiment(
+        hparam_infos=infos, metric_infos=[api_pb2.MetricInfo(name=api_pb2.MetricName(tag=tag)) for tag in metrics]
+    )
+    data = plugin_data_pb2.HParamsPluginData(experiment=experiment, version=metadata.PLUGIN_DATA_VERSION)
+    summary = Summary(
+        value=[Summary.Value(tag=metadata.EXPERIMENT_TAG, metadata=metadata.create_summary_metadata(data))]
+    )
     with SummaryWriter(str(target)) as writer:
-        writer._get_file_writer().add_summary(experiment)
+        writer._get_file_writer().add_summary(summary)
 
 
 def url(port: int) -> str:

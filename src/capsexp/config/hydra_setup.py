@@ -33,7 +33,7 @@ from capsexp.config.routing_options import (
     VBRouting,
 )
 from capsexp.config.run_names import job_name, run_name
-from capsexp.locations import CONFIG_DIR, PROJECT_ROOT
+from capsexp.locations import CONFIG_DIR, PROJECT_ROOT, quote_locations
 
 # model/routing=<name>: how the capsule layers route (model.net.routing).
 ROUTINGS = {
@@ -126,9 +126,9 @@ def register() -> None:
         )
 
 
-def compose(overrides: Sequence[str] = ()) -> DictConfig:
-    """``conf/config.yaml`` composed with ``overrides`` as the command line composes it (no run:
-    Hydra's ``hydra.runtime`` keys, such as the output folder, are not set)."""
+def compose(overrides: Sequence[str] = (), config_name: str = "config") -> DictConfig:
+    """``conf/<config_name>.yaml`` composed with ``overrides`` as the command line composes it, locations
+    quoted as it quotes them (no run: Hydra's ``hydra.runtime`` keys, such as the output folder, are not set)."""
     register()
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-        return hydra_compose(config_name="config", overrides=list(overrides))
+        return hydra_compose(config_name=config_name, overrides=quote_locations(overrides))

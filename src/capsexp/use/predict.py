@@ -312,6 +312,7 @@ def _summarise(cfg: DictConfig, model: TrainedModel, writer: PredictionWriter, f
         "unreadable": len(writer.errors),
         "skipped": len(found.skipped),
         "absent": writer.absent,
+        "presence_threshold": model.presence_threshold,
     }
     names = model.class_names
     text = [
