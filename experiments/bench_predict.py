@@ -155,8 +155,9 @@ def people(name: str, run: Path, digits: np.ndarray, labels: np.ndarray, folder:
     def run_on(images: Path, tag: str, *overrides: str) -> dict:
         return predict(predict_config(run, images, folder / f"out_{name}_{tag}", *overrides))
 
+    on_pngs = run_on(pngs, "png")
     result = {
-        "png": run_on(pngs, "png")["accuracy"],
+        "png": on_pngs["accuracy"],
         "people": run_on(drawn, "people")["accuracy"],
         "people_plain": run_on(drawn, "plain", "fit=plain")["accuracy"],
         "upright": run_on(upright, "upright")["accuracy"],
@@ -173,8 +174,7 @@ def people(name: str, run: Path, digits: np.ndarray, labels: np.ndarray, folder:
     no_digit = run_on(empty, "no_digit")
     result["no_digit"] = {"files": no_digit["images"], "absent": no_digit["absent"]}
     result["presence_threshold"] = no_digit["presence_threshold"]
-    present = run_on(pngs, "png_presence")
-    result["png_absent"] = present["absent"]
+    result["png_absent"] = on_pngs["absent"]
     return result
 
 

@@ -1,8 +1,9 @@
 """Screenshots of TensorBoard over a mixed logs/ folder, for docs/running.md#tensorboard.
 
-Runs ``python -m capsexp -m model=lenet5,capsnet seed=1`` and the single run
-``python -m capsexp model=capsnet model/routing=uniform seed=1`` on MNIST (a short epoch: 60 training
-steps, 20 validation and test batches) into one logs/ folder, serves it as ``make tensorboard`` does
+Runs ``python -m capsexp -m model=lenet5,capsnet_small seed=1,2`` and two single runs of
+``python -m capsexp model=capsnet_small model/routing=uniform seed=1`` that differ in their length
+(``trainer.limit_train_batches=60`` and ``30``) on MNIST (a short epoch; 20 validation and test batches)
+into one logs/ folder, serves it as ``make tensorboard`` does
 (``python -m capsexp.tensorboard``), and photographs the Time Series tab as it opens (the accuracy
 cards pinned), the Images and the HParams dashboards with headless Chromium (Debian's ``chromium``
 package: ``apt-get install chromium``) into ``docs/images/tensorboard_<dashboard>.png``. Rerun it when
@@ -31,15 +32,15 @@ OUTPUT = PROJECT_ROOT / "docs" / "images"
 SHORT = [
     "data=mnist",
     "trainer.max_epochs=1",
-    "trainer.limit_train_batches=60",
     "trainer.val_check_interval=30",
     "trainer.limit_val_batches=20",
     "trainer.limit_test_batches=20",
     "callbacks.progress_bar=null",
 ]
 LAUNCHES = [
-    ["-m", "model=lenet5,capsnet", "seed=1", *SHORT],
-    ["model=capsnet", "model/routing=uniform", "seed=1", *SHORT],
+    ["-m", "model=lenet5,capsnet_small", "seed=1,2", *SHORT, "trainer.limit_train_batches=60"],
+    ["model=capsnet_small", "model/routing=uniform", "seed=1", *SHORT, "trainer.limit_train_batches=60"],
+    ["model=capsnet_small", "model/routing=uniform", "seed=1", *SHORT, "trainer.limit_train_batches=30"],
 ]
 # The dashboards photographed: file name -> the address's tail after the host (capsexp.tensorboard.url's
 # for the first view, with its charts drawn as SVG: headless Chromium has no WebGL, and drew none).

@@ -10,9 +10,9 @@ import torch
 
 from capsexp.callbacks import epoch_timer, progress_log
 from capsexp.callbacks.epoch_timer import EpochTimer
-from capsexp.callbacks.image_logging import displayable
 from capsexp.callbacks.progress_log import ProgressLog, batch_size_of
-from capsexp.callbacks.routing_figures import class_coupling_maps, coupling_figure
+from capsexp.figures.couplings import class_coupling_maps, coupling_figure
+from capsexp.figures.images import displayable
 
 
 class Clock:

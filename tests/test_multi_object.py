@@ -12,9 +12,9 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from capsexp.callbacks.image_logging import overlaid
 from capsexp.data import MultiMNISTDataModule
 from capsexp.errors import ConfigError
+from capsexp.figures.images import overlaid
 from capsexp.lit import CapsuleLoss, Classifier, CrossEntropy, SpreadLoss
 from capsexp.lit.classifier import target_and_largest_other
 from capsexp.models import CapsNet

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import csv
 import io
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -191,3 +192,44 @@ def test_predict_flags_images_without_a_class_and_names_skipped_files(tmp_path, 
     assert f"- no digit found: {len(absent)} of 6" in summary
     assert "`notes.txt`: not an image by its ending (.txt)" in summary
     assert all("inverted" in row["notes"] and "framed as MNIST's digits" in row["notes"] for row in rows)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not has_real_mnist(real_data_dir()), reason="needs the real MNIST files")
+def test_a_model_predicts_peoples_files_of_mnist_digits_within_8_points_of_the_digits_themselves(tmp_path):
+    """LeNet5 trained on real MNIST (600 steps), asked about 300 test digits as PNG files and redrawn as
+    people's files come (experiments/peoples_files.py): the accuracies within 8 points, each drawn file
+    with a note of what was done; resizing the page alone (fit=plain) is far off."""
+    from capsexp.use.predict import predict
+    from peoples_files import write_people_files, write_pngs
+    from tests.helpers import run_cli_in_process
+
+    run = tmp_path / "run"
+    trained = run_cli_in_process(
+        "model=lenet5",
+        f"paths.data_dir={real_data_dir()}",
+        "trainer.max_steps=600",
+        "trainer.val_check_interval=600",
+        "trainer.limit_val_batches=20",
+        "test=false",
+        "callbacks.progress_bar=null",
+        f"hydra.run.dir={run}",
+    )
+    assert trained.returncode == 0, trained.stderr[-2000:]
+    digits = mnist_test_digits(300)
+    raw = real_data_dir() / "MNIST" / "raw" / "t10k-labels-idx1-ubyte"
+    labels = np.frombuffer(raw.read_bytes()[8:], np.uint8)[:300]
+    from omegaconf import open_dict
+
+    from capsexp.config.hydra_setup import compose
+
+    def accuracy(folder: Path, *overrides: str) -> float:
+        cfg = compose([f"ckpt_path={run}", f"images={folder}", "explain=0", "lines=0", *overrides], "predict")
+        with open_dict(cfg):
+            cfg.paths.output_dir = str(tmp_path / f"out_{folder.name}_{len(overrides)}")
+        return predict(cfg)["accuracy"]
+
+    pngs = accuracy(write_pngs(digits, labels, tmp_path / "pngs"))
+    people = accuracy(write_people_files(digits, labels, tmp_path / "people"))
+    plain = accuracy(tmp_path / "people", "fit=plain")
+    assert pngs > 0.9 and people > pngs - 0.08 and plain < 0.5, (pngs, people, plain)

@@ -15,8 +15,8 @@ import torch
 from PIL import Image
 
 import capsexp
-from capsexp.callbacks.routing_figures import position_maps
 from capsexp.errors import CheckpointError, ImageError
+from capsexp.figures.couplings import position_maps
 from capsexp.lit.classifier import RUN_RECORD
 from capsexp.results.revision import REVISION_FILE, read_revision
 from capsexp.run.build import build_model, instantiate

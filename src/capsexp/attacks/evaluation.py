@@ -33,7 +33,7 @@ from pydantic import PositiveInt
 from torch import nn
 
 from capsexp.config.arguments import PositiveFraction, UnitInterval, checked
-from capsexp.lit.objectives import class_scores
+from capsexp.models.inspection import class_scores
 
 log = logging.getLogger(__name__)
 

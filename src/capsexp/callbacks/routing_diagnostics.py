@@ -37,20 +37,11 @@ from pydantic import PositiveInt
 
 from capsexp.callbacks.image_logging import tensorboard_writer
 from capsexp.config.arguments import checked
-from capsexp.nn import ClassMatrixCapsules, ConvMatrixCapsules, RoutingCapsules
+from capsexp.models.inspection import routing_layers
 from capsexp.nn.functional import predicted_share, responsibility_entropy, routing_engagement
 
-ROUTING_LAYERS = (ConvMatrixCapsules, ClassMatrixCapsules, RoutingCapsules)
 # routing_engagement's measures and the tags they are logged under
 ENGAGEMENT = {"largest": "largest_coupling", "kl_from_uniform": "kl_from_uniform", "decided": "decided_share"}
-
-
-def routing_layers(module: torch.nn.Module) -> dict[str, torch.nn.Module]:
-    """The routing layers of a module, by their name relative to its ``net``: each has a ``router`` whose
-    forward returns (poses, parent activations, assignment)."""
-    return {
-        name.removeprefix("net."): layer for name, layer in module.named_modules() if isinstance(layer, ROUTING_LAYERS)
-    }
 
 
 @checked

@@ -12,6 +12,7 @@ scores, right only when it names every object, and reconstructions are compared 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 import math
@@ -24,10 +25,10 @@ from pydantic import PositiveFloat, PositiveInt
 from torchmetrics import CatMetric, MaxMetric, MeanMetric
 from torchmetrics.classification import MultilabelExactMatch
 
+from capsexp.config.run_record import RunRecord
 from capsexp.errors import ConfigError
 from capsexp.lit.margin import MarginSchedule
 from capsexp.lit.objectives import class_scores, multi_hot
-from capsexp.locations import RUN_RECORD
 from capsexp.results.metric_names import PLAIN, TEST_ACC, VAL_ACC, VAL_ACC_BEST, metric_suffix, presence_metric
 
 Batch = tuple[torch.Tensor, ...]  # (images, targets) or (images, targets, objects)
@@ -90,8 +91,8 @@ class Classifier(L.LightningModule):
             )
         self.compile_net = compile
         self._compiled = False
-        # Plain values (the checkpoint loads with weights_only=True) that every checkpoint saves as RUN_RECORD.
-        self.run_record: dict[str, Any] | None = None
+        # What every checkpoint records of its run (capsexp.config.run_record), set by the run.
+        self.run_record: RunRecord | None = None
 
         self.num_classes = num_classes
         # Accuracy as the fraction of images whose predicted classes are exactly the present ones: for
@@ -143,7 +144,8 @@ class Classifier(L.LightningModule):
         if self.run_record is None:
             return
         names = getattr(self.trainer.datamodule, "class_names", None) if self._trainer is not None else None
-        checkpoint[RUN_RECORD] = {**self.run_record, **({"class_names": list(names)} if names else {})}
+        record = dataclasses.replace(self.run_record, class_names=list(names)) if names else self.run_record
+        record.saved_in(checkpoint)
 
     def configure_model(self) -> None:
         """Lightning's hook before fit/validate/test: compile the net once, if asked."""

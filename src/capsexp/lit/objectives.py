@@ -22,12 +22,8 @@ import torch.nn.functional as F
 from pydantic import NonNegativeFloat
 
 from capsexp.config.arguments import PositiveFraction, UnitInterval, checked
+from capsexp.models.inspection import class_scores
 from capsexp.nn.functional import margin_loss, spread_loss
-
-
-def class_scores(output: Any) -> torch.Tensor:
-    """The (batch, classes) scores of a net's output: the output itself, or its ``scores`` field."""
-    return output if isinstance(output, torch.Tensor) else output.scores
 
 
 def multi_hot(targets: torch.Tensor, num_classes: int) -> torch.Tensor:

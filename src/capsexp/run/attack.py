@@ -21,8 +21,9 @@ from capsexp.attacks.evaluation import (
     metric_name,
     write_results,
 )
-from capsexp.callbacks.image_logging import displayable, tensorboard_writer
+from capsexp.callbacks.image_logging import tensorboard_writer
 from capsexp.errors import ConfigError
+from capsexp.figures.images import displayable
 from capsexp.run.checkpoints import model_of_run
 
 log = logging.getLogger(__name__)

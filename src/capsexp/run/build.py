@@ -4,6 +4,7 @@ cannot judge alone turned into a :class:`~capsexp.errors.ConfigError` naming the
 from __future__ import annotations
 
 import contextlib
+import logging
 import re
 from collections.abc import Iterator
 from typing import Any
@@ -75,3 +76,18 @@ def lightning_settings_named() -> Iterator[None]:
         if not keys:
             raise
         raise ConfigError(f"the trainer's settings ({', '.join(keys)}) do not fit the data: {error}") from error
+
+
+# Lightning's notices at INFO (GPU/TPU available, the seed, a tip advertising a cloud logger, "fit
+# stopped"): capsexp's own lines say what a run does; Lightning's warnings still show.
+LIGHTNING_NOTICES = (
+    "lightning.pytorch.utilities.rank_zero",
+    "lightning.fabric.utilities.rank_zero",
+    "lightning.fabric.utilities.seed",
+)
+
+
+def quiet_lightning_notices() -> None:
+    """Lightning's INFO notices (:data:`LIGHTNING_NOTICES`) off the console and the log file."""
+    for name in LIGHTNING_NOTICES:
+        logging.getLogger(name).setLevel(logging.WARNING)

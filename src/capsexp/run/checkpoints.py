@@ -19,7 +19,8 @@ from capsexp.errors import CheckpointError
 if TYPE_CHECKING:
     import torch
     from torch import nn
-from capsexp.locations import LAST_CHECKPOINT, RUN_CONFIG, RUN_RECORD
+from capsexp.config.run_record import RunRecord
+from capsexp.locations import LAST_CHECKPOINT, RUN_CONFIG
 from capsexp.results.metric_names import VAL_ACC
 
 # ckpt_path values that Lightning resolves itself ("last" checkpoint of this run, ...).
@@ -139,13 +140,13 @@ def model_of_run(ckpt_path: str | Path, where: str) -> tuple[Any, Any]:
 
 
 def recorded_config(checkpoint: dict, ckpt_path: str | Path, where: str) -> Any:
-    """The resolved config of the run that saved ``checkpoint``: its own record (:data:`RUN_RECORD`), or for
+    """The resolved config of the run that saved ``checkpoint``: its own record (:class:`RunRecord`), or for
     a checkpoint older than that record, its run folder's (:func:`run_config`)."""
     from omegaconf import OmegaConf
 
-    record = checkpoint.get(RUN_RECORD)
-    if record is not None and "config" in record:
-        return OmegaConf.create(record["config"])
+    record = RunRecord.of(checkpoint)
+    if record is not None:
+        return OmegaConf.create(record.config)
     from capsexp.config.hydra_setup import register
 
     register()  # the resolvers a run folder's unresolved config calls

@@ -20,8 +20,9 @@ from pathlib import Path
 
 import yaml
 
+from capsexp.config.run_record import RunRecord
 from capsexp.errors import CheckpointError
-from capsexp.locations import LAST_CHECKPOINT, OVERRIDES, RUN_RECORD, hydra_value, is_setting, key
+from capsexp.locations import LAST_CHECKPOINT, OVERRIDES, hydra_value, is_setting, key
 from capsexp.locations import value as location_value
 
 log = logging.getLogger(__name__)
@@ -90,7 +91,8 @@ def _trained_overrides(file: Path) -> list[str]:
 
     try:
         checkpoint = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
-        recorded = checkpoint.get(RUN_RECORD, {}).get("overrides")
+        record = RunRecord.of(checkpoint)
+        recorded = record.overrides if record is not None else None
     except Exception:  # an unreadable file: the run reads it again and says what is wrong
         recorded = None
     if recorded is not None:

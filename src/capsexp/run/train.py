@@ -20,6 +20,7 @@ from lightning.pytorch.loggers import Logger
 from omegaconf import DictConfig, OmegaConf
 
 from capsexp.callbacks.model_checkpoint import requeue_signal
+from capsexp.config.run_record import RunRecord
 from capsexp.errors import Interrupted
 from capsexp.locations import hydra_value
 from capsexp.results.machine import describe as describe_machine
@@ -29,7 +30,13 @@ from capsexp.results.model_card import CardFacts, write_model_card
 from capsexp.results.revision import describe as describe_revision
 from capsexp.results.revision import write_revision
 from capsexp.run import slurm
-from capsexp.run.build import build_model, instantiate, instantiate_all, lightning_settings_named
+from capsexp.run.build import (
+    build_model,
+    instantiate,
+    instantiate_all,
+    lightning_settings_named,
+    quiet_lightning_notices,
+)
 from capsexp.run.checkpoints import check_checkpoint
 from capsexp.run.distributed import DDPJob, ddp_job
 from capsexp.run.hparams import log_hyperparameters, run_choices
@@ -43,30 +50,15 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-# Lightning's notices at INFO (GPU/TPU available, the seed, a tip advertising a cloud logger, "fit
-# stopped"): capsexp's own lines say what a run does; Lightning's warnings still show.
-LIGHTNING_NOTICES = (
-    "lightning.pytorch.utilities.rank_zero",
-    "lightning.fabric.utilities.rank_zero",
-    "lightning.fabric.utilities.seed",
-)
-
-
 def _quiet_duplicate_console() -> None:
     """``import lightning`` gives its logger a console handler of its own; when the root logger
     already prints (Hydra's, which also writes the run's log file), each line would show twice.
-    Lightning's notices (:data:`LIGHTNING_NOTICES`) are left out."""
+    Lightning's notices (:data:`~capsexp.run.build.LIGHTNING_NOTICES`) are left out."""
     if logging.getLogger().hasHandlers():
         lightning_logger = logging.getLogger("lightning")
         for handler in list(lightning_logger.handlers):
             lightning_logger.removeHandler(handler)
     quiet_lightning_notices()
-
-
-def quiet_lightning_notices() -> None:
-    """Lightning's INFO notices (:data:`LIGHTNING_NOTICES`) off the console and the log file."""
-    for name in LIGHTNING_NOTICES:
-        logging.getLogger(name).setLevel(logging.WARNING)
 
 
 def run(cfg: DictConfig) -> dict[str, float]:
@@ -98,11 +90,11 @@ def _run(cfg: DictConfig, job: DDPJob) -> dict[str, float]:
     datamodule: L.LightningDataModule = instantiate("data", cfg.data, _convert_="all")
     module: L.LightningModule = build_model("model", cfg.model)
     # Every checkpoint carries what rebuilds its model and preprocessing, and the code that trained it.
-    module.run_record = {
-        "config": OmegaConf.to_container(cfg, resolve=True),
-        "overrides": list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else [],
-        "revision": revision,
-    }
+    module.run_record = RunRecord(
+        config=OmegaConf.to_container(cfg, resolve=True),
+        overrides=list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else [],
+        revision=revision,
+    )
     if cfg.get("ckpt_path"):
         check_checkpoint(cfg.ckpt_path, module)
     # Built before training, so that a bad attack option fails now, not after hours of training.
@@ -211,7 +203,7 @@ def _fit_and_test(
             metrics=metrics,
             train_seconds=train_seconds,
             machine=describe_machine(),
-            revision=module.run_record.get("revision") if module.run_record else None,
+            revision=module.run_record.revision if module.run_record else None,
             checkpoint=str(shown_path(Path(ckpt_path))) if ckpt_path else None,
             run_folder=str(shown_path(run_folder)),
             overrides=overrides,

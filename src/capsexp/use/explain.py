@@ -3,7 +3,7 @@
 For a capsule model: the input, the reconstruction from the predicted class capsule (models with a
 decoder), the class scores as bars (capsule lengths, EM activations, ...), the pose perturbation of
 the predicted capsule (Sabour et al. 2017, Fig. 4: a row per pose dimension, a column per tweak, the
-steps of the training-time :class:`~capsexp.callbacks.image_logging.PosePerturbation`), and the last
+paper's steps, :data:`~capsexp.figures.images.PERTURBATION_STEPS`), and the last
 routing layer's couplings (or EM responsibilities) of this image's children to each class, on the
 children's grid. Other models: the input and the scores. Each panel's axes is labelled by what it
 shows (``Axes.get_label``: ``input``, ``reconstruction``, ``scores``, ``pose_perturbation``,
@@ -17,8 +17,14 @@ import torch
 from matplotlib.figure import Figure
 from torchvision.utils import make_grid
 
-from capsexp.callbacks.image_logging import PosePerturbation, displayable, overlaid, perturbed_reconstructions
-from capsexp.callbacks.routing_figures import draw_coupling_maps, position_maps
+from capsexp.figures.couplings import draw_coupling_maps, position_maps
+from capsexp.figures.images import (
+    PERTURBATION_DELTA,
+    PERTURBATION_STEPS,
+    displayable,
+    overlaid,
+    perturbed_reconstructions,
+)
 from capsexp.use.inference import Predictions, TrainedModel, child_grid
 
 
@@ -82,12 +88,11 @@ def _capsule_panels(model: TrainedModel, predictions: Predictions, index: int, p
     decoder = getattr(model.net, "decoder", None) is not None
     parts = bottom.subfigures(1, 2, width_ratios=[1, 1.3]) if decoder and grid else [bottom]
     if decoder:
-        defaults = PosePerturbation()
         inputs = predictions.inputs[index : index + 1].to(model.device)
-        perturbed = perturbed_reconstructions(model.net, inputs, defaults.steps, defaults.max_delta)[0].cpu()
+        perturbed = perturbed_reconstructions(model.net, inputs, PERTURBATION_STEPS, PERTURBATION_DELTA)[0].cpu()
         pose_dim = perturbed.shape[0]
         tiles = displayable(perturbed.flatten(0, 1))
-        grid_image = make_grid(tiles, nrow=defaults.steps, padding=1, pad_value=0.5)
+        grid_image = make_grid(tiles, nrow=PERTURBATION_STEPS, padding=1, pad_value=0.5)
         ax = parts[0].subplots()
         ax.imshow(grid_image.permute(1, 2, 0).numpy(), interpolation="nearest")
         ax.set_title(f"{names[predicted]}'s capsule, each pose dimension tweaked", fontsize=9)
@@ -98,8 +103,8 @@ def _capsule_panels(model: TrainedModel, predictions: Predictions, index: int, p
         rows = [1 + r * (height + 1) + height / 2 for r in range(pose_dim)]
         ax.set_yticks(rows, [str(d + 1) for d in range(pose_dim)], fontsize=7)
         ax.set_ylabel("pose dimension", fontsize=8)
-        deltas = torch.linspace(-defaults.max_delta, defaults.max_delta, defaults.steps)
-        shown = sorted({0, defaults.steps // 2, defaults.steps - 1})
+        deltas = torch.linspace(-PERTURBATION_DELTA, PERTURBATION_DELTA, PERTURBATION_STEPS)
+        shown = sorted({0, PERTURBATION_STEPS // 2, PERTURBATION_STEPS - 1})
         ax.set_xticks(
             [1 + c * (width + 1) + width / 2 for c in shown],
             ["0" if abs(float(deltas[c])) < 1e-6 else f"{float(deltas[c]):+.2f}" for c in shown],

@@ -24,13 +24,12 @@ from omegaconf import DictConfig, OmegaConf
 from PIL import Image, UnidentifiedImageError
 from torchvision.transforms.v2 import functional as TF
 
-from capsexp.callbacks.routing_diagnostics import routing_layers
 from capsexp.config.routing_options import DynamicRouting, VBRouting
+from capsexp.config.run_record import RunRecord
 from capsexp.data.images import pil_mode, read_image
 from capsexp.errors import CapsexpError, CheckpointError, ImageError
-from capsexp.lit.objectives import class_scores
-from capsexp.locations import RUN_RECORD
 from capsexp.models import CapsNet, MatrixCapsNet
+from capsexp.models.inspection import class_scores, routing_layers
 from capsexp.nn import ClassMatrixCapsules, PrimaryCapsules
 from capsexp.run.build import build_model, instantiate
 from capsexp.run.checkpoints import (
@@ -119,7 +118,7 @@ class TrainedModel:
     ``score_kind``, ``revision`` (the code that trained it, where recorded), ``notes``."""
 
     def __init__(
-        self, module: torch.nn.Module, datamodule: Any, config: DictConfig, checkpoint: Path, record: dict | None
+        self, module: torch.nn.Module, datamodule: Any, config: DictConfig, checkpoint: Path, record: RunRecord | None
     ) -> None:
         self.module, self.net, self.datamodule, self.config = module.eval(), module.net, datamodule, config
         self.checkpoint = checkpoint
@@ -134,7 +133,7 @@ class TrainedModel:
         self.fit = "conventions"  # or "plain": images resized and cropped alone (capsexp.use.request.FIT_OPTIONS)
         digits = datamodule.image_conventions.digit_box is not None
         self.absent_text = "no digit found" if digits else "no class present"  # what a line says of such an image
-        self.revision = (record or {}).get("revision")
+        self.revision = record.revision if record is not None else None
         self.notes: list[str] = []
         self.routing_layer = next(reversed(routing_layers(module).items()), None)  # (name, layer): the last
 
@@ -279,7 +278,7 @@ def load(path: str | os.PathLike, device: str | torch.device = "cpu") -> Trained
         raise CheckpointError(f"{where}: give a checkpoint file or a run folder")
     file, note = checkpoint_of(path, where)
     checkpoint = read_checkpoint(file, where)
-    record = checkpoint.get(RUN_RECORD)
+    record = RunRecord.of(checkpoint)
     config = recorded_config(checkpoint, file, where)
     module = build_model(where, config.model)
     check_weights_fit(where, checkpoint["state_dict"], module)  # a clear message where they do not fit
@@ -291,10 +290,10 @@ def load(path: str | os.PathLike, device: str | torch.device = "cpu") -> Trained
     return model
 
 
-def _class_names(record: dict | None, datamodule: Any, num_classes: int) -> list[str]:
+def _class_names(record: RunRecord | None, datamodule: Any, num_classes: int) -> list[str]:
     """The names the checkpoint recorded, else the DataModule's (where it can tell them without its
     files), else the class numbers."""
-    names = (record or {}).get("class_names")
+    names = record.class_names if record is not None else None
     if not names:
         try:
             names = list(datamodule.class_names)

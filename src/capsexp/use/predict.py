@@ -32,9 +32,8 @@ from torch.utils.data import DataLoader, Dataset
 
 from capsexp.errors import ImageError
 from capsexp.results.revision import short as short_revision
-from capsexp.run.build import instantiate
+from capsexp.run.build import instantiate, quiet_lightning_notices
 from capsexp.run.run_folder import shown_path
-from capsexp.run.train import quiet_lightning_notices
 from capsexp.use.inference import Predictions, TrainedModel, load
 from capsexp.use.request import ImageFiles, folder_labels, image_files, predict_options
 
