@@ -307,7 +307,8 @@ def page(results: dict) -> str:
         for name, result in results["people"].items():
             flagged = result["no_digit"]
             no_digit = (
-                f"{flagged['absent']} of {flagged['files']} (and {result['png_absent']} of the {PEOPLE} PNGs)"
+                f"{flagged['absent']} of {flagged['files']}; false flags: {result['png_absent']} of the "
+                f"{PEOPLE} PNG digits"
                 if result["presence_threshold"] is not None
                 else "no presence threshold (softmax)"
             )
@@ -322,11 +323,15 @@ def page(results: dict) -> str:
             "`fit=conventions` inverts dark ink on light paper and frames the ink as MNIST framed its digits "
             "(a 20x20 box, centred by its mass in 28x28); `fit=plain` resizes the page alone. "
             "The photos: 100 of the redrawn digits saved turned by 90 degrees with EXIF orientation 6, "
-            "and upright. Blank pages (paper grey, JPEG) and images of uniform random pixels, 10 of each: a capsule "
-            "model flags an image where no class capsule reaches the margin loss's midpoint, 0.5.",
+            "and upright; a sideways file is the turned image encoded as JPEG anew, so its pixels differ a little "
+            "from the upright file's once turned back, and a digit near a decision may change class. Blank pages "
+            "(paper grey, JPEG) and images of uniform random pixels, 10 of each: a capsule model flags an image where "
+            "no class capsule reaches the margin loss's midpoint, 0.5; its false flags are the MNIST digits (as PNG "
+            "files) it found no class in.",
             "",
             "What this does not show: real photographs (lighting gradients, shadows, ruled paper), handwriting "
-            "other than MNIST's writers', several digits on a page, or models other than these two.",
+            "other than MNIST's writers', several digits on a page, fully trained models (these trained for the "
+            "steps above, short of an epoch), or models other than these two.",
             "",
         ]
     if "startup" in results:
@@ -352,8 +357,10 @@ def page(results: dict) -> str:
             "",
             f"`model=capsnet` on {result['files']} PNG files, `explain=8` against `explain=false`, alternating "
             f"({len(result['drawing'])} rounds): the prediction pass takes {with_figures:.2f} s against "
-            f"{without:.2f} s (**{with_figures / without:.2f}x**); the 8 figures are drawn after it, from a second "
-            f"pass over those 8 images, in {median(result['drawing']):.1f} s, reported apart.",
+            f"{without:.2f} s (medians, {with_figures / without:.2f}x; the rounds' ranges, below, "
+            f"{'overlap: no measurable difference' if _overlap(result['passes']) else 'do not overlap'}); the 8 "
+            "figures are drawn after it, from a second pass over those 8 images, in "
+            f"{median(result['drawing']):.1f} s, reported apart.",
             "",
             f"Every round (s): explain=8 {', '.join(f'{v:.2f}' for v in result['passes']['explain=8'])}; "
             f"explain=false {', '.join(f'{v:.2f}' for v in result['passes']['explain=false'])}; figures "
@@ -362,8 +369,17 @@ def page(results: dict) -> str:
         ]
     if "speed" in results:
         lines += _speed(results["speed"])
-    lines += ["What this does not show: GPU rates (no GPU here), other batch sizes.", ""]
+    lines += [
+        "What this does not show: GPU rates (no GPU here), other batch sizes, large photos (the rates are for "
+        "28x28 PNG files), `num_workers` other than 1, or other thread counts.",
+        "",
+    ]
     return "\n".join(lines)
+
+
+def _overlap(passes: dict[str, list[float]]) -> bool:
+    first, second = passes.values()
+    return min(first) <= max(second) and min(second) <= max(first)
 
 
 def _listed(values: list[float], digits: int) -> str:
@@ -402,8 +418,8 @@ def _speed(results: dict) -> list[str]:
                 f"For `{name}`, decoding a PNG file with Pillow and fitting it ({decoding:,.0f} images/s in one "
                 f"process) costs more than the model's forward pass ({forward:,.0f} images/s on both cores): with "
                 f"2 cores shared by the decoding process and the model, predict reaches {through:,.0f} images/s, "
-                f"{through / forward:.2f} of the forward pass. It would take a decoder faster than Pillow's or "
-                "more cores for files to keep up with a net this small."
+                f"{through / forward:.2f} of the forward pass (a faster decoder or more cores would be needed for "
+                "files to keep up with a net this small: not measured here)."
             )
         else:
             lines.append(
@@ -416,7 +432,8 @@ def _speed(results: dict) -> list[str]:
         "`capsexp.predict`: from the first file read to the last CSV row written (Lightning's `Trainer.predict`, "
         "PNG decoding in one worker process, fitting, the model, the rows), the model already loaded.",
         "",
-        "Every round's rates (images/s):",
+        "Every round's rates (images/s); they vary widely from round to round on this shared machine, so take "
+        "the ratios as rough:",
         "",
     ]
     for name, result in results.items():
@@ -444,9 +461,10 @@ def _speed(results: dict) -> list[str]:
         )
     lines += [
         "",
-        "Each rate includes the graph's preprocessing step (uint8 to [0, 1]); ONNX Runtime on the CPU execution "
-        "provider with its default threads. The checkpoint holds the optimizer's state too (Adam: twice the "
-        "weights), which the exported files do not.",
+        "Medians of the rounds above; each rate includes the graph's preprocessing step (uint8 to [0, 1]); ONNX "
+        "Runtime on the CPU execution provider with its default threads. A ratio within the rounds' spread (the "
+        "forward pass's rounds above) is no measured difference. The checkpoint holds the optimizer's state too "
+        "(Adam: twice the weights), which the exported files do not.",
         "",
     ]
     return lines

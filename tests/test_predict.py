@@ -17,7 +17,7 @@ from PIL import Image
 import capsexp
 from capsexp.errors import CheckpointError, ImageError
 from capsexp.figures.couplings import position_maps
-from capsexp.lit.classifier import RUN_RECORD
+from capsexp.locations import RUN_RECORD
 from capsexp.results.revision import REVISION_FILE, read_revision
 from capsexp.run.build import build_model, instantiate
 from capsexp.use.explain import explain_figure
