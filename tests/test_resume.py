@@ -36,8 +36,7 @@ def test_a_run_folder_expands_to_its_overrides_then_the_new_ones_its_state_and_i
     assert expanded == [
         "--cfg",
         "job",  # Hydra's flags stay in front
-        "model=em_caps_small",
-        "trainer.max_epochs=1",  # the run's own, then the new, which win
+        "model=em_caps_small",  # the run's own, those given now left out: the new win
         "trainer.max_epochs=3",
         "seed=2",
         f"ckpt_path={run / 'checkpoints' / 'last.ckpt'}",
@@ -282,3 +281,24 @@ def test_the_task_folder_is_found_from_the_overrides_alone(tmp_path):
     ``<log_dir>/<task_name>``: each of them would make it fail."""
     arguments = ["--config-name=config", "-m", "+hydra.run.dir=x", f"paths.log_dir={tmp_path}", "task_name=mine"]
     assert task_folder([*arguments, "ckpt_path=last"], "ckpt_path=last") == tmp_path / "mine"
+
+
+def test_a_test_only_run_takes_the_trained_runs_overrides_from_the_checkpoint_without_repeating_one(tmp_path):
+    """train=false: the overrides the checkpoint records come first (no location, no task name); one the
+    command gives again is left out, since Hydra refuses a group added twice (the black-box step gives
+    +arm/net=... itself)."""
+    import torch
+
+    from capsexp.locations import RUN_RECORD
+
+    checkpoint = tmp_path / "lone.ckpt"
+    recorded = ["+arm/net=capsnet", "seed=1", "paths.data_dir=/x", "task_name=t", "model.optimizer.lr=0.01"]
+    torch.save({RUN_RECORD: {"config": {}, "overrides": recorded}}, checkpoint)
+    given = ["train=false", "+arm/net=capsnet", "seed=2", f"ckpt_path={checkpoint}"]
+    assert expand_run_folder(given) == [
+        "model.optimizer.lr=0.01",
+        "train=false",
+        "+arm/net=capsnet",
+        "seed=2",
+        f"ckpt_path={checkpoint}",
+    ]

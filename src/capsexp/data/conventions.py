@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import torch
 from torchvision.transforms.v2 import functional as TF
 
@@ -89,16 +90,25 @@ def _ground_is_lighter(image: torch.Tensor) -> bool:
     """Whether the image's ground, the median of its border (its outer tenth), is lighter than the image's
     mean: then the ink, the part that is not ground, is darker than the ground. A median, so that a digit
     touching the border does not count as ground; the whole image's mean, so that ink anywhere counts."""
-    grey = image.float().mean(dim=0)
-    return bool(_border(grey).median() > grey.mean())
+    grey = _grey(image)
+    return _ground(grey) > float(grey.mean())
 
 
-def _border(grey: torch.Tensor) -> torch.Tensor:
-    """The pixels of an (H, W) image's outer tenth on each side (at least one pixel), flat."""
+def _grey(image: torch.Tensor) -> np.ndarray:
+    """(C, H, W) uint8 -> (H, W), the channels' mean (a grey image's own pixels, not copied). NumPy: on a
+    digit-sized image, a tenth of the time of torch's small-tensor ops, paid for every image a command reads."""
+    pixels = image.numpy()
+    return pixels[0] if len(pixels) == 1 else pixels.mean(axis=0, dtype=np.float32)
+
+
+def _ground(grey: np.ndarray) -> float:
+    """The median of an (H, W) image's outer tenth on each side (at least one pixel): its ground."""
     band = max(1, round(_BORDER_SHARE * min(grey.shape)))
-    return torch.cat(
-        [grey[:band].flatten(), grey[-band:].flatten(), grey[:, :band].flatten(), grey[:, -band:].flatten()]
+    border = np.concatenate(
+        [grey[:band].ravel(), grey[-band:].ravel(), grey[:, :band].ravel(), grey[:, -band:].ravel()]
     )
+    middle = len(border) // 2  # the upper median: np.partition takes a fraction of np.median's time here
+    return float(np.partition(border, middle)[middle])
 
 
 def frame_digit(image: torch.Tensor, box: int, field: int) -> tuple[torch.Tensor, str]:
@@ -106,8 +116,8 @@ def frame_digit(image: torch.Tensor, box: int, field: int) -> tuple[torch.Tensor
     (the border's median) made 0 and the brightest ink 255, the ink's bounding box scaled to ``box``
     pixels on its longer side (aspect kept), placed by its centre of mass at the centre of a ``field``
     x ``field`` image; and a note. A page without ink comes back blank, and says so."""
-    grey = image.float().mean(dim=0)
-    ink = (grey - _border(grey).median()).clamp_(min=0)
+    grey = _grey(image).astype(np.float32)
+    ink = torch.from_numpy(grey - _ground(grey)).clamp_(min=0)
     peak = float(ink.max())
     blank = image.new_zeros(image.shape[0], field, field)
     if peak < _FAINTEST_INK:

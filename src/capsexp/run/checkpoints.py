@@ -14,14 +14,14 @@ import zipfile
 from pathlib import Path, PurePath, PureWindowsPath
 from typing import TYPE_CHECKING, Any
 
-from capsexp.errors import CheckpointError
-
-if TYPE_CHECKING:
-    import torch
-    from torch import nn
 from capsexp.config.run_record import RunRecord
+from capsexp.errors import CheckpointError
 from capsexp.locations import LAST_CHECKPOINT, RUN_CONFIG
 from capsexp.results.metric_names import VAL_ACC
+
+if TYPE_CHECKING:  # torch is imported where a file is read: a missing one is named before torch loads
+    import torch
+    from torch import nn
 
 # ckpt_path values that Lightning resolves itself ("last" checkpoint of this run, ...).
 LIGHTNING_ALIASES = ("last", "best", "hpc", "registry")

@@ -79,9 +79,16 @@ def test_run_arguments(arguments: list[str], path: Path, where: str) -> list[str
     if note and RECORDED not in note:  # a run folder whose best checkpoint is not recorded
         log.warning(f"{where}: testing {note}")
     saved = [o for o in _trained_overrides(file) if is_setting(o) and key(o) not in ("train", "ckpt_path")]
-    now = [argument for argument in arguments if not _is_ckpt_path(argument)]
+    return [*_before(saved, [a for a in arguments if not _is_ckpt_path(a)]), f"ckpt_path={hydra_value(file)}"]
+
+
+def _before(saved: list[str], now: list[str]) -> list[str]:
+    """The saved overrides before the first one given now (after Hydra's flags), so that the new win; a
+    saved override of a key given now left out (Hydra refuses a group added twice: ``+arm/net=...``)."""
+    given = {key(argument) for argument in now if "=" in argument and not argument.startswith("-")}
+    saved = [override for override in saved if key(override) not in given]
     first = next((i for i, argument in enumerate(now) if "=" in argument and not argument.startswith("-")), len(now))
-    return [*now[:first], *saved, *now[first:], f"ckpt_path={hydra_value(file)}"]
+    return [*now[:first], *saved, *now[first:]]
 
 
 def _trained_overrides(file: Path) -> list[str]:
@@ -139,12 +146,8 @@ def expand_run_folder(arguments: list[str]) -> list[str]:
         raise CheckpointError(f"{where}: the run saved no state to resume ({LAST_CHECKPOINT} is missing)")
     saved = [str(override) for override in yaml.safe_load(overrides_file.read_text()) or []]
     now = [argument for argument in arguments if not _is_ckpt_path(argument)]
-    # The saved overrides go before the first one given now (after Hydra's flags), so the new win.
-    first = next((i for i, argument in enumerate(now) if "=" in argument and not argument.startswith("-")), len(now))
     return [
-        *now[:first],
-        *(override for override in saved if not _is_ckpt_path(override)),
-        *now[first:],
+        *_before([override for override in saved if not _is_ckpt_path(override)], now),
         f"ckpt_path={hydra_value(last)}",
         f"hydra.run.dir={hydra_value(folder)}",
     ]
