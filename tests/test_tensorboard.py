@@ -51,15 +51,15 @@ def test_a_mixed_logs_folder_is_served_with_short_names_and_every_runs_choices_a
         {"val/acc": 0.5},
     )
 
-    # What differs between the runs first, by short keys (a location such as data.root is none of it):
-    # the sidebar's cut (about 45 characters) no longer hides it.
+    # How each run differs, by short keys (a location such as data.root is none of it), a value most runs
+    # share (seed=1, no routing) left unsaid: the sidebar's cut (about 30 characters) no longer hides it.
     links = tmp_path / "served"
     links.mkdir()
     assert link_runs(logs, links) == 3 and link_runs(logs, links) == 0  # a rescan links only new runs
     assert sorted(p.name for p in links.iterdir()) == [
         "data=image_folder (11-28 09-15-30)",
-        "model=capsnet,routing=em,seed=1 (11-27 20-48)",
-        "model=lenet5,seed=1 (11-27 20-48)",
+        "model=capsnet,routing=em (11-27 20-48)",
+        "model=lenet5 (11-27 20-48)",
     ]
 
     # Every run's choices are columns, whichever run made them; those that differ (or that some runs lack)
@@ -86,6 +86,21 @@ def test_single_runs_are_named_by_the_override_that_differs_with_its_short_key(t
         folders.append(folder)
     names = served_names(folders, logs)
     assert [names[f] for f in folders] == ["max_steps=600 (11-29 01-00-00)", "max_steps=1200 (11-29 02-30-15)"]
+    # A third run of 1200 steps: most runs share that length, and the one that differs says so.
+    third = (
+        logs
+        / "train"
+        / "runs"
+        / (
+            "2026-11-29_03-00-00-000003_model=capsnet_small,trainer.max_steps=1200,trainer.val_check_interval=300,seed=2"
+        )
+    )
+    names = served_names([*folders, third], logs)
+    assert [names[f] for f in [*folders, third]] == [
+        "max_steps=600 (11-29 01-00-00)",
+        "max_steps=1200,seed=1 (11-29 02-30-15)",  # the shared values of every key: all of them
+        "seed=2 (11-29 03-00-00)",
+    ]
     assert served_names(folders[:1], logs)[folders[0]].startswith("model=capsnet_small,max_steps=600,")
 
 

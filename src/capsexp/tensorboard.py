@@ -25,6 +25,7 @@ import sys
 import tempfile
 import time
 import urllib.parse
+from collections import Counter
 from pathlib import Path
 
 import yaml
@@ -89,22 +90,32 @@ def _short_keys(keys: list[str]) -> dict[str, str]:
 
 
 def served_names(folders: list[Path], root: Path) -> dict[Path, str]:
-    """The name each run is served under: what differs between the runs served, by short keys
-    (``max_steps=600,seed=2``), then when it started (``(11-27 20-48)``); a lone run's every override.
-    TensorBoard cuts a run's name at about 45 characters in its run list and legends: what differs
-    comes first, where the cut does not reach it. Folders not laid out as capsexp lays runs out keep
-    their path."""
+    """The name each run is served under: how it differs from the runs served, by short keys
+    (``max_steps=600,seed=2``), then when it started (``(11-27 20-48)``). Of each key that varies, a run
+    names its value unless more than half of the runs share it (that value goes without saying); a run
+    with the shared value of every key names them all, and a lone run its every override. TensorBoard's
+    run list shows about 30 characters of a name: what differs comes first, where the cut does not reach
+    it. Folders not laid out as capsexp lays runs out keep their path."""
     laid_out = {folder: found for folder in folders if (found := _when_and_label(folder, root))}
     settings = {folder: _settings(folder, label) for folder, (_, label) in laid_out.items()}
     keys = list(dict.fromkeys(k for values in settings.values() for k in values))
     varying = [k for k in keys if len({values.get(k) for values in settings.values()}) > 1] or keys
     short = _short_keys(varying)
+    commonest = {}  # each key's value shared by most of the runs, where more than half share one
+    for k in varying:
+        value, count = Counter(values.get(k) for values in settings.values()).most_common(1)[0]
+        if count > len(settings) / 2:
+            commonest[k] = value
     names = {}
     for folder in folders:
         if folder not in laid_out:
             names[folder] = _UNSAFE.sub("_", " ".join(folder.relative_to(root).parts)) or "."
             continue
-        what = ",".join(f"{short[k]}={settings[folder][k]}" for k in varying if k in settings[folder])
+        own = settings[folder]
+        differs = [k for k in varying if k in own and own[k] != commonest.get(k, ...)] or [
+            k for k in varying if k in own
+        ]
+        what = ",".join(f"{short[k]}={own[k]}" for k in differs)
         when = laid_out[folder][0]
         names[folder] = _UNSAFE.sub("_", f"{what} ({when})" if what else when)
     return names
