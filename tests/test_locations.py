@@ -110,3 +110,11 @@ def test_the_root_package_imports_no_room_and_no_module_imports_the_root():
     import capsexp
 
     assert capsexp.load.__module__ == "capsexp.use.inference" and capsexp.CONFIG_DIR == PROJECT_ROOT / "conf"
+
+
+def test_a_step_after_a_sweep_passes_on_what_a_run_ran_and_where_its_data_is():
+    from capsexp.locations import is_relaunched
+
+    kept = ["model=capsnet", "data.data_dir=/d", "paths.data_dir=/e", "image_folder_root=/f", "data.root=/g"]
+    dropped = ["ckpt_path=/a.ckpt", "++attack.source=/b.ckpt", "hydra.run.dir=/r", "paths.log_dir=/l", "task_name=t"]
+    assert [o for o in kept + dropped if is_relaunched(o)] == kept

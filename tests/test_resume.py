@@ -292,10 +292,18 @@ def test_a_test_only_run_takes_the_trained_runs_overrides_from_the_checkpoint_wi
     from capsexp.locations import RUN_RECORD
 
     checkpoint = tmp_path / "lone.ckpt"
-    recorded = ["+arm/net=capsnet", "seed=1", "paths.data_dir=/x", "task_name=t", "model.optimizer.lr=0.01"]
+    recorded = [
+        "+arm/net=capsnet",
+        "seed=1",
+        "paths.data_dir=/no/such/folder",  # the training machine's: not on this one
+        f"data.data_dir={tmp_path}",  # on this one: kept
+        "task_name=t",
+        "model.optimizer.lr=0.01",
+    ]
     torch.save({RUN_RECORD: {"config": {}, "overrides": recorded}}, checkpoint)
     given = ["train=false", "+arm/net=capsnet", "seed=2", f"ckpt_path={checkpoint}"]
     assert expand_run_folder(given) == [
+        f"data.data_dir={tmp_path}",
         "model.optimizer.lr=0.01",
         "train=false",
         "+arm/net=capsnet",

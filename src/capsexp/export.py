@@ -1,19 +1,17 @@
-"""Export a trained model: ``python -m capsexp.export ckpt_path=<checkpoint or run folder>
+"""Export a trained model: ``python -m capsexp.export ckpt_path=<checkpoint, run or job folder>
 format=onnx|torchscript`` (``conf/export.yaml``; docs/predict.md#export). Writes ``model.onnx`` or
 ``model.pt`` and ``model.json`` into its folder, ``logs/export/runs/<time>/``, and checks the file's
 outputs against the model's."""
 
 from __future__ import annotations
 
-import sys
-
 import hydra
 from omegaconf import DictConfig
 
 from capsexp.config import hydra_setup
-from capsexp.config.command_line import options_help
+from capsexp.config.command_line import command
 from capsexp.errors import CapsexpError, report
-from capsexp.locations import CONFIG_DIR, quote_locations
+from capsexp.locations import CONFIG_DIR
 
 hydra_setup.register_routing()  # the resolvers conf/hydra/default.yaml calls
 
@@ -29,13 +27,8 @@ def main(cfg: DictConfig) -> None:
 
 
 def cli() -> None:
-    """The entry point: a location typed as capsexp printed it (a run folder named by its overrides, with
-    ``=`` and ``,``) quoted for Hydra (:mod:`capsexp.locations`), then :func:`main`."""
-    if any(argument in ("--help", "-h") for argument in sys.argv[1:]):
-        print(options_help(CONFIG_DIR / "export.yaml"), end="")
-        return
-    sys.argv[1:] = quote_locations(sys.argv[1:])
-    main()
+    """The entry point (``python -m capsexp.export``): :func:`capsexp.config.command_line.command`."""
+    command(main, CONFIG_DIR / "export.yaml")
 
 
 if __name__ == "__main__":

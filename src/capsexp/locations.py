@@ -42,6 +42,7 @@ _LOCATION_KEY = re.compile(
 # Keys that name a run's place among others, not what it ran: with the locations, never part of a
 # configuration's label on a results page.
 LABEL_KEYS = ("task_name", "tags")
+_DATA_LOCATIONS = ("paths.data_dir", "image_folder_root")  # locations of the data a run read, outside data.*
 
 # Characters an override value may hold unquoted: others (``,`` a sweep, ``=``, brackets, quotes,
 # ``$``, whitespace) make Hydra's grammar read more than a string.
@@ -62,6 +63,14 @@ def is_setting(argument: str) -> bool:
     """Whether the override ``argument`` says what a run ran (not where its files were, nor its task's name)."""
     name = key(argument)
     return not is_location(name) and name not in LABEL_KEYS
+
+
+def is_relaunched(argument: str) -> bool:
+    """Whether a step after a sweep passes the override ``argument`` on when it runs a run's configuration
+    again (a test on other data, a capsule net matched to a CNN): what the run ran, and where its data is
+    (``data.*``, ``paths.data_dir``, ``image_folder_root``); not where it wrote, nor what it read besides."""
+    name = key(argument)
+    return is_setting(argument) or name.startswith("data.") or name in _DATA_LOCATIONS
 
 
 def hydra_value(text: str | Path) -> str:

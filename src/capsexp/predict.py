@@ -1,4 +1,4 @@
-"""Predict with a trained model: ``python -m capsexp.predict ckpt_path=<checkpoint or run folder>
+"""Predict with a trained model: ``python -m capsexp.predict ckpt_path=<checkpoint, run or job folder>
 images=<file | folder | glob> [top_k=3] [explain=8] [trainer.accelerator=gpu]`` (``conf/predict.yaml``;
 docs/predict.md). Writes ``predictions.csv``, ``summary.md`` and per-image figures into its folder,
 ``logs/predict/runs/<time>/``."""
@@ -6,16 +6,15 @@ docs/predict.md). Writes ``predictions.csv``, ``summary.md`` and per-image figur
 from __future__ import annotations
 
 import logging
-import sys
 from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig
 
 from capsexp.config import hydra_setup
-from capsexp.config.command_line import options_help
+from capsexp.config.command_line import command
 from capsexp.errors import CapsexpError, report
-from capsexp.locations import CONFIG_DIR, quote_locations
+from capsexp.locations import CONFIG_DIR
 
 hydra_setup.register_routing()  # the resolvers conf/hydra/default.yaml calls
 log = logging.getLogger("capsexp")
@@ -44,13 +43,8 @@ def main(cfg: DictConfig) -> None:
 
 
 def cli() -> None:
-    """The entry point: a location typed as capsexp printed it (a run folder named by its overrides, with
-    ``=`` and ``,``) quoted for Hydra (:mod:`capsexp.locations`), then :func:`main`."""
-    if any(argument in ("--help", "-h") for argument in sys.argv[1:]):
-        print(options_help(CONFIG_DIR / "predict.yaml"), end="")
-        return
-    sys.argv[1:] = quote_locations(sys.argv[1:])
-    main()
+    """The entry point (``python -m capsexp.predict``): :func:`capsexp.config.command_line.command`."""
+    command(main, CONFIG_DIR / "predict.yaml")
 
 
 if __name__ == "__main__":

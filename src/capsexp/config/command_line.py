@@ -9,6 +9,8 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
+import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from hydra import compose, initialize_config_dir
@@ -17,6 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from capsexp.config import hydra_setup
 from capsexp.errors import ConfigError
+from capsexp.locations import quote_locations
 
 # Groups and keys that moved: the old spelling gets the new one in its error.
 RENAMED = {
@@ -244,3 +247,15 @@ def options_help(config_file: Path) -> str:
     start = next((i for i, line in enumerate(lines) if line and not line.startswith(("#", " ", "-", "defaults"))), 0)
     heading = [line for line in lines[:start] if line.startswith("#")]
     return "\n".join([*heading, "", "Options (key=value; defaults shown):", *lines[start:]]) + "\n"
+
+
+def command(main: Callable[[], None], config_file: Path) -> None:
+    """Run a command with a config of its own (``capsexp.predict``, ``capsexp.export``) from ``sys.argv``:
+    ``--help`` prints :func:`options_help`; otherwise a location typed as capsexp printed it (a run folder
+    named by its overrides, with ``=`` and ``,``) is quoted for Hydra (:mod:`capsexp.locations`), then
+    ``main``, the command's Hydra main, runs."""
+    if any(argument in ("--help", "-h") for argument in sys.argv[1:]):
+        print(options_help(config_file), end="")
+        return
+    sys.argv[1:] = quote_locations(sys.argv[1:])
+    main()

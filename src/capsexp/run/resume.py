@@ -22,7 +22,7 @@ import yaml
 
 from capsexp.config.run_record import RunRecord
 from capsexp.errors import CheckpointError
-from capsexp.locations import LAST_CHECKPOINT, OVERRIDES, hydra_value, is_setting, key
+from capsexp.locations import LAST_CHECKPOINT, OVERRIDES, hydra_value, is_relaunched, is_setting, key
 from capsexp.locations import value as location_value
 
 log = logging.getLogger(__name__)
@@ -70,16 +70,24 @@ def _test_only(arguments: list[str]) -> bool:
 def test_run_arguments(arguments: list[str], path: Path, where: str) -> list[str]:
     """``train=false ckpt_path=<checkpoint, run or job folder>``: the checkpoint (a folder's recorded best),
     after the overrides of the run that trained it (from the checkpoint's own record, else its run
-    folder's ``.hydra/overrides.yaml``; locations and the task's name left out), then the ones given now,
-    which win. No ``hydra.run.dir``: the test writes a folder of its own, and the trained run's files
-    stay as they are."""
+    folder's ``.hydra/overrides.yaml``; its data's folders where they exist here, no other location, not
+    the task's name), then the ones given now, which win. No ``hydra.run.dir``: the test writes a folder
+    of its own, and the trained run's files stay as they are."""
     from capsexp.run.checkpoints import RECORDED, checkpoint_of  # torch: only for a test-only run
 
     file, note = checkpoint_of(path, where)
     if note and RECORDED not in note:  # a run folder whose best checkpoint is not recorded
         log.warning(f"{where}: testing {note}")
-    saved = [o for o in _trained_overrides(file) if is_setting(o) and key(o) not in ("train", "ckpt_path")]
+    saved = [o for o in _trained_overrides(file) if _relaunched_here(o) and key(o) not in ("train", "ckpt_path")]
     return [*_before(saved, [a for a in arguments if not _is_ckpt_path(a)]), f"ckpt_path={hydra_value(file)}"]
+
+
+def _relaunched_here(override: str) -> bool:
+    """A trained run's override a test of its checkpoint takes: what the run ran, and where its data is
+    where that folder exists on this machine (a checkpoint from another machine reads this one's data)."""
+    if is_setting(override):
+        return True
+    return is_relaunched(override) and Path(location_value(override.lstrip("+"))).expanduser().exists()
 
 
 def _before(saved: list[str], now: list[str]) -> list[str]:

@@ -18,7 +18,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from capsexp.locations import hydra_value, is_setting
+from capsexp.locations import hydra_value, is_relaunched
 from capsexp.results.runs import Run, find_runs, group
 from capsexp.results.study import StudyPage, matches
 from capsexp.run.checkpoints import best_checkpoint
@@ -45,7 +45,7 @@ class BlackBox:
         for run in runs:
             if not any(matches(target, run.overrides) for target in self.targets) or run.seed not in sources:
                 continue
-            kept = [o for o in run.overrides if is_setting(o) and o not in ("-m", "--multirun")]
+            kept = [o for o in run.overrides if is_relaunched(o) and o not in ("-m", "--multirun")]
             arguments = [
                 *kept,
                 "train=false",

@@ -16,7 +16,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from capsexp.locations import hydra_value, is_setting
+from capsexp.locations import hydra_value, is_relaunched
 from capsexp.results.metric_names import TEST_ACC, VAL_ACC_BEST
 from capsexp.results.runs import Run, find_runs
 from capsexp.results.study import StudyPage, figure_for
@@ -31,7 +31,7 @@ MATCH_TOLERANCE = 1e-6
 
 
 def _own_overrides(run: Run) -> list[str]:
-    return [o for o in run.overrides if is_setting(o)]
+    return [o for o in run.overrides if is_relaunched(o)]
 
 
 def _capsexp(arguments: list[str]) -> None:
