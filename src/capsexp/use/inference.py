@@ -1,13 +1,14 @@
 """A trained model, ready to ask about images: ``capsexp.load(path).predict(images)``.
 
-:func:`load` takes a checkpoint or a run folder (its best checkpoint by validation accuracy, the one a
-run tests; ``last.ckpt`` where it saved none) and rebuilds, from the checkpoint's own record of its run
-(the resolved config, class names, code revision; for checkpoints older than that record, the run
-folder's ``.hydra/config.yaml``), the model in eval mode and the DataModule of its training data. The
-DataModule is never set up and reads no dataset: it only says how an image becomes the net's input
-(:meth:`~capsexp.data.base.InMemoryDataModule.fit_image`, then
-:meth:`~capsexp.data.base.InMemoryDataModule.evaluation_input`), so an image reaches the net exactly as
-the evaluation images did in training. Nothing about preprocessing is declared here.
+:func:`load` takes a checkpoint, a run folder or a sweep's job folder (the checkpoint the run recorded as
+best, the one it tested: :func:`~capsexp.run.checkpoints.checkpoint_of`) and rebuilds, from the
+checkpoint's own record of its run (:class:`~capsexp.config.run_record.RunRecord`; a checkpoint without
+one: its run folder's ``.hydra/config.yaml``), the model in eval mode and the DataModule of its training
+data. The DataModule is never set up and reads no dataset: it only says how an image becomes the net's
+input (its :attr:`~capsexp.data.base.InMemoryDataModule.image_conventions` applied by
+:meth:`~capsexp.data.base.InMemoryDataModule.fit_image`, then
+:meth:`~capsexp.data.base.InMemoryDataModule.evaluation_input`), so an image is made the net's input as
+the dataset made its evaluation images. Nothing about preprocessing is declared here.
 """
 
 from __future__ import annotations
