@@ -315,15 +315,18 @@ class _VotesAndRouting(torch.autograd.Function):
         num_children, batch = weight.shape[0], inputs.shape[0]
         with torch.autocast(device_type=inputs.device.type, enabled=False):
             left, right, grad_totals = _routing_gradient_factors(votes, saved, grad_parents, ctx.routing)
-            grad_votes = _scratch((num_children, *votes.shape[:2], votes.shape[3]), votes)  # (I, B, J, D)
+            # The terms are summed in the routing's float32, the factors' dtype, and cast once for the
+            # matmuls below: under bf16 autocast a bf16 sum with broadcasting took the CPU's slow path
+            # (its addcmul_ 7.5x float32's), more than the bf16 convolutions saved.
+            grad_votes = _scratch((num_children, *votes.shape[:2], votes.shape[3]), left[0])  # (I, B, J, D)
             for term, (child_factor, parent_factor) in enumerate(zip(left, right, strict=True)):  # 2r - 1 terms at most
-                child_factor = child_factor.to(votes.dtype).permute(2, 0, 1).unsqueeze(-1)  # (I, B, J, 1)
-                parent_factor = parent_factor.to(votes.dtype).unsqueeze(0)  # (1, B, J, D)
+                child_factor = child_factor.permute(2, 0, 1).unsqueeze(-1)  # (I, B, J, 1)
+                parent_factor = parent_factor.unsqueeze(0)  # (1, B, J, D)
                 if term == 0:
                     torch.mul(child_factor, parent_factor, out=grad_votes)
                 else:
                     grad_votes.addcmul_(child_factor, parent_factor)
-            grad_votes = grad_votes.view(num_children, batch, -1)  # (I, B, J*D)
+            grad_votes = grad_votes.view(num_children, batch, -1).to(votes.dtype)  # (I, B, J*D)
             grad_inputs = grad_weight = None
             if ctx.needs_input_grad[0]:
                 grad_inputs = torch.bmm(grad_votes, weight.transpose(1, 2)).transpose(0, 1)
