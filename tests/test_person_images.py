@@ -133,7 +133,8 @@ def test_wide_grey_palette_cmyk_and_transparent_files_are_read_as_they_look(tmp_
 
 
 def test_every_file_of_a_folder_is_predicted_or_named_as_skipped_with_the_reason(tmp_path):
-    for name in ("a.png", "b.GIF", "c.jpeg", "notes.txt", ".DS_Store", "sub/d.webp", "sub/README"):
+    names = ("a.png", "b.GIF", "c.jpeg", "notes.txt", ".DS_Store", "sub/d.webp", "sub/README", ".cache/e.png")
+    for name in names:
         (tmp_path / name).parent.mkdir(exist_ok=True)
         (tmp_path / name).write_bytes(b"x")
     found = image_files(str(tmp_path))
@@ -142,6 +143,7 @@ def test_every_file_of_a_folder_is_predicted_or_named_as_skipped_with_the_reason
         ".DS_Store": "hidden file",
         "notes.txt": "not an image by its ending (.txt)",
         "sub/README": "not an image by its ending (none)",
+        ".cache/e.png": "in a hidden folder",
     }
 
 

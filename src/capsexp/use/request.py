@@ -46,7 +46,7 @@ def image_files(images: str) -> ImageFiles:
         raise ImageError(f"images={images}: no such file or folder (give an image, a folder of images, or a glob)")
     files, skipped = [], []
     for file in sorted(found, key=str):
-        reason = _skipped_because(file)
+        reason = _skipped_because(file.relative_to(root) if root is not None else Path(file.name))
         if reason:
             skipped.append((file, reason))
         else:
@@ -60,8 +60,12 @@ def image_files(images: str) -> ImageFiles:
 
 
 def _skipped_because(file: Path) -> str | None:
+    """Why a file found in a folder (``file``: its path below the folder) or by a glob is not an image to
+    predict on; None when it is one. A notebook's ``.ipynb_checkpoints/`` copies are hidden files too."""
     if file.name.startswith("."):
         return "hidden file"
+    if any(part.startswith(".") for part in file.parts[:-1]):
+        return "in a hidden folder"
     if file.suffix.lower() not in IMAGE_SUFFIXES:
         return f"not an image by its ending ({file.suffix or 'none'})"
     return None
