@@ -11,7 +11,7 @@ from __future__ import annotations
 import pickle
 import re
 import zipfile
-from pathlib import Path, PurePath, PureWindowsPath
+from pathlib import Path, PureWindowsPath
 from typing import TYPE_CHECKING, Any
 
 from capsexp.config.run_record import RunRecord
@@ -237,8 +237,8 @@ def _recorded_best(file: Path) -> str | None:
         return None
     states = checkpoint.get("callbacks", {}) if isinstance(checkpoint, dict) else {}
     for name, state in states.items():
-        if "ModelCheckpoint" in str(name) or "Checkpoint{" in str(name):
+        if "Checkpoint{" in str(name):  # Lightning keys a ModelCheckpoint's state by its class and settings
             path = state.get("best_model_path") if isinstance(state, dict) else None
             if path:
-                return PurePath(path).name if "\\" not in path else PureWindowsPath(path).name
+                return PureWindowsPath(path).name  # splits at "/" and "\\": written on any system
     return None

@@ -145,10 +145,8 @@ class PredictionWriter(BasePredictionWriter):
             label = [] if labels is None else [self.model.class_names[labels[row]]]
             if error:
                 self.errors.append(error)
-                rows.append(
-                    [name, "", "", *blank, "", *([""] if self.presence else []), *label, *([""] if label else [])]
-                )
-                rows[-1].append(error)
+                unfilled = ["", *([""] if self.presence else [])]  # score_kind, present
+                rows.append([name, "", "", *blank, *unfilled, *label, *([""] if label else []), error])
                 continue
             notes = predictions.notes[row]
             self.notes.update(notes)
@@ -158,8 +156,9 @@ class PredictionWriter(BasePredictionWriter):
             score = f"{scores[row]:.4f}"
             found = [] if present is None else [str(int(present[row]))]
             self.absent += present is not None and not present[row]
-            rows.append([name, names[row], score, *top, *blank[len(top) :], kind, *found, *label, *correct])
-            rows[-1].append("; ".join(notes))
+            rows.append(
+                [name, names[row], score, *top, *blank[len(top) :], kind, *found, *label, *correct, "; ".join(notes)]
+            )
             if len(self.shown) < self.lines:
                 line = self._line(name, names[row], kind, scores[row], tops[row], labels, row, first[row])
                 if present is not None and not present[row]:
