@@ -240,5 +240,5 @@ def _recorded_best(file: Path) -> str | None:
         if "Checkpoint{" in str(name):  # Lightning keys a ModelCheckpoint's state by its class and settings
             path = state.get("best_model_path") if isinstance(state, dict) else None
             if path:
-                return PureWindowsPath(path).name  # splits at "/" and "\\": written on any system
+                return PureWindowsPath(path).name  # splits at either separator: a path written on any system
     return None
