@@ -309,15 +309,24 @@ def test_fused_layer_matches_votes_then_routing_with_interleaved_calls():
         torch.testing.assert_close(got, want)
 
 
-def test_routing_is_finite_under_bf16_autocast():
+def test_a_routing_layer_computes_in_float32_under_bf16_autocast():
+    """Votes and routing stay float32 under autocast: the layer gives what it gives without autocast."""
+    torch.manual_seed(0)
     layer = RoutingCapsules(in_caps=72, in_dim=8, out_caps=10, out_dim=16)
     inputs = torch.randn(4, 72, 8, requires_grad=True)
+    results = []
+    for enabled in (False, True):
+        layer.zero_grad(), setattr(inputs, "grad", None)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=enabled):
+            parents = layer(inputs).poses
+        parents.norm(dim=-1).sum().backward()
+        results.append((parents.detach(), layer.weight.grad.clone(), inputs.grad.clone()))
+    assert results[1][0].dtype == torch.float32
+    for exact, under_autocast in zip(*results, strict=True):
+        torch.testing.assert_close(under_autocast, exact, rtol=0, atol=0)
+    # bf16 inputs (a bf16 convolution's output) are routed in float32 too
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        parents = layer(inputs).poses
-    assert parents.dtype == torch.bfloat16  # as autocast runs the vote matmul
-    parents.float().norm(dim=-1).sum().backward()
-    assert torch.isfinite(parents.float()).all()
-    assert torch.isfinite(layer.weight.grad).all() and torch.isfinite(inputs.grad).all()
+        assert layer(inputs.detach().bfloat16()).poses.dtype == torch.float32
 
 
 def test_bf16_votes_keep_their_dtype_and_route_with_a_float32_state():

@@ -15,6 +15,7 @@ from hydra.utils import get_object
 from omegaconf import DictConfig, MissingMandatoryValue, OmegaConf
 
 from capsexp.config.arguments import argument_problems, shown
+from capsexp.config.precision import AUTO
 from capsexp.errors import CapsexpError, ConfigError
 
 _SHOWN = 8  # problems listed; the rest are counted
@@ -62,6 +63,8 @@ def _target_problems(cfg: DictConfig, path: str, node: dict) -> list[str]:
     arguments = {k: _stand_in(v) if _is_node(v) else _value(cfg, path + k) for k, v in node.items()}
     if broken := [_unresolved(path + k, v) for k, v in arguments.items() if isinstance(v, Exception)]:
         return broken
+    if path == "trainer." and arguments.get("precision") == AUTO:
+        del arguments["precision"]  # capsexp's own value, resolved before Lightning sees it
     problems = argument_problems(target, {k: v for k, v in arguments.items() if v is not _stand_in}, prefix=path)
     if not problems and node.get("_partial_") and inspect.isclass(target) and issubclass(target, torch.optim.Optimizer):
         values = {k: v for k, v in arguments.items() if not k.startswith("_")}

@@ -20,6 +20,7 @@ from hydra.utils import get_object
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from capsexp.config.image_folder_classes import number_of_classes
+from capsexp.config.precision import BF16, FLOAT32, bf16_native
 from capsexp.config.routing_options import (
     EM_PAPER,
     AttentionRouting,
@@ -59,14 +60,9 @@ def smallnorb_channels(stereo: str) -> int:
 
 
 def bf16_if_native() -> str:
-    """``${bf16_if_native:}``: ``bf16-mixed`` where bf16 arithmetic is native (a CUDA device, or a CPU with
-    AVX-512 BF16 or AMX), else ``32-true``. Without it, bf16 autocast on a CPU falls back to slow paths:
-    on an AVX2-only CPU a 256-channel 5x5 convolution of the baseline CNN took over a minute in bf16
-    against 1.3 s in float32."""
-    import torch
-
-    native = torch.cuda.is_available() or torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
-    return "bf16-mixed" if native else "32-true"
+    """``${bf16_if_native:}``: ``bf16-mixed`` where bf16 arithmetic is native on this machine
+    (:func:`capsexp.config.precision.bf16_native`), else ``32-true``."""
+    return BF16 if bf16_native() else FLOAT32
 
 
 def config_value(value: Any) -> Any:

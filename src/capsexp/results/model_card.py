@@ -37,6 +37,15 @@ class CardFacts:
     overrides: Sequence[str] = field(default_factory=list)
     # A test-only run (train=false): the SHA-256 of the checkpoint it tested, which another run trained.
     tested_sha256: str | None = None
+    # The precision it ran in (Lightning's name), which trainer.precision=auto chooses per net and machine.
+    precision: str | None = None
+
+
+def _precision(ran: str | None, asked: Any) -> str:
+    """``bf16-mixed (trainer.precision=auto)``, or the precision asked for where it ran as given."""
+    if ran is None or str(asked) == ran:
+        return str(asked)
+    return f"{ran} (`trainer.precision={asked}`)"
 
 
 def _row(name: str, value: Any) -> str:
@@ -80,7 +89,7 @@ def model_card(facts: CardFacts) -> str:
         _row("optimizer", f"{_target(optimizer)}, lr {optimizer.get('lr')}"),
         _row("learning-rate schedule", _target(scheduler) if scheduler else "constant"),
         _row("length", _length(trainer)),
-        _row("precision", trainer.get("precision")),
+        _row("precision", _precision(facts.precision, trainer.get("precision"))),
         _row("devices", f"{trainer.get('devices')} x {trainer.get('accelerator')}"),
         _row("seed", config.get("seed")),
         _row("command-line overrides", " ".join(f"`{o}`" for o in facts.overrides) or "none"),

@@ -20,6 +20,7 @@ from lightning.pytorch.loggers import Logger
 from omegaconf import DictConfig, OmegaConf
 
 from capsexp.callbacks.model_checkpoint import requeue_signal
+from capsexp.config.precision import resolve as resolve_precision
 from capsexp.config.run_record import RunRecord
 from capsexp.errors import Interrupted
 from capsexp.locations import hydra_value
@@ -108,8 +109,18 @@ def _run(cfg: DictConfig, job: DDPJob) -> dict[str, float]:
         "enable_progress_bar": any(isinstance(c, ProgressBar) for c in callbacks),
         "enable_model_summary": any(isinstance(c, ModelSummary) for c in callbacks),
     }
+    precision = resolve_precision(
+        cfg.trainer.get("precision"), cfg.model.get("net", {}).get("_target_"), cfg.trainer.get("accelerator")
+    )
+    if precision.reason:
+        log.info(f"Precision: {precision.lightning} ({precision.reason})")
     trainer: L.Trainer = instantiate(
-        "trainer", cfg.trainer, callbacks=[*callbacks, step_seen], logger=loggers or False, **shown
+        "trainer",
+        cfg.trainer,
+        callbacks=[*callbacks, step_seen],
+        logger=loggers or False,
+        precision=precision.lightning,
+        **shown,
     )
     _warn_if_more_processes_than_cores(trainer)
     job.watch(trainer)
@@ -208,6 +219,7 @@ def _fit_and_test(
             run_folder=str(shown_path(run_folder)),
             overrides=overrides,
             tested_sha256=file_sha256(Path(ckpt_path)) if ckpt_path and not cfg.get("train") else None,
+            precision=str(trainer.precision),
         )
         log.info(f"Model card: {shown_path(write_model_card(run_folder, facts))}")
     return metrics

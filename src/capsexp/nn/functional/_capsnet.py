@@ -279,11 +279,10 @@ def fully_connected_routing(
     votes straight into the layout of the vote matmul, (I, B, J*D), where the input and weight gradients
     are plain batched matmuls (autograd would permute a second full-size copy of it).
     """
-    device_type = inputs.device.type
-    if torch.is_autocast_enabled(device_type):  # autocast would have run the vote matmul in this dtype
-        dtype = torch.get_autocast_dtype(device_type)
-    else:
-        dtype = torch.result_type(inputs, weight)
+    # In float32 at least, under autocast too: the votes are a few MFLOPs per image, the routing's sums
+    # over them batched matrix-vector products, and bf16 ones took the CPU's slow paths (bf16 votes
+    # made a capsnet_small training step slower, docs/speed.md).
+    dtype = torch.promote_types(torch.result_type(inputs, weight), torch.float32)
     return _VotesAndRouting.apply(inputs.to(dtype), weight.to(dtype), bias, out_caps, routing)
 
 
