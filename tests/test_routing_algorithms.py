@@ -346,6 +346,10 @@ def test_sinkhorn_routing_matches_its_probability_domain_transcription_values_an
     torch.testing.assert_close(routed.poses, poses, rtol=1e-6, atol=1e-9)  # squash's 1e-8 under the root
     torch.testing.assert_close(routed.assignment, couplings, rtol=1e-6, atol=1e-9)
     torch.testing.assert_close(routed.activations, poses.norm(dim=-1), rtol=1e-6, atol=1e-9)
+    with torch.no_grad():  # evaluation's path, without the written-out backward pass
+        evaluated = sinkhorn_routing(votes, masses, routing)
+    for got, want in zip(evaluated, routed, strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
     upstream = torch.randn_like(poses)
     got = torch.autograd.grad((routed.poses * upstream).sum(), (votes, masses), allow_unused=True)
     want = torch.autograd.grad((poses * upstream).sum(), (votes, masses), allow_unused=True)
@@ -371,6 +375,24 @@ def test_sinkhorn_couplings_sum_to_one_per_child_and_give_every_parent_the_same_
     torch.testing.assert_close(received, torch.full((B, J), 1 / J, dtype=torch.float64), rtol=0, atol=1e-8)
     _, dynamic = dynamic_routing(votes.transpose(1, 2).contiguous().transpose(1, 2), return_couplings=True)
     assert torch.einsum("bi,bij->bj", m, dynamic)[:, 0].min() > 1.5 / J  # dynamic routing's parent 0 takes more
+
+
+def test_sinkhorn_logits_beyond_float32s_kernel_give_the_float64_plan(monkeypatch):
+    """Votes whose agreements set some parent tens of nats below every child's best: float32's kernel
+    exp(b) underflows there, float64's does not. The float32 routing (balanced in the log domain then)
+    gives the float64 transcription's couplings and poses."""
+    votes = _votes(spread=3.0, seed=5)
+    votes[:, :, 0] *= 12.0  # parent 0's votes long: after one iteration every child agrees far more with it
+    masses = torch.rand(B, I, generator=torch.Generator().manual_seed(6), dtype=torch.float64) + 0.1
+    poses, couplings = transcribe_sinkhorn_routing(votes, masses, 3, 10, 0.25)
+    log_domain_steps = []
+    logsumexp = torch.logsumexp
+    monkeypatch.setattr(torch, "logsumexp", lambda *a, **k: log_domain_steps.append(1) or logsumexp(*a, **k))
+    routed = sinkhorn_routing(votes.float(), masses.float(), SinkhornRouting(iterations=3, epsilon=0.25))
+    assert log_domain_steps  # the scaling domain was left
+    assert couplings.min() < 1e-200  # float64 keeps what float32's kernel cannot hold
+    torch.testing.assert_close(routed.assignment.double(), couplings, rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(routed.poses.double(), poses, rtol=1e-4, atol=1e-6)
 
 
 def test_sinkhorn_routing_with_equal_costs_is_uniform_and_stays_finite_on_huge_votes():

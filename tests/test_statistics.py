@@ -88,3 +88,28 @@ def test_a_reproduction_tolerance_is_two_standard_errors_of_a_difference_of_mean
     assert reproduction_tolerance(0.0052, 3) == pytest.approx(0.00849, abs=1e-5)
     with pytest.raises(ValueError, match="a spread needs two runs at least, not 1"):
         reproduction_tolerance(0.01, 1)
+
+
+def test_an_equivalence_test_is_two_one_sided_t_tests_against_the_margin():
+    """Schuirmann's TOST, transcribed through scipy's one-sample t-test: the larger of the one-sided p-values
+    of the differences against -margin (alternative: above) and +margin (alternative: below)."""
+    from scipy import stats as scipy_stats
+
+    from capsexp.results.statistics import equivalence
+
+    cases = [([0.05, -0.10, 0.12, 0.02, -0.04], 0.3), ([0.21, 0.35, 0.18, 0.29, 0.40], 0.3), ([0.4, -0.6, 0.9], 0.5)]
+    for differences, margin in cases:
+        got = equivalence(differences, margin)
+        above = scipy_stats.ttest_1samp(differences, -margin, alternative="greater").pvalue
+        below = scipy_stats.ttest_1samp(differences, margin, alternative="less").pvalue
+        assert got.p == pytest.approx(max(above, below), rel=1e-9)
+        interval = scipy_stats.ttest_1samp(differences, 0).confidence_interval(0.95)
+        assert (got.low, got.high) == pytest.approx((interval.low, interval.high), rel=1e-9)
+        assert got.mean == pytest.approx(sum(differences) / len(differences)) and got.n == len(differences)
+    inside, beyond, wide = (equivalence(d, m) for d, m in cases)
+    assert inside.inside and inside.p < 0.05
+    assert not beyond.inside and 0.05 < beyond.p < 0.5  # the mean, 0.286, just inside the margin
+    assert not wide.inside  # a mean of 0.23 inside the margin, but three seeds spread too far
+    assert equivalence([0.1, 0.1], 0.3).p == 0 and equivalence([0.4, 0.4], 0.3).p == 1  # no spread
+    with pytest.raises(ValueError, match="two paired differences"):
+        equivalence([0.1], 0.3)

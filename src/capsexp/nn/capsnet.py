@@ -122,7 +122,12 @@ class RoutingCapsules(nn.Module):
         (example, parent) as one contiguous I x D matrix, and returned as a (B, I, J, D) view.
         """
         batch = inputs.shape[0]
-        votes = torch.bmm(inputs.transpose(0, 1), self.transform())  # (I, B, J*D)
+        # In float32 at least under autocast too, as the fused path (fully_connected_routing): routing reads
+        # the votes in its float32 sums, and bf16 ones took the CPU's slow batched matrix-vector paths.
+        transform = self.transform()
+        dtype = torch.promote_types(torch.result_type(inputs, transform), torch.float32)
+        with torch.autocast(device_type=inputs.device.type, enabled=False):
+            votes = torch.bmm(inputs.transpose(0, 1).to(dtype), transform.to(dtype))  # (I, B, J*D)
         votes = votes.view(self.in_caps, batch, self.out_caps, self.out_dim)
         return votes.permute(1, 2, 0, 3).contiguous().transpose(1, 2)  # (B, I, J, D)
 

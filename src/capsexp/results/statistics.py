@@ -131,3 +131,43 @@ def reproduction_tolerance(std: float, runs: int, rerun: int | None = None) -> f
     if rerun < 1:
         raise ValueError(f"a re-run has one run at least, not {rerun}")
     return max(2 * std * math.sqrt(1 / runs + 1 / rerun), REPRODUCTION_FLOOR)
+
+
+@dataclass(frozen=True)
+class Equivalence:
+    """Paired differences against an equivalence margin: their mean, its :data:`CONFIDENCE` interval, and
+    the p-value of two one-sided t-tests (Schuirmann 1987), the larger of the tests of mean <= -margin and
+    of mean >= +margin: below a level, the mean difference is within the margin at that level."""
+
+    n: int
+    mean: float
+    low: float
+    high: float
+    p: float
+    margin: float
+
+    @property
+    def inside(self) -> bool:
+        """The interval lies within (-margin, +margin)."""
+        return -self.margin < self.low and self.high < self.margin
+
+
+def equivalence(differences: Sequence[float], margin: float) -> Equivalence:
+    """Two one-sided tests of paired ``differences`` (one per seed) against ``-margin`` and ``+margin``;
+    needs two differences at least. Differences all equal: their mean is known exactly (p 0 inside the
+    margin, 1 outside)."""
+    from scipy import stats
+
+    n = len(differences)
+    if n < 2:
+        raise ValueError(f"an equivalence test needs two paired differences at least, not {n}")
+    if margin <= 0:
+        raise ValueError(f"an equivalence margin is positive, not {margin}")
+    mean = statistics.fmean(differences)
+    if _constant(differences):
+        return Equivalence(n, mean, mean, mean, 0.0 if abs(mean) < margin else 1.0, margin)
+    error = statistics.stdev(differences) / math.sqrt(n)
+    above_lower = stats.t.sf((mean + margin) / error, n - 1)  # H0: mean <= -margin
+    below_upper = stats.t.cdf((mean - margin) / error, n - 1)  # H0: mean >= +margin
+    low, high = stats.t.interval(CONFIDENCE, n - 1, loc=mean, scale=error)
+    return Equivalence(n, mean, float(low), float(high), float(max(above_lower, below_upper)), margin)

@@ -255,9 +255,10 @@ class _DynamicRouting(torch.autograd.Function):
         votes, *saved = ctx.saved_tensors
         with torch.autocast(device_type=votes.device.type, enabled=False):
             left, right, grad_totals = _routing_gradient_factors(votes, saved, grad_parents, ctx.routing)
-            # (B, J, I, T) @ (B, J, T, D) -> (B, J, I, D): every term written in one pass.
+            # (B, J, I, T) @ (B, J, T, D) -> (B, J, I, D): every term written in one pass (the left factors stacked
+            # as (B, J, T, I), a contiguous copy, and read transposed by the product).
             grad_votes = torch.matmul(
-                torch.stack(left, dim=-1).to(votes.dtype), torch.stack(right, dim=-2).to(votes.dtype)
+                torch.stack(left, dim=-2).to(votes.dtype).transpose(-1, -2), torch.stack(right, dim=-2).to(votes.dtype)
             )
         grad_bias = None if ctx.bias_dtype is None else grad_totals.sum(dim=0).to(ctx.bias_dtype)
         return grad_votes, grad_bias, None
