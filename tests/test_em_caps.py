@@ -217,7 +217,7 @@ def test_routing_in_chunks_of_the_batch_gives_what_one_chunk_gives(monkeypatch):
     """A batch routed chunk by chunk (a small CHUNK_BYTES: chunks of 2, 2 and 1 items) gives the scores
     and gradients, of the parameters and of the images, that routing it whole gives, in float64; and
     so do votes given as a tensor, for the votes and the activations."""
-    import capsexp.nn.functional._em_caps as em
+    import capsexp.nn.functional._gaussian_routing as em
 
     def net_results():
         torch.manual_seed(0)
@@ -254,7 +254,7 @@ def test_routing_in_chunks_of_the_batch_gives_what_one_chunk_gives(monkeypatch):
 
 def _vote_gradient_inputs():
     """Factor pairs of a replay (3 products) and votes laid out as a ConvCaps layer makes them."""
-    import capsexp.nn.functional._em_caps as em
+    import capsexp.nn.functional._gaussian_routing as em
 
     torch.manual_seed(0)
     matrices, block = torch.randn(2, 18, 4, 16, dtype=torch.float64), torch.randn(18, 16, 5 * 16, dtype=torch.float64)

@@ -19,8 +19,16 @@ CONSTANT_LR: dict = {}  # model/lr_scheduler=none: the Classifier builds no sche
 
 
 def adam(lr: float) -> dict:
-    """torch's Adam with its own betas and no weight decay; only the rate differs between recipes."""
-    return {"_target_": "torch.optim.Adam", "_partial_": True, "lr": lr, "betas": [0.9, 0.999], "weight_decay": 0.0}
+    """torch's Adam with its own betas and no weight decay, fused (the same update in one kernel per parameter:
+    tests/test_precision.py); only the rate differs between recipes."""
+    return {
+        "_target_": "torch.optim.Adam",
+        "_partial_": True,
+        "lr": lr,
+        "betas": [0.9, 0.999],
+        "weight_decay": 0.0,
+        "fused": True,
+    }
 
 
 def exponential_decay(decay_steps: int, staircase: bool) -> dict:

@@ -8,7 +8,7 @@ from typing import NamedTuple
 
 import torch
 
-from capsexp.nn.functional._em_caps import _children_counts
+from capsexp.nn.functional._gaussian_routing import _children_counts
 
 
 class Engagement(NamedTuple):

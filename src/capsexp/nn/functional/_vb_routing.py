@@ -10,8 +10,8 @@ from typing import NamedTuple
 import torch
 
 from capsexp.config.routing_options import VBRouting
-from capsexp.nn.functional._em_caps import VoteMaker, _Children, _normalise_per_child, _uniform_assignment
 from capsexp.nn.functional._export import exporting
+from capsexp.nn.functional._gaussian_routing import VoteMaker, _normalise_per_child, gaussian_routing
 
 
 def _digamma(x: torch.Tensor) -> torch.Tensor:
@@ -79,73 +79,63 @@ def vb_routing(
     (``tests/test_vb_routing.py`` shows both). Its earlier revisions normalised with a log-sum-exp but
     left E[ln pi_j] out of the numerator, so that r_ij summed to 1 only where the proportions were equal.
 
-    Computed in at least float32, with autocast off (the routing state is small). The votes are centred once,
+    Computed in at least float32, with autocast off (the routing state is small), on the machinery EM routing
+    shares (``_gaussian_routing.py``: chunks of the batch, no vote-sized tensor kept between the passes, the
+    gradient of the votes from low-rank factors). The votes are centred once,
     V' = V - c with c the first M-step's means (detached: every output is the same function of V whatever
     c is), and stored beside their squares, [V' | V'^2], so that each M-step reads them once for both
     weighted sums (the scatter expanded about mu_j, exact because V' is of the order of the votes' spread)
     and each E-step once for all distances, sum_d (V'_d - m'_d)^2 P_d = [V' | V'^2] . [-2 m' P | P] +
     sum_d m'_d^2 P_d, with m' = m - c. Around 0 instead, votes far from 0 lose their spread in float32.
     """
-    dense = not isinstance(votes, VoteMaker)
-    if dense:
-        if votes.ndim != 4 or child_activations.shape != votes.shape[:2]:
-            raise ValueError(
-                f"votes (B, I, J, D) and child activations (B, I) expected, got {tuple(votes.shape)} and "
-                f"{tuple(child_activations.shape)}"
-            )
-        parent_major = votes.transpose(1, 2).unsqueeze(1)  # (B, 1, J, I, D), a view
-        children = _Children(None, None)
-    else:
-        parent_major = votes.make(*votes.batched, *votes.shared)
-        if child_index is None and parent_major.shape[1] != 1:
-            raise ValueError("votes of several parent positions (B, Q, J, M, D) need child_index (Q, M)")
-        children = _Children(child_index, num_children)
-    dims = parent_major.shape[-1]
+    poses, logits, responsibilities = gaussian_routing(
+        _vb_iterations, votes, child_activations, beta_u, beta_a, routing, child_index, num_children
+    )
+    return VBRouted(poses, logits, responsibilities)
+
+
+def _vb_iterations(
+    votes_and_squares, centre, slot_activations, uniform, beta_u, beta_a, _scale, routing: VBRouting, children, products
+):
+    """The M-steps and E-steps of :func:`vb_routing` on [V' | V'^2] (B, Q, J, M, 2D), the votes centred on c
+    (B, Q, J, 1, D), as ``_gaussian_routing.py`` runs a procedure: the posterior means m_j (B, Q, J, D), the
+    activation logits (B, Q, J) and the last M-step's responsibilities (B, Q, J, M)."""
+    dims = votes_and_squares.shape[-1] // 2
+    dtype = votes_and_squares.dtype
+    tiny = torch.finfo(dtype).tiny
     nu0 = dims + routing.nu0_offset
-    dtype = torch.promote_types(parent_major.dtype, torch.float32)
-    with torch.autocast(device_type=parent_major.device.type, enabled=False):
-        parent_major = parent_major.to(dtype)
-        activations, responsibilities = _uniform_assignment(parent_major.shape, child_activations.to(dtype), children)
-        half_index = 0.5 * torch.arange(dims, dtype=dtype, device=parent_major.device)
-        constant = 0.5 * dims * math.log(2 * math.pi)
-        with torch.no_grad():
-            weights = responsibilities * activations
-            centre = torch.einsum("bqjm,bqjmd->bqjd", weights, parent_major)
-            centre = centre / weights.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(dtype).tiny)
-        centred = parent_major - centre.unsqueeze(-2)
-        stacked = torch.cat([centred, centred.square()], dim=-1)  # [V' | V'^2] (B, Q, J, M, 2D)
-        for iteration in range(routing.iterations):
-            # M-step
-            weights = responsibilities * activations  # R_ij
-            mass = weights.sum(dim=-1)  # R_j (B, Q, J)
-            alpha, kappa, nu = routing.alpha0 + mass, routing.kappa0 + mass, nu0 + mass
-            sums = torch.einsum("bqjm,bqjmk->bqjk", weights, stacked)
-            first, second = sums[..., :dims], sums[..., dims:]  # sum_i R_ij V', sum_i R_ij V'^2
-            shift = first / mass.clamp_min(torch.finfo(dtype).tiny).unsqueeze(-1)  # mu_j - c; R_j = 0: c
-            mu = centre + shift
-            scatter = (second - shift * first).clamp_min(0)  # sum_i R_ij (V' - mu')^2, expanded
-            mean = (mass / kappa).unsqueeze(-1) * mu  # m_j = R_j mu_j / kappa_j
-            inverse_scale = routing.psi0 + scatter + (routing.kappa0 * mass / kappa).unsqueeze(-1) * mu.square()
-            e_ln_pi = _digamma(alpha) - _digamma(alpha.sum(dim=-1, keepdim=True))
-            e_ln_lambda = (
-                _digamma(0.5 * nu.unsqueeze(-1) - half_index).sum(dim=-1)
-                + dims * math.log(2.0)
-                - inverse_scale.log().sum(dim=-1)
-            )
-            if iteration == routing.iterations - 1:
-                break
-            # E-step
-            precision = inverse_scale.reciprocal()
-            offset = mean - centre  # m'
-            vector = torch.cat([-2 * offset * precision, precision], dim=-1)
-            distance = torch.einsum("bqjmk,bqjk->bqjm", stacked, vector)
-            distance = distance + (offset.square() * precision).sum(dim=-1, keepdim=True)
-            expected = (dims / kappa).unsqueeze(-1) + nu.unsqueeze(-1) * distance  # E_ij
-            log_rho = (e_ln_pi + 0.5 * e_ln_lambda - constant).unsqueeze(-1) - 0.5 * expected
-            responsibilities = _normalise_per_child(log_rho, children)
-        entropy = 0.5 * dims * math.log(2 * math.pi * math.e) - 0.5 * e_ln_lambda
-        logits = beta_a.to(dtype) - (e_ln_pi.exp() * entropy + beta_u.to(dtype))
-    responsibilities = responsibilities.transpose(2, 3)  # (B, Q, M, J)
-    if child_index is None:  # one window: a dense layer
-        return VBRouted(mean[:, 0], logits[:, 0], responsibilities[:, 0])
-    return VBRouted(mean, logits, responsibilities)
+    half_index = 0.5 * torch.arange(dims, dtype=dtype, device=votes_and_squares.device)
+    constant = 0.5 * dims * math.log(2 * math.pi)
+    centre = centre.squeeze(-2)  # (B, Q, J, D)
+    responsibilities = uniform
+    for iteration in range(routing.iterations):
+        # M-step
+        weights = responsibilities * slot_activations  # R_ij
+        mass = weights.sum(dim=-1)  # R_j (B, Q, J)
+        alpha, kappa, nu = routing.alpha0 + mass, routing.kappa0 + mass, nu0 + mass
+        sums = products.over_children(weights)
+        first, second = sums[..., :dims], sums[..., dims:]  # sum_i R_ij V', sum_i R_ij V'^2
+        shift = first / mass.clamp_min(tiny).unsqueeze(-1)  # mu_j - c; R_j = 0: c
+        mu = centre + shift
+        scatter = (second - shift * first).clamp_min(0)  # sum_i R_ij (V' - mu')^2, expanded
+        mean = (mass / kappa).unsqueeze(-1) * mu  # m_j = R_j mu_j / kappa_j
+        inverse_scale = routing.psi0 + scatter + (routing.kappa0 * mass / kappa).unsqueeze(-1) * mu.square()
+        e_ln_pi = _digamma(alpha) - _digamma(alpha.sum(dim=-1, keepdim=True))
+        e_ln_lambda = (
+            _digamma(0.5 * nu.unsqueeze(-1) - half_index).sum(dim=-1)
+            + dims * math.log(2.0)
+            - inverse_scale.log().sum(dim=-1)
+        )
+        if iteration == routing.iterations - 1:
+            break
+        # E-step: ln rho_ij = E[ln pi_j] + E[ln|Lambda_j|] / 2 - (D / 2) ln 2 pi - E_ij / 2, with
+        # E_ij = D / kappa_j + nu_j ([V' | V'^2] . [-2 m' P | P] + sum_d m'_d^2 P_d), m' = m - c: one product.
+        precision = inverse_scale.reciprocal()
+        offset = mean - centre  # m'
+        vector = (-0.5 * nu).unsqueeze(-1) * torch.cat([-2 * offset * precision, precision], dim=-1)
+        distance_constant = (offset.square() * precision).sum(dim=-1)
+        log_rho_constant = e_ln_pi + 0.5 * e_ln_lambda - constant - 0.5 * (dims / kappa + nu * distance_constant)
+        responsibilities = _normalise_per_child(products.over_elements(vector, log_rho_constant), children)
+    entropy = 0.5 * dims * math.log(2 * math.pi * math.e) - 0.5 * e_ln_lambda
+    logits = beta_a - (e_ln_pi.exp() * entropy + beta_u)
+    return mean, logits, responsibilities
