@@ -36,14 +36,18 @@ mutate:  ## mutation testing (mutmut), 50 mutants of each area (ARGS="--area mod
 	$(BIN)/python experiments/mutation.py $(or $(ARGS),--sample)
 	$(BIN)/python experiments/flips.py
 
-bench:  ## speed + accuracy benchmarks -> experiments/results/bench.md, bench_em.md, bench_routing.md, bench_predict.md
+bench:  ## speed + accuracy benchmarks -> experiments/results/bench*.md, benchmark-cpu-*.csv and benchmark.md
 	$(BIN)/python experiments/bench_capsnet.py --accuracy $(ARGS)
 	$(BIN)/python experiments/bench_em_caps.py --accuracy $(ARGS)
-	$(BIN)/python experiments/bench_routing.py
+	OMP_NUM_THREADS=1 $(BIN)/python experiments/bench_routing.py
 	$(BIN)/python experiments/bench_predict.py
+	$(BIN)/python experiments/bench_step.py
+	OMP_NUM_THREADS=1 $(BIN)/python experiments/bench_table.py
+	$(BIN)/python experiments/benchmark_page.py
 
-bench-gpu:  ## GPU benchmark: images/s, epoch time, peak memory per model, fp32/bf16, eager/compiled -> experiments/results/bench_gpu.md
+bench-gpu:  ## GPU benchmark: images/s, epoch time, peak memory per model, fp32/bf16, eager/compiled -> experiments/results/bench_gpu.md, benchmark-gpu-*.csv
 	$(BIN)/python experiments/bench_gpu.py $(ARGS)
+	$(BIN)/python experiments/bench_table.py --device cuda
 
 # The studies: the experiment configs with budgets (conf/experiment/*.yaml; docs/studies.md).
 STUDIES ?= $(sort $(basename $(notdir $(shell grep -l '^budgets:' conf/experiment/*.yaml))))

@@ -61,7 +61,8 @@ def test_every_shipped_option_passes_the_check(extra):
         (["data.batch_size=true"], "data.batch_size=true: must be a valid integer"),
         (
             ["model.optimizer.lr=-0.1"],
-            "model.optimizer (Adam: lr=-0.1 betas=[0.9,0.999] weight_decay=0.0 fused=true): Invalid learning rate: -0.1",
+            "model.optimizer (Adam: lr=-0.1 betas=[0.9,0.999] weight_decay=0.0 fused=true): "
+            "Invalid learning rate: -0.1",
         ),
         (["model.optimizer.lr=nan"], "Invalid learning rate: nan"),
         (["model/optimizer=sgd", "model.optimizer.momentum=-1"], "Invalid momentum value: -1"),
