@@ -32,7 +32,7 @@ import torch
 from capsexp.config.hydra_setup import ROUTINGS, compose
 from capsexp.locations import PROJECT_ROOT
 from capsexp.results.machine import cpu_name
-from capsexp.run.build import instantiate
+from capsexp.run.build import build_model
 from capsexp.run.model_cost import forward_flops_per_image, parameter_count
 from timing import Stopwatch
 
@@ -41,6 +41,11 @@ BASE = ["model=capsnet_small", "data=translated_mnist"]
 PLAIN_HEAD = "fully_connected head"  # the non-capsule reference: model.net.head=fully_connected
 SHARED = "affcaps"  # Gu & Tresp's capsules without routing: one W per child type, uniform averaging
 REFERENCE = "uniform"  # the ratios' denominator: routing removed, the same layers
+
+
+# EM capsules with each of their routings: VB against EM in model=em_caps, as its own table.
+EM_NETS = {"em": ["model=em_caps", "data=mnist"], "vb": ["model=em_caps", "data=mnist", "model/routing=vb"]}
+EM_REFERENCE = "em"
 
 
 def nets() -> dict[str, list[str]]:
@@ -53,11 +58,11 @@ def nets() -> dict[str, list[str]]:
 
 
 def build(overrides: list[str]):
-    """The net and objective a run with these overrides trains, and the input geometry."""
+    """The LightningModule a run with these overrides trains (its forward feeds the net the labels where the
+    net takes them), and the input geometry."""
     cfg = compose(overrides)
-    net = instantiate("model.net", cfg.model.net)
-    objective = instantiate("model.objective", cfg.model.objective)
-    return net, objective, (cfg.geometry.channels, cfg.geometry.image_size), cfg.data.batch_size
+    module = build_model("model", cfg.model)
+    return module, (cfg.geometry.channels, cfg.geometry.image_size), cfg.data.batch_size
 
 
 class Step:
@@ -65,7 +70,8 @@ class Step:
 
     def __init__(self, overrides: list[str]) -> None:
         torch.manual_seed(0)
-        self.net, self.objective, (channels, size), batch = build(overrides)
+        self.module, (channels, size), batch = build(overrides)
+        self.net, self.objective = self.module.net, self.module.objective
         self.geometry = (channels, size)
         self.images = torch.rand(batch, channels, size, size)
         self.targets = torch.randint(0, 10, (batch,))
@@ -73,7 +79,7 @@ class Step:
 
     def __call__(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)
-        output = self.net(self.images, self.targets)
+        output = self.module(self.images, self.targets)
         self.objective(output, self.images, self.targets)["loss"].backward()
         self.optimizer.step()
 
@@ -88,15 +94,15 @@ def memory_of(name: str) -> float:
     """MiB that two training steps of net ``name`` add to the peak resident set of a fresh process: the
     peak is reset once the net is built (``5`` into /proc/self/clear_refs), so that importing and building
     do not set it."""
-    step = Step(nets()[name])
+    step = Step({**nets(), **{f"em_caps {n}": o for n, o in EM_NETS.items()}}[name])
     Path("/proc/self/clear_refs").write_text("5")
     before = status_kib("VmRSS")
     step(), step()
     return (status_kib("VmHWM") - before) / 1024
 
 
-def speed(rounds: int, warmup: int) -> dict[str, dict[str, float]]:
-    steps = {name: Step(overrides) for name, overrides in nets().items()}
+def speed(rounds: int, warmup: int, compared=None, reference: str = REFERENCE) -> dict[str, dict[str, float]]:
+    steps = {name: Step(overrides) for name, overrides in (compared or nets()).items()}
     for _ in range(warmup):
         for step in steps.values():
             step()
@@ -108,7 +114,7 @@ def speed(rounds: int, warmup: int) -> dict[str, dict[str, float]]:
             times[name].append(watch.seconds)
     results = {}
     for name, step in steps.items():
-        ratios = [t / u for t, u in zip(times[name], times[REFERENCE], strict=True)]
+        ratios = [t / u for t, u in zip(times[name], times[reference], strict=True)]
         results[name] = {
             "parameters": parameter_count(step.net),
             "mflops": forward_flops_per_image(step.net, *step.geometry) / 1e6,
@@ -118,7 +124,7 @@ def speed(rounds: int, warmup: int) -> dict[str, dict[str, float]]:
     return results
 
 
-def write(results: dict[str, dict[str, float]], rounds: int, command: str, load: float) -> None:
+def write(results: dict, em_results: dict, rounds: int, em_rounds: int, command: str, load: float) -> None:
     threads = torch.get_num_threads()
     lines = [
         "# What each routing algorithm costs in CapsNet's place",
@@ -150,7 +156,22 @@ def write(results: dict[str, dict[str, float]], rounds: int, command: str, load:
         )
     lines += [
         "",
-        "What this shows: the cost of each routing in this backbone on this CPU, at one batch size. It does not "
+        "## EM capsules: VB routing in EM's place",
+        "",
+        f"`model=em_caps data=mnist` with its EM routing and with `model/routing=vb`: the median of {em_rounds} "
+        "training steps of each at batch 32, in turn in one process; the ratio over EM's in the same round; peak "
+        "memory as above.",
+        "",
+        f"| net | parameters | training step (ms) | step time / {EM_REFERENCE}'s | peak memory of a step (MiB) |",
+        "| --- | ---: | ---: | ---: | ---: |",
+    ]
+    for name, r in em_results.items():
+        lines.append(
+            f"| {name} | {r['parameters']:,} | {r['step_ms']:.0f} | {r['ratio']:.2f} | {r['memory_mib']:.0f} |"
+        )
+    lines += [
+        "",
+        "What this shows: the cost of each routing in these backbones on this CPU, at one batch size. It does not "
         "show a GPU's ratios, where the convolutions are cheaper relative to routing's small operations.",
     ]
     RESULTS.write_text("\n".join(lines) + "\n")
@@ -160,6 +181,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--em-rounds", type=int, default=5, help="rounds of the EM capsule nets (seconds a step)")
     parser.add_argument("--memory-of", help=argparse.SUPPRESS)  # the child process of one net's measurement
     args = parser.parse_args()
     if args.memory_of:
@@ -167,13 +189,15 @@ def main() -> None:
         return
     load = os.getloadavg()[0]
     results = speed(args.rounds, args.warmup)
-    for name in results:  # each in its own process: a peak resident set only grows
-        child = [sys.executable, __file__, "--memory-of", name]
-        results[name]["memory_mib"] = json.loads(
-            subprocess.run(child, capture_output=True, text=True, check=True).stdout
-        )
+    em_results = speed(args.em_rounds, 1, EM_NETS, EM_REFERENCE)
+    for prefix, found in (("", results), ("em_caps ", em_results)):
+        for name in found:  # each in its own process: a peak resident set only grows
+            child = [sys.executable, __file__, "--memory-of", prefix + name]
+            found[name]["memory_mib"] = json.loads(
+                subprocess.run(child, capture_output=True, text=True, check=True).stdout
+            )
     command = "python experiments/bench_routing.py" + "".join(f" {a}" for a in sys.argv[1:])
-    write(results, args.rounds, command, load)
+    write(results, em_results, args.rounds, args.em_rounds, command, load)
     print(RESULTS.read_text())
 
 
