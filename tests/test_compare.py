@@ -661,3 +661,24 @@ def test_the_page_names_the_code_each_run_ran_and_keeps_its_config_without_paths
         write_revision(run, clean)
     page = compare(tmp_path / "multirun", tmp_path / "again").output / "README.md"
     assert "- Code: `aaaaaaa` (every run)." in page.read_text()
+
+
+def test_the_page_says_what_precision_its_runs_trained_in_where_they_recorded_it(tmp_path, monkeypatch):
+    """trainer.precision=auto chooses per net and machine: the runs' records give the page's precision line,
+    with each precision's count; runs from before the record was kept give none."""
+    from capsexp.results import study
+
+    (tmp_path / "conf" / "experiment").mkdir(parents=True)
+    (tmp_path / "conf" / "experiment" / "toy.yaml").write_text(EXPERIMENT)
+    monkeypatch.setattr(study, "CONFIG_DIR", tmp_path / "conf")
+    accuracies = {
+        ("iterations=1", "reconstruction=true"): [0.95, 0.96],
+        ("iterations=3", "reconstruction=true"): [0.97],
+    }
+    make_study(tmp_path / "sweep", accuracies)
+    assert "- Precision:" not in (compare(tmp_path / "sweep").output / "README.md").read_text()
+    for job, precision in enumerate(["bf16-mixed", "32-true", "bf16-mixed"]):
+        machine = tmp_path / "sweep" / str(job) / "machine.yaml"
+        machine.write_text(machine.read_text() + f"precision: {precision}\n")
+    page = (compare(tmp_path / "sweep").output / "README.md").read_text()
+    assert "\n- Precision: bf16-mixed (2 runs), 32-true (1 run).\n" in page

@@ -287,6 +287,11 @@ def header(page: StudyPage, runs: list[Run], folder: Path, relative: str, rebuil
     unrecorded = len(runs) - len(machines)
     if unrecorded:
         machine += ("; " if machine else "") + f"not recorded for {unrecorded} run{'s' if unrecorded > 1 else ''}"
+    precisions = [str(run.machine["precision"]) for run in runs if run.machine and run.machine.get("precision")]
+    precision = ", ".join(
+        f"{text} ({precisions.count(text)} run{'s' if precisions.count(text) > 1 else ''})"
+        for text in dict.fromkeys(precisions)
+    )
     seconds = [run.seconds for run in runs if run.seconds is not None]
     relaunched = sum((run.folder / OVERRIDES_AS_RUN).exists() for run in runs)
     provenance = (
@@ -303,6 +308,8 @@ def header(page: StudyPage, runs: list[Run], folder: Path, relative: str, rebuil
             f"# {title}",
             "",
             f"- Machine: {machine}.",
+            # Runs from before runs recorded their precision have no line.
+            *([f"- Precision: {precision}."] if precision else []),
             # Runs from before runs recorded their code have no line (their pages rebuild as they were).
             *([f"- Code: {code_revisions(runs)}."] if any(run.revision for run in runs) else []),
             f"- Runs: {len(runs)}, {dates(runs)}, {sum(seconds) / 60:.1f} min of run time (each run's first "

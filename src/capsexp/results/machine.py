@@ -48,8 +48,11 @@ def describe_text(machine: dict[str, object]) -> str:
     return f"{machine['cpu']}{capability}, {machine['cores']} cores, {devices}, torch {machine['torch']}"
 
 
-def write_machine(run_folder: Path) -> None:
-    (run_folder / MACHINE_FILE).write_text(yaml.safe_dump(describe(), sort_keys=False))
+def write_machine(run_folder: Path, precision: str | None = None) -> None:
+    """The machine, and the precision the run trains in there (``trainer.precision=auto`` decides it per
+    machine and net)."""
+    found = describe() | ({"precision": precision} if precision else {})
+    (run_folder / MACHINE_FILE).write_text(yaml.safe_dump(found, sort_keys=False))
 
 
 def read_machine(run_folder: Path) -> dict[str, object] | None:

@@ -78,9 +78,12 @@ def _run(cfg: DictConfig, job: DDPJob) -> dict[str, float]:
     warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)")
     run_folder = _run_folder()
     revision = describe_revision()
+    precision = resolve_precision(
+        cfg.trainer.get("precision"), cfg.model.get("net", {}).get("_target_"), cfg.trainer.get("accelerator")
+    )
     if run_folder is not None and int(os.environ.get("LOCAL_RANK", 0)) == 0:
         say_run_folder(run_folder, finished=False)
-        write_machine(run_folder)
+        write_machine(run_folder, precision.lightning)
         revision = write_revision(run_folder, revision)  # with the code of the run's earlier parts, if resumed
     if cfg.get("seed") is not None:
         L.seed_everything(cfg.seed, workers=True)
@@ -109,9 +112,6 @@ def _run(cfg: DictConfig, job: DDPJob) -> dict[str, float]:
         "enable_progress_bar": any(isinstance(c, ProgressBar) for c in callbacks),
         "enable_model_summary": any(isinstance(c, ModelSummary) for c in callbacks),
     }
-    precision = resolve_precision(
-        cfg.trainer.get("precision"), cfg.model.get("net", {}).get("_target_"), cfg.trainer.get("accelerator")
-    )
     if precision.reason:
         log.info(f"Precision: {precision.lightning} ({precision.reason})")
     trainer: L.Trainer = instantiate(
