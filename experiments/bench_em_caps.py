@@ -130,6 +130,15 @@ def baseline_routing(revision: str):
     return em_routing
 
 
+def baseline_option(routing, name: str):
+    """An option of today's routing as an older EMRouting takes it: a variance floor left unset (None: the
+    layers' floor) given as the number it stands for."""
+    from capsexp.nn.functional._em_caps import variance_floor
+
+    value = getattr(routing, name)
+    return variance_floor(routing) if name == "sigma_eps" and value is None else value
+
+
 def training_step(batch_size: int, recipe: str, revision: str | None = None):
     """The net of a recipe and one training step of it (forward, spread loss, backward, Adam): the net
     as this tree builds it, or as a git revision's package does (with the same weights)."""
@@ -145,7 +154,7 @@ def training_step(batch_size: int, recipe: str, revision: str | None = None):
         known = inspect.signature(package.MatrixCapsNet).parameters
         routing = options["routing"]
         options["routing"] = package.EMRouting(
-            **{f.name: getattr(routing, f.name) for f in dataclasses.fields(package.EMRouting)}
+            **{f.name: baseline_option(routing, f.name) for f in dataclasses.fields(package.EMRouting)}
         )
         weights = net.state_dict()
         net = package.MatrixCapsNet(
