@@ -60,9 +60,9 @@ def worker(tree: Path, model: str, overrides: list[str], channels_last: bool, ba
 
     cfg = compose([f"model={model}", "data=mnist", f"data.batch_size={batch}", "trainer=cpu", *overrides])
     try:  # the trees that have trainer.precision=auto resolve it as their runs do
-        from capsexp.config.precision import resolve
+        from capsexp.config.precision import resolve, routing_of
 
-        precision = resolve(cfg.trainer.precision, cfg.model.net._target_, "cpu").lightning
+        precision = resolve(cfg.trainer.precision, model, routing_of(cfg.model), "cpu").lightning
     except ImportError:
         precision = str(cfg.trainer.precision)
     torch.manual_seed(0)

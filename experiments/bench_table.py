@@ -57,14 +57,14 @@ def worker(model: str, routing: str | None, precision: str, device: str, batch: 
     from hydra.utils import instantiate
 
     from capsexp.config.hydra_setup import compose
-    from capsexp.config.precision import BF16, FLOAT32, resolve
+    from capsexp.config.precision import BF16, FLOAT32, resolve, routing_of
     from capsexp.run.build import build_model
     from capsexp.run.model_cost import forward_flops_per_image, parameter_count
 
     overrides = [f"model={model}", "data=mnist", f"data.batch_size={batch}"]
     overrides += [f"model/routing={routing}"] if routing else []
     cfg = compose(overrides)
-    chosen = FLOAT32 if precision == "float32" else resolve("auto", cfg.model.net._target_, device).lightning
+    chosen = FLOAT32 if precision == "float32" else resolve("auto", model, routing_of(cfg.model), device).lightning
     torch.manual_seed(0)
     module = build_model("model", cfg.model).to(device)
     optimizer = instantiate(cfg.model.optimizer)(module.parameters())

@@ -137,7 +137,7 @@ def test_a_benchmark_row_has_timms_columns_and_the_precision_auto_chose():
     CSV's columns, its own parameter count and a precision Lightning accepts."""
     sys.path.insert(0, str(PROJECT_ROOT / "experiments"))
     from bench_table import COLUMNS
-    from capsexp.config.precision import BF16_NETS, bf16_native
+    from capsexp.config.precision import BF16_MODELS, bf16_native
 
     worker = [sys.executable, str(PROJECT_ROOT / "experiments" / "bench_table.py"), "--worker", "lenet5", "", "auto"]
     done = subprocess.run([*worker, "--steps", "1", "--batch", "4"], capture_output=True, text=True)
@@ -145,5 +145,5 @@ def test_a_benchmark_row_has_timms_columns_and_the_precision_auto_chose():
     row = json.loads(done.stdout.strip().splitlines()[-1])
     assert tuple(row) == COLUMNS
     assert row["param_count"] == 61_706  # LeNet5 on 28x28: 156 + 2,416 + 48,120 + 10,164 + 850
-    assert row["precision"] == ("bf16-mixed" if "capsexp.models.LeNet5" in BF16_NETS and bf16_native() else "32-true")
+    assert row["precision"] == ("bf16-mixed" if "lenet5" in BF16_MODELS and bf16_native() else "32-true")
     assert row["train_samples_per_sec"] > 0 and row["batch_size"] == 4 and row["img_size"] == 28

@@ -1,5 +1,5 @@
-"""trainer.precision=auto: bf16 where the equivalence page backs the net and bf16 is native, float32
-elsewhere; the default optimizer's fused update is torch's default update."""
+"""trainer.precision=auto: bf16 where the equivalence page backs the model config with its routing and bf16
+is native, float32 elsewhere; the default optimizer's fused update is torch's default update."""
 
 from __future__ import annotations
 
@@ -11,14 +11,16 @@ from capsexp.config import precision
 from capsexp.config.precision import resolve
 from tests.helpers import compose_config
 
-CAPSNET, LENET5, EM = "capsexp.models.CapsNet", "capsexp.models.LeNet5", "capsexp.models.MatrixCapsNet"
+DYNAMIC, UNIFORM = "capsexp.nn.DynamicRouting", "capsexp.nn.UniformRouting"
+SMALL, LENET5, EM = ("capsnet_small", DYNAMIC), ("lenet5", None), ("em_caps_small", "capsexp.nn.EMRouting")
 
 
 @pytest.fixture
 def machine(monkeypatch):
-    """Set what the machine has: ``machine(cpu_bf16=..., gpu=..., gpu_bf16=...)``; CapsNet and LeNet5 are
-    backed by the page (whatever the page says today: these tests are of the choice, not of the page)."""
-    monkeypatch.setattr(precision, "BF16_NETS", frozenset({CAPSNET, LENET5}))
+    """Set what the machine has: ``machine(cpu_bf16=..., gpu=..., gpu_bf16=...)``; capsnet_small with dynamic
+    routing and LeNet5 are backed by the page (whatever the page says today: these tests are of the choice,
+    not of the page)."""
+    monkeypatch.setattr(precision, "BF16_MODELS", {"capsnet_small": DYNAMIC, "lenet5": None})
 
     def set_machine(cpu_bf16: bool = False, gpu: bool = False, gpu_bf16: bool = False) -> None:
         monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: cpu_bf16)
@@ -29,33 +31,36 @@ def machine(monkeypatch):
     return set_machine
 
 
-def test_auto_trains_the_backed_nets_in_bf16_where_it_is_native(machine):
+def test_auto_trains_the_backed_models_in_bf16_where_it_is_native(machine):
     machine(cpu_bf16=True)
-    for net in (CAPSNET, LENET5):
-        chosen = resolve("auto", net, "cpu")
-        assert chosen.lightning == "bf16-mixed" and net.rpartition(".")[2] in chosen.reason
-    assert resolve("auto", CAPSNET, "auto").lightning == "bf16-mixed"  # no GPU: the CPU decides
+    for model in (SMALL, LENET5):
+        chosen = resolve("auto", *model, "cpu")
+        assert chosen.lightning == "bf16-mixed" and model[0] in chosen.reason
+    assert resolve("auto", *SMALL, "auto").lightning == "bf16-mixed"  # no GPU: the CPU decides
 
 
-def test_auto_keeps_float32_for_other_nets_and_where_bf16_is_not_native(machine):
+def test_auto_keeps_float32_for_other_models_routings_and_where_bf16_is_not_native(machine):
     machine(cpu_bf16=True, gpu=True, gpu_bf16=False)
-    assert resolve("auto", EM, "cpu").lightning == "32-true"  # not backed by the page
-    assert "MatrixCapsNet" in resolve("auto", EM, "cpu").reason
-    assert resolve("auto", CAPSNET, "gpu").lightning == "32-true"  # a GPU without bf16
-    assert resolve("auto", CAPSNET, "auto").lightning == "32-true"  # auto finds that GPU
-    assert resolve("auto", CAPSNET, "mps").lightning == "32-true"  # not measured
+    assert resolve("auto", *EM, "cpu").lightning == "32-true"  # not backed by the page
+    assert "em_caps_small" in resolve("auto", *EM, "cpu").reason
+    assert resolve("auto", "capsnet_small", UNIFORM, "cpu").lightning == "32-true"  # a routing the page did not run
+    assert resolve("auto", "capsnet", DYNAMIC, "cpu").lightning == "32-true"  # another size of the same net
+    assert resolve("auto", None, None, "cpu").lightning == "32-true"  # a run that cannot name its model
+    assert resolve("auto", *SMALL, "gpu").lightning == "32-true"  # a GPU without bf16
+    assert resolve("auto", *SMALL, "auto").lightning == "32-true"  # auto finds that GPU
+    assert resolve("auto", *SMALL, "mps").lightning == "32-true"  # not measured
     machine(cpu_bf16=False)
-    assert resolve("auto", LENET5, "cpu").lightning == "32-true"  # an AVX2-only CPU
-    assert "not native" in resolve("auto", LENET5, "cpu").reason
+    assert resolve("auto", *LENET5, "cpu").lightning == "32-true"  # an AVX2-only CPU
+    assert "not native" in resolve("auto", *LENET5, "cpu").reason
     machine(gpu=True, gpu_bf16=True)
-    assert resolve("auto", CAPSNET, "auto").lightning == "bf16-mixed"
+    assert resolve("auto", *SMALL, "auto").lightning == "bf16-mixed"
 
 
 def test_a_precision_given_by_name_runs_as_given(machine):
     machine(cpu_bf16=True)
-    assert resolve("32-true", CAPSNET, "cpu").lightning == "32-true"
-    assert resolve("bf16-mixed", EM, "cpu").lightning == "bf16-mixed"
-    assert resolve("16-mixed", LENET5, "cpu").reason == ""
+    assert resolve("32-true", *SMALL, "cpu").lightning == "32-true"
+    assert resolve("bf16-mixed", *EM, "cpu").lightning == "bf16-mixed"
+    assert resolve("16-mixed", *LENET5, "cpu").reason == ""
 
 
 def test_the_default_optimizer_makes_torchs_default_adam_update():

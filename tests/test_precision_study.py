@@ -1,5 +1,6 @@
-"""The precision equivalence page's verdict: per net, paired bf16-mixed minus float32 differences inside the
-margin back the net; a net with one row outside does not; every row's TOST p-value is adjusted in one family."""
+"""The precision equivalence page's verdict: per model config, paired bf16-mixed minus float32 differences
+inside the margin back the model with its routing; a model with one row outside does not, nor one whose bf16
+runs are its float32 runs; every row's TOST p-value is adjusted in one family."""
 
 from __future__ import annotations
 
@@ -47,13 +48,18 @@ def test_a_net_is_backed_only_where_every_row_is_inside_the_margin():
     assert close.backed and rows[1].backed and not rows[2].backed
     # Holm over the page's three tests: the smallest p times 3, at least
     assert min(r.p_holm for r in rows) >= 3 * min(r.test.p for r in rows) - 1e-12
-    assert study.backed_nets(runs) == frozenset({"capsexp.models.CapsNet"})
+    assert study.backed_models(runs) == {"capsnet_small": "capsexp.nn.DynamicRouting"}
 
 
-def test_one_arm_outside_keeps_its_net_in_float32_when_another_arm_of_the_net_is_inside():
-    runs = runs_of("capsnet_small", CLOSE) + runs_of("capsnet_uniform", SPREAD)
-    assert study.net_of("capsnet_uniform") == study.net_of("capsnet_small") == "capsexp.models.CapsNet"
-    assert study.backed_nets(runs) == frozenset()
+def test_each_model_config_has_its_own_verdict_and_identical_runs_back_nothing():
+    """CapsNet at the paper's size (uniform coupling) outside the margin leaves capsnet_small backed; a model
+    whose bf16 runs equal its float32 runs (all differences 0) is not chosen: bf16 gives it nothing."""
+    runs = runs_of("capsnet_small", CLOSE) + runs_of("capsnet_uniform", SPREAD) + runs_of("em_caps_small", [0.0] * 5)
+    assert study.model_of("capsnet_uniform") == ("capsnet", "capsexp.nn.UniformRouting")
+    assert study.model_of("em_caps_small") == ("em_caps_small", "capsexp.nn.EMRouting")
+    identical = [row for row in study.rows(runs) if row.arm == "em_caps_small"]
+    assert identical[0].backed and identical[0].identical
+    assert study.backed_models(runs) == {"capsnet_small": "capsexp.nn.DynamicRouting"}
 
 
 def test_seeds_run_in_one_precision_only_are_not_paired():

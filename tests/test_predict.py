@@ -15,7 +15,7 @@ import torch
 from PIL import Image
 
 import capsexp
-from capsexp.config.precision import BF16_NETS
+from capsexp.config.precision import BF16_MODELS
 from capsexp.errors import CheckpointError, ImageError
 from capsexp.figures.couplings import position_maps
 from capsexp.locations import RUN_RECORD
@@ -329,11 +329,13 @@ def test_a_run_writes_a_model_card_from_what_it_recorded(trained_run):
     model = capsexp.load(trained_run)
     assert f"| parameters | {sum(p.numel() for p in model.net.parameters()):,} |" in card
     assert short(read_revision(trained_run)) in card and "primary_types=4" in card
-    # trainer.precision=auto, the default: bf16 where the page backs CapsNet and the CPU has AVX-512 BF16 or AMX
+    # trainer.precision=auto, the default: bf16 where the page backs capsnet_small and the CPU has AVX-512 BF16 or AMX
     native = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
-    ran = "bf16-mixed" if native and "capsexp.models.CapsNet" in BF16_NETS else "32-true"
+    ran = "bf16-mixed" if native and BF16_MODELS.get("capsnet_small") == "capsexp.nn.DynamicRouting" else "32-true"
     assert f"| precision | {ran} (`trainer.precision=auto`) |" in card
-    assert f"Precision: {ran} (auto: CapsNet" in (trained_run / "capsexp.log").read_text()
+    assert (
+        f"Precision: {ran} (auto: model=capsnet_small with DynamicRouting" in (trained_run / "capsexp.log").read_text()
+    )
 
 
 def test_an_image_the_model_takes_otherwise_gets_one_line_per_thing_done(trained_run, tmp_path):

@@ -16,6 +16,7 @@ from typing import Any
 from hydra import compose as hydra_compose
 from hydra import initialize_config_dir
 from hydra.core.config_store import ConfigStore
+from hydra.core.global_hydra import GlobalHydra
 from hydra.utils import get_object
 from omegaconf import MISSING, DictConfig, OmegaConf
 
@@ -122,9 +123,18 @@ def register() -> None:
         )
 
 
-def compose(overrides: Sequence[str] = (), config_name: str = "config") -> DictConfig:
+def compose(overrides: Sequence[str] = (), config_name: str = "config", with_hydra: bool = False) -> DictConfig:
     """``conf/<config_name>.yaml`` composed with ``overrides`` as the command line composes it, locations
-    quoted as it quotes them (no run: Hydra's ``hydra.runtime`` keys, such as the output folder, are not set)."""
+    quoted as it quotes them (no run: Hydra's ``hydra.runtime`` keys, such as the output folder, are not set;
+    ``with_hydra`` keeps the ``hydra`` node, whose ``runtime.choices`` name the config groups chosen)."""
     register()
-    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-        return hydra_compose(config_name=config_name, overrides=quote_locations(overrides))
+    # Inside a running Hydra app (a sweep's after-sweep step) Hydra's global state is that app's: set aside
+    # while composing, then put back.
+    running = GlobalHydra.instance().hydra
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+            overrides = quote_locations(overrides)
+            return hydra_compose(config_name=config_name, overrides=overrides, return_hydra_config=with_hydra)
+    finally:
+        GlobalHydra.instance().hydra = running

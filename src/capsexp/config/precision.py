@@ -1,10 +1,11 @@
-"""``trainer.precision=auto``: the precision a run trains in, chosen per net and per machine.
+"""``trainer.precision=auto``: the precision a run trains in, chosen per model config and per machine.
 
-bf16-mixed (Lightning's ``torch.autocast`` to bfloat16; routing, squash, the losses and the metrics stay
-in float32 inside it) where the equivalence page backs it for the net
+bf16-mixed (Lightning's ``torch.autocast`` to bfloat16; votes, routing, squash, the losses and the metrics
+stay in float32 inside it) for the model configs the equivalence page backs, with the routing it tested
 (``experiments/results/precision_equivalence_quick/``: five seeds a side, paired differences of test
-accuracy and presence gap within 0.3 points by two one-sided tests) and bf16 arithmetic is native on the
-device; float32 (``32-true``) everywhere else. Any Lightning precision given by name runs as given.
+accuracy and presence gap within 0.3 points by two one-sided tests, Holm over the page), where bf16
+arithmetic is native on the device; float32 (``32-true``) everywhere else. Any Lightning precision given
+by name runs as given.
 """
 
 from __future__ import annotations
@@ -15,10 +16,10 @@ AUTO = "auto"
 BF16 = "bf16-mixed"
 FLOAT32 = "32-true"
 
-# The nets whose bf16-mixed training the equivalence page shows equivalent to float32 (its verdict
-# column; the page's rebuild checks this set against it). A net not named here trains in float32
-# under auto.
-BF16_NETS: frozenset[str] = frozenset()
+# model config: the routing (model.net.routing's _target_; None for a net without one) with which the
+# equivalence page backs its bf16-mixed training and bf16 changes what it computes (the page's verdict; its
+# rebuild checks this table against it). Any other model, or routing, trains in float32 under auto.
+BF16_MODELS: dict[str, str | None] = {"capsnet_small": "capsexp.nn.DynamicRouting"}
 
 
 @dataclass(frozen=True)
@@ -44,13 +45,20 @@ def bf16_native(accelerator: str = "auto") -> bool:
     return torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
 
 
-def resolve(precision: str | int, net_target: str | None, accelerator: str = "auto") -> Precision:
-    """The precision of ``trainer.precision`` for a net (its ``_target_``) on an accelerator."""
+def resolve(precision: str | int, model: str | None, routing: str | None, accelerator: str = "auto") -> Precision:
+    """The precision of ``trainer.precision`` for a model config (its name, ``model=<name>``; None where
+    unknown) with a routing (``model.net.routing._target_``; None for a net without one) on an accelerator."""
     if str(precision) != AUTO:
         return Precision(str(precision), "")
-    net = (net_target or "?").rpartition(".")[2]
-    if net_target not in BF16_NETS:
-        return Precision(FLOAT32, f"auto: {net} is not among the nets the precision equivalence page backs in bf16")
+    shown = f"model={model}" + (f" with {routing.rpartition('.')[2]}" if routing else "")
+    if model not in BF16_MODELS or BF16_MODELS[model] != routing:
+        return Precision(FLOAT32, f"auto: {shown} is not what the precision equivalence page backs in bf16")
     if not bf16_native(accelerator):
         return Precision(FLOAT32, f"auto: bf16 arithmetic is not native on this {accelerator} device")
-    return Precision(BF16, f"auto: {net} in bf16 where the precision equivalence page backs it, native here")
+    return Precision(BF16, f"auto: {shown} in bf16, as the precision equivalence page backs it, native here")
+
+
+def routing_of(model_config) -> str | None:
+    """The routing a model config's net routes with (its ``_target_``), None for a net without one."""
+    routing = (model_config.get("net") or {}).get("routing")
+    return routing.get("_target_") if routing else None

@@ -113,7 +113,7 @@ def differences_section(configurations: list[Configuration], headline: str, page
     reference, with its interval and test; the p-values adjusted by Holm's method over the distinct
     comparisons made for that metric. Test-only configurations (:func:`test_only`) are not compared."""
     in_comparison = [c for c in configurations if not test_only(c)]
-    if len(in_comparison) < 2:
+    if len(in_comparison) < 2 or not page.differences:
         return ""
     references = references_of(in_comparison, page)
     metrics = [headline, *(m for m in page.metrics if m != headline)]
@@ -459,7 +459,8 @@ def compare(folder: Path, output: Path | None = None, keep: bool = False) -> Com
     rebuild = "python -m capsexp.compare ." if relative == "." else f"python -m capsexp.compare {relative} --output ."
     check_text, failed = reproduction(configurations, headline, page)
     in_comparison = [c for c in configurations if not test_only(c)]
-    reference_labels = [c.label for c in references_of(in_comparison, page)] if in_comparison else []
+    compared = in_comparison and page.differences
+    reference_labels = [c.label for c in references_of(in_comparison, page)] if compared else []
     panels = [
         (
             f"{metric} (%)" if scale(metric) == 100 else metric,

@@ -130,13 +130,15 @@ def interval_plot(
     return path
 
 
-def interval_title(runs_per_row: Sequence[int]) -> str:
-    """What an interval plot's marks are, for runs_per_row runs in each configuration."""
+def interval_title(runs_per_row: Sequence[int], references: bool = True) -> str:
+    """What an interval plot's marks are, for runs_per_row runs in each configuration (and lines of the
+    references' means where there are ``references``)."""
     if max(runs_per_row, default=1) < 2:
         return "one run per configuration (a dot each; no interval)"
+    lines = "; vertical lines: the references' means (dashed: the first)" if references else ""
     return (
         f"dots: runs; bar: mean; line: its {100 * comparison_statistics.CONFIDENCE:.0f}% confidence interval "
-        "(Student's t); vertical lines: the references' means (dashed: the first)"
+        f"(Student's t){lines}"
     )
 
 
@@ -290,7 +292,8 @@ def write_plots(
     written = []
     if headline and headline[0][1]:
         title = (
-            f"{', '.join(label for label, _ in headline)}: {interval_title([len(r.values) for r in headline[0][1]])}"
+            f"{', '.join(label for label, _ in headline)}: "
+            f"{interval_title([len(r.values) for r in headline[0][1]], bool(references))}"
         )
         written.append(interval_plot(headline, output / HEADLINE, textwrap.fill(title, 110)))
     written += [path for path in (_curves(configurations, output), _rotation(configurations, metrics, output)) if path]

@@ -29,6 +29,7 @@ and the functions that add what a table cannot show. A comparison of runs made w
       functions: [capsexp.studies.routing.figures]        # more figures the notes and claims may quote
       lead_figure: capsexp.studies.engagement.engagement_figure  # (runs, page, folder) -> the page's first
                                        # figure, when its answer is not the headline metric's comparison
+      differences: false               # no "against the reference" section: the page's sections compare
 
 The notes are Jinja templates: ``{{ summary('test/acc', 'model=capsnet') }}`` quotes a figure of the runs
 (:mod:`capsexp.results.claims`).
@@ -125,6 +126,9 @@ class StudyPage:
     functions: tuple[str, ...] = ()  # figure functions the notes and claims may call (capsexp.results.claims)
     swept: tuple[str, ...] = ()  # the keys the experiment's sweep sets (hydra.sweeper.params), without a "+"
     lead_figure: str | None = None  # a function (runs, page, folder) -> Path: the figure shown first
+    # false: no section of each configuration against the references, where the page's own sections make
+    # the comparisons its design asks for (each net against itself in another precision, say)
+    differences: bool = True
 
     @property
     def reference(self) -> str | None:
@@ -192,6 +196,7 @@ def load_study_page(experiment: str | None, budget: str | None) -> StudyPage:
             functions=_strings(page.get("functions")),
             swept=tuple(str(key).lstrip("+") for key in params),
             lead_figure=page.get("lead_figure"),
+            differences=bool(page.get("differences", True)),
         )
     except (KeyError, TypeError, ValueError) as error:
         raise ConfigError(f"conf/experiment/{experiment}.yaml: its page is malformed ({error!r})") from error

@@ -21,6 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from capsexp.callbacks.model_checkpoint import requeue_signal
 from capsexp.config.precision import resolve as resolve_precision
+from capsexp.config.precision import routing_of
 from capsexp.config.run_record import RunRecord
 from capsexp.errors import Interrupted
 from capsexp.locations import hydra_value
@@ -78,8 +79,9 @@ def _run(cfg: DictConfig, job: DDPJob) -> dict[str, float]:
     warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)")
     run_folder = _run_folder()
     revision = describe_revision()
+    model = HydraConfig.get().runtime.choices.get("model") if HydraConfig.initialized() else None
     precision = resolve_precision(
-        cfg.trainer.get("precision"), cfg.model.get("net", {}).get("_target_"), cfg.trainer.get("accelerator")
+        cfg.trainer.get("precision"), model, routing_of(cfg.model), cfg.trainer.get("accelerator")
     )
     if run_folder is not None and int(os.environ.get("LOCAL_RANK", 0)) == 0:
         say_run_folder(run_folder, finished=False)

@@ -1,6 +1,6 @@
-"""The precision equivalence study's page: per net, the paired differences bf16-mixed minus float32 in test
+"""The precision equivalence study's page: per model, the paired differences bf16-mixed minus float32 in test
 accuracy and presence gap, each against the equivalence margin, and what ``trainer.precision=auto``
-chooses from them (:data:`capsexp.config.precision.BF16_NETS`)."""
+chooses from them (:data:`capsexp.config.precision.BF16_MODELS`)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import statistics as stats
 from dataclasses import dataclass
 from pathlib import Path
 
-from capsexp.config.precision import BF16, BF16_NETS, FLOAT32
+from capsexp.config.precision import BF16, BF16_MODELS, FLOAT32, routing_of
 from capsexp.results.metric_names import PRESENCE_GAP, TEST_ACC
 from capsexp.results.plots import DPI, _pyplot
 from capsexp.results.runs import Run
@@ -21,7 +21,6 @@ PRECISION = "trainer.precision"
 # The equivalence margin, in points (hundredths) of each metric: what the study's hypotheses declare.
 MARGIN_POINTS = 0.3
 METRICS = {TEST_ACC: "test accuracy", PRESENCE_GAP: "presence gap"}
-TIME = "perf/train_epoch_s"
 FIGURE = "equivalence.png"
 
 
@@ -38,13 +37,25 @@ class Row:
     def backed(self) -> bool:
         return self.test.inside and self.p_holm < SIGNIFICANCE
 
+    @property
+    def identical(self) -> bool:
+        """bf16 changed nothing: every seed's difference 0 (a net that computes in float32 under autocast)."""
+        return self.test.mean == self.test.low == self.test.high == 0
+
 
 @functools.cache
-def net_of(arm: str) -> str:
-    """The net class an arm trains (its ``model.net._target_``), as the arm's config composes it."""
+def model_of(arm: str) -> tuple[str, str | None]:
+    """The model config an arm trains (``model=<name>``) and its routing (``model.net.routing``'s
+    ``_target_``, None for a net without one), as the arm's config composes them."""
     from capsexp.config.hydra_setup import compose
 
-    return str(compose([f"+{ARM}={arm}"]).model.net._target_)
+    cfg = compose([f"+{ARM}={arm}"], with_hydra=True)
+    return str(cfg.hydra.runtime.choices["model"]), routing_of(cfg.model)
+
+
+def _shown(arm: str) -> str:
+    model, routing = model_of(arm)
+    return f"model={model}" + (f" ({routing.rpartition('.')[2]})" if routing else "")
 
 
 def _paired(runs: list[Run], arm: str, tag: str) -> dict[int, tuple[float, float]]:
@@ -86,19 +97,17 @@ def rows(runs: list[Run]) -> list[Row]:
     return [Row(r.arm, r.metric, r.float32, r.bf16, r.test, p) for r, p in zip(found, adjusted, strict=True)]
 
 
-def backed_nets(runs: list[Run]) -> frozenset[str]:
-    """The net classes whose every arm and metric the page backs in bf16."""
-    verdicts: dict[str, bool] = {}
+def backed_models(runs: list[Run]) -> dict[str, str | None]:
+    """model config: routing, for the arms the page backs in bf16 (every row inside the margin) and whose
+    bf16 runs differ from float32's (where they do not, bf16 has nothing to give)."""
+    verdicts: dict[str, list[Row]] = {}
     for row in rows(runs):
-        net = net_of(row.arm)
-        verdicts[net] = verdicts.get(net, True) and row.backed
-    return frozenset(net for net, backed in verdicts.items() if backed)
-
-
-def time_ratio(runs: list[Run], arm: str) -> float | None:
-    """The median over seeds of bf16's training time over float32's (the epoch's, without validation)."""
-    pairs = _paired(runs, arm, TIME)
-    return stats.median(bf16 / float32 for float32, bf16 in pairs.values()) if pairs else None
+        verdicts.setdefault(row.arm, []).append(row)
+    return dict(
+        model_of(arm)
+        for arm, found in verdicts.items()
+        if all(r.backed for r in found) and not all(r.identical for r in found)
+    )
 
 
 def _p(p: float) -> str:
@@ -118,33 +127,39 @@ def equivalence_section(runs: list[Run], page: StudyPage, output: Path) -> str:
         f"tests, then Holm-adjusted over the page's {len(found)} tests. A net is backed in bf16 where every one "
         f"of its rows has its interval inside the margin and an adjusted p below {SIGNIFICANCE:g}.",
         "",
-        "| arm | net | metric | seeds | float32 | bf16-mixed | difference [95% interval] | TOST p | Holm | inside |",
+        "| arm | model | metric | seeds | float32 | bf16-mixed | difference [95% interval] | TOST p | Holm | inside |",
         "| --- | --- | --- | ---: | ---: | ---: | --- | ---: | ---: | --- |",
     ]
     for row in found:
         test = row.test
         lines.append(
-            f"| {row.arm} | {net_of(row.arm).rpartition('.')[2]} | {METRICS[row.metric]} | {test.n} "
+            f"| {row.arm} | {_shown(row.arm)} | {METRICS[row.metric]} | {test.n} "
             f"| {row.float32:.2f} | {row.bf16:.2f} | {test.mean:+.2f} [{test.low:+.2f}, {test.high:+.2f}] "
             f"| {_p(test.p)} | {_p(row.p_holm)} | {'yes' if row.backed else 'no'} |"
         )
-    backed = backed_nets(runs)
-    lines += ["", "| arm | training time, bf16-mixed over float32 (median over seeds) |", "| --- | ---: |"]
+    backed = backed_models(runs)
+    verdicts = []
     for arm in arms(runs):
-        ratio = time_ratio(runs, arm)
-        lines.append(f"| {arm} | {'n/a' if ratio is None else f'{ratio:.2f}x'} |")
-    names = ", ".join(sorted(n.rpartition(".")[2] for n in backed)) or "none"
-    kept = sorted({net_of(arm) for arm in arms(runs)} - backed)
+        mine = [r for r in found if r.arm == arm]
+        if all(r.identical for r in mine):
+            verdict = "float32: its bf16 runs are its float32 runs (it computes in float32 under autocast)"
+        elif all(r.backed for r in mine):
+            verdict = "**bf16-mixed**"
+        else:
+            verdict = "float32: " + ", ".join(METRICS[r.metric] for r in mine if not r.backed) + " not shown equivalent"
+        verdicts.append(f"| {_shown(arm)} | {verdict} |")
+    auto = ", ".join(f"{m} ({(r or 'no routing').rpartition('.')[2]})" for m, r in sorted(BF16_MODELS.items()))
+    agreeing = " (as these runs back)" if backed == BF16_MODELS else ""
     lines += [
         "",
-        f"Backed in bf16 by these runs: **{names}**; "
-        + (
-            f"float32 under `auto`: {', '.join(n.rpartition('.')[2] for n in kept)}."
-            if kept
-            else "no net keeps float32."
-        )
-        + " `trainer.precision=auto` trains in bf16-mixed the nets of `BF16_NETS` in `capsexp/config/precision.py` "
-        f"(today: {', '.join(sorted(n.rpartition('.')[2] for n in BF16_NETS)) or 'none'}), where bf16 is native.",
+        "| model | what `trainer.precision=auto` trains it in, from these runs |",
+        "| --- | --- |",
+        *verdicts,
+        "",
+        f"`trainer.precision=auto` trains in bf16-mixed, where bf16 is native, the models of `BF16_MODELS` in "
+        f"`src/capsexp/config/precision.py`: {auto or 'none'}{agreeing}. "
+        "Speed: [bench_step.md](../bench_step.md) (these runs shared the machine with other work, so their "
+        "times are not compared here).",
     ]
     return "\n".join(lines) + "\n"
 
@@ -159,7 +174,7 @@ def equivalence_figure(runs: list[Run], page: StudyPage, output: Path) -> Path |
     metrics = [m for m in METRICS if any(r.metric == m for r in found)]
     names = arms(runs)
     figure, axes_row = plt.subplots(
-        1, len(metrics), figsize=(5.2 * len(metrics), 0.7 * len(names) + 1.8), squeeze=False
+        1, len(metrics), figsize=(5.2 * len(metrics), 0.7 * len(names) + 2.0), squeeze=False, sharey=True
     )
     for axes, metric in zip(axes_row[0], metrics, strict=True):
         axes.axvspan(-MARGIN_POINTS, MARGIN_POINTS, color="C2", alpha=0.15, linewidth=0, label="equivalence margin")
@@ -187,7 +202,8 @@ def equivalence_figure(runs: list[Run], page: StudyPage, output: Path) -> Path |
         axes.set_ylim(len(names) - 0.5, -0.6)
         axes.set_xlabel(f"bf16-mixed minus float32, {METRICS[metric]} (points)")
         axes.grid(axis="x", alpha=0.3)
-    axes_row[0][0].legend(fontsize="small", loc="lower left")
+    handles, labels = axes_row[0][0].get_legend_handles_labels()
+    figure.legend(handles, labels, fontsize="small", loc="lower center", ncol=2, bbox_to_anchor=(0.5, -0.05))
     figure.suptitle(
         f"Mean paired difference and its 95% interval (blue: inside ±{MARGIN_POINTS:g}, red: not), each seed a dot",
         fontsize="medium",
@@ -199,6 +215,6 @@ def equivalence_figure(runs: list[Run], page: StudyPage, output: Path) -> Path |
 
 
 def figures(runs: list[Run], page: StudyPage) -> dict:
-    """What the page's claims check: ``backed()``, the net classes the runs back in bf16, and ``auto()``,
-    those ``trainer.precision=auto`` trains in bf16 (:data:`~capsexp.config.precision.BF16_NETS`)."""
-    return {"backed": lambda: backed_nets(runs), "auto": lambda: BF16_NETS}
+    """What the page's claims check: ``backed()``, the models (with their routing) the runs back in bf16, and
+    ``auto()``, those ``trainer.precision=auto`` trains in bf16 (:data:`~capsexp.config.precision.BF16_MODELS`)."""
+    return {"backed": lambda: backed_models(runs), "auto": lambda: BF16_MODELS}
