@@ -13,8 +13,9 @@ the page gives each variant's median ratio over the rounds and its quartiles.
 
 - ``REV``: the default settings of the code at ``--baseline`` (its ``src/`` and ``conf/`` from ``git
   archive``): the speed work's whole effect;
-- one choice undone at a time: ``trainer.precision=32-true``, ``model.optimizer.fused=false``, and one
-  choice not taken: channels-last memory format (the net and the batch), ``model.compile=true``;
+- one choice undone at a time: ``trainer.precision=32-true`` (and ``bf16-mixed``, where ``auto`` keeps
+  float32), ``model.optimizer.fused=false``, and choices not taken: channels-last memory format (the net
+  and the batch), ``model.compile=true``;
 - ``--votes-revision``'s code under bf16-mixed with its own (foreach) Adam, against this tree's under
   bf16-mixed with ``model.optimizer.fused=false``: what routing's float32 votes under autocast change.
 
@@ -116,6 +117,7 @@ def variants(args: argparse.Namespace) -> dict[str, tuple[Path, list[str], bool]
         "default": (PROJECT, [], False),
         "REV": (baseline, [], False),
         "float32": (PROJECT, ["trainer.precision=32-true"], False),
+        "bf16-mixed": (PROJECT, ["trainer.precision=bf16-mixed"], False),
         "foreach Adam": (PROJECT, ["model.optimizer.fused=false"], False),
         "channels-last": (PROJECT, [], True),
         "compiled": (PROJECT, ["model.compile=true"], False),
@@ -175,7 +177,8 @@ def main() -> None:
         for round_ in range(args.rounds):
             order = names[round_ % len(names) :] + names[: round_ % len(names)]
             for name in order:
-                times[name].append(run_worker(*chosen[name], model=model, args=args))
+                tree, overrides, channels_last = chosen[name]
+                times[name].append(run_worker(tree, model, overrides, channels_last, args))
             ratios = {name: times[name][-1]["step_s"] / times["default"][-1]["step_s"] for name in names}
             print(f"{model} round {round_ + 1}: " + ", ".join(f"{n} {r:.2f}" for n, r in ratios.items()), flush=True)
         results[model] = {}
@@ -196,6 +199,7 @@ DESCRIBED = {
     "default": "this tree's defaults (`trainer.precision=auto`, fused Adam)",
     "REV": "REV's defaults: the code before the speed work",
     "float32": "`trainer.precision=32-true`",
+    "bf16-mixed": "`trainer.precision=bf16-mixed`",
     "foreach Adam": "`model.optimizer.fused=false` (torch's default Adam implementation)",
     "channels-last": "the net and each batch in channels-last memory format",
     "compiled": "`model.compile=true` (torch.compile of the net, Inductor on the CPU)",

@@ -60,24 +60,35 @@ def main() -> None:
     shown = accuracies()
     plt = _pyplot()
     figure, (left, right) = plt.subplots(1, 2, figsize=(13, 5.2))
+    labelled = set()
     for index, row in enumerate(float32):
         routed = row["routing"] != ""
         colour = f"C{index % 10}"
         parameters, speed = int(row["param_count"]), float(row["train_samples_per_sec"])
-        left.scatter(parameters, speed, color=colour, marker="o" if not routed else "^", s=36)
-        label = row["model"] + (f" ({row['routing']})" if routed else "")
-        left.annotate(label, (parameters, speed), fontsize=6.5, xytext=(3, 2), textcoords="offset points")
-        if key(row) in by_key_auto and by_key_auto[key(row)]["precision"] != row["precision"]:
-            faster = float(by_key_auto[key(row)]["train_samples_per_sec"])
-            left.annotate(
-                "", (parameters, faster), (parameters, speed), arrowprops={"arrowstyle": "->", "color": colour}
+        left.scatter(parameters, speed, color=colour, marker="^" if routed else "o", s=36)
+        if row["model"] not in labelled:  # a routed model's routings share its parameters: one label
+            count = sum(r["model"] == row["model"] for r in float32)
+            label = row["model"] + (f" ({count} routings, table below)" if routed else "")
+            left.annotate(label, (parameters, speed), fontsize=7.5, xytext=(5, 4), textcoords="offset points")
+            labelled.add(row["model"])
+        other = by_key_auto.get(key(row))
+        if other and other["precision"] != row["precision"]:
+            faster = float(other["train_samples_per_sec"])
+            left.scatter(
+                parameters,
+                faster,
+                color=colour,
+                marker="*",
+                s=90,
+                label=f"{row['model']} ({row['routing']}) under auto",
             )
+    left.legend(fontsize="small", loc="lower left")
     left.set_xscale("log")
     left.set_yscale("log")
     left.set_xlabel("parameters")
     left.set_ylabel("training samples/s (batch 32, one thread)")
     left.set_title(
-        "Training throughput, float32 (arrows: to trainer.precision=auto where it chose bf16)", fontsize="medium"
+        "Training throughput in float32 (star: under trainer.precision=auto where it chose bf16)", fontsize="medium"
     )
     left.grid(alpha=0.3, which="both")
     for row_key, (accuracy, _) in shown.items():
@@ -126,6 +137,19 @@ def main() -> None:
             f"{other.get('precision', 'n/a')} | {row['infer_samples_per_sec']} | {row['train_step_time_ms']} ms "
             f"| {row['peak_memory_mib']} MiB |"
         )
+    same = [
+        float(row["train_samples_per_sec"]) / float(by_key_auto[key(row)]["train_samples_per_sec"])
+        for row in float32
+        if key(row) in by_key_auto and by_key_auto[key(row)]["precision"] == row["precision"]
+    ]
+    if same:
+        spread = max(max(same), 1 / min(same))
+        lines += [
+            "",
+            f"Each row is one process's measurement. The {len(same)} rows that ran in the same precision in both "
+            f"files (measured twice) differ by up to {100 * (spread - 1):.0f}% in training samples/s: a difference "
+            "between the two files' columns smaller than that is not one this page can show.",
+        ]
     lines += [
         "",
         "What this shows: each model's cost on this CPU at one batch size, one thread. It does not show a GPU's "

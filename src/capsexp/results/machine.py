@@ -50,7 +50,7 @@ def describe_text(machine: dict[str, object]) -> str:
 
 def write_machine(run_folder: Path, precision: str | None = None) -> None:
     """The machine, and the precision the run trains in there (``trainer.precision=auto`` decides it per
-    machine and net)."""
+    machine and model)."""
     found = describe() | ({"precision": precision} if precision else {})
     (run_folder / MACHINE_FILE).write_text(yaml.safe_dump(found, sort_keys=False))
 

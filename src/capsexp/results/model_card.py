@@ -37,7 +37,7 @@ class CardFacts:
     overrides: Sequence[str] = field(default_factory=list)
     # A test-only run (train=false): the SHA-256 of the checkpoint it tested, which another run trained.
     tested_sha256: str | None = None
-    # The precision it ran in (Lightning's name), which trainer.precision=auto chooses per net and machine.
+    # The precision it ran in (Lightning's name), which trainer.precision=auto chooses per model and machine.
     precision: str | None = None
 
 
