@@ -304,3 +304,8 @@ def test_a_small_vb_capsule_net_learns_where_each_class_puts_its_bar():
         loss.backward()
         optimizer.step()
     assert (scores.argmax(1) == targets).float().mean() >= 0.9
+
+
+def test_votes_and_child_activations_of_other_shapes_are_refused():
+    with pytest.raises(ValueError, match=r"child activations \(B, I\) expected, got \(2, 5, 3, 4\) and \(2, 6\)"):
+        vb_routing(torch.randn(2, 5, 3, 4), torch.rand(2, 6), torch.zeros(3), torch.zeros(3))

@@ -88,6 +88,12 @@ def vb_routing(
     and each E-step once for all distances, sum_d (V'_d - m'_d)^2 P_d = [V' | V'^2] . [-2 m' P | P] +
     sum_d m'_d^2 P_d, with m' = m - c. Around 0 instead, votes far from 0 lose their spread in float32.
     """
+    dense = not isinstance(votes, VoteMaker) and child_index is None
+    if dense and (votes.ndim != 4 or child_activations.shape != votes.shape[:2]):
+        raise ValueError(
+            f"votes (B, I, J, D) and child activations (B, I) expected, got {tuple(votes.shape)} and "
+            f"{tuple(child_activations.shape)}"
+        )
     poses, logits, responsibilities = gaussian_routing(
         _vb_iterations, votes, child_activations, beta_u, beta_a, routing, child_index, num_children
     )
