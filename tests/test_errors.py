@@ -98,7 +98,7 @@ def test_every_shipped_option_passes_the_check(extra):
         (["data=smallnorb", "data.crop_size=64"], "data.crop_size=64: must be at most data.resize=48"),
         (["data.on_device=maybe"], "data.on_device=maybe: must be a valid boolean or 'auto'"),
         (["callbacks.progress_log.when=sometimes"], "must be 'auto', 'always' or 'never'"),
-        (["trainer.precision=bf17"], "trainer.precision=bf17: must be"),
+        (["trainer.precision=bf17"], "'bf16-mixed', '32-true' or '64-true' or '64', '32', '16' or 'bf16', or 'auto'"),
         (["trainer.devices=3", "trainer.accelerator=cpu"], "must divide by the 3 processes"),
         (["train=false", "test=false"], "nothing to do"),
         (["seed=abc"], "seed=abc: must be a valid integer"),

@@ -65,7 +65,6 @@ class ReconstructionGrid(L.Callback):
         writer.add_image("val/reconstructions", grid, trainer.global_step)
 
 
-@torch.no_grad()
 @checked
 class PosePerturbation(L.Callback):
     """After testing: the paper's Fig. 4. For ``num_examples`` test digits, each dimension of the

@@ -66,6 +66,8 @@ def _target_problems(cfg: DictConfig, path: str, node: dict) -> list[str]:
     if path == "trainer." and arguments.get("precision") == AUTO:
         del arguments["precision"]  # capsexp's own value, resolved before Lightning sees it
     problems = argument_problems(target, {k: v for k, v in arguments.items() if v is not _stand_in}, prefix=path)
+    if path == "trainer.":  # Lightning's precisions, and capsexp's own
+        problems = [f"{p}, or '{AUTO}'" if p.startswith("trainer.precision=") else p for p in problems]
     if not problems and node.get("_partial_") and inspect.isclass(target) and issubclass(target, torch.optim.Optimizer):
         values = {k: v for k, v in arguments.items() if not k.startswith("_")}
         try:  # torch checks an optimizer's values when it is built (Invalid learning rate: -0.1)
