@@ -25,15 +25,12 @@ import dataclasses
 import datetime
 import importlib
 import inspect
-import io
 import json
 import os
 import re
 import statistics
 import subprocess
 import sys
-import tarfile
-import tempfile
 import types
 from pathlib import Path
 
@@ -42,6 +39,7 @@ import torch
 from benchlib import cli_test_accuracy
 from capsexp.locations import PROJECT_ROOT
 from capsexp.results.machine import cpu_name
+from revisions import tree_at
 from timing import Stopwatch
 
 RESULTS = PROJECT_ROOT / "experiments" / "results" / "bench_em.md"
@@ -92,12 +90,7 @@ def package_at(revision: str) -> types.SimpleNamespace:
     """capsexp as ``src/`` is at a git revision, imported beside this tree's (its modules under their
     own names while it loads, then set aside; what it built keeps using them): its MatrixCapsNet,
     EMRouting and em_routing."""
-    archive = subprocess.run(["git", "archive", revision, "src"], cwd=PROJECT_ROOT, capture_output=True)
-    if archive.returncode != 0:
-        sys.exit(f"--baseline {revision}: git cannot show src/ there: {archive.stderr.decode().strip()}")
-    root = Path(tempfile.mkdtemp())
-    with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as files:
-        files.extractall(root, filter="data")
+    root = tree_at(revision, "src")
     ours = {name: sys.modules.pop(name) for name in list(sys.modules) if name.partition(".")[0] == "capsexp"}
     sys.path.insert(0, str(root / "src"))
     try:

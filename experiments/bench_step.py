@@ -27,19 +27,17 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import io
 import json
 import os
 import platform
 import statistics
 import subprocess
 import sys
-import tarfile
-import tempfile
 import time
 from pathlib import Path
 
-PROJECT = Path(__file__).resolve().parents[1]
+from revisions import PROJECT, tree_at
+
 RESULTS_DIR = PROJECT / "experiments" / "results"
 RESULTS = RESULTS_DIR / "bench_step.md"
 MODELS = ("capsnet_small", "capsnet")
@@ -99,20 +97,10 @@ def worker(tree: Path, model: str, overrides: list[str], channels_last: bool, ba
     return {"precision": precision, "step_s": statistics.median(times[warmup:])}
 
 
-def tree_at(revision: str) -> Path:
-    """``src/`` and ``conf/`` as they are at a git revision, in a temporary folder."""
-    archive = subprocess.run(["git", "archive", revision, "src", "conf"], cwd=PROJECT, capture_output=True)
-    if archive.returncode != 0:
-        sys.exit(f"{revision}: git cannot show src/ and conf/ there: {archive.stderr.decode().strip()}")
-    folder = Path(tempfile.mkdtemp(prefix="bench_step_"))
-    with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as files:
-        files.extractall(folder, filter="data")
-    return folder
-
-
 def variants(args: argparse.Namespace) -> dict[str, tuple[Path, list[str], bool]]:
     """name: (tree, overrides, channels-last); the first is the default every ratio is over."""
-    baseline, votes = tree_at(args.baseline), tree_at(args.votes_revision)
+    baseline = tree_at(args.baseline, "src", "conf")
+    votes = tree_at(args.votes_revision, "src", "conf", option="--votes-revision")
     return {
         "default": (PROJECT, [], False),
         "REV": (baseline, [], False),

@@ -124,9 +124,14 @@ def interval_plot(
         if label in reference_labels:
             tick.set_fontweight("bold")
     axes_list[0].set_ylim(-0.6, len(order) - 0.4)
+    return saved(figure, path, title)
+
+
+def saved(figure, path: Path, title: str) -> Path:
+    """``figure`` under its ``title``, written to ``path`` at the pages' resolution, and closed."""
     figure.suptitle(title, fontsize="medium")
     figure.savefig(path, dpi=DPI, bbox_inches="tight")
-    plt.close(figure)
+    _pyplot().close(figure)
     return path
 
 

@@ -11,7 +11,7 @@ import numpy as np
 
 from capsexp.callbacks.routing_diagnostics import ENGAGEMENT
 from capsexp.results import statistics
-from capsexp.results.plots import DPI, _legend, _pyplot
+from capsexp.results.plots import _legend, _pyplot, saved
 from capsexp.results.runs import Configuration, Run, group
 from capsexp.results.study import StudyPage
 
@@ -80,15 +80,11 @@ def engagement_figure(runs: list[Run], page: StudyPage, output: Path) -> Path | 
             axes.grid(alpha=0.3)
     _legend(axes_grid[-1][len(PANELS) // 2])
     spread = f"line: the mean of {seeds} seeds, band: their range; dashed: one seed" if seeds > 1 else "one seed each"
-    figure.suptitle(
+    title = (
         f"How far the couplings are from uniform over training ({spread}; KL below {KL_FLOOR:g} drawn at "
-        f"{KL_FLOOR:g}; uniform coupling's largest coupling is 1/J)",
-        fontsize="medium",
+        f"{KL_FLOOR:g}; uniform coupling's largest coupling is 1/J)"
     )
-    path = output / FIGURE
-    figure.savefig(path, dpi=DPI, bbox_inches="tight")
-    plt.close(figure)
-    return path
+    return saved(figure, output / FIGURE, title)
 
 
 def figures(runs: list[Run], page: StudyPage) -> dict:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from capsexp.config.precision import BF16, BF16_MODELS, FLOAT32, routing_of
 from capsexp.results.metric_names import PRESENCE_GAP, TEST_ACC
-from capsexp.results.plots import DPI, _pyplot
+from capsexp.results.plots import _pyplot, saved
 from capsexp.results.runs import Run
 from capsexp.results.statistics import SIGNIFICANCE, Equivalence, equivalence, holm_adjusted
 from capsexp.results.study import StudyPage
@@ -204,14 +204,8 @@ def equivalence_figure(runs: list[Run], page: StudyPage, output: Path) -> Path |
         axes.grid(axis="x", alpha=0.3)
     handles, labels = axes_row[0][0].get_legend_handles_labels()
     figure.legend(handles, labels, fontsize="small", loc="lower center", ncol=2, bbox_to_anchor=(0.5, -0.05))
-    figure.suptitle(
-        f"Mean paired difference and its 95% interval (blue: inside ±{MARGIN_POINTS:g}, red: not), each seed a dot",
-        fontsize="medium",
-    )
-    path = output / FIGURE
-    figure.savefig(path, dpi=DPI, bbox_inches="tight")
-    plt.close(figure)
-    return path
+    title = f"Mean paired difference and its 95% interval (blue: inside ±{MARGIN_POINTS:g}, red: not), each seed a dot"
+    return saved(figure, output / FIGURE, title)
 
 
 def figures(runs: list[Run], page: StudyPage) -> dict:
