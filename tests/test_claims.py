@@ -77,7 +77,8 @@ def test_notes_quote_the_runs_figures_and_runs_made_otherwise_get_a_line_instead
         "  notes:\n"
         "    quick: |\n"
         "      b leads a by {{ difference('test/acc', 'arm=b', 'arm=a') }} points\n"
-        "      ({{ summary('test/acc', 'arm=b') }}%), p {{ difference('test/acc', 'arm=b', 'arm=a').p_text }}.\n"
+        "      ({{ summary('test/acc', 'arm=b') }}%), 95% interval\n"
+        "      {{ difference('test/acc', 'arm=b', 'arm=a').interval }}.\n"
         "  claims:\n"
         "    quick:\n"
         "      - {claim: b leads a, holds: \"difference('test/acc', 'arm=b', 'arm=a').points > 0\"}\n"
@@ -85,8 +86,13 @@ def test_notes_quote_the_runs_figures_and_runs_made_otherwise_get_a_line_instead
     monkeypatch.setattr(study, "CONFIG_DIR", tmp_path / "conf")
     make_study(tmp_path / "sweep", {("arm=a",): [0.90, 0.92], ("arm=b",): [0.95, 0.96]})
     page = (compare(tmp_path / "sweep").output / "README.md").read_text()
-    # Differences +5 and +4 points: mean 4.5, sd 0.71, t 9 on 1 degree of freedom.
-    assert "b leads a by +4.50 points (95.50 ± 0.71%), p 0.070.\n" in page
+    # Differences +5 and +4 points: mean 4.5, standard error 0.5 on 1 degree of freedom (t 12.706).
+    assert "b leads a by +4.50 points (95.50 ± 0.71%), 95% interval [-1.85, +10.85].\n" in page
+    # A p-value of a comparison the page does not test (2 seeds a side) is the notes' mistake: an error.
+    experiment = tmp_path / "conf" / "experiment" / "toy.yaml"
+    experiment.write_text(experiment.read_text().replace(".interval }}", ".p_text }}"))
+    with pytest.raises(ConfigError, match=r"toy.yaml: the page's notes do not render \(the notes print the p-value"):
+        compare(tmp_path / "sweep")
     # A user's shortened run of the study: the notes describe the study's own runs, so they are left out.
     make_study(tmp_path / "short", {("arm=a", "trainer.max_steps=20"): [0.5], ("arm=b", "trainer.max_steps=20"): [0.4]})
     page = (compare(tmp_path / "short").output / "README.md").read_text()

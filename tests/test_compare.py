@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import csv
-import math
 import shutil
 import statistics
 from pathlib import Path
@@ -252,13 +251,13 @@ def test_the_page_and_the_table_as_written(tmp_path):
         "| 72.00 ± 2.83 |  |\n"
         "| model=capsnet | 1 | 99.00 | 99.00 | 99.00 | 99.00 | 85.00 | 0.61 |\n\n"
         "## Against `model=lenet5`\n\n"
-        "test/acc, each configuration minus `model=lenet5` (percentage points), with the 95% confidence interval "
-        "of the difference: a paired t-test where the two share their seeds, Welch's t-test otherwise (two runs "
-        "a side at least). 1 comparison: p-values adjusted by Holm's method; significant means an adjusted p "
-        "below 0.05.\n\n"
-        "| configuration | runs | difference | 95% CI | test | p | p (Holm) | significant |\n"
-        "| --- | ---: | ---: | ---: | --- | ---: | ---: | --- |\n"
-        "| model=capsnet | 1 | +2.00 |  | too few runs |  |  |  |\n\n"
+        "Each configuration minus `model=lenet5`, in points of accuracy (the presence gap in score), with the 95% "
+        "confidence interval of the difference: paired by seed where the two share their seeds, Welch's otherwise. "
+        "No comparison has 5 runs a side: too few seeds to test, so none is tested; the differences and their "
+        "intervals only.\n\n"
+        "| configuration | runs | difference | 95% CI |\n"
+        "| --- | ---: | ---: | ---: |\n"
+        "| model=capsnet | 1 / 2 | +2.00 |  |\n\n"
         "## Presence and routing\n\n"
         "The last values logged, mean ± std over the runs: the presence scores of the last validation, the "
         "routing measures of the last training step that logged them. Presence gap: the median over the "
@@ -373,8 +372,8 @@ def make_study(folder: Path, accuracies: dict[tuple[str, ...], list[float]]) -> 
 
 def test_an_experiments_page_its_paper_figures_statistics_and_reproduction_check(tmp_path, monkeypatch, capsys):
     """Runs of an experiment config get its page: the title and notes of their budget, the paper's
-    figures beside ours (errors beside errors), each configuration against the page's reference by a
-    paired t-test (they share seeds 1 and 2), Holm-adjusted over the two comparisons, and the check of
+    figures beside ours (errors beside errors), each configuration against the page's reference with the
+    interval of the paired difference (they share seeds 1 and 2; too few to test), and the check of
     the figures the budget gave before (``--check`` fails when one is out of tolerance)."""
     from capsexp.results import study
 
@@ -408,23 +407,11 @@ def test_an_experiments_page_its_paper_figures_statistics_and_reproduction_check
     assert rows["iterations=3 reconstruction=true"].endswith("| 2.00 | 0.25 |")
     assert rows["iterations=3 reconstruction=false"].endswith("| 3.50 |  |")  # no paper figure for it
     # Against the reference (iterations=3 reconstruction=true), paired by seed: differences -2 and -3
-    # points (mean -2.5), and -1 and -2 (mean -1.5); sd sqrt(0.5), df 1, where F(t) = 1/2 + atan(t) / pi.
+    # points (mean -2.5, sd sqrt(0.5)): an interval, and 2 seeds are too few to test.
     against = page[page.index("## Against `iterations=3 reconstruction=true`") :]
-    p_first = 2 * (0.5 - math.atan(abs(-2.5 / (math.sqrt(0.5) / math.sqrt(2)))) / math.pi)
-    p_second = 2 * (0.5 - math.atan(abs(-1.5 / (math.sqrt(0.5) / math.sqrt(2)))) / math.pi)
-    holm = sorted([p_first, p_second])
-    adjusted = {p_first: None, p_second: None}
-    adjusted[holm[0]] = 2 * holm[0]
-    adjusted[holm[1]] = max(2 * holm[0], holm[1])
     low, high = -2.5 - 12.706205 * 0.5, -2.5 + 12.706205 * 0.5  # t_{0.975, 1} x standard error 0.5
-    assert (
-        f"| iterations=1 reconstruction=true | 2 | -2.50 | [{low:.2f}, {high:.2f}] "
-        f"| paired t | {p_first:.3f} | {adjusted[p_first]:.3f} | no |" in against
-    )
-    assert (
-        "| iterations=3 reconstruction=false | 2 | -1.50 |" in against
-        and f"| {adjusted[p_second]:.3f} | no |" in against
-    )
+    assert f"| iterations=1 reconstruction=true | 2 / 2 | -2.50 | [{low:.2f}, {high:.2f}] |" in against
+    assert "No comparison has 5 runs a side: too few seeds to test" in against and "Holm" not in against
     # The reproduction check: iterations=1 expected 95.5 within the budget's 1 point (here 95.5), both
     # iterations=3 rows 97.5 within 0.6 points, from their two runs' std and our two: 98.0 within, 96.5 not.
     assert "| iterations=1 reconstruction=true | 95.50 (1) | ±1.00 | 95.50 (2) | yes |" in page
@@ -504,9 +491,10 @@ def test_a_page_with_its_runs_kept_beside_it_rebuilds_byte_identical(tmp_path):
     assert sorted(p.name for p in (moved / "runs").iterdir()) == ["0", "order.yaml"]
 
 
-def test_a_users_two_seed_sweep_gets_intervals_and_a_paired_test(tmp_path, capsys):
+def test_a_users_two_seed_sweep_gets_intervals_and_says_it_is_too_few_to_test(tmp_path, capsys):
     """``python -m capsexp -m model=lenet5,capsnet seed=1,2`` as a user runs it, then the one command:
-    both models ran seeds 1 and 2, so CapsNet is compared with LeNet5 (the first) by a paired t-test."""
+    both models ran seeds 1 and 2, so CapsNet is compared with LeNet5 (the first) by the interval of the
+    paired difference, and not tested: two seeds a side cannot support a test."""
     accuracies = {("model=lenet5",): [0.90, 0.93], ("model=capsnet",): [0.95, 0.99]}
     job = 0
     for (setting,), values in accuracies.items():
@@ -525,11 +513,10 @@ def test_a_users_two_seed_sweep_gets_intervals_and_a_paired_test(tmp_path, capsy
     )
     half = 12.706205 * statistics.stdev([95.0, 99.0]) / 2**0.5
     assert f"| model=capsnet | 2 | 97.00 ± 2.83 [{97 - half:.2f}, {97 + half:.2f}] |" in page
-    # Per-seed differences 5 and 6 points: mean 5.5, sd 0.71, t = 5.5 / 0.5 = 11 on 1 degree of freedom.
-    p_value = 2 * (0.5 - math.atan(11) / math.pi)
+    # Per-seed differences 5 and 6 points: mean 5.5, standard error 0.5 on 1 degree of freedom.
     low, high = 5.5 - 12.706205 * 0.5, 5.5 + 12.706205 * 0.5
-    row = f"| model=capsnet | 2 | +5.50 | [{low:.2f}, {high:.2f}] | paired t | {p_value:.3f} | {p_value:.3f} | no |"
-    assert row in page
+    assert f"| model=capsnet | 2 / 2 | +5.50 | [{low:.2f}, {high:.2f}] |\n" in page
+    assert "too few seeds to test" in page and "significant" not in page
 
 
 def test_the_machine_line_names_the_cpus_vector_instructions_where_recorded():
@@ -551,57 +538,73 @@ page:
 """
 
 
-def test_each_configuration_against_each_reference_for_each_compared_metric_holm_over_the_metrics_comparisons(
+def test_each_configuration_against_each_reference_for_each_metric_in_one_family_holm_over_the_page(
     tmp_path, monkeypatch
 ):
-    from capsexp.results import statistics, study
+    """Two references and two metrics, 5 seeds a side: one table, its p-values one family (a pair compared
+    both ways counted once: 3 comparisons a metric, 6 in all), each row with the t-test and the exact
+    sign-flip test, both adjusted by Holm over the 6."""
+    import itertools
+
+    from scipy import stats
+
+    from capsexp.results import study
 
     (tmp_path / "conf" / "experiment").mkdir(parents=True)
     (tmp_path / "conf" / "experiment" / "toy.yaml").write_text(TWO_REFERENCES)
     monkeypatch.setattr(study, "CONFIG_DIR", tmp_path / "conf")
     accuracies = {
-        ("arm=dynamic",): [0.97, 0.99, 0.98],
-        ("arm=self",): [0.95, 0.96, 0.98],
-        ("arm=uniform",): [0.96, 0.97, 0.97],
+        ("arm=dynamic",): [0.97, 0.99, 0.98, 0.975, 0.985],
+        ("arm=self",): [0.95, 0.96, 0.98, 0.93, 0.94],
+        ("arm=uniform",): [0.96, 0.97, 0.97, 0.969, 0.968],
     }
     make_study(tmp_path / "sweep", accuracies)
     page = (compare(tmp_path / "sweep").output / "README.md").read_text()
-    for metric in ("test/acc", "val/acc"):
-        section = page[page.index(f"## Against `arm=uniform`, `arm=dynamic`: {metric}") :]
-        section = section[: section.index("\n## ", 1)] if "\n## " in section[1:] else section
-        # dynamic against uniform and uniform against dynamic are one hypothesis: Holm's m is 3, not 4.
-        assert "3 distinct comparisons (1 of the 4 rows compares a pair the other way round)" in section
-        rows = [line for line in section.splitlines() if line.startswith("| arm=")]
-        assert [tuple(line.split(" | ")[:2]) for line in rows] == [
-            ("| arm=uniform", "arm=dynamic"),
-            ("| arm=uniform", "arm=self"),
-            ("| arm=dynamic", "arm=self"),
-            ("| arm=dynamic", "arm=uniform"),
+    section = page[page.index("## Against `arm=uniform`, `arm=dynamic`") :]
+    assert "The 6 p-values of each test in this table are one family, adjusted by Holm's method" in section
+    rows = [line for line in section.splitlines() if line.startswith(("| test/acc |", "| val/acc |"))]
+    assert [tuple(line.split(" | ")[:3]) for line in rows] == [
+        (f"| {metric}", reference, arm)
+        for metric in ("test/acc", "val/acc")
+        for reference, arm in (
+            ("arm=uniform", "arm=dynamic"),
+            ("arm=uniform", "arm=self"),
+            ("arm=dynamic", "arm=self"),
+            ("arm=dynamic", "arm=uniform"),
+        )
+    ]
+
+    def flips(differences):  # the sign-flip p by brute force over the 32 sign vectors
+        observed = abs(sum(differences))
+        sums = [
+            abs(sum(s * d for s, d in zip(signs, differences, strict=True)))
+            for signs in itertools.product((1, -1), repeat=5)
         ]
-    # dynamic minus uniform, paired by seed: +1, +2, +1 points.
-    differences = [0.01, 0.02, 0.01]
-    p = statistics.difference(
-        list(enumerate(accuracies[("arm=dynamic",)])), list(enumerate(accuracies[("arm=uniform",)]))
-    ).p
-    assert f"| arm=uniform | arm=dynamic | 3 | {100 * statistics.summarise(differences).mean:+.2f} |" in page
-    assert f"| paired t | {p:.3f} |" in page
-    ps = {
-        (arm, reference): statistics.difference(
-            list(enumerate(accuracies[(arm,)])), list(enumerate(accuracies[(reference,)]))
-        ).p
-        for arm, reference in (("arm=dynamic", "arm=uniform"), ("arm=self", "arm=uniform"), ("arm=self", "arm=dynamic"))
+        return sum(total >= observed - 1e-12 for total in sums) / 32
+
+    pairs = (("arm=dynamic", "arm=uniform"), ("arm=self", "arm=uniform"), ("arm=self", "arm=dynamic"))
+    t_p = {pair: stats.ttest_rel(accuracies[(pair[0],)], accuracies[(pair[1],)]).pvalue for pair in pairs}
+    flip_p = {
+        pair: flips([a - r for a, r in zip(accuracies[(pair[0],)], accuracies[(pair[1],)], strict=True)])
+        for pair in pairs
     }
-    test_acc = page[page.index("## Against `arm=uniform`, `arm=dynamic`: test/acc") : page.index(": val/acc")]
-    holm = dict(zip(ps, statistics.holm_adjusted(list(ps.values())), strict=True))
-    one_hypothesis = holm["arm=dynamic", "arm=uniform"]  # both rows' adjusted p
-    assert (
-        f"| arm=uniform | arm=dynamic | 3 | +1.33 | [-0.10, 2.77] | paired t | {p:.3f} | {one_hypothesis:.3f} |"
-        in test_acc
-    )
-    assert (
-        f"| arm=dynamic | arm=uniform | 3 | -1.33 | [-2.77, 0.10] | paired t | {p:.3f} | {one_hypothesis:.3f} |"
-        in test_acc
-    )
+
+    def holm(ps):  # the same 3 p-values once per metric: 6 in the family
+        family = sorted([(p, pair, metric) for pair, p in ps.items() for metric in (0, 1)], key=lambda x: x[0])
+        adjusted, running = {}, 0.0
+        for rank, (p, pair, _) in enumerate(family):
+            running = max(running, min(1.0, (6 - rank) * p))
+            adjusted.setdefault(pair, running)
+        return adjusted
+
+    t_holm, flip_holm = holm(t_p), holm(flip_p)
+    dynamic = rows[0].split(" | ")
+    assert dynamic[3:5] == ["5 / 5", "+1.26"]  # +1, +2, +1, +0.6, +1.7 points
+    assert dynamic[7:10] == [f"{t_holm[pairs[0]]:.3f}", f"{flip_holm[pairs[0]]:.3f}", "yes |"]  # 0.048
+    other_way = rows[3].split(" | ")
+    assert other_way[4] == "-1.26" and other_way[7:9] == dynamic[7:9]  # one comparison, one adjusted p
+    self_row = rows[1].split(" | ")
+    assert self_row[7:9] == [f"{t_holm[pairs[1]]:.3f}", f"{flip_holm[pairs[1]]:.3f}"]
 
 
 def test_the_diagnostics_give_each_routing_layers_coupling_change_at_its_last_iteration(tmp_path):
@@ -682,3 +685,101 @@ def test_the_page_says_what_precision_its_runs_trained_in_where_they_recorded_it
         machine.write_text(machine.read_text() + f"precision: {precision}\n")
     page = (compare(tmp_path / "sweep").output / "README.md").read_text()
     assert "\n- Precision: bf16-mixed (2 runs), 32-true (1 run).\n" in page
+
+
+HYPOTHESES = """
+hydra: {sweeper: {params: {arm: 'a,b,c,d'}}}
+page:
+  title: Declared
+  reference: arm=a
+  notes:
+    quick: >-
+      b minus a: {{ difference('test/acc', 'arm=b', 'arm=a') }},
+      Holm p {{ difference('test/acc', 'arm=b', 'arm=a').p_text }}.
+  claims:
+    quick:
+      - {claim: b beats a, holds: "supported('b against a')"}
+  hypotheses:
+    - {name: b against a, metric: test/acc, arm: arm=b, reference: arm=a, smallest_effect: 0.5}
+    - {name: c against a, metric: test/acc, arm: arm=c, reference: arm=a, smallest_effect: 0.5}
+    - {name: c above a, metric: test/acc, arm: arm=c, reference: arm=a, smallest_effect: 0.5,
+       direction: greater, test: permutation}
+    - {name: d against a, metric: test/acc, arm: arm=d, reference: arm=a, smallest_effect: 0.5}
+"""
+
+
+def test_declared_hypotheses_are_the_pages_family_and_every_other_comparison_is_exploratory(tmp_path, monkeypatch):
+    """Four hypotheses, one arm with 3 seeds: the 3 tested are adjusted together by Holm (each by its own
+    test and direction); supported only where the adjusted p is below 0.05; the interval read against the
+    smallest effect; the table of every arm against the reference gives intervals and no p-value."""
+    import itertools
+
+    from scipy import stats
+
+    from capsexp.results import study
+
+    (tmp_path / "conf" / "experiment").mkdir(parents=True)
+    (tmp_path / "conf" / "experiment" / "toy.yaml").write_text(HYPOTHESES)
+    monkeypatch.setattr(study, "CONFIG_DIR", tmp_path / "conf")
+    a = [0.950, 0.955, 0.948, 0.952, 0.951]
+    b = [0.970, 0.972, 0.969, 0.975, 0.970]  # about +2 points, every seed
+    c = [0.950513, 0.954533, 0.948531, 0.952109, 0.950709]  # within 0.06 points of a, both signs
+    make_study(tmp_path / "sweep", {("arm=a",): a, ("arm=b",): b, ("arm=c",): c, ("arm=d",): [0.96, 0.97, 0.95]})
+    page = (compare(tmp_path / "sweep").output / "README.md").read_text()
+    section = page[page.index("## Declared hypotheses") : page.index("## Against")]
+    assert "The 3 tested are the page's one family of p-values" in section
+    rows = {line.split(" | ")[0][2:]: line.split(" | ") for line in section.splitlines() if line.startswith("| ")}
+    import numpy as np
+
+    logged = {name: np.float32(values).astype(np.float64) for name, values in (("a", a), ("b", b), ("c", c))}
+    c_minus_a = logged["c"] - logged["a"]  # +0.05, -0.05, +0.05, +0.01, -0.03 points, none alike
+
+    def flips(test):  # the share of the 32 sign flips whose statistic reaches the observed one
+        signs = itertools.product((1, -1), repeat=5)
+        return sum(test(np.dot(s, c_minus_a)) >= test(c_minus_a.sum()) - 1e-12 for s in signs) / 32
+
+    t_ps = [
+        stats.ttest_rel(logged["b"], logged["a"]).pvalue,
+        stats.ttest_rel(logged["c"], logged["a"]).pvalue,
+        stats.ttest_rel(logged["c"], logged["a"], alternative="greater").pvalue,
+    ]
+    flip_ps = [2 / 32, flips(abs), flips(lambda total: total)]
+
+    def holm(ps):
+        order = sorted(range(len(ps)), key=lambda i: ps[i])
+        adjusted, running = [0.0] * len(ps), 0.0
+        for rank, i in enumerate(order):
+            running = max(running, min(1.0, (len(ps) - rank) * ps[i]))
+            adjusted[i] = running
+        return adjusted
+
+    t_holm, flip_holm = holm(t_ps), holm(flip_ps)
+    columns = {name: row[9:11] for name, row in rows.items() if name != "hypothesis"}
+    assert columns["b against a"] == ["< 0.001" if t_holm[0] < 0.001 else f"{t_holm[0]:.3f}", f"{flip_holm[0]:.3f}"]
+    assert columns["c against a"] == [f"{t_holm[1]:.3f}", f"{flip_holm[1]:.3f}"]
+    assert columns["c above a"] == [f"{t_holm[2]:.3f}", f"{flip_holm[2]:.3f}"]
+    assert rows["c above a"][3] == "greater" and rows["c above a"][11] == "permutation"
+    assert rows["b against a"][-1].startswith("**supported**: the arm is above its reference (on the t-test alone")
+    assert rows["c against a"][-1].startswith("not supported; the interval excludes differences of 0.5")
+    assert rows["c above a"][-1].startswith("not supported")
+    assert rows["d against a"][-1].startswith("too few seeds to test")
+    table = page[page.index("## Against") :]
+    assert "Exploratory: differences and intervals, no tests" in table and "Holm" not in table.split("\n\n")[2]
+    assert (
+        "b minus a: +2.00, Holm p < 0.001." in page
+    )  # the notes quote the family's p-value  # the notes quote the family's p-value
+
+
+def test_a_malformed_hypothesis_is_a_config_error_naming_what_is_allowed(tmp_path, monkeypatch):
+    from capsexp.results import study
+
+    (tmp_path / "conf" / "experiment").mkdir(parents=True)
+    monkeypatch.setattr(study, "CONFIG_DIR", tmp_path / "conf")
+    for change, message in (
+        ("smallest_effect: 0.5}", "smallest_effect: 0.5, direction: up}"),
+        ("smallest_effect: 0.5}", "smallest_effect: 0.5, tests: t}"),
+    ):
+        (tmp_path / "conf" / "experiment" / "toy.yaml").write_text(HYPOTHESES.replace(change, message, 1))
+        with pytest.raises(ConfigError, match=r"toy\.yaml: its page is malformed") as error:
+            study.load_study_page("toy", "quick")
+        assert "two-sided, greater, less" in str(error.value) or "it has name, metric" in str(error.value)

@@ -11,9 +11,12 @@ from capsexp.results.statistics import (
     PAIRED,
     REPRODUCTION_FLOOR,
     WELCH,
+    detectable_difference,
     difference,
     holm_adjusted,
+    relabelling_p,
     reproduction_tolerance,
+    sign_flip_p,
     summarise,
 )
 
@@ -35,29 +38,87 @@ def test_a_configurations_interval_is_the_student_t_interval_of_its_mean():
     assert (same.std, same.low, same.high) == (0.0, 0.5, 0.5)
 
 
-def test_arms_that_share_their_seeds_are_compared_by_a_paired_t_test():
-    # per-seed differences 0.01, 0.02, 0.03: mean 0.02, sd 0.01, t = 0.02 / (0.01 / sqrt 3) = 2 sqrt 3
-    arm = [(1, 0.90), (2, 0.92), (3, 0.95)]
-    reference = [(3, 0.92), (1, 0.89), (2, 0.90)]  # order does not matter: pairs are made by seed
+def t_sf(t: float, df: int) -> float:
+    """P(T > t) for Student's t by numerical integration of its density (no scipy.stats)."""
+    from scipy import integrate
+
+    def density(x: float) -> float:
+        scale = math.gamma((df + 1) / 2) / (math.sqrt(df * math.pi) * math.gamma(df / 2))
+        return scale * (1 + x * x / df) ** (-(df + 1) / 2)
+
+    return integrate.quad(density, t, math.inf)[0]
+
+
+def test_arms_that_share_their_seeds_are_compared_by_a_paired_t_test_and_a_sign_flip_test():
+    # per-seed differences 0.01, 0.03, 0.02, 0.04, 0.05: mean 0.03, sd 0.0158, t = 0.03 / (sd / sqrt 5)
+    arm = [(1, 0.91), (2, 0.95), (3, 0.92), (4, 0.97), (5, 0.96)]
+    reference = [(3, 0.90), (1, 0.90), (5, 0.91), (2, 0.92), (4, 0.93)]  # order does not matter: pairs by seed
     result = difference(arm, reference)
-    assert result.test == PAIRED
-    assert result.mean == pytest.approx(0.02)
-    assert result.p == pytest.approx(two_sided_p_df2(2 * math.sqrt(3)), abs=1e-9)  # 0.07418
+    sd = math.sqrt(sum((d - 0.03) ** 2 for d in (0.01, 0.03, 0.02, 0.04, 0.05)) / 4)
+    t = 0.03 / (sd / math.sqrt(5))
+    assert result.test == PAIRED and result.runs == (5, 5)
+    assert result.mean == pytest.approx(0.03)
+    assert result.p == pytest.approx(2 * t_sf(t, 4), abs=1e-7)
+    # Every difference positive: of the 32 sign flips only all-plus and all-minus reach |mean| 0.03.
+    assert result.p_permutation == pytest.approx(2 / 32)
+    assert difference(arm, reference, "greater").p_permutation == pytest.approx(1 / 32)
+    assert difference(arm, reference, "greater").p == pytest.approx(t_sf(t, 4), abs=1e-7)
+    assert difference(arm, reference, "less").p == pytest.approx(1 - t_sf(t, 4), abs=1e-7)
+    # Unpaired, the same numbers give Welch's larger p: the seeds' shared luck is not removed.
+    assert difference([(s + 10, v) for s, v in arm], reference).p > result.p
+
+
+def test_three_seeds_get_an_interval_and_no_test():
+    # per-seed differences 0.01, 0.02, 0.03: mean 0.02, sd 0.01
+    arm = [(1, 0.90), (2, 0.92), (3, 0.95)]
+    reference = [(3, 0.92), (1, 0.89), (2, 0.90)]
+    result = difference(arm, reference)
     half = T_975_DF2 * 0.01 / math.sqrt(3)
     assert (result.low, result.high) == pytest.approx((0.02 - half, 0.02 + half), abs=1e-6)
-    # Unpaired, the same numbers would give Welch's much larger p: the seeds' shared luck is removed.
-    assert difference([(4, v) for _, v in arm], reference).p > 0.3
+    assert (result.p, result.p_permutation, result.detectable) == (None, None, None)
+    assert result.too_few_to_test and not result.tested
+
+
+def test_the_sign_flip_test_counts_flips_reaching_the_observed_mean():
+    # differences -1, 2, 3, 4, 5 (sum 13): a flip of the subset S gives |15 - 2 sum(S)|, at least 13 for
+    # sum(S) in {0, 1, 14, 15}: 4 of 32. One-sided (sum >= 13): sum(S) in {0, 1}, 2 of 32.
+    assert sign_flip_p([-1, 2, 3, 4, 5]) == pytest.approx(4 / 32)
+    assert sign_flip_p([-1, 2, 3, 4, 5], "greater") == pytest.approx(2 / 32)
+    assert sign_flip_p([-1, 2, 3, 4, 5], "less") == pytest.approx(31 / 32)
+
+
+def test_the_relabelling_test_counts_splits_reaching_the_observed_difference():
+    # 5, 6, 7 against 1, 2, 3: of the 20 splits of six runs into threes, only these two reach |4|.
+    assert relabelling_p([5, 6, 7], [1, 2, 3]) == pytest.approx(2 / 20)
+    assert relabelling_p([5, 6, 7], [1, 2, 3], "greater") == pytest.approx(1 / 20)
+
+
+def test_the_detectable_difference_is_found_with_the_stated_power():
+    """Simulated: paired differences of 5 seeds at the detectable mean, the t-test at 0.05 two-sided."""
+    import numpy as np
+
+    error = 0.4  # the standard error of the mean difference: sd 0.4 sqrt 5
+    delta = detectable_difference(error, 4)
+    rng = np.random.default_rng(1)
+    draws = rng.normal(delta, error * math.sqrt(5), size=(40_000, 5))
+    t = draws.mean(axis=1) / (draws.std(axis=1, ddof=1) / math.sqrt(5))
+    assert np.mean(np.abs(t) > 2.776445) == pytest.approx(0.8, abs=0.01)
+    assert detectable_difference(error, 4) > detectable_difference(error, 40)  # fewer seeds, larger
 
 
 def test_arms_with_other_seeds_are_compared_by_welchs_t_test():
     # [1, 3] against [5, 7]: variances 2 and 2, n = 2 each; Welch's df = (1 + 1)^2 / (1 + 1) = 2,
-    # t = (2 - 6) / sqrt(2 / 2 + 2 / 2) = -2 sqrt 2.
+    # t = (2 - 6) / sqrt(2 / 2 + 2 / 2) = -2 sqrt 2: an interval, and too few runs to test.
     result = difference([(1, 1.0), (2, 3.0)], [(3, 5.0), (4, 7.0)])
     assert result.test == WELCH
-    assert result.mean == -4.0
-    assert result.p == pytest.approx(two_sided_p_df2(2 * math.sqrt(2)), abs=1e-9)  # 0.10557
+    assert result.mean == -4.0 and result.p is None
     half = T_975_DF2 * math.sqrt(2)
     assert (result.low, result.high) == pytest.approx((-4 - half, -4 + half), abs=1e-5)
+    five = difference(
+        [(s, v) for s, v in enumerate((1.0, 3.0, 2.0, 4.0, 2.5))],
+        [(s + 9, v) for s, v in enumerate((5.0, 7.0, 6.0, 6.5, 5.5))],
+    )
+    assert five.test == WELCH and five.p < 0.01 and five.p_permutation == pytest.approx(2 / 252)
     # The same seeds but one of them twice on a side: no pairing either.
     assert difference([(1, 1.0), (1, 3.0)], [(1, 5.0), (2, 7.0)]).test == WELCH
     # Runs without a seed override cannot be paired.
@@ -67,8 +128,8 @@ def test_arms_with_other_seeds_are_compared_by_welchs_t_test():
 def test_too_few_runs_or_no_spread_give_no_test():
     single = difference([(1, 0.9)], [(1, 0.8), (2, 0.82)])
     assert (single.mean, single.test, single.p, single.low) == (pytest.approx(0.09), None, None, None)
-    constant = difference([(1, 0.9), (2, 0.9)], [(1, 0.8), (2, 0.8)])  # every difference 0.1
-    assert constant.test == PAIRED and math.isnan(constant.p) and constant.low is None
+    constant = difference([(s, 0.9) for s in range(5)], [(s, 0.8) for s in range(5)])  # every difference 0.1
+    assert constant.test == PAIRED and math.isnan(constant.p) and constant.low == pytest.approx(0.1)
 
 
 def test_holms_step_down_adjustment():

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from capsexp.errors import CapsexpError, ConfigError
 from capsexp.results import statistics
-from capsexp.results.differences import compared, references_of, scale, test_only
+from capsexp.results.differences import both_adjusted, family, references_of, scale, test_only, verdict
 from capsexp.results.runs import Configuration, Run, group
 from capsexp.results.study import StudyPage, matches
 
@@ -37,6 +37,10 @@ class ClaimError(CapsexpError):
 
 class MissingFigure(LookupError):
     """A quoted figure of a configuration or metric these runs do not have."""
+
+
+class UntestedQuote(ValueError):
+    """Notes that print a p-value the page does not test: the notes are wrong, whatever the runs."""
 
 
 def p_text(p: float | None) -> str:
@@ -69,12 +73,16 @@ class Spread:
 @dataclass(frozen=True)
 class Gap:
     """A configuration minus a reference, in points: prints signed (``+1.29``); ``magnitude`` unsigned;
-    ``p`` and ``p_holm`` as numbers, ``p_text`` and ``p_holm_text`` as the tables print them."""
+    ``low`` and ``high`` its 95% interval (``interval``: as the tables print it); ``p`` the p-value as
+    the page's family adjusts it (None: not one of the page's tests), ``p_text`` as the tables print it;
+    ``tested`` whether the runs were enough to test it (:data:`~capsexp.results.statistics.MIN_RUNS_TO_TEST`)."""
 
     points: float
+    low: float | None
+    high: float | None
     p: float | None
-    p_holm: float | None
     significant: bool
+    tested: bool = False
 
     def __str__(self) -> str:
         return f"{self.points:+.2f}"
@@ -84,12 +92,17 @@ class Gap:
         return f"{abs(self.points):.2f}"
 
     @property
-    def p_text(self) -> str:
-        return p_text(self.p)
+    def interval(self) -> str:
+        return "" if self.low is None else f"[{self.low:+.2f}, {self.high:+.2f}]"
 
     @property
-    def p_holm_text(self) -> str:
-        return p_text(self.p_holm)
+    def p_text(self) -> str:
+        if self.p is None:
+            raise UntestedQuote(
+                f"the notes print the p-value of a difference ({self}) that is none of the page's tests: "
+                "quote its interval instead"
+            )
+        return p_text(self.p)
 
 
 class Figures:
@@ -97,8 +110,10 @@ class Figures:
     the comparisons leave them out)."""
 
     def __init__(self, runs: list[Run], page: StudyPage, extra: dict | None = None) -> None:
+        self.runs = runs
         self.configurations = [c for c in group(runs) if not test_only(c)]
         self.page = page
+        self._family: list | None = None
         self.references = references_of(self.configurations, page) if self.configurations else []
         self.extra = extra or {}
 
@@ -119,30 +134,64 @@ class Figures:
         found = statistics.summarise([factor * v for v in values])
         return Spread(found.mean, found.std, found.n, found.low, found.high)
 
+    def family(self) -> list:
+        """The page's comparisons as its tables give them (:func:`~capsexp.results.differences.family`)."""
+        if self._family is None:
+            from capsexp.results.compare import metrics_of
+
+            headline = self.page.headline_metric(metrics_of(self.runs))
+            metrics = [headline, *(m for m in self.page.metrics if m != headline)]
+            self._family = family(self.configurations, metrics, self.page)
+        return self._family
+
     def difference(self, metric: str, key: str, reference: str) -> Gap:
-        """``key`` minus ``reference`` as the page's comparison of ``metric`` gives it (Holm's adjustment
-        over that metric's comparisons); a pair the page does not compare, unadjusted."""
+        """``key`` minus ``reference`` in ``metric``: the page's test of it where it has one (a declared
+        hypothesis, or a row of the table's family), else the difference and its interval alone."""
         arm, base = self.configuration(key), self.configuration(reference)
-        rows = compared(self.configurations, metric, [r for r in self.references if r is base] or [base])
-        row = next(r for r in rows if r.configuration is arm)
-        if row.difference is None:
+        rows = [r for r in self.family() if r.metric == metric and r.configuration is arm and r.reference is base]
+        row = next((r for r in rows if r.hypothesis is not None), rows[0] if rows else None)
+        found = row.difference if row is not None else statistics.difference(arm.values(metric), base.values(metric))
+        if found is None or not arm.values(metric) or not base.values(metric):
             raise MissingFigure(f"{metric} not logged by both {key!r} and {reference!r}")
-        in_page = any(r is base for r in self.references)
-        if in_page:  # adjusted over every comparison of the page's, not over this reference's alone
-            every = compared(self.configurations, metric, self.references)
-            row = next(r for r in every if r.configuration is arm and r.reference is base)
+        factor = scale(metric)
+        in_family = row is not None and row.p_holm is not None
         return Gap(
-            scale(metric) * row.difference.mean,
-            row.difference.p,
-            row.p_holm if in_page else None,
-            row.significant if in_page else False,
+            factor * found.mean,
+            None if found.low is None else factor * found.low,
+            None if found.high is None else factor * found.high,
+            row.p_holm if in_family else None,
+            row.significant if in_family else False,
+            found.tested,
         )
 
+    def _declared(self, name: str):
+        if not any(h.name == name for h in self.page.hypotheses):
+            raise ConfigError(
+                f"no declared hypothesis {name!r} (the page has {[h.name for h in self.page.hypotheses]})"
+            )
+        rows = [r for r in self.family() if r.hypothesis is not None]
+        found = next((r for r in rows if r.hypothesis.name == name and r.difference is not None), None)
+        if found is None:
+            raise MissingFigure(f"the runs of declared hypothesis {name!r}")
+        return found, rows
+
+    def supported(self, name: str) -> bool:
+        """Whether the runs support the declared hypothesis ``name`` (its test, Holm over the hypotheses)."""
+        return self._declared(name)[0].significant
+
+    def verdict(self, name: str) -> str:
+        """The declared hypothesis ``name``'s verdict as the page's table gives it."""
+        row, rows = self._declared(name)
+        return verdict(row, both_adjusted(rows)[id(row)][1])
+
     def significantly_above(self, metric: str, reference: str) -> list[str]:
-        """The configurations significantly above ``reference`` in the page's comparison of ``metric``."""
+        """The configurations significantly above ``reference`` among the page's tests of ``metric``."""
         base = self.configuration(reference)
-        rows = compared(self.configurations, metric, self.references)
-        return [r.configuration.label for r in rows if r.reference is base and r.significant and r.difference.mean > 0]
+        return [
+            r.configuration.label
+            for r in self.family()
+            if r.metric == metric and r.reference is base and r.significant and r.difference.mean > 0
+        ]
 
     def most_variable(self, metric: str) -> str:
         """The configuration whose runs' ``metric`` has the largest std."""
@@ -191,6 +240,8 @@ class Figures:
             "minutes": self.minutes,
             "summary": self.summary,
             "difference": self.difference,
+            "supported": self.supported,
+            "verdict": self.verdict,
             "significantly_above": self.significantly_above,
             "most_variable": self.most_variable,
             "last": self.last,
@@ -243,7 +294,7 @@ def bind(page: StudyPage, runs: list[Run], source: str) -> BoundNotes:
             "they are left out.",
             [],
         )
-    except TemplateError as error:
+    except (TemplateError, UntestedQuote) as error:
         raise ConfigError(f"{source}: the page's notes do not render ({error})") from error
     return BoundNotes(text, failed)
 

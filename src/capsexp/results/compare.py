@@ -26,7 +26,16 @@ from capsexp.locations import key as override_key
 from capsexp.results import statistics
 from capsexp.results.claims import BoundNotes, ClaimError, bind, p_text, unsupported_block
 from capsexp.results.diagnostics import diagnostics_section
-from capsexp.results.differences import compared, hypotheses, references_of, scale, test_only
+from capsexp.results.differences import (
+    both_adjusted,
+    distinct,
+    family,
+    family_size,
+    references_of,
+    scale,
+    test_only,
+    verdict,
+)
 from capsexp.results.events import event_files, event_folder
 from capsexp.results.machine import MACHINE_FILE, describe_text
 from capsexp.results.metric_names import (
@@ -109,68 +118,164 @@ def results_table(configurations: list[Configuration], metrics: list[str], headl
 
 
 def differences_section(configurations: list[Configuration], headline: str, page: StudyPage) -> str:
-    """Each compared metric (the headline first, then the page's others): each configuration minus each
-    reference, with its interval and test; the p-values adjusted by Holm's method over the distinct
-    comparisons made for that metric. Test-only configurations (:func:`test_only`) are not compared."""
+    """The page's tests: its declared hypotheses (:func:`hypotheses_section`), then each compared metric
+    (the headline first, then the page's others) as each configuration minus each reference in one table,
+    with intervals, and, without declared hypotheses, the page's one family of tests. Test-only
+    configurations (:func:`test_only`) are not compared."""
     in_comparison = [c for c in configurations if not test_only(c)]
-    if len(in_comparison) < 2 or not page.differences:
+    if len(in_comparison) < 2 or not (page.differences or page.hypotheses):
         return ""
-    references = references_of(in_comparison, page)
     metrics = [headline, *(m for m in page.metrics if m != headline)]
+    rows = family(in_comparison, metrics, page)
+    declared = [row for row in rows if row.hypothesis is not None]
+    table = [row for row in rows if row.hypothesis is None]
     left_out = [c.label for c in configurations if test_only(c)]
-    return "\n".join(_differences(in_comparison, metric, references, len(metrics) > 1, left_out) for metric in metrics)
+    blocks = [hypotheses_section(declared, page)] if page.hypotheses else []
+    if table:
+        blocks.append(_differences(table, references_of(in_comparison, page), metrics, left_out, bool(page.hypotheses)))
+    return "\n".join(blocks)
+
+
+PERMUTATION_TEXT = (
+    f"Beside the t-test, an exact permutation test (every sign flip of the per-seed differences, or every "
+    f"relabelling of the runs), which assumes no normality; with {statistics.MIN_RUNS_TO_TEST} paired seeds "
+    f"its two-sided p cannot go below {2 / 2**statistics.MIN_RUNS_TO_TEST:g}."
+)
 
 
 def _differences(
-    configurations: list[Configuration],
-    metric: str,
-    references: list[Configuration],
-    titled_by_metric: bool,
-    left_out: list[str],
+    rows: list, references: list[Configuration], metrics: list[str], left_out: list[str], exploratory: bool
 ) -> str:
-    rows = compared(configurations, metric, references)
-    distinct = hypotheses(rows)
-    factor = scale(metric)
-    unit = " (percentage points)" if factor == 100 else ""
     against = ", ".join(f"`{r.label}`" for r in references)
-    plural = "s" if distinct > 1 else ""
-    counted = f"{distinct} comparison{plural}"
-    if len(rows) > distinct:
-        twice = len(rows) - distinct
-        counted = (
-            f"{distinct} distinct comparison{plural} ({twice} of the {len(rows)} rows "
-            f"{'compares' if twice == 1 else 'compare'} a pair the other way round)"
+    several = len(references) > 1
+    tested = [row for row in rows if row.difference is not None and row.difference.tested]
+    size = family_size(rows)
+    adjusted_permutation = _permutation_holm(rows)
+    intro = (
+        f"Each configuration minus {'each of ' if several else ''}{against}, in points of accuracy (the presence "
+        f"gap in score), with the {100 * statistics.CONFIDENCE:.0f}% confidence interval of the difference: paired "
+        "by seed where the two share their seeds, Welch's otherwise. "
+    )
+    if exploratory:
+        intro += (
+            "Exploratory: differences and intervals, no tests (the page's tests are its declared hypotheses, above)."
         )
-    lines = [
-        f"## Against {against}" + (f": {metric}" if titled_by_metric else ""),
-        "",
-        f"{metric}, each configuration minus {'each of ' if len(references) > 1 else ''}{against}{unit}, with the "
-        f"{100 * statistics.CONFIDENCE:.0f}% confidence interval of the difference: a paired t-test where the two "
-        "share their seeds, Welch's t-test otherwise (two runs a side at least). "
-        f"{counted}: p-values adjusted by Holm's method; "
-        f"significant means an adjusted p below {statistics.SIGNIFICANCE}."
-        + (
+    elif not tested:
+        intro += (
+            f"No comparison has {statistics.MIN_RUNS_TO_TEST} runs a side: too few seeds to test, so none is "
+            "tested; the differences and their intervals only."
+        )
+    else:
+        intro += (
+            f"A comparison is tested with {statistics.MIN_RUNS_TO_TEST} runs a side or more; fewer: too few seeds "
+            f"to test. {PERMUTATION_TEXT} detectable: the smallest difference the seeds could find with "
+            f"{statistics.POWER:.0%} power at the observed spread (t-test, level {statistics.SIGNIFICANCE}). "
+            f"The {size} p-value{'s' if size > 1 else ''} of each test in this table {'are' if size > 1 else 'is'} "
+            f"one family, adjusted by Holm's method; significant: the t-test's adjusted p below "
+            f"{statistics.SIGNIFICANCE}."
+        )
+    if left_out:
+        intro += (
             f" Not compared: {', '.join(f'`{label}`' for label in left_out)}, runs that test a checkpoint "
             "another configuration trained (`train=false`)."
-            if left_out
-            else ""
+        )
+    header = (
+        ["metric"] * (len(metrics) > 1) + ["reference"] * several + ["configuration", "runs", "difference", "95% CI"]
+    )
+    if not exploratory and tested:
+        header += ["detectable", "p, t-test (Holm)", "p, permutation (Holm)", "significant"]
+    lines = [f"## Against {against}", "", intro, "", "| " + " | ".join(header) + " |"]
+    lines.append(
+        "| "
+        + " | ".join(
+            "---" if name in ("metric", "reference", "configuration", "significant") else "---:" for name in header
+        )
+        + " |"
+    )
+    for row in rows:
+        factor = scale(row.metric)
+        cells = [row.metric] * (len(metrics) > 1) + [row.reference.label] * several + [row.configuration.label]
+        found = row.difference
+        if found is None:
+            cells += [str(len(row.configuration.runs)), "not logged by both", ""]
+        else:
+            cells += [
+                f"{found.runs[0]} / {found.runs[1]}",
+                f"{factor * found.mean:+.2f}",
+                interval(found.low, found.high, factor),
+            ]
+        if not exploratory and tested:
+            if found is None:
+                cells += ["", "", "", ""]
+            elif not found.tested:
+                cells += ["", "", "", "too few seeds to test" if found.too_few_to_test else ""]
+            else:
+                verdict = "" if math.isnan(row.p_holm) else ("yes" if row.significant else "no")
+                cells += [
+                    f"{factor * found.detectable:.2f}",
+                    p_text(row.p_holm),
+                    p_text(adjusted_permutation.get(distinct(row))),
+                    verdict,
+                ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _permutation_holm(rows: list) -> dict:
+    """The permutation tests' p-values of ``rows``, adjusted by Holm over the same comparisons as the
+    t-tests'."""
+    first: dict = {}
+    for row in rows:
+        if row.difference is not None and row.difference.tested:
+            first.setdefault(distinct(row), row.difference.p_permutation)
+    keys = list(first)
+    return dict(zip(keys, statistics.holm_adjusted([first[k] for k in keys]), strict=True))
+
+
+def hypotheses_section(rows: list, page: StudyPage) -> str:
+    """The declared hypotheses, each with both tests (each adjusted by Holm over the hypotheses) and
+    whether the runs support it by its declared test."""
+    size = family_size(rows)
+    adjusted = both_adjusted(rows)
+    lines = [
+        "## Declared hypotheses",
+        "",
+        " ".join(
+            [
+                f"Declared in `conf/experiment/{page.experiment}.yaml` before the runs: each an arm minus its",
+                "reference, its direction, the smallest difference that matters and its test.",
+                f"The {size} tested {'are' if size != 1 else 'is'} the page's one family of p-values;"
+                if size
+                else "None is tested yet: the family of p-values is empty;",
+                "each test's p-values are adjusted by Holm's method over them, and a hypothesis is supported",
+                f"where its declared test's adjusted p is below {statistics.SIGNIFICANCE} (in its direction).",
+                f"Tested with {statistics.MIN_RUNS_TO_TEST} runs a side or more. {PERMUTATION_TEXT}",
+                f"detectable: the smallest difference the seeds could find with {statistics.POWER:.0%} power",
+                f"at the observed spread (two-sided t-test, level {statistics.SIGNIFICANCE}). Differences in",
+                "points of accuracy (the presence gap in score), with their two-sided 95% intervals.",
+                "Everything else the page says is exploratory.",
+            ]
         ),
         "",
-        ("| reference " if len(references) > 1 else "")
-        + "| configuration | runs | difference | 95% CI | test | p | p (Holm) | significant |",
-        ("| --- " if len(references) > 1 else "") + "| --- | ---: | ---: | ---: | --- | ---: | ---: | --- |",
+        "| hypothesis | metric | arm − reference | direction | runs | difference | 95% CI | smallest effect "
+        "| detectable | p, t-test (Holm) | p, permutation (Holm) | test | verdict |",
+        "| --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |",
     ]
-    for row in rows:
-        reference, configuration, difference, p_holm = row.reference, row.configuration, row.difference, row.p_holm
-        first = f"| {reference.label} " if len(references) > 1 else ""
-        if difference is None:
-            lines.append(f"{first}| {configuration.label} | {len(configuration.runs)} | not logged by both | | | | | |")
+    declared = {id(row.hypothesis): row for row in rows}
+    for hypothesis in page.hypotheses:
+        row = declared.get(id(hypothesis))
+        names = f"{hypothesis.arm.split('=')[-1]} − {hypothesis.reference.split('=')[-1]}"
+        first = f"| {hypothesis.name} | {hypothesis.metric} | {names} | {hypothesis.direction} |"
+        if row is None or row.difference is None:
+            lines.append(f"{first} | | | | {hypothesis.smallest_effect:g} | | | | {hypothesis.test} | not run |")
             continue
-        verdict = ("yes" if row.significant else "no") if p_holm is not None and not math.isnan(p_holm) else ""
+        found, factor = row.difference, scale(hypothesis.metric)
+        t, permuted = adjusted[id(row)] if found.tested else (None, None)
         lines.append(
-            f"{first}| {configuration.label} | {len(configuration.runs)} | {factor * difference.mean:+.2f} | "
-            f"{interval(difference.low, difference.high, factor)} | {difference.test or 'too few runs'} | "
-            f"{p_text(difference.p)} | {p_text(p_holm)} | {verdict} |"
+            f"{first} {found.runs[0]} / {found.runs[1]} | {factor * found.mean:+.2f} | "
+            f"{interval(found.low, found.high, factor)} | {hypothesis.smallest_effect:g} | "
+            f"{'' if found.detectable is None else f'{factor * found.detectable:.2f}'} | {p_text(t)} | "
+            f"{p_text(permuted)} | {hypothesis.test} | {verdict(row, adjusted[id(row)][1])} |"
         )
     return "\n".join(lines) + "\n"
 

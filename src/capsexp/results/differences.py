@@ -1,16 +1,20 @@
 """Which configurations a page compares, and how: each with each reference by
-:func:`~capsexp.results.statistics.difference`, the p-values of one metric adjusted together by Holm's
-method over the distinct hypotheses. The page's tables and the figures its notes quote
-(:mod:`capsexp.results.claims`) both read them from here, so that they cannot disagree."""
+:func:`~capsexp.results.statistics.difference`, and the page's one family of p-values. A page whose
+experiment declares hypotheses (``page.hypotheses``) tests those and only those, adjusted together by
+Holm's method, and shows every other comparison as a difference with its interval (exploratory); a page
+without them adjusts every comparison its table tests (every metric, every reference) together. The
+page's tables and the figures its notes quote (:mod:`capsexp.results.claims`) both read them from here,
+so that they cannot disagree."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from capsexp.results import statistics
 from capsexp.results.metric_names import PRESENCE_GAP
 from capsexp.results.runs import Configuration
-from capsexp.results.study import StudyPage, matches
+from capsexp.results.study import Hypothesis, StudyPage, matches
 
 
 def scale(metric: str) -> float:
@@ -35,37 +39,128 @@ def references_of(configurations: list[Configuration], page: StudyPage) -> list[
     return found or configurations[:1]
 
 
+def find(configurations: list[Configuration], key: str) -> Configuration | None:
+    """The configuration labelled ``key``, else the one whose overrides include every override of it."""
+    found = next((c for c in configurations if c.label == key), None)
+    return found or next((c for c in configurations if matches(key, c.runs[0].overrides)), None)
+
+
 @dataclass(frozen=True)
 class Compared:
-    """One row of a page's comparison: ``configuration`` minus ``reference`` (None: not logged by both),
-    with its Holm-adjusted p-value."""
+    """One comparison of a page: ``configuration`` minus ``reference`` in ``metric`` (``difference``
+    None: not logged by both), with its p-value adjusted over the page's family (None: not in it).
+    ``hypothesis``: the declared hypothesis it tests, if any."""
 
+    metric: str
     reference: Configuration
     configuration: Configuration
     difference: statistics.Difference | None
     p_holm: float | None
+    hypothesis: Hypothesis | None = None
+
+    @property
+    def p(self) -> float | None:
+        """The p-value the family adjusts: the declared test's, the t-test's otherwise."""
+        if self.difference is None:
+            return None
+        if self.hypothesis is not None and self.hypothesis.test == "permutation":
+            return self.difference.p_permutation
+        return self.difference.p
 
     @property
     def significant(self) -> bool:
         return self.p_holm is not None and self.p_holm == self.p_holm and self.p_holm < statistics.SIGNIFICANCE
 
 
-def compared(configurations: list[Configuration], metric: str, references: list[Configuration]) -> list[Compared]:
-    """Each configuration against each reference for ``metric``; a pair compared both ways (each a
-    reference) is one hypothesis, which Holm's adjustment counts once."""
-    pairs = [(reference, c) for reference in references for c in configurations if c is not reference]
-    found = [
-        statistics.difference(arm, base) if (arm := c.values(metric)) and (base := r.values(metric)) else None
-        for r, c in pairs
+def _difference(configuration: Configuration, reference: Configuration, metric: str, alternative: str = "two-sided"):
+    arm, base = configuration.values(metric), reference.values(metric)
+    return statistics.difference(arm, base, alternative) if arm and base else None
+
+
+def table_rows(
+    configurations: list[Configuration], metrics: list[str], references: list[Configuration]
+) -> list[Compared]:
+    """Each configuration against each reference, metric by metric; a pair compared both ways (each a
+    reference) appears twice but is one comparison."""
+    return [
+        Compared(metric, reference, configuration, _difference(configuration, reference, metric), None)
+        for metric in metrics
+        for reference in references
+        for configuration in configurations
+        if configuration is not reference
     ]
-    first_p: dict[frozenset, float | None] = {}
-    for (r, c), d in zip(pairs, found, strict=True):
-        first_p.setdefault(frozenset((r.label, c.label)), d.p if d else None)
-    hypotheses = list(first_p)
-    adjusted = dict(zip(hypotheses, statistics.holm_adjusted([first_p[h] for h in hypotheses]), strict=True))
-    return [Compared(r, c, d, adjusted[frozenset((r.label, c.label))]) for (r, c), d in zip(pairs, found, strict=True)]
 
 
-def hypotheses(rows: list[Compared]) -> int:
-    """How many distinct hypotheses ``rows`` test."""
-    return len({frozenset((row.reference.label, row.configuration.label)) for row in rows})
+def hypothesis_rows(configurations: list[Configuration], page: StudyPage) -> list[Compared]:
+    """The page's declared hypotheses, each tested in its direction (None where the runs lack an arm)."""
+    rows = []
+    for hypothesis in page.hypotheses:
+        arm, reference = find(configurations, hypothesis.arm), find(configurations, hypothesis.reference)
+        if arm is None or reference is None:
+            continue
+        found = _difference(arm, reference, hypothesis.metric, hypothesis.direction)
+        rows.append(Compared(hypothesis.metric, reference, arm, found, None, hypothesis))
+    return rows
+
+
+def distinct(row: Compared) -> frozenset:
+    """What makes two rows one comparison: the metric and the pair, in either order."""
+    return frozenset((row.metric, frozenset((row.reference.label, row.configuration.label))))
+
+
+def family(configurations: list[Configuration], metrics: list[str], page: StudyPage) -> list[Compared]:
+    """The page's comparisons with their family-adjusted p-values: the declared hypotheses (the family)
+    followed by the table's rows (exploratory: no p-value), or, with no hypotheses declared, the table's
+    rows, every tested one in the family (a pair compared both ways counted once)."""
+    references = references_of(configurations, page)
+    rows = table_rows(configurations, metrics, references) if page.differences else []
+    declared = hypothesis_rows(configurations, page)
+    tested = declared if page.hypotheses else rows
+    first: dict[frozenset, float | None] = {}
+    for row in tested:
+        first.setdefault(distinct(row) if not page.hypotheses else id(row), row.p)
+    keys = list(first)
+    adjusted = dict(zip(keys, statistics.holm_adjusted([first[k] for k in keys]), strict=True))
+    if page.hypotheses:
+        return [_with(row, adjusted[id(row)]) for row in declared] + rows
+    return [_with(row, adjusted[distinct(row)]) for row in rows]
+
+
+def _with(row: Compared, p_holm: float | None) -> Compared:
+    return Compared(row.metric, row.reference, row.configuration, row.difference, p_holm, row.hypothesis)
+
+
+def family_size(rows: list[Compared]) -> int:
+    """How many p-values the family adjusts: its distinct tested comparisons."""
+    return len({distinct(row) if row.hypothesis is None else id(row) for row in rows if _tested(row)})
+
+
+def _tested(row: Compared) -> bool:
+    return row.p_holm is not None and not math.isnan(row.p_holm)
+
+
+def both_adjusted(rows: list[Compared]) -> dict[int, tuple[float | None, float | None]]:
+    """Each declared hypothesis's t-test and permutation p-values, each adjusted by Holm over the
+    hypotheses (by ``id`` of its row)."""
+    t = statistics.holm_adjusted([r.difference.p if r.difference else None for r in rows])
+    permuted = statistics.holm_adjusted([r.difference.p_permutation if r.difference else None for r in rows])
+    return {id(row): pair for row, *pair in zip(rows, t, permuted, strict=True)}
+
+
+def verdict(row: Compared, permutation_holm: float | None) -> str:
+    """Whether the runs support a declared hypothesis, and what the interval says beside it."""
+    hypothesis, found = row.hypothesis, row.difference
+    if not found.tested:
+        return "too few seeds to test" if found.too_few_to_test else "not tested (no spread)"
+    factor = scale(hypothesis.metric)
+    low, high = factor * found.low, factor * found.high
+    within = -hypothesis.smallest_effect < low and high < hypothesis.smallest_effect
+    if row.significant:
+        side = "above" if found.mean > 0 else "below"
+        text = f"**supported**: the arm is {side} its reference"
+        if hypothesis.test == "t" and not (permutation_holm is not None and permutation_holm < statistics.SIGNIFICANCE):
+            text += " (on the t-test alone: the permutation test does not reach the level)"
+        return text
+    if within:
+        return f"not supported; the interval excludes differences of {hypothesis.smallest_effect:g}"
+    return f"not supported; the interval does not exclude differences of {hypothesis.smallest_effect:g}"

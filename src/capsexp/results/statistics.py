@@ -1,7 +1,8 @@
 """The statistics of a comparison (scipy's): a configuration's mean, standard deviation and confidence
-interval over its seeds, and its difference from a reference configuration with a t-test, paired when
-the two share their seeds, Welch's otherwise, the p-values adjusted by Holm's method when several
-configurations are compared with one reference."""
+interval over its seeds, and its difference from a reference configuration with its interval; with
+:data:`MIN_RUNS_TO_TEST` runs a side or more, a t-test (paired when the two share their seeds, Welch's
+otherwise), an exact permutation test beside it that assumes no normality, and the smallest difference
+the seeds could detect. A page's p-values are adjusted together by Holm's method (one family a page)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,12 @@ from dataclasses import dataclass
 
 CONFIDENCE = 0.95  # of every interval a comparison gives
 SIGNIFICANCE = 0.05  # the family-wise level below which an adjusted p-value is called significant
+# A comparison is tested only with this many runs a side: below it a t-test's normality cannot be checked
+# and no permutation test can reach SIGNIFICANCE (5 paired seeds: 2 of 32 sign flips, p 0.0625 at best).
+MIN_RUNS_TO_TEST = 5
+POWER = 0.8  # of the smallest detectable difference a comparison states
+EXACT_FLIPS_UP_TO = 12  # paired runs up to which the permutation test enumerates every sign flip (4,096)
+RANDOM_PERMUTATIONS = 20_000  # drawn (seeded) where enumerating would take longer
 
 PAIRED, WELCH = "paired t", "Welch t"
 
@@ -50,29 +57,57 @@ def summarise(values: Sequence[float]) -> Summary:
 
 @dataclass(frozen=True)
 class Difference:
-    """A configuration minus the reference: the mean difference, its confidence interval and the test's
-    two-sided p-value (``test`` None: too few runs for one; ``p`` NaN: no spread in either arm);
-    ``p_holm`` is set by :func:`holm_adjusted`."""
+    """A configuration minus the reference: the mean difference and its confidence interval (``test``
+    names the interval's method; None: one run a side), and with :data:`MIN_RUNS_TO_TEST` runs a side
+    the t-test's two-sided p-value, the exact permutation test's (``p_permutation``) and the smallest
+    difference the runs could detect (``detectable``: at :data:`POWER`, the observed spread, level
+    :data:`SIGNIFICANCE` unadjusted). ``p`` None: not tested (``runs`` says how many a side); NaN: no
+    spread to test against."""
 
     mean: float
     test: str | None = None
     low: float | None = None
     high: float | None = None
     p: float | None = None
-    p_holm: float | None = None
+    p_permutation: float | None = None
+    detectable: float | None = None
+    runs: tuple[int, int] = (0, 0)  # the arm's and the reference's
+
+    @property
+    def tested(self) -> bool:
+        return self.p is not None
+
+    @property
+    def too_few_to_test(self) -> bool:
+        """An interval without a test: fewer than :data:`MIN_RUNS_TO_TEST` runs on a side."""
+        return self.test is not None and min(self.runs) < MIN_RUNS_TO_TEST
 
 
-def difference(arm: Sequence[tuple[int | None, float]], reference: Sequence[tuple[int | None, float]]) -> Difference:
+ALTERNATIVES = ("two-sided", "greater", "less")  # what a test's p-value is against: scipy's names
+
+
+def difference(
+    arm: Sequence[tuple[int | None, float]],
+    reference: Sequence[tuple[int | None, float]],
+    alternative: str = "two-sided",
+) -> Difference:
     """``arm`` minus ``reference``, each a list of ``(seed, value)`` of its runs. When both sides ran
     the same seeds, once each, the runs are paired by seed (a seed fixes initialisation and data order,
-    so a seed's runs share their luck): a paired t-test over the per-seed differences. Otherwise
-    Welch's t-test, which does not assume equal variances. Either needs two runs a side."""
+    so a seed's runs share their luck): the interval and t-test of the per-seed differences, and the
+    sign-flip permutation test (:func:`sign_flip_p`). Otherwise Welch's, which does not assume equal
+    variances, and the two-sample permutation test (:func:`relabelling_p`). An interval needs two runs a
+    side; a test :data:`MIN_RUNS_TO_TEST`. ``alternative`` (:data:`ALTERNATIVES`) is the tests'
+    direction, ``greater``: the arm above the reference; the interval is two-sided whatever it is."""
     from scipy import stats
+
+    if alternative not in ALTERNATIVES:
+        raise ValueError(f"alternative must be one of {', '.join(ALTERNATIVES)}, not {alternative!r}")
 
     arm_values, reference_values = [v for _, v in arm], [v for _, v in reference]
     mean = statistics.fmean(arm_values) - statistics.fmean(reference_values)
-    if len(arm) < 2 or len(reference) < 2:
-        return Difference(mean)
+    runs = (len(arm), len(reference))
+    if min(runs) < 2:
+        return Difference(mean, runs=runs)
     arm_by_seed, reference_by_seed = dict(arm), dict(reference)
     paired = (
         None not in arm_by_seed
@@ -87,14 +122,102 @@ def difference(arm: Sequence[tuple[int | None, float]], reference: Sequence[tupl
     else:
         test, constant = WELCH, _constant(arm_values) and _constant(reference_values)
     if constant:  # every difference equal (paired) or both arms constant: no spread to test against
-        return Difference(mean, test, p=math.nan)
+        return Difference(mean, test, mean, mean, math.nan if min(runs) >= MIN_RUNS_TO_TEST else None, runs=runs)
     if paired:
         result = stats.ttest_rel(*pairs)
     else:
         result = stats.ttest_ind(arm_values, reference_values, equal_var=False)
-    p = float(result.pvalue)
     interval = result.confidence_interval(CONFIDENCE)
-    return Difference(mean, test, float(interval.low), float(interval.high), p)
+    low, high = float(interval.low), float(interval.high)
+    if min(runs) < MIN_RUNS_TO_TEST:
+        return Difference(mean, test, low, high, runs=runs)
+    if paired:
+        differences = [a - r for a, r in zip(*pairs, strict=True)]
+        p = stats.ttest_rel(*pairs, alternative=alternative).pvalue
+        permuted = sign_flip_p(differences, alternative)
+        detectable = detectable_difference(statistics.stdev(differences) / math.sqrt(len(differences)), len(arm) - 1)
+    else:
+        p = stats.ttest_ind(arm_values, reference_values, equal_var=False, alternative=alternative).pvalue
+        permuted = relabelling_p(arm_values, reference_values, alternative)
+        error = math.sqrt(
+            statistics.variance(arm_values) / len(arm) + statistics.variance(reference_values) / len(reference)
+        )
+        detectable = detectable_difference(error, float(result.df))
+    return Difference(mean, test, low, high, float(p), permuted, detectable, runs)
+
+
+def _beyond(permuted, observed: float, alternative: str):
+    """Which of the permuted statistics reach the observed one, in the test's direction (a relative
+    tolerance: a flip that reproduces the observed mean must count, whatever its rounding)."""
+    import numpy as np
+
+    slack = 1e-12 * max(abs(observed), 1e-300)
+    if alternative == "greater":
+        return permuted >= observed - slack
+    if alternative == "less":
+        return permuted <= observed + slack
+    return np.abs(permuted) >= abs(observed) - slack
+
+
+def detectable_difference(error: float, df: float, power: float = POWER, level: float = SIGNIFICANCE) -> float:
+    """The smallest true difference a two-sided t-test at ``level`` finds with probability ``power``,
+    for a difference with standard error ``error`` on ``df`` degrees of freedom: the delta at which the
+    noncentral t's mass beyond the critical values is ``power`` (Cohen 1988, ch. 2)."""
+    from scipy import optimize, stats
+
+    critical = stats.t.ppf(1 - level / 2, df)
+
+    def shortfall(delta: float) -> float:
+        shift = delta / error
+        return stats.nct.sf(critical, df, shift) + stats.nct.cdf(-critical, df, shift) - power
+
+    upper = critical * error  # power is about a half there: step up to where it passes ``power``
+    while (short := shortfall(upper)) < 0:
+        upper += error
+    if math.isnan(short):  # scipy's noncentral t fails far out in its tail: the normal approximation
+        return float((critical + stats.norm.ppf(power)) * error)
+    return float(optimize.brentq(shortfall, 0.0, upper))
+
+
+def sign_flip_p(differences: Sequence[float], alternative: str = "two-sided") -> float:
+    """The exact paired permutation test: under no effect each per-seed difference is as likely negative
+    as positive, so the share of the 2^n sign flips whose mean reaches the observed one (in |mean| for
+    a two-sided test) is the p-value (every flip for n <= :data:`EXACT_FLIPS_UP_TO`, a seeded draw of
+    :data:`RANDOM_PERMUTATIONS` beyond). Its smallest two-sided value is 2 / 2^n: 0.0625 for 5 seeds
+    (one-sided, 1 / 2^n)."""
+    import itertools
+
+    import numpy as np
+
+    values = np.asarray(differences, dtype=np.float64)
+    n = len(values)
+    if n <= EXACT_FLIPS_UP_TO:
+        signs = np.array(list(itertools.product((1.0, -1.0), repeat=n)))
+    else:
+        signs = np.random.default_rng(0).choice((1.0, -1.0), size=(RANDOM_PERMUTATIONS, n))
+    return float(np.mean(_beyond(signs @ values / n, values.mean(), alternative)))
+
+
+def relabelling_p(arm: Sequence[float], reference: Sequence[float], alternative: str = "two-sided") -> float:
+    """The exact two-sample permutation test: the share of the ways to split the pooled runs into groups
+    of the two sizes whose difference of means reaches the observed one (every split for up to 10,000 of
+    them, a seeded draw of :data:`RANDOM_PERMUTATIONS` beyond)."""
+    import itertools
+
+    import numpy as np
+
+    pooled = np.asarray([*arm, *reference], dtype=np.float64)
+    size, total = len(arm), len(pooled)
+    if math.comb(total, size) <= 10_000:
+        masks = np.zeros((math.comb(total, size), total), dtype=bool)
+        for row, chosen in enumerate(itertools.combinations(range(total), size)):
+            masks[row, list(chosen)] = True
+    else:
+        rng = np.random.default_rng(0)
+        masks = np.argsort(rng.random((RANDOM_PERMUTATIONS, total)), axis=1) < size
+    sums = masks @ pooled
+    gaps = sums / size - (pooled.sum() - sums) / (total - size)
+    return float(np.mean(_beyond(gaps, pooled[:size].mean() - pooled[size:].mean(), alternative)))
 
 
 def _constant(values: Sequence[float]) -> bool:

@@ -30,6 +30,14 @@ and the functions that add what a table cannot show. A comparison of runs made w
       lead_figure: capsexp.studies.engagement.engagement_figure  # (runs, page, folder) -> the page's first
                                        # figure, when its answer is not the headline metric's comparison
       differences: false               # no "against the reference" section: the page's sections compare
+      hypotheses:                      # the confirmatory tests, declared before the runs (one family)
+        - name: dynamic routing and affine generalisation
+          metric: test/acc_affine_mnist
+          arm: +arm/routing_engagement=dynamic
+          reference: +arm/routing_engagement=uniform
+          smallest_effect: 0.5         # the smallest difference that matters, in the page's units
+          direction: two-sided         # or greater / less: the arm above / below the reference
+          test: t                      # the test Holm's method adjusts: t, or permutation
 
 The notes are Jinja templates: ``{{ summary('test/acc', 'model=capsnet') }}`` quotes a figure of the runs
 (:mod:`capsexp.results.claims`).
@@ -111,6 +119,51 @@ class Claim:
     holds: str
 
 
+HYPOTHESIS_TESTS = ("t", "permutation")  # a declared hypothesis's test: the t-test or the exact permutation test
+
+
+@dataclass(frozen=True)
+class Hypothesis:
+    """A confirmatory comparison declared in the experiment config before its runs: ``arm`` minus
+    ``reference`` in ``metric``, tested in ``direction`` (:data:`~capsexp.results.statistics.ALTERNATIVES`)
+    by ``test``; ``smallest_effect`` is the smallest difference that matters, in the page's units (points
+    of accuracy, a scalar as logged)."""
+
+    name: str
+    metric: str
+    arm: str
+    reference: str
+    smallest_effect: float
+    direction: str = "two-sided"
+    test: str = "t"
+
+
+def _hypothesis(node: dict) -> Hypothesis:
+    from capsexp.results.statistics import ALTERNATIVES
+
+    unknown = set(node) - set(Hypothesis.__dataclass_fields__)
+    if unknown:
+        raise ValueError(
+            f"a hypothesis has no key {', '.join(sorted(unknown))} "
+            f"(it has {', '.join(Hypothesis.__dataclass_fields__)})"
+        )
+    hypothesis = Hypothesis(**{**node, "smallest_effect": float(node["smallest_effect"])})
+    if hypothesis.direction not in ALTERNATIVES:
+        raise ValueError(
+            f"hypothesis {hypothesis.name!r}: direction {hypothesis.direction!r} "
+            f"is not one of {', '.join(ALTERNATIVES)}"
+        )
+    if hypothesis.test not in HYPOTHESIS_TESTS:
+        raise ValueError(
+            f"hypothesis {hypothesis.name!r}: test {hypothesis.test!r} is not one of {', '.join(HYPOTHESIS_TESTS)}"
+        )
+    if hypothesis.smallest_effect <= 0:
+        raise ValueError(
+            f"hypothesis {hypothesis.name!r}: smallest_effect must be positive, not {hypothesis.smallest_effect}"
+        )
+    return hypothesis
+
+
 @dataclass(frozen=True)
 class StudyPage:
     experiment: str | None = None
@@ -129,6 +182,7 @@ class StudyPage:
     # false: no section of each configuration against the references, where the page's own sections make
     # the comparisons its design asks for (each net against itself in another precision, say)
     differences: bool = True
+    hypotheses: tuple[Hypothesis, ...] = ()
 
     @property
     def reference(self) -> str | None:
@@ -197,6 +251,7 @@ def load_study_page(experiment: str | None, budget: str | None) -> StudyPage:
             swept=tuple(str(key).lstrip("+") for key in params),
             lead_figure=page.get("lead_figure"),
             differences=bool(page.get("differences", True)),
+            hypotheses=tuple(_hypothesis(node) for node in page.get("hypotheses") or []),
         )
     except (KeyError, TypeError, ValueError) as error:
         raise ConfigError(f"conf/experiment/{experiment}.yaml: its page is malformed ({error!r})") from error

@@ -106,7 +106,8 @@ def figures(runs: list[Run], page: StudyPage) -> dict:
         if not all(sides):
             raise MissingFigure(f"{tag} not logged by both {key!r} and {reference!r}")
         found = statistics.difference(*sides)
-        significant = found.p is not None and found.p < statistics.SIGNIFICANCE  # NaN: no spread, not significant
-        return Gap(found.mean, found.p, None, significant)
+        # An effect size with its interval, never a test: a measure constant by construction in one arm
+        # (uniform coupling's KL from uniform is 0) makes a test of the pair show only that the other is not.
+        return Gap(found.mean, found.low, found.high, None, False, found.tested)
 
     return {"scalar_difference": scalar_difference}
