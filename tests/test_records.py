@@ -118,3 +118,18 @@ def test_the_docs_name_each_models_scores_as_the_code_does():
     from capsexp.config.hydra_setup import ROUTINGS
 
     assert {f"model/routing={name}" for name in ROUTINGS} <= listed
+
+
+def test_a_job_records_the_code_its_process_imported_and_says_when_the_checkout_changed_since(checkout):
+    """A launcher's worker imports the code once and runs many jobs: each job's record is the code of
+    that import, with the checkout's later state beside it, not the checkout at the job's start."""
+    from capsexp.results.revision import at_import, of_this_process, short
+
+    imported = at_import(checkout)
+    assert of_this_process(checkout) == imported  # nothing changed: the record alone
+    (checkout / "src" / "capsexp" / "a.py").write_text("x = 2\n")  # a commit or edit while the worker runs
+    later = of_this_process(checkout)
+    assert {k: v for k, v in later.items() if k != "changed_since_import"} == imported
+    assert later["changed_since_import"] == describe(checkout) and later["changed_since_import"]["dirty"]
+    assert short(later).startswith(f"{imported['commit'][:7]} (the checkout then {imported['commit'][:7]}+changes ")
+    assert at_import(checkout) == imported  # asked again: still the import's

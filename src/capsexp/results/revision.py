@@ -4,6 +4,10 @@ that a results page can say which code produced its figures, and a reader can te
 different code apart even when both ran from the same commit.
 
 Outside a git checkout (capsexp installed from a wheel) the record holds the package version alone.
+
+A job records the code of the process that ran it (:func:`of_this_process`), read when the process
+imported the run's code, not when the job started: a launcher's long-lived worker (joblib's) runs many
+jobs with the code it imported once, whatever the checkout holds by the time each starts.
 """
 
 from __future__ import annotations
@@ -59,6 +63,29 @@ def describe(root: Path = PROJECT_ROOT) -> dict[str, Any]:
     return record
 
 
+_AT_IMPORT: dict[str, dict[str, Any]] = {}  # root -> its revision when this process first asked
+
+
+def at_import(root: Path = PROJECT_ROOT) -> dict[str, Any]:
+    """The checkout's revision the first time this process asks (:mod:`capsexp.run.train` asks when it is
+    imported), the same record after."""
+    key = str(root)
+    if key not in _AT_IMPORT:
+        _AT_IMPORT[key] = describe(root)
+    return _AT_IMPORT[key]
+
+
+def of_this_process(root: Path = PROJECT_ROOT) -> dict[str, Any]:
+    """What a job records: the code this process imported (:func:`at_import`), and, where the checkout
+    has changed since, its revision now under ``changed_since_import`` (a module the job imports for the
+    first time comes from the changed checkout)."""
+    record = dict(at_import(root))
+    now = describe(root)
+    if now != record:
+        record["changed_since_import"] = now
+    return record
+
+
 def _version() -> str:
     try:
         return importlib.metadata.version("capsexp")
@@ -79,6 +106,8 @@ def short(record: dict[str, Any] | None) -> str:
     text = str(record["commit"])[:7]
     if record.get("dirty"):
         text += f"+changes {str(record.get('diff_sha256') or '')[:8]}"
+    if record.get("changed_since_import"):
+        text += f" (the checkout then {short({**record['changed_since_import'], 'earlier': None})})"
     return text
 
 

@@ -29,8 +29,7 @@ from capsexp.results.machine import describe as describe_machine
 from capsexp.results.machine import write_machine
 from capsexp.results.metric_names import MODEL_FLOPS, MODEL_PARAMETERS
 from capsexp.results.model_card import CardFacts, write_model_card
-from capsexp.results.revision import describe as describe_revision
-from capsexp.results.revision import write_revision
+from capsexp.results.revision import at_import, of_this_process, write_revision
 from capsexp.run import slurm
 from capsexp.run.build import (
     build_model,
@@ -50,6 +49,8 @@ if TYPE_CHECKING:
     from capsexp.attacks.evaluation import AdversarialEvaluation
 
 log = logging.getLogger(__name__)
+# The code this process runs, read as it imports it: each job it runs records this (of_this_process).
+at_import()
 
 
 def _quiet_duplicate_console() -> None:
@@ -78,7 +79,7 @@ def _run(cfg: DictConfig, job: DDPJob) -> dict[str, float]:
     # Raised inside Lightning 2.6 by torch 2.14 on every run; nothing a user can act on.
     warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)")
     run_folder = _run_folder()
-    revision = describe_revision()
+    revision = of_this_process()
     model = HydraConfig.get().runtime.choices.get("model") if HydraConfig.initialized() else None
     precision = resolve_precision(
         cfg.trainer.get("precision"), model, routing_of(cfg.model), cfg.trainer.get("accelerator")
