@@ -146,9 +146,20 @@ def test_the_plots_draw_each_configurations_runs_mean_curve_with_its_band_and_it
     saved = saved_figures(monkeypatch)
     make_runs(tmp_path / "multirun")
     compare(tmp_path / "multirun", tmp_path / "out")
-    assert sorted(saved) == ["headline.png", "rotation.png", "val_acc.png"]
+    assert sorted(saved) == ["differences.png", "headline.png", "rotation.png", "val_acc.png"]
     page = (tmp_path / "out" / "README.md").read_text()
-    assert page.index("![headline](headline.png)") < page.index("## Results") < page.index("![val_acc](val_acc.png)")
+    assert page.index("![differences](differences.png)") < page.index("## Results")
+    assert page.index("## Results") < page.index("![headline](headline.png)") < page.index("![val_acc](val_acc.png)")
+
+    # The differences first: capsnet (one run) minus lenet5 (two), +2 points, a diamond without interval.
+    (axes,) = saved["differences.png"].axes
+    assert axes.get_xlabel() == "test/acc, difference (points)"
+    assert [tick.get_text() for tick in axes.get_yticklabels()] == ["model=capsnet"]
+    diamond = next(line for line in axes.get_lines() if line.get_marker() == "D")
+    assert list(diamond.get_xdata()) == pytest.approx([2.0], abs=1e-4)
+    title = saved["differences.png"]._suptitle.get_text()
+    assert title.startswith("Each comparison minus model=lenet5: the mean difference and its 95% interval")
+    assert all(len(line) <= 150 for line in title.split("\n")) and "\n" in title  # wrapped to the figure
 
     (axes,) = saved["headline.png"].axes
     assert axes.get_xlabel() == "test/acc (%)"
@@ -237,13 +248,14 @@ def test_the_page_and_the_table_as_written(tmp_path):
         "- Runs: 3, 2026-11-25, 4.5 min of run time (each run's first to last logged scalar); in this folder.\n"
         "- Command: `python -m capsexp -m model=lenet5,capsnet seed=1,2 data=rotated_mnist`\n"
         "- Rebuild this page, in its folder: `python -m capsexp.compare .`\n\n"
-        "![headline](headline.png)\n\n"
+        "![differences](differences.png)\n\n"
         "## Results\n\n"
         "Per configuration (runs that differ only by seed): test/acc as mean ± std over the runs with the 95% "
         "confidence interval of the mean (Student's t), the other metrics as mean ± std (a mean alone for one run). "
         "Accuracies in %, final values except val/acc_best; val/presence_gap, where logged: the median over the "
         "validation images of the target class's score minus the largest other's, at the last validation.\n\n"
         "Common to every run: `data=rotated_mnist`\n\n"
+        "![headline](headline.png)\n\n"
         "| configuration | runs | test/acc (95% CI) | val/acc_best | val/acc | test/acc_rot0 | test/acc_rot45 "
         "| val/presence_gap |\n"
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n"
@@ -465,7 +477,7 @@ def test_a_page_with_its_runs_kept_beside_it_rebuilds_byte_identical(tmp_path):
     page_folder = tmp_path / "results" / "toy_quick"
     main([str(tmp_path / "logs" / "sweep"), "--output", str(page_folder), "--keep-runs"])
     kept = sorted(str(p.relative_to(page_folder)) for p in page_folder.rglob("*") if p.is_file())
-    page_files = ["README.md", "comparison.csv", "headline.png", "val_acc.png"]
+    page_files = ["README.md", "comparison.csv", "differences.png", "headline.png", "val_acc.png"]
     assert [p for p in kept if not p.startswith("runs/")] == page_files
     assert [p for p in kept if p.startswith("runs/0/")][:2] == ["runs/0/.hydra/overrides.yaml", "runs/0/machine.yaml"]
     kept_overrides = yaml.safe_load((page_folder / "runs/0/.hydra/overrides.yaml").read_text())

@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 import yaml
 from omegaconf import OmegaConf
-from scipy import stats
 from torch.utils.tensorboard import SummaryWriter
 
 from capsexp.results.compare import compare
@@ -107,12 +106,15 @@ def test_the_page_leads_with_engagement_over_training_and_its_comparison_heads_t
         "routing/digits/kl_from_uniform", "+arm/routing_engagement=dynamic", "+arm/routing_engagement=uniform"
     )
     assert gap.points == pytest.approx(0.003)
-    assert gap.p == pytest.approx(stats.ttest_rel([0.004, 0.002], [0.0, 0.0]).pvalue) and not gap.significant
+    # An effect size with its interval, never a test: uniform coupling's KL is 0 by construction.
+    half = 12.706205 * 0.001  # t_{0.975, 1} x the standard error of the differences 0.004 and 0.002
+    assert (gap.low, gap.high) == pytest.approx((0.003 - half, 0.003 + half), abs=1e-6)
+    assert gap.p is None and not gap.significant
 
     result = compare(tmp_path / "sweep")
     page = (result.output / "README.md").read_text()
     images = [line for line in page.splitlines() if line.startswith("![")]
-    assert images[0] == f"![engagement]({FIGURE})"  # the answer first
+    assert images[:2] == ["![differences](differences.png)", f"![engagement]({FIGURE})"]  # the answers first
     assert (result.output / FIGURE).stat().st_size > 10_000
     results = page[page.index("## Results") :]
     assert "![headline](headline.png)" in results.split("| configuration |")[0]  # above the table

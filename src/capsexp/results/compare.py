@@ -47,7 +47,7 @@ from capsexp.results.metric_names import (
     VAL_ACC_BEST,
     rotation_angle,
 )
-from capsexp.results.plots import HEADLINE, headline_rows, write_plots
+from capsexp.results.plots import FOREST, HEADLINE, ForestRow, display, forest_plot, headline_rows, write_plots
 from capsexp.results.revision import REVISION_FILE
 from capsexp.results.revision import short as short_revision
 from capsexp.results.runs import (
@@ -134,6 +134,53 @@ def differences_section(configurations: list[Configuration], headline: str, page
     if table:
         blocks.append(_differences(table, references_of(in_comparison, page), metrics, left_out, bool(page.hypotheses)))
     return "\n".join(blocks)
+
+
+def differences_figure(
+    configurations: list[Configuration], headline: str, page: StudyPage, output: Path
+) -> Path | None:
+    """``differences.png``: the page's comparisons as a forest plot (:func:`~capsexp.results.plots.forest_plot`),
+    the declared hypotheses first; None where the page compares nothing."""
+    if len(configurations) < 2 or not (page.differences or page.hypotheses):
+        return None
+    metrics = [headline, *(m for m in page.metrics if m != headline)]
+    rows = family(configurations, metrics, page)
+    references = {row.reference.label for row in rows if row.hypothesis is None}
+    seen, drawn = set(), []
+    for row in rows:
+        if row.difference is None or (row.hypothesis is None and distinct(row) in seen):
+            continue  # a pair the table compares both ways is drawn once
+        seen.add(distinct(row))
+        factor = scale(row.metric)
+        several = row.hypothesis is not None or len(references) > 1
+        label = display(row.configuration.label) + (f" − {display(row.reference.label)}" if several else "")
+        found = row.difference
+        drawn.append(
+            ForestRow(
+                label,
+                f"{row.metric}, difference ({'points' if factor == 100 else 'score'})",
+                factor * found.mean,
+                None if found.low is None else factor * found.low,
+                None if found.high is None else factor * found.high,
+                row.hypothesis.smallest_effect if row.hypothesis else None,
+                row.hypothesis is not None,
+                row.significant,
+            )
+        )
+    if not drawn:
+        return None
+    against = "" if len(references) != 1 else f" minus {display(next(iter(references)))}"
+    title = (
+        f"Each comparison{against}: the mean difference and its 95% interval (paired by seed where the two share "
+        "their seeds)"
+        + (
+            "; blue, first: the declared hypotheses, their smallest effect that matters shaded"
+            if page.hypotheses
+            else ""
+        )
+        + "; a filled dot: significant by the page's tests (Holm); diamonds: one run a side, no interval"
+    )
+    return forest_plot(drawn, output / FOREST, title)
 
 
 PERMUTATION_TEXT = (
@@ -577,8 +624,11 @@ def compare(folder: Path, output: Path | None = None, keep: bool = False) -> Com
     plots = write_plots(configurations, metrics, output, [panel for panel in panels if panel[1]], reference_labels)
     lead = lead_figure(page, runs, output)
     headline_plot = [png for png in plots if png.name == HEADLINE]
-    first = [lead] if lead else headline_plot
-    in_results = headline_plot if lead else []  # under a lead figure, the comparison heads its table
+    forest = differences_figure(in_comparison, headline, page, output)
+    # The answer first: the differences (with the declared hypotheses), then a study's own lead figure;
+    # the configurations' values head the results table.
+    first = [png for png in (forest, lead) if png] or headline_plot
+    in_results = headline_plot if first != headline_plot else []
     results = (
         "## Results\n\n"
         f"Per configuration (runs that differ only by seed): {headline} as mean ± std over the runs with the "

@@ -1,4 +1,6 @@
-"""A comparison's figures. The first, ``headline.png``, shows the page's answer: each configuration's
+"""A comparison's figures. The first, ``differences.png``, shows the page's answer: each comparison the
+page makes (its declared hypotheses first, with the smallest effect that matters) as the difference from
+its reference with its 95% interval (:func:`forest_plot`). ``headline.png``: each configuration's
 headline metric as a dot per run with the mean and its 95% confidence interval, sorted, the references
 marked (:func:`interval_plot`, which the studies' sections use for their own figures too). Then the
 validation accuracy over training (``val_acc.png``: a marker at every validation; with more than two
@@ -23,10 +25,18 @@ if TYPE_CHECKING:
     from capsexp.results.runs import Configuration, Run
 
 DPI = 120
-HEADLINE, CURVES, ROTATION = "headline.png", "val_acc.png", "rotation.png"
+HEADLINE, CURVES, ROTATION, FOREST = "headline.png", "val_acc.png", "rotation.png", "differences.png"
 OVERLAID_AT_MOST = 2  # learning curves of more configurations than this get a panel each
 REFERENCE_LINES = ("--", ":")  # the first and the second reference's mean, as vertical lines
 MIN_SPAN = 0.02  # an interval plot's axis spans at least this fraction of its values' size (2 points at 100%)
+TITLE_WIDTH = 17  # characters of a figure's title per inch of its width (matplotlib's medium font)
+TITLE_MOST = 150  # and at most this many: a longer line is hard to read
+
+
+def display(label: str) -> str:
+    """A configuration's label as a figure shows it: a study's arm by its name alone
+    (``+arm/routing_engagement=dynamic`` -> ``dynamic``), each other override as it is."""
+    return " ".join(part.split("=", 1)[1] if part.startswith("+arm/") else part for part in label.split())
 
 
 def _pyplot():
@@ -102,7 +112,8 @@ def interval_plot(
             )
         references.sort(key=lambda row: reference_order.index(row.label) if row.label in reference_order else 0)
         for reference, style in zip(references, REFERENCE_LINES, strict=False):
-            axes.axvline(statistics.fmean(reference.values), color="grey", linestyle=style, linewidth=1)
+            mean = statistics.fmean(reference.values)
+            axes.axvline(mean, color="grey", linestyle=style, linewidth=1)
         axes.set_xlabel(xlabel)
         axes.grid(axis="x", alpha=0.3)
         # Differences far below the runs' spread should not fill the axis: it spans MIN_SPAN of the values' size.
@@ -115,7 +126,9 @@ def interval_plot(
     reference_labels = {row.label for _, rows in panels for row in rows if row.reference}
     axes_list[0].set_yticklabels(
         [
-            textwrap.fill(label + (" (reference)" if label in reference_labels else ""), 42, break_long_words=False)
+            textwrap.fill(
+                display(label) + (" (reference)" if label in reference_labels else ""), 42, break_long_words=False
+            )
             for label in order
         ],
         fontsize="small",
@@ -124,12 +137,26 @@ def interval_plot(
         if label in reference_labels:
             tick.set_fontweight("bold")
     axes_list[0].set_ylim(-0.6, len(order) - 0.4)
+    named = sorted(reference_labels, key=lambda label: reference_order.index(label) if label in reference_order else 0)
+    if named:  # which line is which reference
+        title += (
+            " ("
+            + ", ".join(f"{kind}: {display(label)}" for kind, label in zip(("dashed", "dotted"), named, strict=False))
+            + ")"
+        )
     return saved(figure, path, title)
 
 
+def wrapped(title: str, figure) -> str:
+    """``title`` broken at spaces to the figure's width (never inside a word)."""
+    width = min(max(40, int(TITLE_WIDTH * figure.get_size_inches()[0])), TITLE_MOST)
+    return textwrap.fill(title, width, break_long_words=False, break_on_hyphens=False)
+
+
 def saved(figure, path: Path, title: str) -> Path:
-    """``figure`` under its ``title``, written to ``path`` at the pages' resolution, and closed."""
-    figure.suptitle(title, fontsize="medium")
+    """``figure`` under its ``title`` (wrapped to its width), written to ``path`` at the pages' resolution,
+    and closed."""
+    figure.suptitle(wrapped(title, figure), fontsize="medium")
     figure.savefig(path, dpi=DPI, bbox_inches="tight")
     _pyplot().close(figure)
     return path
@@ -140,7 +167,7 @@ def interval_title(runs_per_row: Sequence[int], references: bool = True) -> str:
     references' means where there are ``references``)."""
     if max(runs_per_row, default=1) < 2:
         return "one run per configuration (a dot each; no interval)"
-    lines = "; vertical lines: the references' means (dashed: the first)" if references else ""
+    lines = "; vertical lines: the references' means" if references else ""
     return (
         f"dots: runs; bar: mean; line: its {100 * comparison_statistics.CONFIDENCE:.0f}% confidence interval "
         f"(Student's t){lines}"
@@ -166,7 +193,9 @@ def _curves(configurations: list[Configuration], output: Path) -> Path | None:
         steps, means, stds = mean_curve(configuration.runs, VAL_ACC)
         if steps:
             runs = sum(1 for run in configuration.runs if run.scalars.get(VAL_ACC))
-            curves.append((configuration.label, runs, steps, [100 * m for m in means], [100 * s for s in stds]))
+            curves.append(
+                (display(configuration.label), runs, steps, [100 * m for m in means], [100 * s for s in stds])
+            )
     if not curves:
         return None
     plt = _pyplot()
@@ -195,7 +224,8 @@ def _curves(configurations: list[Configuration], output: Path) -> Path | None:
                     alpha=0.2,
                     linewidth=0,
                 )
-        axes.set(xlabel="step", ylabel="validation accuracy (%)", title=title)
+        axes.set(xlabel="step", ylabel="validation accuracy (%)")
+        axes.set_title(wrapped(title, figure))
         _legend(axes)
     else:
         columns = 3
@@ -226,7 +256,7 @@ def _curves(configurations: list[Configuration], output: Path) -> Path | None:
             axes.set_xlabel("step")
         for axes in grid[:, 0]:
             axes.set_ylabel("validation accuracy (%)")
-        figure.suptitle(title + "; the other configurations in grey", fontsize="medium")
+        figure.suptitle(wrapped(title + "; the other configurations in grey", figure), fontsize="medium")
         figure.tight_layout()
     figure.savefig(output / CURVES, dpi=DPI, bbox_inches="tight")
     plt.close(figure)
@@ -257,18 +287,15 @@ def _rotation(configurations: list[Configuration], metrics: list[str], output: P
             linestyle=("-", "--", "-.", ":")[i % 4],
             capsize=3,
             color=f"C{i % 10}",
-            label=configuration.label,
+            label=display(configuration.label),
         )
     bars = (
         f"mean and its {100 * comparison_statistics.CONFIDENCE:.0f}% confidence interval over seeds"
         if several
         else "one run each"
     )
-    axes.set(
-        xlabel="rotation of the test digits (degrees)",
-        ylabel="test accuracy (%)",
-        title=f"Accuracy versus rotation ({bars})",
-    )
+    axes.set(xlabel="rotation of the test digits (degrees)", ylabel="test accuracy (%)")
+    axes.set_title(wrapped(f"Accuracy versus rotation ({bars})", figure))
     _legend(axes)
     figure.savefig(output / ROTATION, dpi=DPI, bbox_inches="tight")
     plt.close(figure)
@@ -300,6 +327,94 @@ def write_plots(
             f"{', '.join(label for label, _ in headline)}: "
             f"{interval_title([len(r.values) for r in headline[0][1]], bool(references))}"
         )
-        written.append(interval_plot(headline, output / HEADLINE, textwrap.fill(title, 110)))
+        written.append(interval_plot(headline, output / HEADLINE, title))
     written += [path for path in (_curves(configurations, output), _rotation(configurations, metrics, output)) if path]
     return written
+
+
+@dataclass(frozen=True)
+class ForestRow:
+    """One comparison in a :func:`forest_plot`: ``label`` (the arm minus its reference) in ``panel`` (its
+    metric's axis label), the mean difference and its 95% interval (None: one run a side), and for a
+    declared hypothesis its smallest effect that matters."""
+
+    label: str
+    panel: str
+    mean: float
+    low: float | None
+    high: float | None
+    smallest_effect: float | None = None
+    declared: bool = False
+    significant: bool = False  # by the page's family of tests
+
+
+def forest_plot(rows: Sequence[ForestRow], path: Path, title: str) -> Path:
+    """Each comparison's difference from its reference with its 95% interval, a panel per metric: the
+    declared hypotheses first (blue, their smallest effect that matters as a shaded band about 0), the
+    other comparisons after (grey); a filled dot where the page's family of tests calls it significant.
+    Differences without an interval (one run a side) do not set the axis: they are drawn as open diamonds,
+    at the axis's edge with their value where they fall beyond it."""
+    plt = _pyplot()
+    panels = list(dict.fromkeys(row.panel for row in rows))
+    by_panel = {panel: [row for row in rows if row.panel == panel] for panel in panels}
+    height = 1.4 + 0.36 * max(len(found) for found in by_panel.values())
+    figure, axes_list = plt.subplots(
+        1, len(panels), figsize=(6.4 * len(panels) + 1.5, height), squeeze=False, layout="constrained"
+    )
+    for axes, panel in zip(axes_list[0], panels, strict=True):
+        found = by_panel[panel]
+        positions = list(range(len(found)))[::-1]  # the first row at the top
+        bounded = [x for row in found if row.low is not None for x in (row.low, row.high)]
+        bounded += [s for row in found if row.smallest_effect for s in (row.smallest_effect, -row.smallest_effect)]
+        bounded = bounded or [row.mean for row in found]
+        low, high = min([*bounded, 0.0]), max([*bounded, 0.0])
+        margin = 0.08 * (high - low or 1.0)
+        low, high = low - margin, high + margin
+        axes.axvline(0, color="black", linewidth=0.8)
+        for position, row in zip(positions, found, strict=True):
+            colour = "C0" if row.declared else "C7"
+            if row.smallest_effect:
+                axes.fill_betweenx(
+                    [position - 0.4, position + 0.4], -row.smallest_effect, row.smallest_effect, color="C2", alpha=0.15
+                )
+            if row.low is None:
+                shown = min(max(row.mean, low), high)
+                axes.plot(shown, position, marker="D", markersize=6, markerfacecolor="none", color=colour)
+                if shown != row.mean:
+                    axes.annotate(
+                        f"{row.mean:+.2f}",
+                        xy=(shown, position),
+                        xytext=(0, 6),
+                        textcoords="offset points",
+                        ha="center",
+                        fontsize="x-small",
+                        color=colour,
+                    )
+                continue
+            axes.plot([row.low, row.high], [position, position], color=colour, linewidth=2)
+            axes.annotate(  # the figures, since a panel's scale is set by its largest difference
+                f"{row.mean:+.2f} [{row.low:+.2f}, {row.high:+.2f}]",
+                xy=(1, position),
+                xycoords=("axes fraction", "data"),
+                xytext=(4, 0),
+                textcoords="offset points",
+                va="center",
+                fontsize="x-small",
+            )
+            axes.plot(
+                row.mean,
+                position,
+                marker="o",
+                markersize=6,
+                color=colour,
+                markerfacecolor=colour if row.declared else "white",
+            )
+        axes.set_xlim(low, high)
+        axes.set_yticks(positions)
+        axes.set_yticklabels([textwrap.fill(row.label, 36, break_long_words=False) for row in found], fontsize="small")
+        for tick, row in zip(axes.get_yticklabels(), found, strict=True):
+            tick.set_fontweight("bold" if row.declared else "normal")
+        axes.set_xlabel(panel)
+        axes.grid(axis="x", alpha=0.3)
+        axes.set_ylim(-0.6, len(found) - 0.4)
+    return saved(figure, path, title)

@@ -11,7 +11,7 @@ import numpy as np
 
 from capsexp.callbacks.routing_diagnostics import ENGAGEMENT
 from capsexp.results import statistics
-from capsexp.results.plots import _legend, _pyplot, saved
+from capsexp.results.plots import _pyplot, display, saved
 from capsexp.results.runs import Configuration, Run, group
 from capsexp.results.study import StudyPage
 
@@ -43,31 +43,57 @@ def curve(configuration: Configuration, tag: str) -> tuple[np.ndarray, np.ndarra
     return np.array(steps), values.mean(axis=0), values.min(axis=0), values.max(axis=0)
 
 
+STYLES = ("-", "--", "-.", ":")  # with a marker each, so that equal curves stay told apart
+MARKERS = "os^vDP<>"
+TEST_SHARE = "test_predicted_share"  # the share of a child's vote sent to the predicted class, at test
+
+
 def engagement_figure(runs: list[Run], page: StudyPage, output: Path) -> Path | None:
-    """``engagement.png``: per routing layer (a row) and measure (a column), each configuration's mean over
-    its seeds against the training step, the band between its seeds' least and largest value; None when no
-    run logged the measures."""
+    """``engagement.png``: per routing layer, each measure over training (a column each) and the test-time
+    share to the predicted class (the last column: a dot per seed, a bar at the mean), the configurations
+    of several seeds in one row (the mean over the seeds, the band between their least and largest value)
+    and those of one seed in a row of their own, so that neither sets the other's scale. Each
+    configuration has its own line style and marker, drawn at offset steps, so that equal curves (uniform
+    coupling in two nets) both show. None when no run logged the measures."""
     layers = routing_layers_logged(runs)
     if not layers:
         return None
     plt = _pyplot()
     configurations = group(runs)
+    groups = [
+        [c for c in configurations if len(c.runs) > 1],
+        [c for c in configurations if len(c.runs) == 1],
+    ]
+    groups = [found for found in groups if found]
+    rows = [(layer, found) for layer in layers for found in groups]
+    columns = len(PANELS) + 1
     figure, axes_grid = plt.subplots(
-        len(layers), len(PANELS), figsize=(5.0 * len(PANELS), 3.6 * len(layers) + 1.2), squeeze=False
+        len(rows), columns, figsize=(4.6 * columns, 3.5 * len(rows) + 1.0), squeeze=False, layout="constrained"
     )
-    seeds = max(len(c.runs) for c in configurations)
-    for row, layer in zip(axes_grid, layers, strict=True):
-        for axes, (measure, label) in zip(row, PANELS.items(), strict=True):
-            for index, configuration in enumerate(configurations):
-                found = curve(configuration, f"routing/{layer}/{measure}")
-                if found is None:
+    style_of = {c.label: i for i, c in enumerate(configurations)}
+    for axes_row, (layer, found) in zip(axes_grid, rows, strict=True):
+        seeds = "one seed each" if len(found[0].runs) == 1 else "several seeds each (mean; band: range)"
+        for axes, (measure, label) in zip(axes_row, PANELS.items(), strict=False):
+            for configuration in found:
+                curve_found = curve(configuration, f"routing/{layer}/{measure}")
+                if curve_found is None:
                     continue
-                steps, mean, low, high = found
+                steps, mean, low, high = curve_found
                 if measure == ENGAGEMENT["kl_from_uniform"]:
                     mean, low, high = (np.maximum(x, KL_FLOOR) for x in (mean, low, high))
+                index = style_of[configuration.label]
                 colour = f"C{index % 10}"
-                style = "-" if len(configuration.runs) > 1 else "--"
-                axes.plot(steps, mean, style, color=colour, linewidth=1.4, label=configuration.label)
+                axes.plot(
+                    steps,
+                    mean,
+                    STYLES[index % len(STYLES)],
+                    color=colour,
+                    linewidth=1.4,
+                    marker=MARKERS[index % len(MARKERS)],
+                    markersize=4,
+                    markevery=(index % 8, 8),
+                    label=display(configuration.label),
+                )
                 if len(configuration.runs) > 1:
                     axes.fill_between(steps, low, high, color=colour, alpha=0.2, linewidth=0)
             if measure == ENGAGEMENT["kl_from_uniform"]:
@@ -76,15 +102,34 @@ def engagement_figure(runs: list[Run], page: StudyPage, output: Path) -> Path | 
             elif measure == ENGAGEMENT["decided"]:
                 axes.set_ylim(bottom=0)
             axes.set_xlabel("training step")
-            axes.set_title(f"{layer}: {label}", fontsize="medium")
+            axes.set_title(f"{layer}: {label}\n({seeds})", fontsize="small")
             axes.grid(alpha=0.3)
-    _legend(axes_grid[-1][len(PANELS) // 2])
-    spread = f"line: the mean of {seeds} seeds, band: their range; dashed: one seed" if seeds > 1 else "one seed each"
+        _test_share(axes_row[-1], layer, found, style_of)
+        axes_row[len(PANELS) // 2].legend(
+            fontsize="x-small", loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=min(4, len(found))
+        )
     title = (
-        f"How far the couplings are from uniform over training ({spread}; KL below {KL_FLOOR:g} drawn at "
-        f"{KL_FLOOR:g}; uniform coupling's largest coupling is 1/J)"
+        "How far the couplings are from uniform, over training and at test (KL below "
+        f"{KL_FLOOR:g} drawn at {KL_FLOOR:g}; uniform coupling's largest coupling and share are 1/J)"
     )
     return saved(figure, output / FIGURE, title)
+
+
+def _test_share(axes, layer: str, found: list[Configuration], style_of: dict[str, int]) -> None:
+    """The share of a child's vote to the predicted class at test: a dot per run, a bar at the mean."""
+    tag = f"routing/{layer}/{TEST_SHARE}"
+    shown = [(c, [v for run in c.runs if (v := run.final(tag)) is not None]) for c in found]
+    shown = [(c, values) for c, values in shown if values]
+    for position, (configuration, values) in enumerate(shown):
+        colour = f"C{style_of[configuration.label] % 10}"
+        axes.scatter(values, [position] * len(values), s=16, color=colour, zorder=3)
+        axes.plot(np.mean(values), position, marker="|", markersize=14, markeredgewidth=2.5, color=colour)
+    axes.set_yticks(range(len(shown)))
+    axes.set_yticklabels([display(c.label) for c, _ in shown], fontsize="x-small")
+    axes.set_ylim(-0.6, len(shown) - 0.4)
+    axes.set_xlabel("share of a child's vote")
+    axes.set_title(f"{layer}: to the predicted class, at test\n(a dot per seed, bar: mean)", fontsize="small")
+    axes.grid(axis="x", alpha=0.3)
 
 
 def figures(runs: list[Run], page: StudyPage) -> dict:
