@@ -100,15 +100,11 @@ def interval_plot(
                 0.18 * (i - (len(row.values) - 1) / 2) / max(len(row.values) - 1, 1) for i in range(len(row.values))
             ]
             axes.scatter(row.values, [position + o for o in offsets], s=14, color="C1", zorder=3, linewidths=0)
-            axes.annotate(
+            beside(
+                axes,
+                position,
                 f"{summary.mean:.2f}"
                 + (f" [{summary.low:.2f}, {summary.high:.2f}]" if summary.low is not None else ""),
-                xy=(1, position),
-                xycoords=("axes fraction", "data"),
-                xytext=(4, 0),
-                textcoords="offset points",
-                va="center",
-                fontsize="x-small",
             )
         references.sort(key=lambda row: reference_order.index(row.label) if row.label in reference_order else 0)
         for reference, style in zip(references, REFERENCE_LINES, strict=False):
@@ -145,6 +141,19 @@ def interval_plot(
             + ")"
         )
     return saved(figure, path, title)
+
+
+def beside(axes, position: float, text: str) -> None:
+    """``text`` at the right of the axes, level with the row at ``position``."""
+    axes.annotate(
+        text,
+        xy=(1, position),
+        xycoords=("axes fraction", "data"),
+        xytext=(4, 0),
+        textcoords="offset points",
+        va="center",
+        fontsize="x-small",
+    )
 
 
 def wrapped(title: str, figure) -> str:
@@ -392,15 +401,8 @@ def forest_plot(rows: Sequence[ForestRow], path: Path, title: str) -> Path:
                     )
                 continue
             axes.plot([row.low, row.high], [position, position], color=colour, linewidth=2)
-            axes.annotate(  # the figures, since a panel's scale is set by its largest difference
-                f"{row.mean:+.2f} [{row.low:+.2f}, {row.high:+.2f}]",
-                xy=(1, position),
-                xycoords=("axes fraction", "data"),
-                xytext=(4, 0),
-                textcoords="offset points",
-                va="center",
-                fontsize="x-small",
-            )
+            # the figures, since a panel's scale is set by its largest difference
+            beside(axes, position, f"{row.mean:+.2f} [{row.low:+.2f}, {row.high:+.2f}]")
             axes.plot(
                 row.mean,
                 position,
