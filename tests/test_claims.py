@@ -141,3 +141,35 @@ def test_a_page_of_two_launches_names_each_command_and_keeps_them(tmp_path):
     kept = tmp_path / "page" / "runs"
     assert yaml.safe_load((kept / "second" / "command.yaml").read_text())[-1] == "model=capsnet"
     assert yaml.safe_load((kept / "order.yaml").read_text()) == ["first/0", "first/1", "second/0", "second/1"]
+
+
+def test_a_figure_written_into_the_notes_by_hand_fails_the_rebuild_naming_it(tmp_path, monkeypatch):
+    """A figure of the runs typed into the notes would not follow them: the rebuild refuses it. A paper's
+    figure, and a setting quoted through ``setting()``, are not the runs'."""
+    from capsexp.results import study
+    from tests.test_compare import make_study
+
+    (tmp_path / "conf" / "experiment").mkdir(parents=True)
+    experiment = tmp_path / "conf" / "experiment" / "toy.yaml"
+    notes = (
+        "b leads a by 4.50 points. The paper reports 99.3% for b. Both stop at "
+        "{{ '%g' | format(100 * setting('budgets.quick.threshold')) }}%."
+    )
+    experiment.write_text(
+        yaml.safe_dump(
+            {
+                "budgets": {"quick": {"threshold": 0.975}},
+                "hydra": {"sweeper": {"params": {"arm": "a,b"}}},
+                "page": {"notes": {"quick": notes}},
+            }
+        )
+    )
+    monkeypatch.setattr(study, "CONFIG_DIR", tmp_path / "conf")
+    make_study(tmp_path / "sweep", {("arm=a",): [0.90, 0.92], ("arm=b",): [0.95, 0.96]})
+    with pytest.raises(ConfigError, match=r"toy\.yaml: the notes give '4\.50 points' by hand"):
+        compare(tmp_path / "sweep")
+    experiment.write_text(
+        experiment.read_text().replace("4.50 points", "{{ difference('test/acc', 'arm=b', 'arm=a') }} points")
+    )
+    page = (compare(tmp_path / "sweep").output / "README.md").read_text()
+    assert "b leads a by +4.50 points. The paper reports 99.3% for b. Both stop at 97.5%." in page

@@ -191,3 +191,83 @@ def test_the_docs_table_of_config_groups_lists_every_group_and_option():
     for group, options in groups.items():
         missing = sorted(set(options) - table[group])
         assert not missing, f"docs/running.md's table: {group} lacks {', '.join(missing)}"
+
+
+# A result's figure in the README, the docs or a config's comment: a percentage, points or nats with a
+# decimal, or a p-value. In the README and docs each is a quote of a page's runs, a time a page measured,
+# or `<!-- source <file or paper>: <text> -->` for a setting (the file must hold its number) or a paper's
+# figure; in a config's comments a figure is a setting of that file (its number, or its hundredth, among the
+# file's values) or a paper's (the comment names it). A figure copied from a page drifts from it unseen.
+A_FIGURE = re.compile(r"(?<![\w.])(?:\d+\.\d+ ?(?:%|points?|nats)|p \d?\.\d+)")
+SOURCED = re.compile(r"<!-- source ([^:]+): (.+?) -->")
+A_PAPER = re.compile(r"\bpaper\b|\breports?\b|et al\.|\bTable \d")
+
+
+def unbound_figures(text: str) -> list[str]:
+    """The figures of a README or docs page's prose that no quote, time or source marker gives."""
+    prose = flat(re.sub(r"<!--.*?-->|```.*?```", "", text, flags=re.S))  # examples in code blocks are no results
+    given = [quoted for _, quoted in TIMED.findall(text)] + [quoted for _, quoted, _ in QUOTE.findall(text)]
+    given += [quoted for _, quoted in SOURCED.findall(text)]
+    return [
+        found.group(0)
+        for found in A_FIGURE.finditer(prose)
+        if not any(re.search(r"\d+\.\d+", found.group(0)).group(0) in quoted for quoted in given)
+    ]
+
+
+def unbound_config_figures(text: str) -> list[str]:
+    """The figures of a config file's comments that are neither its own settings nor a paper's."""
+    values = set(re.findall(r"(?<![\w.])\d+(?:\.\d+)?(?![\w.])", re.sub(r"#.*", "", text)))
+    found = []
+    for line in text.splitlines():
+        comment = line[line.index("#") :] if "#" in line else ""
+        for figure in A_FIGURE.finditer(comment):
+            number = re.search(r"\d+\.\d+", figure.group(0)).group(0)
+            setting = {number, f"{float(number) / 100:g}", number.rstrip("0").rstrip(".")} & values
+            if not setting and not A_PAPER.search(comment):
+                found.append(figure.group(0))
+    return found
+
+
+def test_every_source_marker_that_names_a_file_is_held_by_it():
+    for path in [PROJECT_ROOT / "README.md", *sorted((PROJECT_ROOT / "docs").glob("*.md"))]:
+        for source, text in SOURCED.findall(path.read_text()):
+            if not (PROJECT_ROOT / source).is_file():
+                continue  # a paper or another project's page
+            held = (PROJECT_ROOT / source).read_text()
+            for number in re.findall(r"\d+\.\d+", text):
+                forms = {number, f"{float(number) / 100:g}"}
+                assert any(re.search(rf"(?<![\d.]){re.escape(f)}(?![\d])", held) for f in forms), (
+                    f"{path.name}: {source} holds no {number} ({text!r})"
+                )
+
+
+def test_every_result_figure_outside_the_pages_is_bound_to_them():
+    unbound = {
+        path.relative_to(PROJECT_ROOT).as_posix(): found
+        for path in [PROJECT_ROOT / "README.md", *sorted((PROJECT_ROOT / "docs").glob("*.md"))]
+        if (found := unbound_figures(path.read_text()))
+    }
+    unbound |= {
+        path.relative_to(PROJECT_ROOT).as_posix(): found
+        for path in sorted((PROJECT_ROOT / "conf").rglob("*.yaml"))
+        if (found := unbound_config_figures(path.read_text()))
+    }
+    assert unbound == {}, f"figures that no page's runs, setting or paper gives: {unbound}"
+
+
+def test_a_figure_copied_from_a_page_and_rounded_is_caught():
+    """The VB recipe's page gives 54.05: its docs quote it bound; written as 54.1 by hand it is unbound."""
+    from capsexp.results.claims import render_over_page
+
+    page = PROJECT_ROOT / "experiments/results/vb_em_caps_lr_quick"
+    bound = "{{ summary('val/acc_best', 'model.optimizer.lr=0.01').mean_text }}"
+    assert render_over_page(page, bound) == "54.05"
+    quoted = (
+        f"at 1e-2 <!-- quote experiments/results/vb_em_caps_lr_quick: 54.05 = {bound} -->54.05% validation accuracy"
+    )
+    assert unbound_figures(quoted) == []
+    assert unbound_figures("at 1e-2 54.1% validation accuracy") == ["54.1%"]
+    assert unbound_figures(quoted.replace("-->54.05%", "-->54.1%")) == ["54.1%"]
+    assert unbound_config_figures("# reached 54.1% against 82.0%\nlr: 0.003\n") == ["54.1%", "82.0%"]
+    assert unbound_config_figures("# stop at 99.2% as the authors did\nstop_at: 0.992\n") == []

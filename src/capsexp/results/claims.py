@@ -19,6 +19,7 @@ Expressions run in Jinja's sandbox: they can call the functions below and nothin
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -227,6 +228,24 @@ class Figures:
             raise MissingFigure(f"{key!r} logged no {tag}")
         return series[-1].step
 
+    def setting(self, key: str):
+        """A value the experiment config sets (``budgets.full.threshold``): a setting the notes name, bound
+        to the config instead of copied from it."""
+        from omegaconf import OmegaConf
+
+        from capsexp.results.study import experiment_file
+
+        found = (
+            OmegaConf.select(OmegaConf.load(experiment_file(self.page.experiment)), key)
+            if self.page.experiment
+            else None
+        )
+        if found is None:
+            raise ConfigError(
+                f"the notes quote setting {key!r}, which conf/experiment/{self.page.experiment}.yaml lacks"
+            )
+        return found
+
     def minutes(self, key: str) -> list[float]:
         """Each of ``key``'s runs' time in minutes, as the page's header counts run time (first to last
         logged scalar), in the runs' order."""
@@ -238,6 +257,7 @@ class Figures:
     def namespace(self) -> dict:
         return {
             "minutes": self.minutes,
+            "setting": self.setting,
             "summary": self.summary,
             "difference": self.difference,
             "supported": self.supported,
@@ -267,12 +287,38 @@ class BoundNotes:
     failed: list[str]
 
 
+# A result's figure written into the notes by hand: a decimal percentage, points or nats, or a p-value. Any
+# such figure must come from a template over the runs (it would not follow them when they change).
+HANDWRITTEN_FIGURE = re.compile(r"(?<![\w.])(?:\d+\.\d+ ?(?:%|points?|nats)|p \d?\.\d+)")
+
+
+# A sentence of the notes that names a paper's or another project's figure (not these runs').
+A_PAPER = re.compile(r"\bpaper'?s?\b|\breports?\b|et al\.|\bTable \d")
+
+
+def handwritten_figures(notes: str) -> list[str]:
+    """The result figures of ``notes`` outside its Jinja expressions and statements, in sentences that name
+    no paper."""
+    prose = " ".join(re.sub(r"{{.*?}}|{%.*?%}|{#.*?#}", " ", notes, flags=re.S).split())
+    found = []
+    for sentence in re.split(r"(?<=\.)\s+(?=[A-Z(`])", prose):
+        if not A_PAPER.search(sentence):
+            found += [figure.group(0) for figure in HANDWRITTEN_FIGURE.finditer(sentence)]
+    return found
+
+
 def bind(page: StudyPage, runs: list[Run], source: str) -> BoundNotes:
     """Fill the notes' figures from ``runs`` and check the page's claims. ``source`` names where the
     page is declared, for errors. Runs that lack a quoted configuration or metric (a user's part of the
     study) get a line saying so in place of the notes, and no claim is checked."""
     from jinja2 import TemplateError
 
+    written = handwritten_figures(page.notes)
+    if written:
+        raise ConfigError(
+            f"{source}: the notes give {', '.join(repr(w) for w in written)} by hand: quote the runs' figure "
+            "with a template ({{ summary(...) }}, {{ difference(...) }}) so that it follows them"
+        )
     figures = Figures(runs, page, _extra_functions(page, runs))
     environment = _environment()
     namespace = figures.namespace()

@@ -106,7 +106,12 @@ def interval_plot(
                 f"{summary.mean:.2f}"
                 + (f" [{summary.low:.2f}, {summary.high:.2f}]" if summary.low is not None else ""),
             )
-        references.sort(key=lambda row: reference_order.index(row.label) if row.label in reference_order else 0)
+        references.sort(
+            key=lambda row: (
+                reference_order.index(row.label) if row.label in reference_order else len(reference_order),
+                row.label,
+            )
+        )
         for reference, style in zip(references, REFERENCE_LINES, strict=False):
             mean = statistics.fmean(reference.values)
             axes.axvline(mean, color="grey", linestyle=style, linewidth=1)
@@ -133,7 +138,10 @@ def interval_plot(
         if label in reference_labels:
             tick.set_fontweight("bold")
     axes_list[0].set_ylim(-0.6, len(order) - 0.4)
-    named = sorted(reference_labels, key=lambda label: reference_order.index(label) if label in reference_order else 0)
+    named = sorted(
+        reference_labels,
+        key=lambda label: (reference_order.index(label) if label in reference_order else len(reference_order), label),
+    )
     if named:  # which line is which reference
         title += (
             " ("

@@ -211,4 +211,4 @@ def equivalence_figure(runs: list[Run], page: StudyPage, output: Path) -> Path |
 def figures(runs: list[Run], page: StudyPage) -> dict:
     """What the page's claims check: ``backed()``, the models (with their routing) the runs back in bf16, and
     ``auto()``, those ``trainer.precision=auto`` trains in bf16 (:data:`~capsexp.config.precision.BF16_MODELS`)."""
-    return {"backed": lambda: backed_models(runs), "auto": lambda: BF16_MODELS}
+    return {"backed": lambda: backed_models(runs), "auto": lambda: BF16_MODELS, "margin": MARGIN_POINTS}
