@@ -109,7 +109,8 @@ def package_at(revision: str) -> types.SimpleNamespace:
 
 def baseline_routing(revision: str):
     """``em_routing`` of a git revision's package, called as today's is; options it does not know
-    (added since) are dropped."""
+    (added since) are dropped, and options left unset (None: today's default) are not passed, so that
+    the revision applies its own default."""
     module_routing = package_at(revision).em_routing
     known = inspect.signature(module_routing).parameters
 
@@ -118,7 +119,8 @@ def baseline_routing(revision: str):
             return module_routing(votes, activations, beta_u, beta_a, routing, **kwargs)
         # A revision whose em_routing took the options one by one.
         options = {**dataclasses.asdict(routing), **kwargs}
-        return module_routing(votes, activations, beta_u, beta_a, **{k: v for k, v in options.items() if k in known})
+        given = {k: v for k, v in options.items() if k in known and v is not None}
+        return module_routing(votes, activations, beta_u, beta_a, **given)
 
     return em_routing
 

@@ -574,6 +574,7 @@ def test_each_configuration_against_each_reference_for_each_metric_in_one_family
     page = (compare(tmp_path / "sweep").output / "README.md").read_text()
     section = page[page.index("## Against `arm=uniform`, `arm=dynamic`") :]
     assert "The 6 p-values of each test in this table are one family, adjusted by Holm's method" in section
+    assert "2 of the 8 tested rows compare a pair the other way round: the same test, counted once." in section
     rows = [line for line in section.splitlines() if line.startswith(("| test/acc |", "| val/acc |"))]
     assert [tuple(line.split(" | ")[:3]) for line in rows] == [
         (f"| {metric}", reference, arm)

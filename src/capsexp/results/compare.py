@@ -221,6 +221,12 @@ def _differences(
             f"one family, adjusted by Holm's method; significant: the t-test's adjusted p below "
             f"{statistics.SIGNIFICANCE}."
         )
+        twice = len(tested) - size
+        if twice:
+            intro += (
+                f" {twice} of the {len(tested)} tested rows compare a pair the other way round: the same test, "
+                "counted once."
+            )
     if left_out:
         intro += (
             f" Not compared: {', '.join(f'`{label}`' for label in left_out)}, runs that test a checkpoint "
