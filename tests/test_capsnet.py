@@ -285,3 +285,25 @@ def test_the_bias_gradient_is_autograds(detach_agreement):
     reference = torch.autograd.grad((parents * upstream).sum(), [inputs, weight, bias])
     for got, expected in zip(fused, reference, strict=True):
         torch.testing.assert_close(got, expected, rtol=1e-9, atol=1e-12)
+
+
+def test_a_layer_traces_its_routing_with_its_own_options_at_any_number_of_iterations():
+    """What the routing figures and the convergence study trace: the layer's scale, none-of-the-above
+    and capsule biases kept, only the iterations changed."""
+    from capsexp.nn.functional import dynamic_routing_trace
+
+    torch.manual_seed(2)
+    routing = DynamicRouting(3, logit_scale=20.0, none_of_the_above=True)
+    layer = RoutingCapsules(7, 8, 5, 4, routing, bias=0.1).double()
+    children = squash(torch.randn(2, 7, 8, dtype=torch.float64))
+    traced = layer.dynamic_routing_trace(children, iterations=6)
+    expected = dynamic_routing_trace(
+        layer.votes(children), DynamicRouting(6, logit_scale=20.0, none_of_the_above=True), layer.router.bias
+    )
+    assert traced.couplings.shape[0] == 6 and torch.equal(traced.couplings, expected.couplings)
+    plain = dynamic_routing_trace(layer.votes(children), DynamicRouting(6))  # what was traced before
+    assert not torch.allclose(plain.couplings[-1], traced.couplings[-1], atol=1e-3)
+    assert torch.equal(
+        layer.dynamic_routing_trace(children).couplings,
+        dynamic_routing_trace(layer.votes(children), routing, layer.router.bias).couplings,
+    )

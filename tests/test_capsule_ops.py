@@ -115,6 +115,21 @@ def test_the_routing_trace_records_each_iterations_couplings_and_changes(iterati
     assert trace.coupling_changes.tolist() == pytest.approx(expected, rel=1e-5)
 
 
+def test_the_traced_logit_change_is_the_change_the_scaled_update_makes():
+    """b_ij += s u_hat_j|i . v_j: the first iteration's parents do not depend on s (c = 1/J), so the first
+    logged change at s = 20 is 20 times the agreement, and every later one is the scaled agreement of
+    its own parents."""
+    torch.manual_seed(1)
+    votes = torch.randn(2, 6, 4, 3, dtype=torch.float64)
+    plain = dynamic_routing_trace(votes, DynamicRouting(3))
+    scaled = dynamic_routing_trace(votes, DynamicRouting(3, logit_scale=20.0))
+    assert scaled.logit_changes[0].item() == pytest.approx(20 * plain.logit_changes[0].item(), rel=1e-6)
+    couplings = scaled.couplings[1]  # iteration 2's, from b = 20 (u_hat . v^(1))
+    parents = squash(torch.einsum("bij,bijd->bjd", couplings, votes))
+    agreement = torch.einsum("bijd,bjd->bij", votes, parents)
+    assert scaled.logit_changes[1].item() == pytest.approx(20 * agreement.abs().mean().item(), rel=1e-6)
+
+
 def test_routing_settles_when_the_children_agree_on_a_parent():
     """Appendix A's observation: once the children's votes agree on one parent (an entity present),
     the change that each iteration's logit update makes falls from iteration 2 on, about

@@ -50,3 +50,15 @@ def test_a_convolutional_layout_gathers_each_childs_slots_first():
 def test_the_predicted_share_is_each_childs_coupling_to_its_images_prediction():
     couplings = torch.tensor([[[0.7, 0.3], [0.4, 0.6]], [[0.5, 0.5], [0.2, 0.8]]])
     assert torch.equal(predicted_share(couplings, torch.tensor([0, 1])), torch.tensor([[0.7, 0.4], [0.5, 0.8]]))
+
+
+def test_a_child_of_two_parents_is_decided_halfway_from_uniform_to_hard():
+    """With 2 parents twice uniform is 1, which no coupling exceeds: the threshold is (1 + 1/2) / 2 = 0.75.
+    With 3 and 10 parents it stays twice uniform (2/3 and 0.2)."""
+    two = torch.tensor([[[0.7, 0.3], [0.8, 0.2], [0.5, 0.5], [0.2, 0.8]]])
+    assert routing_engagement(two).decided.tolist() == [[0.0, 1.0, 0.0, 1.0]]
+    three = torch.tensor([[[0.6, 0.2, 0.2], [0.7, 0.2, 0.1]]])
+    assert routing_engagement(three).decided.tolist() == [[0.0, 1.0]]
+    ten = torch.full((1, 2, 10), 0.8 / 9)
+    ten[0, 0, 0], ten[0, 1] = 0.2, torch.tensor([0.21] + [0.79 / 9] * 9)
+    assert routing_engagement(ten).decided.tolist() == [[0.0, 1.0]]

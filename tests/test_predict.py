@@ -193,6 +193,16 @@ def test_load_gives_the_model_that_predicts_what_its_test_step_did(trained_run, 
     assert predictions.names[0] == str(int(predictions.classes[0]))
 
 
+def test_a_tensor_image_is_one_image_with_or_without_its_channel(trained_run):
+    """(H, W) and (1, H, W) are the same single image; (N, 1, H, W) is N images."""
+    model = capsexp.load(trained_run)
+    image = torch.rand(28, 28, generator=torch.Generator().manual_seed(3))
+    plain, channelled = model.predict(image), model.predict(image[None])
+    assert plain.scores.shape == (1, 10) and torch.equal(plain.scores, channelled.scores)
+    batch = torch.stack([image[None], image.flip(0)[None]])
+    assert model.predict(batch).scores.shape == (2, 10)
+
+
 def test_the_figure_of_an_image_holds_what_the_model_computed(trained_run, tmp_path):
     model = capsexp.load(trained_run)
     image = torch.randint(0, 256, (1, 28, 28), dtype=torch.uint8)
@@ -354,3 +364,24 @@ def test_an_image_the_model_takes_otherwise_gets_one_line_per_thing_done(trained
     (row,) = read_rows(tmp_path / "out" / "predictions.csv")
     grey = "RGB converted to grey (ITU-R 601-2 luma), as the model's training images"
     assert row["notes"] == f"{grey}; resized (shorter side to 28, centre crop): fit=plain"
+
+
+def test_each_files_figure_has_its_own_name():
+    from capsexp.use.predict import figure_names
+
+    assert figure_names(["a.png", "a.jpg", "7/b.png", "c.jpeg"]) == ["a_png.png", "a_jpg.png", "7_b.png", "c.png"]
+    assert figure_names(["x/a.png", "y/a.png"]) == ["x_a.png", "y_a.png"]
+
+
+def test_a_predict_refused_before_its_first_batch_leaves_no_predictions_file(trained_run, tmp_path):
+    """A Trainer that cannot be built (an accelerator this machine lacks) is refused before any image is
+    predicted: no predictions.csv that looks like an empty result."""
+    folder = tmp_path / "digits"
+    folder.mkdir()
+    Image.fromarray(np.zeros((28, 28), dtype=np.uint8)).save(folder / "0.png")
+    out = tmp_path / "out"
+    result = predict_cli(
+        f"ckpt_path={trained_run}", f"images={folder}", "trainer.accelerator=cuda", f"hydra.run.dir={out}"
+    )
+    assert result.returncode != 0
+    assert not (out / "predictions.csv").exists(), result.stderr[-2000:]

@@ -44,7 +44,6 @@ from capsexp.callbacks.image_logging import tensorboard_writer
 from capsexp.config.arguments import checked
 from capsexp.figures.couplings import class_coupling_maps, coupling_figure
 from capsexp.nn import ClassMatrixCapsules, DynamicRouting, PrimaryCapsules, RoutingCapsules
-from capsexp.nn.functional import dynamic_routing_trace
 
 
 @checked
@@ -90,7 +89,7 @@ class RoutingFigures(L.Callback):
         for name, layer in fully_connected.items():
             children, routed = captured[name]
             if isinstance(layer.routing, DynamicRouting):  # fused: its couplings are traced from the votes
-                trace = dynamic_routing_trace(layer.votes(children), layer.routing, layer.router.bias)
+                trace = layer.dynamic_routing_trace(children)
                 for r, change in enumerate(trace.logit_changes.tolist(), start=1):
                     writer.add_scalar(f"routing/{name}/logit_change_iter{r}", change, step)
                 for r, change in enumerate(trace.update_changes.tolist(), start=2):

@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 from pydantic import PositiveInt
 from torch import nn
 
 from capsexp.config.routing_options import DynamicRouting, RoutingOptions
-from capsexp.nn.functional import Routed, exporting, fully_connected_routing, squash
+from capsexp.nn.functional import (
+    Routed,
+    RoutingTrace,
+    dynamic_routing_trace,
+    exporting,
+    fully_connected_routing,
+    squash,
+)
 from capsexp.nn.routers import make_router, routed_by_iteration
 
 
@@ -151,6 +160,16 @@ class RoutingCapsules(nn.Module):
         """The parents and assignment after each iteration of the layer's algorithm (without gradient):
         :func:`capsexp.nn.routers.routed_by_iteration` on these inputs' votes."""
         return routed_by_iteration(self.router, self.votes(inputs), inputs, _lengths(inputs))
+
+    def dynamic_routing_trace(self, inputs: torch.Tensor, iterations: int | None = None) -> RoutingTrace:
+        """:func:`capsexp.nn.functional.dynamic_routing_trace` of this layer's dynamic routing on these
+        inputs' votes, with every option the layer routes with (scale, none-of-the-above, its capsule
+        biases), run for ``iterations`` where given: how a run's routing settles, as the run routes."""
+        if not isinstance(self.routing, DynamicRouting):
+            raise TypeError(f"only dynamic routing is traced, not {type(self.routing).__name__}")
+        routing = self.routing if iterations is None else dataclasses.replace(self.routing, iterations=iterations)
+        with torch.no_grad():
+            return dynamic_routing_trace(self.votes(inputs), routing, self.router.bias)
 
     def extra_repr(self) -> str:
         return (

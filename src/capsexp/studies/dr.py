@@ -13,7 +13,6 @@ import torch
 from torch.utils.tensorboard import SummaryWriter
 
 from capsexp.nn import DynamicRouting, RoutingCapsules
-from capsexp.nn.functional import dynamic_routing_trace
 from capsexp.results.events import event_folder, load_events
 from capsexp.results.runs import Configuration, Run, find_runs, group
 from capsexp.results.study import StudyPage, matches
@@ -103,27 +102,28 @@ class RoutingConvergence:
         for run in find_runs(folder):
             if any(tag.startswith(f"{CONVERGENCE}/") for tag in run.scalars):
                 continue  # traced before
-            votes = _votes_of(run.folder, self.images)
-            if not votes:
+            inputs = _routed_inputs(run.folder, self.images)
+            if not inputs:
                 continue  # no dynamic-routing layer
             # Logged at the run's last logged time, so that the run's span stays its training time.
             events = load_events(run.folder)
             wall_time = max(e.wall_time for tag in events.Tags()["scalars"] for e in events.Scalars(tag))
             writer = SummaryWriter(str(event_folder(run.folder)), filename_suffix=f".{CONVERGENCE}")
-            writer.add_scalar(IMAGES, len(next(iter(votes.values()))), 0, walltime=wall_time)
-            for layer, layer_votes in votes.items():
-                trace = dynamic_routing_trace(layer_votes, DynamicRouting(self.iterations))
+            writer.add_scalar(IMAGES, len(next(iter(inputs.values()))[1]), 0, walltime=wall_time)
+            for name, (layer, children) in inputs.items():
+                trace = layer.dynamic_routing_trace(children, self.iterations)
                 for measure, values in zip(MEASURES, trace[1:], strict=True):
                     first = self.iterations - len(values) + 1  # the changes between iterations start at 2
                     for iteration, value in enumerate(values.tolist(), start=first):
-                        writer.add_scalar(f"{CONVERGENCE}/{layer}/{measure}", value, iteration, walltime=wall_time)
+                        writer.add_scalar(f"{CONVERGENCE}/{name}/{measure}", value, iteration, walltime=wall_time)
             writer.close()
-            log.info(f"Routing convergence traced: {run.folder} ({', '.join(votes)})")
+            log.info(f"Routing convergence traced: {run.folder} ({', '.join(inputs)})")
 
 
-def _votes_of(run: Path, images: int) -> dict[str, torch.Tensor]:
-    """{layer name: its votes (B, I, J, D)} for each dynamic-routing layer of the run's best checkpoint
-    (its last, when it saved no other), on the first ``images`` validation images of the run's data."""
+def _routed_inputs(run: Path, images: int) -> dict[str, tuple[RoutingCapsules, torch.Tensor]]:
+    """{layer name: (the layer, its input capsules)} for each dynamic-routing layer of the run's best
+    checkpoint (its last, when it saved no other), on the first ``images`` validation images of the run's
+    data: the layer traces its own routing (:meth:`RoutingCapsules.dynamic_routing_trace`)."""
     saved = [p for p in (run / "checkpoints").glob("*.ckpt") if p.name != "last.ckpt"]
     module, cfg = model_of_run(best_checkpoint(run) if saved else run / "checkpoints" / "last.ckpt", str(run))
     layers = {
@@ -138,7 +138,7 @@ def _votes_of(run: Path, images: int) -> dict[str, torch.Tensor]:
     datamodule.setup("fit")
     captured: dict[str, list[torch.Tensor]] = {name: [] for name in layers}
     hooks = [
-        layer.register_forward_hook(lambda m, inputs, _, name=name: captured[name].append(m.votes(inputs[0])))
+        layer.register_forward_hook(lambda m, inputs, _, name=name: captured[name].append(inputs[0]))
         for name, layer in layers.items()
     ]
     seen = 0
@@ -151,7 +151,7 @@ def _votes_of(run: Path, images: int) -> dict[str, torch.Tensor]:
                 break
     for hook in hooks:
         hook.remove()
-    return {name: torch.cat(votes)[:images] for name, votes in captured.items()}
+    return {name: (layers[name], torch.cat(children)[:images]) for name, children in captured.items()}
 
 
 def _mean_series(configuration: Configuration, tag: str) -> dict[int, float]:

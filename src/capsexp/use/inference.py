@@ -219,10 +219,10 @@ class TrainedModel:
         )
 
     def predict(self, images: ImageLike | Iterable[ImageLike], batch_size: int = BATCH_SIZE) -> Predictions:
-        """Predict on image files, Pillow images or tensors ((C, H, W), or a batch (N, C, H, W)), in
-        batches of ``batch_size``; see :class:`Predictions`."""
+        """Predict on image files, Pillow images or tensors ((H, W), (C, H, W), or a batch (N, C, H, W)),
+        in batches of ``batch_size``; see :class:`Predictions`."""
         if isinstance(images, (str, os.PathLike, Image.Image)) or (
-            isinstance(images, torch.Tensor) and images.ndim == 3
+            isinstance(images, torch.Tensor) and images.ndim in (2, 3)  # one image, as read() takes it
         ):
             images = [images]
         parts: list[Predictions] = []

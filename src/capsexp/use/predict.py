@@ -113,15 +113,15 @@ class PredictionWriter(BasePredictionWriter):
         self.explained = self.explained_wrong = 0
         self.absent = 0  # images on which the model finds no class present
         self.rows = 0
-        self._handle = open(output / PREDICTIONS, "w", newline="")  # noqa: SIM115 (closed in close())
-        self._csv = csv.writer(self._handle)
         header = ["file", "predicted", "score"]
         for rank in range(1, top_k + 1):
             header += [f"top{rank}", f"top{rank}_score"]
         self.presence = model.presence_threshold is not None
         header += ["score_kind", *(["present"] if self.presence else [])]
-        header += [*(["label", "correct"] if labels is not None else []), "notes"]
-        self._csv.writerow(header)
+        self.header = [*header, *(["label", "correct"] if labels is not None else []), "notes"]
+        # Opened with the first rows: a predict refused before any (a Trainer that cannot be built) leaves
+        # no file that looks like an empty result.
+        self._handle = self._csv = None
 
     def shown_name(self, path: Path) -> str:
         text = str(path)
@@ -172,6 +172,10 @@ class PredictionWriter(BasePredictionWriter):
             if labels is not None and labels[row] != first[row] and self.explained_wrong < self.explain:
                 self.to_explain.append((index, f"{EXPLAINED}/wrong"))
                 self.explained_wrong += 1
+        if self._handle is None:
+            self._handle = open(self.output / PREDICTIONS, "w", newline="")  # noqa: SIM115 (closed in close())
+            self._csv = csv.writer(self._handle)
+            self._csv.writerow(self.header)
         self._csv.writerows(rows)
         self._handle.flush()
         if labels is not None:
@@ -204,15 +208,30 @@ class PredictionWriter(BasePredictionWriter):
         indices = [index for index, _ in self.to_explain]
         pixels = torch.stack([self.model.read(self.files[index])[0] for index in indices])
         predictions = self.model.forward(self.model.inputs(pixels), couplings=True)
+        shown = list(dict.fromkeys(self.shown_name(self.files[index]) for index in indices))
+        named = dict(zip(shown, figure_names(shown), strict=True))  # an image in explain/ and explain/wrong/: once
         for row, (index, subfolder) in enumerate(self.to_explain):
             folder = self.output / subfolder
             folder.mkdir(parents=True, exist_ok=True)
             title = self._title(self.shown_name(self.files[index]), index)
-            stem = title.split(" (label ")[0].replace("/", "_").rsplit(".", 1)[0]
-            explain_figure(self.model, predictions, row, title).savefig(folder / f"{stem}.png", dpi=90)
+            figure = explain_figure(self.model, predictions, row, title)
+            figure.savefig(folder / named[self.shown_name(self.files[index])], dpi=90)
 
     def close(self) -> None:
-        self._handle.close()
+        if self._handle is not None:
+            self._handle.close()
+
+
+def figure_names(files: list[str]) -> list[str]:
+    """The PNG name of each file's figure: its path's folders joined by ``_`` without its extension
+    (``7/a.png`` -> ``7_a.png``), with the extension kept where two files would share a name
+    (``a.png`` and ``a.jpg`` -> ``a_png.png`` and ``a_jpg.png``)."""
+    stems = [name.replace("/", "_").replace(os.sep, "_") for name in files]
+    plain = [stem.rsplit(".", 1)[0] for stem in stems]
+    shared = {stem for stem in plain if plain.count(stem) > 1}
+    return [
+        f"{stem.replace('.', '_') if short in shared else short}.png" for stem, short in zip(stems, plain, strict=True)
+    ]
 
 
 def predict(cfg: DictConfig, found: ImageFiles | None = None) -> dict[str, Any]:

@@ -147,8 +147,8 @@ class RoutingTrace(NamedTuple):
     """What each routing iteration did (for inspection: not differentiable)."""
 
     couplings: torch.Tensor  # (R, B, I, J): c_ij used by iteration r
-    logit_changes: torch.Tensor  # (R,): mean |u_hat_j|i . v_j^(r)|, the change of b_ij made after iteration r
-    update_changes: torch.Tensor  # (R - 1,): mean |u_hat_j|i . (v_j^(r) - v_j^(r-1))| for r = 2 .. R
+    logit_changes: torch.Tensor  # (R,): mean |s u_hat_j|i . v_j^(r)|, the change of b_ij made after iteration r
+    update_changes: torch.Tensor  # (R - 1,): mean |s u_hat_j|i . (v_j^(r) - v_j^(r-1))| for r = 2 .. R
     coupling_changes: torch.Tensor  # (R - 1,): mean |c_ij^(r) - c_ij^(r-1)| for r = 2 .. R
 
 
@@ -162,8 +162,8 @@ def dynamic_routing_trace(
 
     - the absolute change of the routing logits b_ij that iteration r's agreement update makes
       (including the update after the last iteration, which Procedure 1 performs but whose result
-      is not used). It is the agreement itself, which tends to u_hat . v*, not to 0, as the parents
-      settle on v*.
+      is not used): the agreement times ``routing.logit_scale`` s, as the logits move. It tends to
+      s u_hat . v*, not to 0, as the parents settle on v*.
     - the absolute difference between iteration r's update and iteration r - 1's: 0 once the
       parents no longer move, so it falls as routing converges (Appendix A reports a logit change
       that falls log-linearly with the iterations: this is the logit change that can).
@@ -171,7 +171,7 @@ def dynamic_routing_trace(
     """
     parent_major = votes.transpose(1, 2).contiguous()
     couplings, _, parents = _route(parent_major, routing, bias)
-    agreements = [_dot_each_child(parent_major, v) for v in parents]
+    agreements = [routing.logit_scale * _dot_each_child(parent_major, v) for v in parents]
     logit_changes = torch.stack([a.abs().mean() for a in agreements])
     none = logit_changes.new_zeros(0)
     updates = [(a - previous).abs().mean() for previous, a in itertools.pairwise(agreements)]

@@ -16,7 +16,7 @@ class Engagement(NamedTuple):
 
     largest: torch.Tensor  # max_j c_ij: 1/P when uniform, 1 for a hard assignment
     kl_from_uniform: torch.Tensor  # KL(c_i || uniform) = log P - H(c_i), nats: 0 when uniform
-    decided: torch.Tensor  # 1.0 where max_j c_ij > 2/P (a child that favours a parent), else 0.0
+    decided: torch.Tensor  # 1.0 where max_j c_ij > decided_threshold(P) (a child that favours a parent)
 
 
 def routing_engagement(
@@ -43,7 +43,14 @@ def routing_engagement(
             1, flat_index, plogp.sum(-1).reshape(batch, -1)
         )
     kl = torch.log(fan_out) + negative_entropy
-    return Engagement(largest, kl.clamp_min(0.0), (largest > 2.0 / fan_out).float())
+    return Engagement(largest, kl.clamp_min(0.0), (largest > decided_threshold(fan_out)).float())
+
+
+def decided_threshold(parents: torch.Tensor) -> torch.Tensor:
+    """The largest coupling above which a child counts as decided among ``parents`` P: twice the uniform
+    1/P, or, where that is out of reach (P = 2: 2/P = 1), halfway from uniform to a hard assignment,
+    (1 + 1/P) / 2. The two agree at P = 3; for P >= 3 it is 2/P."""
+    return torch.minimum(2.0 / parents, (1.0 + 1.0 / parents) / 2)
 
 
 def predicted_share(couplings: torch.Tensor, predicted: torch.Tensor) -> torch.Tensor:
