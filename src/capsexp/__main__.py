@@ -90,6 +90,11 @@ def cli() -> None:
         report(error)
     hydra_setup.register()  # the nets' nodes: imports torch, after the checks that answer without it
     main()
+    from capsexp.results.sweep_page import FAILED
+
+    if FAILED:  # a multirun whose after-sweep steps failed: its jobs finished, the command did not
+        print(f"\nerror: {', '.join(FAILED)} failed after the sweep (the jobs' results stay)", file=sys.stderr)
+        sys.exit(1)
 
 
 if __name__ == "__main__":
