@@ -330,7 +330,6 @@ def test_lightnings_own_setting_errors_and_a_missing_checkpoint_are_named_withou
         "trainer.val_check_interval=300",
         f"hydra.run.dir={tmp_path / 'run'}",
     )
-    message = [line for line in result.stderr.splitlines() if line.strip() and "capsexp" not in line[:40]]
     assert result.returncode == 2 and "Traceback" not in result.stderr + result.stdout
     assert "trainer.val_check_interval" in result.stderr and "do not fit the data" in result.stderr
     printed = [line for line in (result.stdout + result.stderr).splitlines() if line.strip()]
