@@ -90,7 +90,13 @@ def mean_std(summary: statistics.Summary | None, factor: float) -> str:
 
 
 def interval(low: float | None, high: float | None, factor: float) -> str:
-    return "" if low is None else f"[{factor * low:.2f}, {factor * high:.2f}]"
+    places = _places(factor)
+    return "" if low is None else f"[{factor * low:.{places}f}, {factor * high:.{places}f}]"
+
+
+def _places(factor: float) -> int:
+    """Decimals of a difference: hundredths of a point of accuracy, thousandths of a score."""
+    return 2 if factor == 100 else 3
 
 
 def results_table(configurations: list[Configuration], metrics: list[str], headline: str, page: StudyPage) -> str:
@@ -254,7 +260,7 @@ def _differences(
         else:
             cells += [
                 f"{found.runs[0]} / {found.runs[1]}",
-                f"{factor * found.mean:+.2f}",
+                f"{factor * found.mean:+.{_places(factor)}f}",
                 interval(found.low, found.high, factor),
             ]
         if not exploratory and tested:
@@ -265,7 +271,7 @@ def _differences(
             else:
                 verdict = "" if math.isnan(row.p_holm) else ("yes" if row.significant else "no")
                 cells += [
-                    f"{factor * found.detectable:.2f}",
+                    f"{factor * found.detectable:.{_places(factor)}f}",
                     p_text(row.p_holm),
                     p_text(adjusted_permutation.get(distinct(row))),
                     verdict,
@@ -320,14 +326,14 @@ def hypotheses_section(rows: list, page: StudyPage) -> str:
         names = f"{hypothesis.arm.split('=')[-1]} − {hypothesis.reference.split('=')[-1]}"
         first = f"| {hypothesis.name} | {hypothesis.metric} | {names} | {hypothesis.direction} |"
         if row is None or row.difference is None:
-            lines.append(f"{first} | | | | {hypothesis.smallest_effect:g} | | | | {hypothesis.test} | not run |")
+            lines.append(f"{first} | | | {hypothesis.smallest_effect:g} | | | | {hypothesis.test} | not run |")
             continue
         found, factor = row.difference, scale(hypothesis.metric)
         t, permuted = adjusted[id(row)] if found.tested else (None, None)
         lines.append(
-            f"{first} {found.runs[0]} / {found.runs[1]} | {factor * found.mean:+.2f} | "
+            f"{first} {found.runs[0]} / {found.runs[1]} | {factor * found.mean:+.{_places(factor)}f} | "
             f"{interval(found.low, found.high, factor)} | {hypothesis.smallest_effect:g} | "
-            f"{'' if found.detectable is None else f'{factor * found.detectable:.2f}'} | {p_text(t)} | "
+            f"{'' if found.detectable is None else f'{factor * found.detectable:.{_places(factor)}f}'} | {p_text(t)} | "
             f"{p_text(permuted)} | {hypothesis.test} | {verdict(row, adjusted[id(row)][1])} |"
         )
     return "\n".join(lines) + "\n"
@@ -450,6 +456,9 @@ def header(page: StudyPage, runs: list[Run], folder: Path, relative: str, rebuil
         f"{text} ({precisions.count(text)} run{'s' if precisions.count(text) > 1 else ''})"
         for text in dict.fromkeys(precisions)
     )
+    if precisions and len(precisions) < len(runs):  # runs from before runs recorded it
+        missing = len(runs) - len(precisions)
+        precision += f"; not recorded for {missing} run{'s' if missing > 1 else ''}"
     seconds = [run.seconds for run in runs if run.seconds is not None]
     relaunched = sum((run.folder / OVERRIDES_AS_RUN).exists() for run in runs)
     provenance = (
