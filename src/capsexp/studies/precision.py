@@ -210,5 +210,19 @@ def equivalence_figure(runs: list[Run], page: StudyPage, output: Path) -> Path |
 
 def figures(runs: list[Run], page: StudyPage) -> dict:
     """What the page's claims check: ``backed()``, the models (with their routing) the runs back in bf16, and
-    ``auto()``, those ``trainer.precision=auto`` trains in bf16 (:data:`~capsexp.config.precision.BF16_MODELS`)."""
-    return {"backed": lambda: backed_models(runs), "auto": lambda: BF16_MODELS, "margin": MARGIN_POINTS}
+    ``auto()``, those ``trainer.precision=auto`` trains in bf16 (:data:`~capsexp.config.precision.BF16_MODELS`);
+    what its notes quote: ``margin`` and ``equivalence_of(arm, metric)``, a row's paired differences."""
+
+    def equivalence_of(arm: str, metric: str) -> Equivalence:
+        """An arm's paired differences in ``metric`` as the page's table gives them (points)."""
+        found = next((row for row in rows(runs) if row.arm == arm and row.metric == metric), None)
+        if found is None:
+            raise KeyError(f"no row of {arm} in {metric}")
+        return found.test
+
+    return {
+        "backed": lambda: backed_models(runs),
+        "auto": lambda: BF16_MODELS,
+        "margin": MARGIN_POINTS,
+        "equivalence_of": equivalence_of,
+    }
