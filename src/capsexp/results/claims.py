@@ -25,9 +25,9 @@ from pathlib import Path
 
 from capsexp.errors import CapsexpError, ConfigError
 from capsexp.results import statistics
-from capsexp.results.differences import both_adjusted, family, references_of, scale, test_only, verdict
+from capsexp.results.differences import both_adjusted, family, find, references_of, scale, test_only, verdict
 from capsexp.results.runs import Configuration, Run, group
-from capsexp.results.study import StudyPage, matches
+from capsexp.results.study import StudyPage
 
 
 class ClaimError(CapsexpError):
@@ -120,8 +120,7 @@ class Figures:
 
     def configuration(self, key: str) -> Configuration:
         """The configuration labelled ``key``, else the one whose overrides include every override of it."""
-        found = next((c for c in self.configurations if c.label == key), None)
-        found = found or next((c for c in self.configurations if matches(key, c.runs[0].overrides)), None)
+        found = find(self.configurations, key)
         if found is None:
             raise MissingFigure(f"no configuration {key!r} among these runs")
         return found
