@@ -221,8 +221,11 @@ def _differences(
     else:
         intro += (
             f"A comparison is tested with {statistics.MIN_RUNS_TO_TEST} runs a side or more; fewer: too few seeds "
-            f"to test. {PERMUTATION_TEXT} detectable: the smallest difference the seeds could find with "
-            f"{statistics.POWER:.0%} power at the observed spread (t-test, level {statistics.SIGNIFICANCE}). "
+            f"to test. {PERMUTATION_TEXT} Adjusted over the family it cannot reach {statistics.SIGNIFICANCE} "
+            "with so few seeds: a difference called significant here rests on the t-test. detectable: the smallest "
+            f"difference the seeds could find with {statistics.POWER:.0%} power at the observed spread (t-test at "
+            f"level {statistics.SIGNIFICANCE}, before Holm's adjustment, which asks for more). The intervals are "
+            "each comparison's own, not adjusted. "
             f"The {size} p-value{'s' if size > 1 else ''} of each test in this table {'are' if size > 1 else 'is'} "
             f"one family, adjusted by Holm's method; significant: the t-test's adjusted p below "
             f"{statistics.SIGNIFICANCE}."
@@ -310,8 +313,9 @@ def hypotheses_section(rows: list, page: StudyPage) -> str:
                 f"where its declared test's adjusted p is below {statistics.SIGNIFICANCE} (in its direction).",
                 f"Tested with {statistics.MIN_RUNS_TO_TEST} runs a side or more. {PERMUTATION_TEXT}",
                 f"detectable: the smallest difference the seeds could find with {statistics.POWER:.0%} power",
-                f"at the observed spread (two-sided t-test, level {statistics.SIGNIFICANCE}). Differences in",
-                "points of accuracy (the presence gap in score), with their two-sided 95% intervals.",
+                f"at the observed spread (two-sided t-test at level {statistics.SIGNIFICANCE}, before Holm's",
+                "adjustment, which asks for more). Differences in points of accuracy (the presence gap in",
+                "score), with their two-sided 95% intervals, each its own (not adjusted).",
                 "Everything else the page says is exploratory.",
             ]
         ),

@@ -417,7 +417,7 @@ def forest_plot(rows: Sequence[ForestRow], path: Path, title: str) -> Path:
                 marker="o",
                 markersize=6,
                 color=colour,
-                markerfacecolor=colour if row.declared else "white",
+                markerfacecolor=colour if row.significant else "white",
             )
         axes.set_xlim(low, high)
         axes.set_yticks(positions)

@@ -13,8 +13,9 @@ from dataclasses import dataclass
 
 CONFIDENCE = 0.95  # of every interval a comparison gives
 SIGNIFICANCE = 0.05  # the family-wise level below which an adjusted p-value is called significant
-# A comparison is tested only with this many runs a side: below it a t-test's normality cannot be checked
-# and no permutation test can reach SIGNIFICANCE (5 paired seeds: 2 of 32 sign flips, p 0.0625 at best).
+# A comparison is tested only with this many runs a side: the fewest on which a reader can see that the
+# per-seed differences agree. The t-test still assumes their normality; the exact permutation test beside it
+# does not, but cannot go below 2 / 2^n two-sided (5 paired seeds: 0.0625, so never below SIGNIFICANCE).
 MIN_RUNS_TO_TEST = 5
 POWER = 0.8  # of the smallest detectable difference a comparison states
 EXACT_FLIPS_UP_TO = 12  # paired runs up to which the permutation test enumerates every sign flip (4,096)

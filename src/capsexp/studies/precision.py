@@ -5,6 +5,7 @@ chooses from them (:data:`capsexp.config.precision.BF16_MODELS`)."""
 from __future__ import annotations
 
 import functools
+import math
 import statistics as stats
 from dataclasses import dataclass
 from pathlib import Path
@@ -93,7 +94,8 @@ def rows(runs: list[Run]) -> list[Row]:
                     equivalence(differences, MARGIN_POINTS),
                 )
             )
-    adjusted = holm_adjusted([row.test.p for row in found])
+    # Rows whose bf16 runs are their float32 runs test nothing: they stay out of the family.
+    adjusted = holm_adjusted([math.nan if row.identical else row.test.p for row in found])
     return [Row(r.arm, r.metric, r.float32, r.bf16, r.test, p) for r, p in zip(found, adjusted, strict=True)]
 
 
@@ -124,8 +126,9 @@ def equivalence_section(runs: list[Run], page: StudyPage, output: Path) -> str:
         "",
         f"Differences bf16-mixed minus float32 in points (hundredths), against the margin ±{MARGIN_POINTS:g}: "
         "the 95% interval of the mean difference (Student t over the seeds) and the p-value of two one-sided "
-        f"tests, then Holm-adjusted over the page's {len(found)} tests. A net is backed in bf16 where every one "
-        f"of its rows has its interval inside the margin and an adjusted p below {SIGNIFICANCE:g}.",
+        f"tests, then Holm-adjusted over the page's {sum(not r.identical for r in found)} tests (a net whose bf16 "
+        "runs are its float32 runs is not tested). A net is backed in bf16 where every one of its rows has its "
+        f"interval inside the margin and an adjusted p below {SIGNIFICANCE:g}.",
         "",
         "| arm | model | metric | seeds | float32 | bf16-mixed | difference [95% interval] | TOST p | Holm | inside |",
         "| --- | --- | --- | ---: | ---: | ---: | --- | ---: | ---: | --- |",
@@ -135,7 +138,11 @@ def equivalence_section(runs: list[Run], page: StudyPage, output: Path) -> str:
         lines.append(
             f"| {row.arm} | {_shown(row.arm)} | {METRICS[row.metric]} | {test.n} "
             f"| {row.float32:.2f} | {row.bf16:.2f} | {test.mean:+.2f} [{test.low:+.2f}, {test.high:+.2f}] "
-            f"| {_p(test.p)} | {_p(row.p_holm)} | {'yes' if row.backed else 'no'} |"
+            + (
+                "| identical, not tested | | |"
+                if row.identical
+                else f"| {_p(test.p)} | {_p(row.p_holm)} | {'yes' if row.backed else 'no'} |"
+            )
         )
     backed = backed_models(runs)
     verdicts = []
@@ -200,11 +207,15 @@ def equivalence_figure(runs: list[Run], page: StudyPage, output: Path) -> Path |
             )
         axes.set_yticks(range(len(names)), names)
         axes.set_ylim(len(names) - 0.5, -0.6)
-        axes.set_xlabel(f"bf16-mixed minus float32, {METRICS[metric]} (points)")
+        unit = "points" if metric == TEST_ACC else "hundredths of a score"
+        axes.set_xlabel(f"bf16-mixed minus float32, {METRICS[metric]} ({unit})")
         axes.grid(axis="x", alpha=0.3)
     handles, labels = axes_row[0][0].get_legend_handles_labels()
     figure.legend(handles, labels, fontsize="small", loc="lower center", ncol=2, bbox_to_anchor=(0.5, -0.05))
-    title = f"Mean paired difference and its 95% interval (blue: inside ±{MARGIN_POINTS:g}, red: not), each seed a dot"
+    title = (
+        f"Mean paired difference and its 95% interval (blue: inside ±{MARGIN_POINTS:g} and equivalent by the "
+        "page's tests, red: not), each seed a dot"
+    )
     return saved(figure, output / FIGURE, title)
 
 
