@@ -553,6 +553,7 @@ page:
 def test_each_configuration_against_each_reference_for_each_metric_in_one_family_holm_over_the_page(
     tmp_path, monkeypatch
 ):
+    saved = saved_figures(monkeypatch)
     """Two references and two metrics, 5 seeds a side: one table, its p-values one family (a pair compared
     both ways counted once: 3 comparisons a metric, 6 in all), each row with the t-test and the exact
     sign-flip test, both adjusted by Holm over the 6."""
@@ -618,6 +619,21 @@ def test_each_configuration_against_each_reference_for_each_metric_in_one_family
     assert other_way[4] == "-1.26" and other_way[7:9] == dynamic[7:9]  # one comparison, one adjusted p
     self_row = rows[1].split(" | ")
     assert self_row[7:9] == [f"{t_holm[pairs[1]]:.3f}", f"{flip_holm[pairs[1]]:.3f}"]
+    # The forest plot fills the dot of a significant difference only: dynamic - uniform (0.048), not self's.
+    import matplotlib.colors
+
+    axes = saved["differences.png"].axes[0]
+    labels = [tick.get_text() for tick in axes.get_yticklabels()]
+    dots = {round(line.get_ydata()[0]): line for line in axes.get_lines() if line.get_marker() == "o"}
+    filled = {
+        label: matplotlib.colors.to_hex(dots[len(labels) - 1 - i].get_markerfacecolor()) != "#ffffff"
+        for i, label in enumerate(labels)
+    }
+    assert filled == {
+        "arm=dynamic − arm=uniform": True,
+        "arm=self − arm=uniform": False,
+        "arm=self − arm=dynamic": False,
+    }
 
 
 def test_the_diagnostics_give_each_routing_layers_coupling_change_at_its_last_iteration(tmp_path):
