@@ -84,17 +84,18 @@ class Gap:
     p: float | None
     significant: bool
     tested: bool = False
+    places: int = 2  # decimals it prints with: hundredths of a point, thousandths of a score
 
     def __str__(self) -> str:
-        return f"{self.points:+.2f}"
+        return f"{self.points:+.{self.places}f}"
 
     @property
     def magnitude(self) -> str:
-        return f"{abs(self.points):.2f}"
+        return f"{abs(self.points):.{self.places}f}"
 
     @property
     def interval(self) -> str:
-        return "" if self.low is None else f"[{self.low:+.2f}, {self.high:+.2f}]"
+        return "" if self.low is None else f"[{self.low:+.{self.places}f}, {self.high:+.{self.places}f}]"
 
     @property
     def p_text(self) -> str:
@@ -162,6 +163,7 @@ class Figures:
             row.p_holm if in_family else None,
             row.significant if in_family else False,
             found.tested,
+            2 if factor == 100 else 3,
         )
 
     def _declared(self, name: str):

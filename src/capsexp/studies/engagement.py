@@ -153,6 +153,6 @@ def figures(runs: list[Run], page: StudyPage) -> dict:
         found = statistics.difference(*sides)
         # An effect size with its interval, never a test: a measure constant by construction in one arm
         # (uniform coupling's KL from uniform is 0) makes a test of the pair show only that the other is not.
-        return Gap(found.mean, found.low, found.high, None, False, found.tested)
+        return Gap(found.mean, found.low, found.high, None, False, found.tested, places=4)  # KL: ten-thousandths
 
     return {"scalar_difference": scalar_difference}
