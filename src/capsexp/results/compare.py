@@ -221,8 +221,14 @@ def _differences(
     else:
         intro += (
             f"A comparison is tested with {statistics.MIN_RUNS_TO_TEST} runs a side or more; fewer: too few seeds "
-            f"to test. {PERMUTATION_TEXT} Adjusted over the family it cannot reach {statistics.SIGNIFICANCE} "
-            "with so few seeds: a difference called significant here rests on the t-test. detectable: the smallest "
+            f"to test. {PERMUTATION_TEXT}"
+            + (
+                f" Adjusted over this family it cannot reach {statistics.SIGNIFICANCE} with these seeds: a "
+                "difference called significant here rests on the t-test."
+                if _permutation_floor(tested) * size >= statistics.SIGNIFICANCE
+                else ""
+            )
+            + " detectable: the smallest "
             f"difference the seeds could find with {statistics.POWER:.0%} power at the observed spread (t-test at "
             f"level {statistics.SIGNIFICANCE}, before Holm's adjustment, which asks for more). The intervals are "
             "each comparison's own, not adjusted. "
@@ -281,6 +287,17 @@ def _differences(
                 ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def _permutation_floor(rows: list) -> float:
+    """The smallest p-value the exact permutation test can give any of ``rows``: 2 / 2^n for n paired
+    seeds (unpaired: 2 / C(n + m, n)), at the best-seeded row."""
+    floors = []
+    for row in rows:
+        arm, reference = row.difference.runs
+        paired = row.difference.test == statistics.PAIRED
+        floors.append(2 / 2**arm if paired else 2 / math.comb(arm + reference, arm))
+    return min(floors)
 
 
 def _permutation_holm(rows: list) -> dict:
