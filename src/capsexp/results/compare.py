@@ -171,11 +171,14 @@ def differences_figure(
                 row.hypothesis.smallest_effect if row.hypothesis else None,
                 row.hypothesis is not None,
                 row.significant,
+                _places(factor),
             )
         )
     if not drawn:
         return None
     against = "" if len(references) != 1 else f" minus {display(next(iter(references)))}"
+    if against and page.hypotheses:  # the hypotheses name their own references
+        against = f" (unnamed rows:{against})"
     title = (
         f"Each comparison{against}: the mean difference and its 95% interval (paired by seed where the two share "
         "their seeds)"

@@ -363,6 +363,7 @@ class ForestRow:
     smallest_effect: float | None = None
     declared: bool = False
     significant: bool = False  # by the page's family of tests
+    places: int = 2  # decimals of the figures beside the row
 
 
 def forest_plot(rows: Sequence[ForestRow], path: Path, title: str) -> Path:
@@ -410,7 +411,8 @@ def forest_plot(rows: Sequence[ForestRow], path: Path, title: str) -> Path:
                 continue
             axes.plot([row.low, row.high], [position, position], color=colour, linewidth=2)
             # the figures, since a panel's scale is set by its largest difference
-            beside(axes, position, f"{row.mean:+.2f} [{row.low:+.2f}, {row.high:+.2f}]")
+            places = row.places
+            beside(axes, position, f"{row.mean:+.{places}f} [{row.low:+.{places}f}, {row.high:+.{places}f}]")
             axes.plot(
                 row.mean,
                 position,

@@ -82,7 +82,7 @@ def engagement_figure(runs: list[Run], page: StudyPage, output: Path) -> Path | 
                 if measure == ENGAGEMENT["kl_from_uniform"]:
                     mean, low, high = (np.maximum(x, KL_FLOOR) for x in (mean, low, high))
                 index = style_of[configuration.label]
-                colour = f"C{index % 10}"
+                colour = colour_of(index)
                 axes.plot(
                     steps,
                     mean,
@@ -115,13 +115,20 @@ def engagement_figure(runs: list[Run], page: StudyPage, output: Path) -> Path | 
     return saved(figure, output / FIGURE, title)
 
 
+def colour_of(index: int):
+    """A configuration's colour: matplotlib's ten, then tab20's light ones, so that up to 20 differ."""
+    from matplotlib import colormaps
+
+    return f"C{index}" if index < 10 else colormaps["tab20"](2 * (index - 10) % 20 + 1)
+
+
 def _test_share(axes, layer: str, found: list[Configuration], style_of: dict[str, int]) -> None:
     """The share of a child's vote to the predicted class at test: a dot per run, a bar at the mean."""
     tag = f"routing/{layer}/{TEST_SHARE}"
     shown = [(c, [v for run in c.runs if (v := run.final(tag)) is not None]) for c in found]
     shown = [(c, values) for c, values in shown if values]
     for position, (configuration, values) in enumerate(shown):
-        colour = f"C{style_of[configuration.label] % 10}"
+        colour = colour_of(style_of[configuration.label])
         axes.scatter(values, [position] * len(values), s=16, color=colour, zorder=3)
         axes.plot(np.mean(values), position, marker="|", markersize=14, markeredgewidth=2.5, color=colour)
     axes.set_yticks(range(len(shown)))
