@@ -25,7 +25,16 @@ from pathlib import Path
 
 from capsexp.errors import CapsexpError, ConfigError
 from capsexp.results import statistics
-from capsexp.results.differences import both_adjusted, family, find, references_of, scale, test_only, verdict
+from capsexp.results.differences import (
+    both_adjusted,
+    family,
+    find,
+    metrics_of,
+    references_of,
+    scale,
+    test_only,
+    verdict,
+)
 from capsexp.results.runs import Configuration, Run, group
 from capsexp.results.study import StudyPage
 
@@ -138,8 +147,6 @@ class Figures:
     def family(self) -> list:
         """The page's comparisons as its tables give them (:func:`~capsexp.results.differences.family`)."""
         if self._family is None:
-            from capsexp.results.compare import metrics_of
-
             headline = self.page.headline_metric(metrics_of(self.runs))
             metrics = [headline, *(m for m in self.page.metrics if m != headline)]
             self._family = family(self.configurations, metrics, self.page)

@@ -31,6 +31,7 @@ from capsexp.results.differences import (
     distinct,
     family,
     family_size,
+    metrics_of,
     references_of,
     scale,
     test_only,
@@ -42,10 +43,6 @@ from capsexp.results.metric_names import (
     MODEL_FLOPS,
     MODEL_PARAMETERS,
     PRESENCE_GAP,
-    TEST_ACC,
-    VAL_ACC,
-    VAL_ACC_BEST,
-    rotation_angle,
 )
 from capsexp.results.plots import FOREST, HEADLINE, ForestRow, display, forest_plot, headline_rows, write_plots
 from capsexp.results.revision import REVISION_FILE
@@ -69,20 +66,6 @@ from capsexp.results.runs import (
 from capsexp.results.study import StudyPage, figure_for, page_for
 
 PAGE, TABLE = "README.md", "comparison.csv"
-
-
-def metrics_of(runs: list[Run]) -> list[str]:
-    """The metrics a comparison shows: best, final validation and test accuracy, the rotated test sets
-    by angle, the other named test sets, the presence gap."""
-    tags = {tag for run in runs for tag in run.scalars}
-    rotations = sorted((tag for tag in tags if rotation_angle(tag) is not None), key=rotation_angle)
-    named_sets = sorted(tag for tag in tags if tag.startswith(f"{TEST_ACC}_") and rotation_angle(tag) is None)
-    return (
-        [tag for tag in (VAL_ACC_BEST, VAL_ACC, TEST_ACC) if tag in tags]
-        + rotations
-        + named_sets
-        + ([PRESENCE_GAP] if PRESENCE_GAP in tags else [])
-    )
 
 
 def mean_std(summary: statistics.Summary | None, factor: float) -> str:

@@ -12,9 +12,23 @@ import math
 from dataclasses import dataclass
 
 from capsexp.results import statistics
-from capsexp.results.metric_names import PRESENCE_GAP
-from capsexp.results.runs import Configuration
+from capsexp.results.metric_names import PRESENCE_GAP, TEST_ACC, VAL_ACC, VAL_ACC_BEST, rotation_angle
+from capsexp.results.runs import Configuration, Run
 from capsexp.results.study import Hypothesis, StudyPage, matches
+
+
+def metrics_of(runs: list[Run]) -> list[str]:
+    """The metrics a comparison shows: best, final validation and test accuracy, the rotated test sets
+    by angle, the other named test sets, the presence gap."""
+    tags = {tag for run in runs for tag in run.scalars}
+    rotations = sorted((tag for tag in tags if rotation_angle(tag) is not None), key=rotation_angle)
+    named_sets = sorted(tag for tag in tags if tag.startswith(f"{TEST_ACC}_") and rotation_angle(tag) is None)
+    return (
+        [tag for tag in (VAL_ACC_BEST, VAL_ACC, TEST_ACC) if tag in tags]
+        + rotations
+        + named_sets
+        + ([PRESENCE_GAP] if PRESENCE_GAP in tags else [])
+    )
 
 
 def scale(metric: str) -> float:
