@@ -271,3 +271,24 @@ def test_a_figure_copied_from_a_page_and_rounded_is_caught():
     assert unbound_figures(quoted.replace("-->54.05%", "-->54.1%")) == ["54.1%"]
     assert unbound_config_figures("# reached 54.1% against 82.0%\nlr: 0.003\n") == ["54.1%", "82.0%"]
     assert unbound_config_figures("# stop at 99.2% as the authors did\nstop_at: 0.992\n") == []
+
+
+def test_a_bound_quote_whose_runs_change_no_longer_renders_its_text(tmp_path):
+    """The docs' quote of the VB page's 54.05, rendered over a copy of its runs with one seed's accuracy
+    changed: the text differs, so the quote test above fails naming the doc and the quote."""
+    import shutil
+
+    from capsexp.results.claims import render_over_page
+    from tests.test_claims import rewrite_scalar
+
+    page = PROJECT_ROOT / "experiments/results/vb_em_caps_lr_quick"
+    _, _, text, template = next(q for q in quotes() if q[1] == "experiments/results/vb_em_caps_lr_quick")
+    assert render_over_page(page, template) == text
+    shutil.copytree(page / "runs", tmp_path / "runs")
+    run = next(
+        folder.parent.parent  # <run>/.hydra/overrides.yaml
+        for folder in sorted((tmp_path / "runs").rglob("overrides.yaml"))
+        if "model.optimizer.lr=0.01" in folder.read_text()
+    )
+    rewrite_scalar(run, "val/acc_best", 0.99)
+    assert render_over_page(tmp_path, template) != text
