@@ -62,6 +62,7 @@ def test_a_rank_is_started_as_this_job_alone_in_its_folder(tmp_path):
         HydraConfig.instance().cfg = None
 
 
+@pytest.mark.slow  # 37 s: make test-all; test_a_rank_is_started_as_this_job_alone_in_its_folder covers the launch
 @pytest.mark.filterwarnings("ignore:Be aware that when using `ckpt_path`", "ignore:The dirpath has changed")
 def test_a_multirun_of_two_process_jobs_runs_each_job_once_in_one_folder_with_exact_metrics(
     uneven_mnist_dir, tmp_path, monkeypatch

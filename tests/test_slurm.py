@@ -64,6 +64,7 @@ def test_only_a_restarted_job_with_a_saved_state_resumes_its_folder(slurm_job, m
     assert slurm.resume_if_restarted(arguments) == arguments
 
 
+@pytest.mark.slow  # 16 s of two CLI runs: make test-all; the requeue call and the resume are tested on their own
 def test_the_requeue_signal_saves_requeues_and_the_restarted_job_resumes_in_its_folder(mnist_dir, tmp_path):
     # A fake scontrol that notes how it was called.
     bin_dir, calls = tmp_path / "bin", tmp_path / "scontrol_calls"
