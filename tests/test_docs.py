@@ -10,6 +10,8 @@ import pytest
 
 from capsexp.config.config_check import config_problems
 from capsexp.locations import PROJECT_ROOT
+from capsexp.results.claims import A_PAPER as NAMES_A_PAPER
+from capsexp.results.claims import HANDWRITTEN_FIGURE
 from tests.helpers import compose_config
 
 PAGES = [PROJECT_ROOT / "README.md", *sorted((PROJECT_ROOT / "docs").glob("*.md"))]
@@ -198,9 +200,8 @@ def test_the_docs_table_of_config_groups_lists_every_group_and_option():
 # or `<!-- source <file or paper>: <text> -->` for a setting (the file must hold its number) or a paper's
 # figure; in a config's comments a figure is a setting of that file (its number, or its hundredth, among the
 # file's values) or a paper's (the comment names it). A figure copied from a page drifts from it unseen.
-A_FIGURE = re.compile(r"(?<![\w.])(?:\d+\.\d+ ?(?:%|points?|nats)|p \d?\.\d+)")
+A_FIGURE = HANDWRITTEN_FIGURE  # what a page's notes may not type by hand, the same outside the pages
 SOURCED = re.compile(r"<!-- source ([^:]+): (.+?) -->")
-A_PAPER = re.compile(r"\bpaper\b|\breports?\b|et al\.|\bTable \d")
 
 
 def unbound_figures(text: str) -> list[str]:
@@ -224,7 +225,7 @@ def unbound_config_figures(text: str) -> list[str]:
         for figure in A_FIGURE.finditer(comment):
             number = re.search(r"\d+\.\d+", figure.group(0)).group(0)
             setting = {number, f"{float(number) / 100:g}", number.rstrip("0").rstrip(".")} & values
-            if not setting and not A_PAPER.search(comment):
+            if not setting and not NAMES_A_PAPER.search(comment):
                 found.append(figure.group(0))
     return found
 

@@ -30,6 +30,7 @@ from capsexp.results.differences import (
     family,
     find,
     metrics_of,
+    places,
     references_of,
     scale,
     test_only,
@@ -170,7 +171,7 @@ class Figures:
             row.p_holm if in_family else None,
             row.significant if in_family else False,
             found.tested,
-            2 if factor == 100 else 3,
+            places(factor),
         )
 
     def _declared(self, name: str):
@@ -300,8 +301,8 @@ class BoundNotes:
 HANDWRITTEN_FIGURE = re.compile(r"(?<![\w.])(?:\d+\.\d+ ?(?:%|points?|nats)|p \d?\.\d+)")
 
 
-# A sentence of the notes that names a paper's or another project's figure (not these runs').
-A_PAPER = re.compile(r"\bpaper'?s?\b|\breports?\b|et al\.|\bTable \d")
+# A sentence (of the notes, or a config comment) that names a paper's or another project's figure.
+A_PAPER = re.compile(r"\bpaper\b|\breports?\b|et al\.|\bTable \d")
 
 
 def handwritten_figures(notes: str) -> list[str]:

@@ -32,6 +32,7 @@ from capsexp.results.differences import (
     family,
     family_size,
     metrics_of,
+    places,
     references_of,
     scale,
     test_only,
@@ -73,13 +74,8 @@ def mean_std(summary: statistics.Summary | None, factor: float) -> str:
 
 
 def interval(low: float | None, high: float | None, factor: float) -> str:
-    places = _places(factor)
-    return "" if low is None else f"[{factor * low:.{places}f}, {factor * high:.{places}f}]"
-
-
-def _places(factor: float) -> int:
-    """Decimals of a difference: hundredths of a point of accuracy, thousandths of a score."""
-    return 2 if factor == 100 else 3
+    shown = places(factor)
+    return "" if low is None else f"[{factor * low:.{shown}f}, {factor * high:.{shown}f}]"
 
 
 def results_table(configurations: list[Configuration], metrics: list[str], headline: str, page: StudyPage) -> str:
@@ -106,34 +102,37 @@ def results_table(configurations: list[Configuration], metrics: list[str], headl
     return "\n".join(lines) + "\n"
 
 
-def differences_section(configurations: list[Configuration], headline: str, page: StudyPage) -> str:
-    """The page's tests: its declared hypotheses (:func:`hypotheses_section`), then each compared metric
-    (the headline first, then the page's others) as each configuration minus each reference in one table,
-    with intervals, and, without declared hypotheses, the page's one family of tests. Test-only
-    configurations (:func:`test_only`) are not compared."""
+def compared_rows(configurations: list[Configuration], metrics: list[str], page: StudyPage) -> list:
+    """The page's comparisons (:func:`~capsexp.results.differences.family`) of the configurations that
+    are compared (test-only ones, :func:`test_only`, are not), once for its table and its figure; none
+    where it compares nothing."""
     in_comparison = [c for c in configurations if not test_only(c)]
     if len(in_comparison) < 2 or not (page.differences or page.hypotheses):
+        return []
+    return family(in_comparison, metrics, page)
+
+
+def differences_section(rows: list, configurations: list[Configuration], metrics: list[str], page: StudyPage) -> str:
+    """The page's tests: its declared hypotheses (:func:`hypotheses_section`), then each compared metric
+    (the headline first, then the page's others) as each configuration minus each reference in one table,
+    with intervals, and, without declared hypotheses, the page's one family of tests (``rows``:
+    :func:`compared_rows`)."""
+    if not rows:
         return ""
-    metrics = [headline, *(m for m in page.metrics if m != headline)]
-    rows = family(in_comparison, metrics, page)
     declared = [row for row in rows if row.hypothesis is not None]
     table = [row for row in rows if row.hypothesis is None]
     left_out = [c.label for c in configurations if test_only(c)]
+    in_comparison = [c for c in configurations if not test_only(c)]
     blocks = [hypotheses_section(declared, page)] if page.hypotheses else []
     if table:
         blocks.append(_differences(table, references_of(in_comparison, page), metrics, left_out, bool(page.hypotheses)))
     return "\n".join(blocks)
 
 
-def differences_figure(
-    configurations: list[Configuration], headline: str, page: StudyPage, output: Path
-) -> Path | None:
-    """``differences.png``: the page's comparisons as a forest plot (:func:`~capsexp.results.plots.forest_plot`),
-    the declared hypotheses first; None where the page compares nothing."""
-    if len(configurations) < 2 or not (page.differences or page.hypotheses):
-        return None
-    metrics = [headline, *(m for m in page.metrics if m != headline)]
-    rows = family(configurations, metrics, page)
+def differences_figure(rows: list, page: StudyPage, output: Path) -> Path | None:
+    """``differences.png``: the page's comparisons (``rows``: :func:`compared_rows`) as a forest plot
+    (:func:`~capsexp.results.plots.forest_plot`), the declared hypotheses first; None where the page
+    compares nothing."""
     references = {row.reference.label for row in rows if row.hypothesis is None}
     seen, drawn = set(), []
     for row in rows:
@@ -154,7 +153,7 @@ def differences_figure(
                 row.hypothesis.smallest_effect if row.hypothesis else None,
                 row.hypothesis is not None,
                 row.significant,
-                _places(factor),
+                places(factor),
             )
         )
     if not drawn:
@@ -255,7 +254,7 @@ def _differences(
         else:
             cells += [
                 f"{found.runs[0]} / {found.runs[1]}",
-                f"{factor * found.mean:+.{_places(factor)}f}",
+                f"{factor * found.mean:+.{places(factor)}f}",
                 interval(found.low, found.high, factor),
             ]
         if not exploratory and tested:
@@ -266,7 +265,7 @@ def _differences(
             else:
                 verdict = "" if math.isnan(row.p_holm) else ("yes" if row.significant else "no")
                 cells += [
-                    f"{factor * found.detectable:.{_places(factor)}f}",
+                    f"{factor * found.detectable:.{places(factor)}f}",
                     p_text(row.p_holm),
                     p_text(adjusted_permutation.get(distinct(row))),
                     verdict,
@@ -338,9 +337,9 @@ def hypotheses_section(rows: list, page: StudyPage) -> str:
         found, factor = row.difference, scale(hypothesis.metric)
         t, permuted = adjusted[id(row)] if found.tested else (None, None)
         lines.append(
-            f"{first} {found.runs[0]} / {found.runs[1]} | {factor * found.mean:+.{_places(factor)}f} | "
+            f"{first} {found.runs[0]} / {found.runs[1]} | {factor * found.mean:+.{places(factor)}f} | "
             f"{interval(found.low, found.high, factor)} | {hypothesis.smallest_effect:g} | "
-            f"{'' if found.detectable is None else f'{factor * found.detectable:.{_places(factor)}f}'} | {p_text(t)} | "
+            f"{'' if found.detectable is None else f'{factor * found.detectable:.{places(factor)}f}'} | {p_text(t)} | "
             f"{p_text(permuted)} | {hypothesis.test} | {verdict(row, adjusted[id(row)][1])} |"
         )
     return "\n".join(lines) + "\n"
@@ -635,18 +634,20 @@ def compare(folder: Path, output: Path | None = None, keep: bool = False) -> Com
     in_comparison = [c for c in configurations if not test_only(c)]
     compared = in_comparison and page.differences
     reference_labels = [c.label for c in references_of(in_comparison, page)] if compared else []
+    compared_metrics = [headline, *(m for m in page.metrics if m != headline)]
     panels = [
         (
             f"{metric} (%)" if scale(metric) == 100 else metric,
             headline_rows(in_comparison, metric, scale(metric), reference_labels),
         )
-        for metric in [headline, *(m for m in page.metrics if m != headline)]
+        for metric in compared_metrics
     ]
     notes = notes_of(page, runs, configurations)
     plots = write_plots(configurations, metrics, output, [panel for panel in panels if panel[1]], reference_labels)
     lead = lead_figure(page, runs, output)
     headline_plot = [png for png in plots if png.name == HEADLINE]
-    forest = differences_figure(in_comparison, headline, page, output)
+    rows = compared_rows(configurations, compared_metrics, page)
+    forest = differences_figure(rows, page, output)
     # The answer first: the differences (with the declared hypotheses), then a study's own lead figure;
     # the configurations' values head the results table.
     first = [png for png in (forest, lead) if png] or headline_plot
@@ -671,7 +672,7 @@ def compare(folder: Path, output: Path | None = None, keep: bool = False) -> Com
         "".join(f"![{png.stem}]({png.name})\n" for png in first),  # the answer at a glance, then the notes
         notes.text + "\n" if notes.text else "",
         results,
-        differences_section(configurations, headline, page),
+        differences_section(rows, configurations, compared_metrics, page),
         diagnostics_section(configurations),
         *extra_sections(page, runs, output),
         check_text,

@@ -36,6 +36,12 @@ def scale(metric: str) -> float:
     return 1.0 if metric == PRESENCE_GAP else 100.0
 
 
+def places(factor: float) -> int:
+    """Decimals a difference is shown with, by its :func:`scale`: hundredths of a point of accuracy,
+    thousandths of a score."""
+    return 2 if factor == 100 else 3
+
+
 def test_only(configuration: Configuration) -> bool:
     """Runs made with ``train=false``: they test a checkpoint another configuration trained (the
     adversarial study's black-box runs), so their clean accuracy repeats that configuration's."""
