@@ -1,10 +1,22 @@
-"""Multiruns through the CLI: the joblib and submitit_local launchers, and an Optuna sweep."""
+"""Multiruns through the CLI: the joblib and submitit_local launchers, a sweep finished after a kill, and an
+Optuna sweep."""
 
 from __future__ import annotations
 
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
 import pytest
+import torch
 import yaml
 
+from capsexp.locations import PROJECT_ROOT
+from capsexp.run.sweep_resume import FINISHED
 from tests.helpers import TINY_RUN, hparams_summary, run_cli, run_cli_in_process, scalars
 
 
@@ -132,3 +144,111 @@ def test_checkpoint_paths_in_named_job_folders_reach_hydra_quoted(tmp_path):
     parser = OverridesParser.create()
     for text in [str(checkpoint), "/a b/it's", "C:\\x\\", "/plain/name.ckpt"]:
         assert parser.parse_override(f"ckpt_path={hydra_value(text)}").value() == text
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def _last_logged_step(run: Path) -> int:
+    """The last step of train/loss_step in ``run``'s event files, read as they are being written."""
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+
+    steps = [-1]
+    for path in sorted(run.glob("events.out.tfevents.*")):
+        for event in EventFileLoader(str(path)).Load():
+            if any(value.tag == "train/loss_step" for value in event.summary.value):
+                steps.append(event.step)
+    return max(steps)
+
+
+def test_a_sweep_killed_outright_during_its_third_job_finishes_when_run_again(mnist_dir, tmp_path):
+    """The whole process group SIGKILLed once the third of four jobs saved a state (a lost machine): the
+    command run again, as it printed it, skips the two finished jobs (their folders byte for byte as they
+    were), resumes the third from its last.ckpt without logging a step twice, starts the fourth, and
+    writes one page over the four. The second run uses the joblib launcher: the jobs it runs resume in its
+    worker process."""
+    sweep = tmp_path / "sweep"
+    common = [*TINY_RUN, f"paths.data_dir={mnist_dir}", "trainer.max_steps=60", "trainer.val_check_interval=10"]
+    command = [sys.executable, "-m", "capsexp", "-m", "seed=1,2,3,4", *common, f"hydra.sweep.dir={sweep}"]
+    environment = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    printed_file = tmp_path / "printed.txt"
+    with open(printed_file, "w") as printed_to:
+        process = subprocess.Popen(
+            command, cwd=PROJECT_ROOT, stdout=printed_to, stderr=subprocess.STDOUT, env=environment,
+            start_new_session=True,
+        )  # fmt: skip
+    third = sweep / "seed=3"
+    deadline = time.monotonic() + 240
+    while not (third / "checkpoints" / "last.ckpt").is_file() and process.poll() is None:
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
+    saved = torch.load(third / "checkpoints" / "last.ckpt", weights_only=True)["global_step"]
+    while _last_logged_step(third) < saved and process.poll() is None:
+        time.sleep(0.002)  # until it logged past its saved state: those steps are logged again
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait(timeout=60)
+    printed = printed_file.read_text()
+    assert process.returncode == -signal.SIGKILL, printed[-2000:]
+    assert not (third / FINISHED).exists() and not (sweep / "seed=4").exists()
+    # Its printed command: this one, in this sweep's folder.
+    line = next(line for line in printed.splitlines() if "if it is stopped, this finishes it: " in line)
+    again = shlex.split(line.split("this finishes it: ")[1])
+    assert again == ["python", "-m", "capsexp", *command[3:]]
+    before = {name: _files(sweep / name) for name in ("seed=1", "seed=2")}
+    stepped = torch.load(third / "checkpoints" / "last.ckpt", weights_only=True)["global_step"]
+    assert 0 < stepped < 60
+    assert max(s.step for s in scalars(third)["train/loss_step"]) >= stepped  # logged past its state
+
+    result = run_cli(*again[3:], "hydra/launcher=joblib", "hydra.launcher.n_jobs=1")
+    assert result.returncode == 0, result.stderr[-3000:]
+    said = result.stderr + result.stdout
+    assert "2 finished (skipped), 1 resumed from their last.ckpt, 1 started" in said
+    assert {name: _files(sweep / name) for name in ("seed=1", "seed=2")} == before
+    validated = {}
+    for seed in (1, 2, 3, 4):
+        logged = scalars(sweep / f"seed={seed}")
+        assert len(logged["test/acc"]) == 1
+        steps = [s.step for s in logged["train/loss_step"]]
+        assert steps == list(range(60)), seed  # each step once, the third job's included
+        validated[seed] = [s.step for s in logged["val/acc"]]
+    assert validated[3] == validated[1] == validated[4] and len(validated[1]) == len(set(validated[1])) > 2
+    assert "Resuming this job from" in (third / "capsexp.log").read_text()
+    assert "| 4 |" in (sweep / "README.md").read_text()  # one page, over the four runs
+
+
+def test_a_sweep_folder_is_finished_only_by_the_sweep_that_started_it(mnist_dir, tmp_path):
+    """The same hydra.sweep.dir given to a sweep of other settings: refused, naming the job and what differs
+    (a location, here the data's folder, may differ: the data sits elsewhere on another machine)."""
+    from capsexp.errors import CapsexpError
+    from capsexp.run.sweep_resume import check_same_job
+
+    job = tmp_path / "seed=1"
+    (job / ".hydra").mkdir(parents=True)
+    (job / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(["seed=1", "model=lenet5", "paths.data_dir=/a"]))
+    check_same_job(job, ["model=lenet5", "seed=1", "paths.data_dir=/elsewhere"])  # the order, a location
+    with pytest.raises(CapsexpError, match=r"there: model=lenet5; now: model=capsnet") as refused:
+        check_same_job(job, ["seed=1", "model=capsnet", "paths.data_dir=/a"])
+    assert str(job) in str(refused.value) and "hydra.sweep.dir" in str(refused.value)
+    with pytest.raises(CapsexpError, match=r"there: none; now: trainer.max_epochs=3"):
+        check_same_job(job, ["seed=1", "model=lenet5", "trainer.max_epochs=3"])
+
+
+def test_a_study_step_after_the_sweep_runs_each_of_its_runs_once(tmp_path):
+    """In a sweep run again, a run an after-sweep step made that finished is not made again; one that saved
+    a state goes on from it; one never started starts."""
+    from capsexp.locations import LAST_CHECKPOINT, hydra_value
+    from capsexp.run.sweep_resume import after_sweep_arguments, write_finished
+
+    finished, interrupted, new = (tmp_path / name for name in ("finished", "interrupted", "new"))
+    finished.mkdir()
+    write_finished(finished, {"test/acc": 0.5})
+    (interrupted / LAST_CHECKPOINT).parent.mkdir(parents=True)
+    (interrupted / LAST_CHECKPOINT).touch()
+    arguments = ["model=capsnet", "ckpt_path=/other/best.ckpt"]
+    assert after_sweep_arguments([*arguments, f"hydra.run.dir={finished}"], finished) is None
+    assert after_sweep_arguments(arguments, interrupted) == [
+        "model=capsnet",
+        f"ckpt_path={hydra_value(interrupted / LAST_CHECKPOINT)}",
+    ]
+    assert after_sweep_arguments(arguments, new) == arguments

@@ -27,12 +27,13 @@ def main(cfg: DictConfig) -> float | None:
     """Run one job; return ``cfg.optimized_metric`` for Hydra sweepers (Optuna maximises it)."""
     # Imported here: `--help`, `--cfg job` and the command-line checks answer without importing torch.
     from capsexp.config.config_check import check_config
+    from capsexp.run.sweep_resume import continue_job
     from capsexp.run.train import run
 
     try:
         check_config(cfg)
-
-        return optimized_metric(cfg, run(cfg))
+        cfg, recorded = continue_job(cfg)  # a job of a sweep run again: finished before, or a state to go on from
+        return optimized_metric(cfg, recorded if recorded is not None else run(cfg))
     except CapsexpError as error:
         report(error)
 

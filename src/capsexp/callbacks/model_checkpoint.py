@@ -70,6 +70,10 @@ class BestAndLastCheckpoint(ModelCheckpoint):
             return
         if self._last_saved_step == trainer.global_step and self.last_model_path:
             return
+        # The loggers' files first: a run killed outright (SIGKILL, a lost machine) then holds in them
+        # every step its last.ckpt holds; what they hold past it, a resumed run hides and logs again.
+        for logger in trainer.loggers:
+            logger.save()
         candidates = self._monitor_candidates(trainer)
         if self.save_last:
             self._save_last_checkpoint(trainer, candidates)

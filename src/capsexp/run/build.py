@@ -44,11 +44,12 @@ def build_model(key: str, node: Any) -> Any:
     return instantiate(key, node, _convert_="partial")
 
 
-def instantiate_all(group_key: str, group: DictConfig | None) -> list[Any]:
+def instantiate_all(group_key: str, group: DictConfig | None, extra: dict[str, dict] | None = None) -> list[Any]:
     """Instantiate every entry of a ``callbacks`` or ``logger`` node; ``null`` entries are skipped,
-    so ``callbacks.progress_bar=null`` removes one."""
+    so ``callbacks.progress_bar=null`` removes one. ``extra``: more arguments for the entries whose
+    class has that name (``{"TensorBoardLogger": {"purge_step": 40}}``)."""
     return [
-        instantiate(f"{group_key}.{name}", node)
+        instantiate(f"{group_key}.{name}", node, **(extra or {}).get(str(node._target_).rsplit(".", 1)[-1], {}))
         for name, node in (group or {}).items()
         if node is not None and "_target_" in node
     ]

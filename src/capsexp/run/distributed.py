@@ -18,6 +18,7 @@ environment, the thread count and the process group are as they were, and the ch
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import sys
@@ -34,8 +35,8 @@ from lightning.pytorch.strategies.launchers import subprocess_script as trainer_
 LAUNCH_ENVIRONMENT = ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "LOCAL_RANK", "WORLD_SIZE", "OMP_NUM_THREADS")
 
 
-def child_process_command(local_rank: int) -> tuple[Sequence[str], str]:
-    """``python -m capsexp <this job's overrides>`` as a single run in this job's folder.
+def child_process_command(local_rank: int, extra: Sequence[str] = ()) -> tuple[Sequence[str], str]:
+    """``python -m capsexp <this job's overrides> <extra>`` as a single run in this job's folder.
 
     Stands in for ``_hydra_subprocess_cmd`` of Lightning's subprocess launchers (Fabric's, and the
     Trainer's, which imports it by name); returns the command and its working directory, as it does.
@@ -49,7 +50,7 @@ def child_process_command(local_rank: int) -> tuple[Sequence[str], str]:
         if source.provider == "command-line":  # --config-dir
             command += ["--config-dir", source.path.removeprefix("file://")]
     command += ["--config-name", hydra_cfg.job.config_name]
-    command += list(hydra_cfg.overrides.task)
+    command += [*hydra_cfg.overrides.task, *extra]
     command += [
         f'hydra.run.dir="{hydra_cfg.runtime.output_dir}"',
         f"hydra.job.name={hydra_cfg.job.name}_rank{local_rank}",  # its log file: <job name>_rank<k>.log
@@ -73,8 +74,9 @@ class DDPJob:
 
 
 @contextmanager
-def ddp_job() -> Iterator[DDPJob]:
-    """Run one job whose trainer may start DDP child processes; see the module docstring.
+def ddp_job(extra: Sequence[str] = ()) -> Iterator[DDPJob]:
+    """Run one job whose trainer may start DDP child processes; see the module docstring. ``extra``:
+    overrides the children get after the job's own (the checkpoint a resumed job goes on from).
 
     On exit the watched trainers' children are awaited (killed if the job failed: they would wait
     in a collective forever), then the process group, environment and thread count are restored.
@@ -85,7 +87,7 @@ def ddp_job() -> Iterator[DDPJob]:
     launcher_modules = (fabric_launcher, trainer_launcher)
     original_commands = [module._hydra_subprocess_cmd for module in launcher_modules]
     for module in launcher_modules:
-        module._hydra_subprocess_cmd = child_process_command
+        module._hydra_subprocess_cmd = functools.partial(child_process_command, extra=tuple(extra))
     failed = True
     try:
         yield job

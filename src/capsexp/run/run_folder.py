@@ -19,6 +19,8 @@ import lightning as L
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import Logger
 
+from capsexp.locations import LAST_CHECKPOINT
+
 log = logging.getLogger(__name__)
 
 
@@ -37,6 +39,27 @@ def say_run_folder(run_folder: Path, finished: bool) -> None:
         log.info(f"Run folder: {folder} (TensorBoard: tensorboard --logdir {folder})")
     else:
         log.info(f"Run folder: {folder}")
+
+
+def steps_to_hide(run_folder: Path, ckpt_path: str | None) -> int | None:
+    """The first step from which a run in ``run_folder`` logs again what the folder's event files already
+    hold, to be hidden in them (``SummaryWriter(purge_step=...)``: TensorBoard, and the pages reading
+    through it, drop the earlier files' events from that step on). A run going on from the folder's own
+    ``last.ckpt``: the step of that state (a killed run logged past it). Any other run in a folder that
+    holds event files (a sweep's job started again): 0. None where the folder holds no event files.
+    Lightning logs batch ``k`` of training at step ``k`` (counting optimizer steps, one a batch), and a
+    validation after it at step ``k`` too; a state saved after ``n`` steps (its ``global_step``) keeps the
+    steps below ``n``, and the run going on from it logs from step ``n``."""
+    from capsexp.results.events import event_files
+
+    if not event_files(run_folder):
+        return None
+    if not ckpt_path or Path(ckpt_path).resolve() != (run_folder / LAST_CHECKPOINT).resolve():
+        return 0
+    import torch
+
+    state = torch.load(ckpt_path, map_location="cpu", weights_only=True, mmap=True)
+    return int(state["global_step"])
 
 
 class StepSeen(Callback):

@@ -43,7 +43,14 @@ from capsexp.run.distributed import DDPJob, ddp_job
 from capsexp.run.hparams import log_hyperparameters, run_choices
 from capsexp.run.model_cost import forward_flops_per_image, parameter_count
 from capsexp.run.resume import LAST_CHECKPOINT
-from capsexp.run.run_folder import StepSeen, no_files_left_if_failed_early, say_run_folder, shown_path
+from capsexp.run.run_folder import (
+    StepSeen,
+    no_files_left_if_failed_early,
+    say_run_folder,
+    shown_path,
+    steps_to_hide,
+)
+from capsexp.run.sweep_resume import write_finished
 
 if TYPE_CHECKING:
     from capsexp.attacks.evaluation import AdversarialEvaluation
@@ -70,7 +77,8 @@ def run(cfg: DictConfig) -> dict[str, float]:
     With ``trainer.devices > 1`` every process runs this; the returned metrics are reduced over all
     of them (the same on every rank).
     """
-    with ddp_job() as job:
+    # The extra processes of a DDP job go on from the state the job goes on from (capsexp.run.sweep_resume).
+    with ddp_job([f"ckpt_path={hydra_value(cfg.ckpt_path)}"] if cfg.get("ckpt_path") else []) as job:
         return _run(cfg, job)
 
 
@@ -107,7 +115,12 @@ def _run(cfg: DictConfig, job: DDPJob) -> dict[str, float]:
     # Built before training, so that a bad attack option fails now, not after hours of training.
     attack = instantiate("attack", cfg.attack) if cfg.get("attack") else None
     callbacks: list[Callback] = instantiate_all("callbacks", cfg.get("callbacks"))
-    loggers: list[Logger] = instantiate_all("logger", cfg.get("logger"))
+    hidden = steps_to_hide(run_folder, cfg.get("ckpt_path")) if run_folder is not None else None
+    if hidden is not None and run_folder is not None and int(os.environ.get("LOCAL_RANK", 0)) == 0:
+        log.info(f"Events this folder holds from step {hidden} on are hidden: this run logs them again")
+    loggers: list[Logger] = instantiate_all(
+        "logger", cfg.get("logger"), {"TensorBoardLogger": {"purge_step": hidden}} if hidden is not None else None
+    )
     step_seen = StepSeen()
     # A progress bar or model summary dropped from the callbacks (callbacks.progress_bar=null) is gone:
     # Lightning would otherwise add its own default one.
@@ -130,6 +143,7 @@ def _run(cfg: DictConfig, job: DDPJob) -> dict[str, float]:
     with no_files_left_if_failed_early(loggers, trainer, step_seen):
         metrics = _fit_and_test(cfg, datamodule, module, attack, trainer)
     if run_folder is not None and trainer.is_global_zero:
+        write_finished(run_folder, metrics)  # last: a sweep run again skips this job (capsexp.run.sweep_resume)
         say_run_folder(run_folder, finished=True)
     return metrics
 

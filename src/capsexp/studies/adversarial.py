@@ -22,6 +22,7 @@ from capsexp.locations import hydra_value, is_relaunched
 from capsexp.results.runs import Run, find_runs, group
 from capsexp.results.study import StudyPage, matches
 from capsexp.run.checkpoints import best_checkpoint
+from capsexp.run.sweep_resume import after_sweep_arguments
 
 log = logging.getLogger("capsexp")
 
@@ -53,6 +54,9 @@ class BlackBox:
                 f"++attack.source={hydra_value(best_checkpoint(sources[run.seed].folder))}",
                 f"hydra.run.dir={hydra_value(folder / BLACKBOX / run.folder.name)}",
             ]
+            arguments = after_sweep_arguments(arguments, folder / BLACKBOX / run.folder.name)
+            if arguments is None:
+                continue
             log.info(f"Black-box attack of {run.folder.name}: python -m capsexp {' '.join(arguments)}")
             subprocess.run([sys.executable, "-m", "capsexp", *arguments], check=True, env=dict(os.environ))
 

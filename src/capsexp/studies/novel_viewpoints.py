@@ -21,6 +21,7 @@ from capsexp.results.metric_names import TEST_ACC, VAL_ACC_BEST
 from capsexp.results.runs import Run, find_runs
 from capsexp.results.study import StudyPage, figure_for
 from capsexp.run.checkpoints import best_checkpoint
+from capsexp.run.sweep_resume import after_sweep_arguments
 
 log = logging.getLogger("capsexp")
 
@@ -34,9 +35,13 @@ def _own_overrides(run: Run) -> list[str]:
     return [o for o in run.overrides if is_relaunched(o)]
 
 
-def _capsexp(arguments: list[str]) -> None:
-    log.info(f"python -m capsexp {' '.join(arguments)}")
-    subprocess.run([sys.executable, "-m", "capsexp", *arguments], check=True)
+def _capsexp(arguments: list[str], folder: Path) -> None:
+    """``python -m capsexp <arguments> hydra.run.dir=<folder>``, unless it finished there before (a sweep
+    run again), going on from its saved state where it has one."""
+    given = after_sweep_arguments([*arguments, f"hydra.run.dir={hydra_value(folder)}"], folder)
+    if given is not None:
+        log.info(f"python -m capsexp {' '.join(given)}")
+        subprocess.run([sys.executable, "-m", "capsexp", *given], check=True)
 
 
 def _sweep_runs(folder: Path) -> list[Run]:
@@ -62,8 +67,8 @@ class MatchedCapsules:
                     "callbacks=[default,stop_at_accuracy]",
                     f"callbacks.stop_at_accuracy.stopping_threshold={threshold - MATCH_TOLERANCE:.7f}",
                     *self.overrides,
-                    f"hydra.run.dir={hydra_value(folder / CAPSULES / run.folder.name)}",
-                ]
+                ],
+                folder / CAPSULES / run.folder.name,
             )
 
 
@@ -82,8 +87,8 @@ class NovelViewpoints:
                     *_own_overrides(run),
                     *NOVEL_TEST,
                     f"ckpt_path={hydra_value(best_checkpoint(run.folder))}",
-                    f"hydra.run.dir={hydra_value(folder / NOVEL / where)}",
-                ]
+                ],
+                folder / NOVEL / where,
             )
 
 
