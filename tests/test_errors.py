@@ -348,13 +348,15 @@ def test_a_gpu_asked_for_on_a_machine_without_one_is_a_usage_error(tmp_path):
     assert "trainer.accelerator=gpu" in result.stderr
 
 
-def test_a_run_without_validation_exits_0_warns_and_logs_progress_when_piped(mnist_dir, tmp_path):
+# In a sweep of the basic sweeper (capsexp's resumable one) too: no sweeper there needs the metric.
+@pytest.mark.parametrize("sweep", [False, True], ids=["single run", "basic sweep"])
+def test_a_run_without_validation_exits_0_warns_and_logs_progress_when_piped(sweep, mnist_dir, tmp_path):
     result = run_cli_in_process(
+        *(["-m", f"hydra.sweep.dir={tmp_path}"] if sweep else [f"hydra.run.dir={tmp_path}"]),
         *TINY_RUN,
         f"paths.data_dir={mnist_dir}",
         "trainer.max_steps=5",
         "callbacks.progress_log.interval_s=0.001",
-        f"hydra.run.dir={tmp_path}",
     )
     assert result.returncode == 0, result.stderr[-2000:]
     output = result.stdout + result.stderr

@@ -18,7 +18,8 @@ from capsexp.nn.functional import dynamic_routing, em_routing, squash
 from tests.em_reference import fast_em_routing
 
 # Enough cases to cover the ranges, few enough for `make test`; no deadline (first calls warm up torch).
-CASES = settings(max_examples=30, deadline=None)
+# The same examples on every run (derandomize): the suite passes or fails alike on every machine and in CI.
+CASES = settings(max_examples=30, deadline=None, derandomize=True)
 scales = st.sampled_from([1.0, 10.0, 100.0, 1e3, 1e4])
 
 

@@ -310,3 +310,16 @@ def test_a_test_only_run_takes_the_trained_runs_overrides_from_the_checkpoint_wi
         "seed=2",
         f"ckpt_path={checkpoint}",
     ]
+
+
+def test_a_resumed_run_that_does_not_validate_again_returns_its_earlier_best(mnist_dir, tmp_path):
+    """The best validation accuracy is part of a run's state: resumed past its last validation, a run still
+    returns it (what an Optuna trial resumed near its end is told), and the value is the one logged."""
+    common = [*TINY_RUN, f"paths.data_dir={mnist_dir}", "trainer.val_check_interval=4", "trainer.limit_val_batches=1"]
+    first = run_cli_in_process(*common, "trainer.max_steps=4", f"hydra.run.dir={tmp_path}")
+    assert first.returncode == 0, first.stderr[-2000:]
+    logged = scalars(tmp_path)["val/acc_best"][-1].value
+    resumed = run_cli_in_process(f"ckpt_path={tmp_path}", "trainer.max_steps=6")
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    output = resumed.stdout + resumed.stderr
+    assert "never validated" not in output and f"val/acc_best = {logged:.4f}" in output

@@ -8,14 +8,17 @@ import shlex
 import signal
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
 
-from capsexp.locations import PROJECT_ROOT
+from capsexp.locations import LAST_CHECKPOINT as LAST
+from capsexp.locations import PROJECT_ROOT, hydra_value
 from capsexp.run.sweep_resume import FINISHED
 from tests.helpers import TINY_RUN, hparams_summary, run_cli, run_cli_in_process, scalars
 
@@ -53,9 +56,11 @@ def test_optuna_sweep_of_two_trials(mnist_dir, tmp_path):
         "hydra.sweeper.sampler.n_startup_trials=2",
         *TINY_RUN,
         f"paths.data_dir={mnist_dir}",
-        "trainer.max_epochs=1",
+        "trainer.max_steps=4",
+        "trainer.val_check_interval=4",
         "model.net.conv_channels=16",
         "model.net.primary_types=4",
+        "~hydra.callbacks.comparison",
         f"paths.log_dir={tmp_path}",
     )
     assert result.returncode == 0, result.stderr[-3000:]
@@ -162,14 +167,18 @@ def _last_logged_step(run: Path) -> int:
     return max(steps)
 
 
-def test_a_sweep_killed_outright_during_its_third_job_finishes_when_run_again(mnist_dir, tmp_path):
+# The skipping is the sweeper's, whatever the launcher: the fast suite finishes the sweep in its own process
+# (the basic launcher), make test-all under joblib and submitit too.
+@pytest.mark.parametrize(
+    "launcher", ["basic", *(pytest.param(name, marks=pytest.mark.slow) for name in ("joblib", "submitit_local"))]
+)
+def test_a_sweep_killed_outright_during_its_third_job_finishes_when_run_again(launcher, mnist_dir, tmp_path):
     """The whole process group SIGKILLed once the third of four jobs saved a state (a lost machine): the
     command run again, as it printed it, skips the two finished jobs (their folders byte for byte as they
     were), resumes the third from its last.ckpt without logging a step twice, starts the fourth, and
-    writes one page over the four. The second run uses the joblib launcher: the jobs it runs resume in its
-    worker process."""
+    writes one page over the four. Run again under another launcher, the jobs resume in its processes."""
     sweep = tmp_path / "sweep"
-    common = [*TINY_RUN, f"paths.data_dir={mnist_dir}", "trainer.max_steps=60", "trainer.val_check_interval=10"]
+    common = [*TINY_RUN, f"paths.data_dir={mnist_dir}", "trainer.max_steps=30", "trainer.val_check_interval=10"]
     command = [sys.executable, "-m", "capsexp", "-m", "seed=1,2,3,4", *common, f"hydra.sweep.dir={sweep}"]
     environment = {**os.environ, "PYTHONWARNINGS": "ignore"}
     printed_file = tmp_path / "printed.txt"
@@ -197,10 +206,15 @@ def test_a_sweep_killed_outright_during_its_third_job_finishes_when_run_again(mn
     assert again == ["python", "-m", "capsexp", *command[3:]]
     before = {name: _files(sweep / name) for name in ("seed=1", "seed=2")}
     stepped = torch.load(third / "checkpoints" / "last.ckpt", weights_only=True)["global_step"]
-    assert 0 < stepped < 60
+    assert 0 < stepped < 30
     assert max(s.step for s in scalars(third)["train/loss_step"]) >= stepped  # logged past its state
 
-    result = run_cli(*again[3:], "hydra/launcher=joblib", "hydra.launcher.n_jobs=1")
+    if launcher == "basic":
+        result = run_cli_in_process(*again[3:])
+    else:
+        result = run_cli(
+            *again[3:], f"hydra/launcher={launcher}", *(["hydra.launcher.n_jobs=1"] * (launcher == "joblib"))
+        )
     assert result.returncode == 0, result.stderr[-3000:]
     said = result.stderr + result.stdout
     assert "2 finished (skipped), 1 resumed from their last.ckpt, 1 started" in said
@@ -210,9 +224,9 @@ def test_a_sweep_killed_outright_during_its_third_job_finishes_when_run_again(mn
         logged = scalars(sweep / f"seed={seed}")
         assert len(logged["test/acc"]) == 1
         steps = [s.step for s in logged["train/loss_step"]]
-        assert steps == list(range(60)), seed  # each step once, the third job's included
+        assert steps == list(range(30)), seed  # each step once, the third job's included
         validated[seed] = [s.step for s in logged["val/acc"]]
-    assert validated[3] == validated[1] == validated[4] and len(validated[1]) == len(set(validated[1])) > 2
+    assert validated[3] == validated[1] == validated[4] and len(validated[1]) == len(set(validated[1])) == 2
     assert "Resuming this job from" in (third / "capsexp.log").read_text()
     assert "| 4 |" in (sweep / "README.md").read_text()  # one page, over the four runs
 
@@ -252,3 +266,150 @@ def test_a_study_step_after_the_sweep_runs_each_of_its_runs_once(tmp_path):
         f"ckpt_path={hydra_value(interrupted / LAST_CHECKPOINT)}",
     ]
     assert after_sweep_arguments(arguments, new) == arguments
+
+
+# A search of LeNet5's learning rate on the shared Optuna settings (capsnet_optuna's search space: the
+# two-trial test above): each trial a few seconds.
+OPTUNA_TINY = [
+    "hparams_search=optuna",
+    "model.optimizer.lr=tag(log, interval(0.0005, 0.01))",
+    "hydra.sweeper.sampler.n_startup_trials=2",
+    "hydra.sweeper.heartbeat_interval=1",
+    "hydra.sweeper.grace_period=3",
+    *TINY_RUN,
+    "trainer.max_steps=8",
+    "trainer.val_check_interval=4",
+    "~hydra.callbacks.comparison",  # the page: tested with the basic sweeper
+]
+
+
+def _study(storage: str, name: str = "train"):  # hparams_search=optuna's study_name: the task's
+    import optuna
+
+    return optuna.load_study(study_name=name, storage=storage)
+
+
+def _states(storage: str) -> list[str]:
+    """The state of each trial of the study, by number (none where the study does not exist yet)."""
+    if storage.startswith("sqlite:///") and not Path(storage.removeprefix("sqlite:///")).is_file():
+        return []
+    try:
+        return [trial.state.name for trial in _study(storage).get_trials(deepcopy=False)]
+    except Exception:  # no such study yet, or its tables being made
+        return []
+
+
+def _start(arguments: list[str], output: Path) -> subprocess.Popen:
+    with open(output, "w") as printed_to:
+        return subprocess.Popen(
+            [sys.executable, "-m", "capsexp", *arguments], cwd=PROJECT_ROOT, stdout=printed_to,
+            stderr=subprocess.STDOUT, env={**os.environ, "PYTHONWARNINGS": "ignore"}, start_new_session=True,
+        )  # fmt: skip
+
+
+def test_an_optuna_search_killed_after_two_trials_goes_on_to_its_n_trials(mnist_dir, tmp_path):
+    """A search's study lives in the sweep folder's SQLite file: SIGKILLed while its third trial runs, the
+    search run again by the command it printed ends with n_trials trials told. The killed trial is failed
+    once its heartbeat is older than the grace period, its parameters run again in its job folder, going on
+    from its last.ckpt."""
+    sweep = tmp_path / "search"
+    arguments = [*OPTUNA_TINY, f"paths.data_dir={mnist_dir}", "hydra.sweeper.n_trials=4", f"hydra.sweep.dir={sweep}"]
+    storage = f"sqlite:///{sweep}/optuna.db"
+    process = _start(arguments, tmp_path / "printed.txt")
+    deadline = time.monotonic() + 240
+    while not (_states(storage)[:3] == ["COMPLETE", "COMPLETE", "RUNNING"] and (sweep / "2" / LAST).is_file()):
+        assert process.poll() is None and time.monotonic() < deadline, (tmp_path / "printed.txt").read_text()[-3000:]
+        time.sleep(0.01)
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait(timeout=60)
+    line = next(l for l in (tmp_path / "printed.txt").read_text().splitlines() if "if it is stopped, or add a" in l)
+    again = shlex.split(line.split("add a worker to it: ")[1])
+    assert again[:3] == ["python", "-m", "capsexp"] and f"hydra.sweep.dir={sweep}" in again
+    killed = _study(storage).trials[2].params
+
+    result = run_cli_in_process(*again[3:])
+    assert result.returncode == 0, result.stderr[-3000:]
+    trials = _study(storage).get_trials(deepcopy=False)
+    assert [t.state.name for t in trials].count("COMPLETE") == 4
+    # The killed trial: failed for its heartbeat, its parameters run again (once) in its folder, from its state.
+    (retry,) = [t for t in trials if t.system_attrs.get("failed_trial") == 2]
+    assert trials[2].state.name == "FAIL" and retry.state.name == "COMPLETE" and retry.params == killed
+    assert sorted(p.name for p in sweep.iterdir() if p.is_dir()) == ["0", "1", "2", "3"]
+    assert "Resuming this job from" in (sweep / "2" / "capsexp.log").read_text()
+    assert all((sweep / name / FINISHED).is_file() for name in ("0", "1", "2", "3"))
+    best = yaml.safe_load((sweep / "optimization_results.yaml").read_text())["best_value"]
+    assert best == max(t.value for t in trials if t.value is not None)
+
+
+def _two_workers_share_one_study(arguments: list[str], storage: str, tmp_path: Path) -> None:
+    """Two workers on the study at once, one a process of its own, one this test's; assert they ran n_trials=6
+    trials between them, each once."""
+    arguments = [*arguments, f"hydra.sweep.dir={tmp_path / 'sweep'}"]
+    other = _start(arguments, tmp_path / "1.txt")
+    deadline = time.monotonic() + 120
+    while not _states(storage):  # this one joins once the other runs its first trial
+        assert other.poll() is None and time.monotonic() < deadline, (tmp_path / "1.txt").read_text()[-3000:]
+        time.sleep(0.05)
+    here = run_cli_in_process(*arguments)
+    (tmp_path / "2.txt").write_text(here.stdout + here.stderr)
+    assert here.returncode == 0 and other.wait(timeout=600) == 0, (tmp_path / "1.txt").read_text()[-3000:]
+    trials = _study(storage).get_trials(deepcopy=False)
+    assert [t.state.name for t in trials] == ["COMPLETE"] * 6
+    launched = [
+        line.split("#", 1)[1].split(" :")[0]
+        for w in (1, 2)
+        for line in (tmp_path / f"{w}.txt").read_text().splitlines()
+        if "\t#" in line
+    ]
+    assert sorted(launched, key=int) == [str(n) for n in range(6)]  # every trial launched once, by one worker
+    assert all((tmp_path / "sweep" / str(n) / FINISHED).is_file() for n in range(6))
+    assert all(any("\t#" in line for line in (tmp_path / f"{w}.txt").read_text().splitlines()) for w in (1, 2))
+
+
+# The workers' loop is the same on every database: the fast suite shares a PostgreSQL study (below), make
+# test-all this one too, in the SQLite file a search keeps by default.
+@pytest.mark.slow
+def test_two_workers_share_one_sqlite_study_without_repeating_a_trial(mnist_dir, tmp_path):
+    arguments = [*OPTUNA_TINY, f"paths.data_dir={mnist_dir}", "hydra.sweeper.n_trials=6"]
+    _two_workers_share_one_study(arguments, f"sqlite:///{tmp_path / 'sweep'}/optuna.db", tmp_path)
+
+
+@pytest.fixture
+def postgresql(tmp_path_factory) -> Iterator[str]:
+    """A PostgreSQL server of Debian's package, started in a temporary folder (as the ``postgres`` user
+    where the tests run as root: the server refuses root), listening on a socket there; its URL."""
+    import pwd
+    import shutil
+
+    initdb, pg_ctl = shutil.which("initdb"), shutil.which("pg_ctl")
+    if initdb is None or pg_ctl is None:
+        pytest.skip("no PostgreSQL server here (initdb and pg_ctl not on PATH; Debian: apt install postgresql)")
+    folder = tmp_path_factory.mktemp("postgresql")
+    run_as: list[str] = []
+    if os.geteuid() == 0:
+        try:
+            user = pwd.getpwnam("postgres")
+        except KeyError:
+            pytest.skip("running as root, and no postgres user to run the server as")
+        run_as = ["runuser", "-u", "postgres", "--"]
+        for path in (folder, *folder.parents):  # the server's user must reach its folder
+            if path == Path(tempfile.gettempdir()).parent:
+                break
+            os.chmod(path, os.stat(path).st_mode | 0o011)
+        os.chown(folder, user.pw_uid, user.pw_gid)
+    data, socket = folder / "data", folder
+    subprocess.run([*run_as, initdb, "-D", str(data), "-U", "capsexp", "--auth=trust"], check=True, capture_output=True)
+    options = f"-k {socket} -c listen_addresses='' -p 5439"
+    # Its log to a file: the server would hold a pipe open, and the command's output never end.
+    start = [*run_as, pg_ctl, "-D", str(data), "-o", options, "-l", str(folder / "server.log"), "-w", "start"]
+    subprocess.run(start, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        yield f"postgresql://capsexp@/postgres?host={socket}&port=5439"
+    finally:
+        subprocess.run([*run_as, pg_ctl, "-D", str(data), "-m", "immediate", "stop"], capture_output=True)
+
+
+def test_two_workers_share_one_postgresql_study_without_repeating_a_trial(postgresql, mnist_dir, tmp_path):
+    """Workers on several machines share a study in a real database: here two processes on one server."""
+    arguments = [*OPTUNA_TINY, f"paths.data_dir={mnist_dir}", "hydra.sweeper.n_trials=6"]
+    _two_workers_share_one_study([*arguments, f"hydra.sweeper.storage={hydra_value(postgresql)}"], postgresql, tmp_path)

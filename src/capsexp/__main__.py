@@ -67,7 +67,8 @@ def optimized_metric(cfg: DictConfig, metrics: dict[str, float]) -> float | None
 
 
 def _sweeper_needs_metric() -> bool:
-    """True for a multirun driven by a sweeper that optimises (any but Hydra's basic sweeper)."""
+    """True for a multirun driven by a sweeper that optimises (any but Hydra's basic sweeper and capsexp's
+    resumable one, which is the basic sweeper)."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
@@ -75,7 +76,7 @@ def _sweeper_needs_metric() -> bool:
         return False
     hydra_cfg = HydraConfig.get()
     target = str(hydra_cfg.sweeper.get("_target_", ""))
-    return hydra_cfg.mode == RunMode.MULTIRUN and not target.endswith("BasicSweeper")
+    return hydra_cfg.mode == RunMode.MULTIRUN and not target.endswith(("BasicSweeper", ".ResumableSweeper"))
 
 
 def cli() -> None:

@@ -250,6 +250,13 @@ class Classifier(L.LightningModule):
         for name, value in presence.items():
             self.log(presence_metric(name), value)  # the same on every process: CatMetric gathers
 
+    @property
+    def best_validation_accuracy(self) -> float | None:
+        """The best validation accuracy of the run so far, earlier parts of a resumed run included (its
+        state is saved in the checkpoint); None before any validation."""
+        best = self.val_acc_best.max_value
+        return float(best) if torch.isfinite(best) else None
+
     def _presence_medians(self) -> dict[str, torch.Tensor]:
         """Does a class score signal presence? The spread and margin losses ask for the target class
         near 1 and every other near 0: medians over the epoch's validation images (all processes) of

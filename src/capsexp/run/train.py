@@ -27,7 +27,7 @@ from capsexp.errors import Interrupted
 from capsexp.locations import hydra_value
 from capsexp.results.machine import describe as describe_machine
 from capsexp.results.machine import write_machine
-from capsexp.results.metric_names import MODEL_FLOPS, MODEL_PARAMETERS
+from capsexp.results.metric_names import MODEL_FLOPS, MODEL_PARAMETERS, VAL_ACC_BEST
 from capsexp.results.model_card import CardFacts, write_model_card
 from capsexp.results.revision import at_import, of_this_process, write_revision
 from capsexp.run import slurm
@@ -197,6 +197,11 @@ def _fit_and_test(
         train_seconds = time.perf_counter() - started
         _raise_if_stopped_by_signal(trainer)
         metrics.update({name: float(value) for name, value in trainer.callback_metrics.items()})
+        # A resumed run that did not validate after its resume still has its earlier parts' best (a sweep's
+        # optimized_metric).
+        best = getattr(module, "best_validation_accuracy", None)
+        if VAL_ACC_BEST not in metrics and best is not None:
+            metrics[VAL_ACC_BEST] = best
 
     if cfg.get("test"):
         if cfg.get("train"):
