@@ -307,3 +307,23 @@ def test_a_layer_traces_its_routing_with_its_own_options_at_any_number_of_iterat
         layer.dynamic_routing_trace(children).couplings,
         dynamic_routing_trace(layer.votes(children), routing, layer.router.bias).couplings,
     )
+
+
+def test_primary_capsules_with_the_official_bias_are_the_official_layers():
+    """PrimaryCapsules(bias=...) against the official ``conv_slim_capsule`` (one input capsule, one routing
+    iteration) transcribed: the convolution's outputs are the votes of each position's single child for the
+    capsule types, routed once (couplings 1/num_types), a learned bias per type and dimension added, then
+    squashed. Biases not all equal; float64."""
+    torch.manual_seed(0)
+    types, dim = 3, 4
+    layer = PrimaryCapsules(in_channels=5, num_types=types, dim=dim, kernel_size=3, stride=2, bias=0.1).double()
+    with torch.no_grad():
+        layer.bias.add_(0.05 * torch.randn_like(layer.bias))
+    features = torch.randn(2, 5, 9, 9, dtype=torch.float64)
+    conv = torch.nn.functional.conv2d(features, layer.conv.weight.detach(), stride=2)  # (B, types * dim, H, W)
+    batch, _, height, width = conv.shape
+    votes = conv.reshape(batch, types, dim, height, width).permute(0, 3, 4, 1, 2).reshape(-1, 1, types, dim)
+    biases = layer.bias.detach().reshape(types, dim).numpy()
+    expected = official_update_routing(votes.numpy(), biases, num_routing=1, leaky=False)
+    expected = expected.reshape(batch, height, width, types, dim).transpose(0, 3, 1, 2, 4).reshape(batch, -1, dim)
+    np.testing.assert_allclose(layer(features).detach().numpy(), expected, rtol=1e-6, atol=1e-12)

@@ -385,3 +385,26 @@ def test_a_predict_refused_before_its_first_batch_leaves_no_predictions_file(tra
     )
     assert result.returncode != 0
     assert not (out / "predictions.csv").exists(), result.stderr[-2000:]
+
+
+@pytest.mark.parametrize(
+    "overrides,objects,kind",
+    [
+        (["model=lenet5"], 1, "softmax probability"),
+        (["model=baseline_cnn"], 2, "sigmoid probability"),  # several objects: the loss's own sigmoid
+        (["model=capsnet_small"], 1, "capsule length"),
+        (["model=capsnet_small", "model/routing=sinkhorn"], 1, "class capsule activation"),
+        (["model=em_caps_small"], 1, "EM activation"),
+    ],
+)
+def test_each_model_reports_the_scores_its_objective_reads(overrides, objects, kind, tmp_path):
+    """What a prediction's scores are, by model and number of objects; logits become the probabilities
+    their loss makes of them (by hand: logits 0 and ln 3 are 1/4 and 3/4 under softmax, 1/2 and 3/4 each
+    under sigmoid)."""
+    from capsexp.use.inference import reported_scores, score_kind
+
+    cfg = compose_config([*overrides, f"paths.data_dir={tmp_path}"], tmp_path)
+    assert score_kind(build_model("model", cfg.model), objects) == kind
+    logits = torch.tensor([[0.0, float(np.log(3.0))]])
+    expected = {"softmax probability": [[0.25, 0.75]], "sigmoid probability": [[0.5, 0.75]]}.get(kind, logits.tolist())
+    torch.testing.assert_close(reported_scores(logits, kind), torch.tensor(expected))

@@ -133,3 +133,23 @@ def test_a_job_records_the_code_its_process_imported_and_says_when_the_checkout_
     assert later["changed_since_import"] == describe(checkout) and later["changed_since_import"]["dirty"]
     assert short(later).startswith(f"{imported['commit'][:7]} (the checkout then {imported['commit'][:7]}+changes ")
     assert at_import(checkout) == imported  # asked again: still the import's
+
+
+def test_the_cards_results_give_accuracies_in_per_cent_and_other_measures_as_they_are():
+    """Every accuracy the card shows (the best validation one, each test set's) in per cent, the presence gap
+    as the number it is; values that a fraction and a percentage would print alike are avoided."""
+    from capsexp.results.machine import describe as describe_machine
+    from capsexp.results.metric_names import PRESENCE_GAP
+    from capsexp.results.model_card import CardFacts, model_card
+
+    metrics = {"val/acc_best": 0.9875, "test/acc": 0.9712, "test/acc_rotated_30": 0.4375, PRESENCE_GAP: 0.123}
+    facts = CardFacts(
+        net="LeNet5", choices={"model": "lenet5", "data": "mnist"}, config={}, parameters=61706, flops=0.4e6,
+        split_sizes={"train": 55000}, class_names=list(range(10)), metrics=metrics, train_seconds=12.0,
+        machine=describe_machine(), revision=None, checkpoint="run/checkpoints/best.ckpt", run_folder="run",
+        overrides=["model=lenet5"], tested_sha256=None, precision="32-true",
+    )  # fmt: skip
+    cells = [line.strip("|").split(" | ") for line in model_card(facts).splitlines() if line.count(" | ") == 1]
+    rows = {name.strip(): value.strip() for name, value in cells}
+    assert rows["val/acc_best"] == "98.75%" and rows["test/acc"] == "97.12%" and rows["test/acc_rotated_30"] == "43.75%"
+    assert rows[PRESENCE_GAP] == "0.123"

@@ -127,6 +127,11 @@ def test_a_study_runs_from_the_command_line_and_ends_with_its_page(mnist_dir, tm
         ),
         (["study=quick"], "study=quick chooses the budget of an experiment config: add experiment=<name>, one of: "),
         (["experiment=lenet5_mnist", "study=quick"], "experiment=lenet5_mnist has no such budget (it has no budgets)"),
+        # A sweep over experiments: each is checked, the one lacking the budget named (here the second).
+        (
+            ["-m", "experiment=dr_mnist,lenet5_mnist", "study=quick"],
+            "experiment=lenet5_mnist has no such budget (it has no budgets)",
+        ),
     ],
 )
 def test_a_budget_the_experiment_lacks_is_a_short_error(arguments, message):
