@@ -59,11 +59,25 @@ def scratch_copy(folder: Path, tests_from: str | None) -> None:
             tar.extractall(folder, filter="data")
 
 
-def pytest(folder: Path, tests: list[str]) -> subprocess.CompletedProcess:
+def pytest(folder: Path, tests: list[str], first_failure: bool = False) -> subprocess.CompletedProcess:
+    """The tests in the copy; ``first_failure``: stop at the first that fails (it names the verdict)."""
     # The copy's package first on the path (before the editable install of this tree), one thread each.
     env = {**os.environ, "PYTHONPATH": str(folder / "src"), "OMP_NUM_THREADS": "1"}
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2", "-m", "not slow", *tests]
-    return subprocess.run(command, cwd=folder, env=env, capture_output=True, text=True)
+    return subprocess.run(
+        [*command, *(["-x"] if first_failure else [])], cwd=folder, env=env, capture_output=True, text=True
+    )
+
+
+# Whether a set of test files passes on the unflipped copy, asked once per set: every flip restores the copy.
+_PASSES_UNFLIPPED: dict[tuple[Path, tuple[str, ...]], bool] = {}
+
+
+def passes_unflipped(folder: Path, tests: list[str]) -> bool:
+    key = (folder, tuple(tests))
+    if key not in _PASSES_UNFLIPPED:
+        _PASSES_UNFLIPPED[key] = pytest(folder, tests).returncode == 0
+    return _PASSES_UNFLIPPED[key]
 
 
 def flip(folder: Path, entry: dict) -> str:
@@ -75,11 +89,11 @@ def flip(folder: Path, entry: dict) -> str:
     original = path.read_text()
     if entry["old"] not in original:
         raise SystemExit(f"flips: {entry['file']} no longer holds {entry['old']!r}: update {FLIPS.name}")
-    if pytest(folder, tests).returncode != 0:
+    if not passes_unflipped(folder, tests):
         return "not judged: its tests fail without the flip"
     path.write_text(original.replace(entry["old"], entry["new"], 1))
     try:
-        result = pytest(folder, tests)
+        result = pytest(folder, tests, first_failure=True)
     finally:
         path.write_text(original)
     if result.returncode == 0:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import shlex
 import sys
 import threading
@@ -74,7 +75,7 @@ class ResumableSearch(OptunaSweeperImpl):
         if isinstance(self.sampler, functools.partial) and self.sampler.func == optuna.samplers.GridSampler:
             grid = {name: self._to_grid_sampler_choices(d) for name, d in distributions.items()}
             self.sampler = self.sampler(grid)
-            self.n_trials = min(self.n_trials, _product(len(choices) for choices in grid.values()))
+            self.n_trials = min(self.n_trials, math.prod(len(choices) for choices in grid.values()))
         study = self._study()
         directions = self._get_directions()
         while True:
@@ -205,13 +206,6 @@ def _tell(study: optuna.Study, trial: optuna.Trial, result: JobReturn, objective
         return error
     study.tell(trial, values=values)
     return None
-
-
-def _product(sizes: Any) -> int:
-    total = 1
-    for size in sizes:
-        total *= size
-    return total
 
 
 class _Heartbeats:
