@@ -22,34 +22,14 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 
 from capsexp.config.image_folder_classes import number_of_classes
 from capsexp.config.precision import BF16, FLOAT32, bf16_native
-from capsexp.config.routing_options import (
-    EM_PAPER,
-    AttentionRouting,
-    DynamicRouting,
-    EfficientRouting,
-    EMRouting,
-    RandomRouting,
-    SelfRouting,
-    SinkhornRouting,
-    UniformRouting,
-    VBRouting,
-)
+from capsexp.config.routing_options import Routing
+from capsexp.config.routing_registry import registered
 from capsexp.config.run_names import job_name, run_name
 from capsexp.locations import CONFIG_DIR, PROJECT_ROOT, quote_locations
 
-# model/routing=<name>: how the capsule layers route (model.net.routing).
-ROUTINGS = {
-    "dynamic": DynamicRouting(),
-    "em": EMRouting(),
-    "em_paper": EM_PAPER,
-    "self": SelfRouting(),
-    "attention": AttentionRouting(),
-    "efficient": EfficientRouting(),
-    "sinkhorn": SinkhornRouting(),
-    "vb": VBRouting(),
-    "uniform": UniformRouting(),
-    "random": RandomRouting(),
-}
+# model/routing=<name>: how the capsule layers route (model.net.routing): every registered routing,
+# capsexp's own and installed packages' (capsexp.config.routing_registry).
+ROUTINGS = registered()
 # model/net=<class name>: the nets a model config builds (model.net), each node made from its
 # constructor's signature. A model config chooses one and sets only what differs from its defaults.
 NETS = ("capsexp.models.LeNet5", "capsexp.models.BaselineCNN", "capsexp.models.CapsNet", "capsexp.models.MatrixCapsNet")
@@ -70,7 +50,10 @@ def config_value(value: Any) -> Any:
     """A constructor's default as config: an options dataclass (:class:`capsexp.nn.EMRouting`) as a node
     that builds it, a tuple as a list."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        target = f"capsexp.nn.{type(value).__name__}"  # where the options are imported from
+        kind = type(value)
+        # capsexp's own options by where they are imported from (capsexp.nn), a plugin's by its module.
+        own = kind.__module__ == Routing.__module__
+        target = f"capsexp.nn.{kind.__name__}" if own else f"{kind.__module__}.{kind.__qualname__}"
         return {"_target_": target, **{f.name: config_value(getattr(value, f.name)) for f in dataclasses.fields(value)}}
     if isinstance(value, (tuple, list)):
         return [config_value(item) for item in value]
@@ -111,6 +94,10 @@ def register_routing() -> None:
         ConfigStore.instance().store(
             group="model/routing", name=name, node=config_value(options), package="model.net.routing"
         )
+        # A study's arm of each routing without an arm file of its own (a plugin's): +arm/routing=<name>.
+        if not (CONFIG_DIR / "arm" / "routing" / f"{name}.yaml").is_file():
+            arm = {"defaults": [{"override /model/routing": name}]}
+            ConfigStore.instance().store(group="arm/routing", name=name, node=arm, package="_global_")
 
 
 def register() -> None:

@@ -9,7 +9,7 @@ checks answer quickly. Import them from :mod:`capsexp.nn`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated, Literal
+from typing import Annotated, ClassVar, Literal
 
 from annotated_types import Gt
 from pydantic import PositiveFloat, PositiveInt
@@ -20,11 +20,31 @@ from capsexp.config.arguments import checked
 CostNormalization = Literal["none", "data", "standardize", "layer"]
 
 
+@dataclass(frozen=True)
+class Routing:
+    """What every routing algorithm's options are: a frozen dataclass of its settings (``model.net.routing``,
+    set from the command line field by field) deriving from this class, naming in ``router`` the router
+    a capsule layer builds for it, as ``"module:name"`` (imported only then: the options stay torch-free):
+
+    - an ``nn.Module`` class, built with the options and whichever of ``in_caps``, ``in_dim``, ``out_caps``,
+      ``out_dim`` (I children of in_dim dimensions, J parents of out_dim) and ``bias`` its constructor
+      names, and called as ``router(votes (B, I, J, D), children (B, I, in_dim), child_activations (B, I))``
+      returning :class:`capsexp.nn.functional.Routed` (poses, activations in [0, 1], assignment);
+    - or a function ``(votes, options) -> Routed``, for a routing without learned parameters.
+
+    A package registers its options under the entry point group ``capsexp.routing``, as capsexp registers
+    its own (``pyproject.toml``; docs/own_routing.md)."""
+
+    router: ClassVar[str] = ""
+
+
 @checked
 @dataclass(frozen=True)
-class DynamicRouting:
+class DynamicRouting(Routing):
     """How :class:`capsexp.nn.RoutingCapsules` route (Sabour et al. 2017, Procedure 1); the defaults are
     the paper's."""
+
+    router: ClassVar[str] = "capsexp.nn.routers:DynamicRouter"
 
     iterations: PositiveInt = 3
     # false: gradients flow through the agreement updates b += u_hat . v (paper, official code); see
@@ -43,10 +63,12 @@ class DynamicRouting:
 
 @checked
 @dataclass(frozen=True)
-class EMRouting:
+class EMRouting(Routing):
     """How the EM capsule layers route: the options of Procedure 1 (:func:`~capsexp.nn.functional.em_routing`)
     and capsexp's own. The defaults are capsexp's recipe (docs/em_training.md), the one place it is
     declared; :data:`EM_PAPER` (``model/routing=em_paper``) is the paper's."""
+
+    router: ClassVar[str] = "capsexp.nn.routers:EMVectorRouter"
 
     # Paper: 3. Here 2, the fewest that route (1 is a single M-step): after one MNIST epoch neither 1 nor 3
     # does significantly better, 3 seeds each (experiments/results/em_routing_ablation_quick/).
@@ -92,29 +114,37 @@ class EMRouting:
 
 @checked
 @dataclass(frozen=True)
-class UniformRouting:
+class UniformRouting(Routing):
     """No routing: every coupling 1/J (:func:`~capsexp.nn.functional.uniform_routing`; Paik et al. 2019's
     baseline). No options."""
 
+    router: ClassVar[str] = "capsexp.nn.routers:UniformRouter"
+
 
 @checked
 @dataclass(frozen=True)
-class RandomRouting:
+class RandomRouting(Routing):
     """Couplings drawn at random at every pass (:func:`~capsexp.nn.functional.random_routing`; Paik et al.
     2019's other baseline). No options."""
 
+    router: ClassVar[str] = "capsexp.nn.routers:RandomRouter"
+
 
 @checked
 @dataclass(frozen=True)
-class SelfRouting:
+class SelfRouting(Routing):
     """Self-routing (Hahn et al. 2019, :func:`~capsexp.nn.functional.self_routing`): each child's couplings
     from its own pose by learned weights, no iterations. No options."""
 
+    router: ClassVar[str] = "capsexp.nn.routers:SelfRouter"
+
 
 @checked
 @dataclass(frozen=True)
-class AttentionRouting:
+class AttentionRouting(Routing):
     """Inverted dot-product attention routing (Tsai et al. 2020, :func:`~capsexp.nn.functional.attention_routing`)."""
+
+    router: ClassVar[str] = "capsexp.nn.routers:AttentionRouter"
 
     # Passes, the first with uniform coefficients (the parents start at 0). 2: one attention update.
     # apple/ml-capsules-inverted-attention-routing counts the same way (--num_routing, default 1, "recommended:
@@ -124,17 +154,21 @@ class AttentionRouting:
 
 @checked
 @dataclass(frozen=True)
-class EfficientRouting:
+class EfficientRouting(Routing):
     """Efficient-CapsNet's self-attention routing (Mazzia et al. 2021,
     :func:`~capsexp.nn.functional.efficient_routing`): one pass, with learned log priors. No options."""
+
+    router: ClassVar[str] = "capsexp.nn.routers:EfficientRouter"
 
 
 @checked
 @dataclass(frozen=True)
-class SinkhornRouting:
+class SinkhornRouting(Routing):
     """Routing as entropy-regularised optimal transport (:func:`~capsexp.nn.functional.sinkhorn_routing`):
     dynamic routing's iterations, each child's mass spread over the parents so that every parent receives
     the same total. Not from a paper."""
+
+    router: ClassVar[str] = "capsexp.nn.routers:SinkhornRouter"
 
     # Routing iterations, counted as dynamic routing's: the first with uniform couplings.
     iterations: PositiveInt = 3
@@ -146,11 +180,13 @@ class SinkhornRouting:
 
 @checked
 @dataclass(frozen=True)
-class VBRouting:
+class VBRouting(Routing):
     """Variational Bayes routing (Ribeiro, Leontidis & Kollias 2020, :func:`~capsexp.nn.functional.vb_routing`):
     EM routing with Dirichlet and Normal-Wishart priors. The defaults are the priors of the authors' code
     (fabio-deep/Variational-Capsule-Routing, src/capsnet.py: alpha0 1, kappa0 1, Psi0 the identity, nu0 D + 1,
     m0 0)."""
+
+    router: ClassVar[str] = "capsexp.nn.routers:VBRouter"
 
     # M-steps; an E-step between each two (the code's routing_iter, 3 in its examples).
     iterations: PositiveInt = 3
@@ -171,18 +207,8 @@ class VBRouting:
     route_per_window: bool = True
 
 
-# Every routing algorithm's options, by class: the type a capsule layer's ``routing`` argument takes.
-RoutingOptions = (
-    DynamicRouting
-    | EMRouting
-    | UniformRouting
-    | RandomRouting
-    | SelfRouting
-    | AttentionRouting
-    | EfficientRouting
-    | SinkhornRouting
-    | VBRouting
-)
+# Every routing algorithm's options, built in or a plugin's: the type a capsule layer's ``routing`` takes.
+RoutingOptions = Routing
 
 
 # EM routing as the paper has it (Hinton, Sabour & Frosst 2018, Procedure 1, and the authors' OpenReview

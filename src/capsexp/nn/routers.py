@@ -12,6 +12,8 @@ instead, and calls its module only while a hook watches it (the fused path keeps
 from __future__ import annotations
 
 import dataclasses
+import importlib
+import inspect
 
 import torch
 from torch import nn
@@ -21,11 +23,8 @@ from capsexp.config.routing_options import (
     DynamicRouting,
     EfficientRouting,
     EMRouting,
-    RandomRouting,
     RoutingOptions,
     SelfRouting,
-    SinkhornRouting,
-    UniformRouting,
     VBRouting,
 )
 from capsexp.nn.functional import (
@@ -187,32 +186,38 @@ class RandomRouter(_Router):
 def make_router(
     routing: RoutingOptions, in_caps: int, in_dim: int, out_caps: int, out_dim: int, bias: float | None = None
 ) -> nn.Module:
-    """The router module of the algorithm ``routing`` names, for I = ``in_caps`` children of ``in_dim``
-    dimensions and J = ``out_caps`` parents of ``out_dim``; ``bias``: dynamic routing's official bias
-    (:class:`DynamicRouter`), refused for the other algorithms, which have none."""
-    if bias is not None and not isinstance(routing, DynamicRouting):
+    """The router the options ``routing`` name (:class:`~capsexp.config.routing_options.Routing`: built in,
+    or a plugin's), for I = ``in_caps`` children of ``in_dim`` dimensions and J = ``out_caps`` parents of
+    ``out_dim``: a router class built with the options and the sizes its constructor names, or a function
+    wrapped in :class:`FunctionRouter`. ``bias``: dynamic routing's official bias, refused by a router
+    that takes none."""
+    target = type(routing).router
+    if not target:
+        raise TypeError(f"{type(routing).__name__} names no router (its class attribute router = 'module:name')")
+    module, _, name = target.partition(":")
+    router = getattr(importlib.import_module(module), name)
+    if not inspect.isclass(router):
+        if bias is not None:
+            raise ValueError(f"bias={bias}: the official routing bias is dynamic routing's; {target} has none")
+        return FunctionRouter(routing, router)
+    accepted = inspect.signature(router).parameters
+    if bias is not None and "bias" not in accepted:
         raise ValueError(
             f"bias={bias}: the official routing bias is dynamic routing's; {type(routing).__name__} has none"
         )
-    if isinstance(routing, DynamicRouting):
-        return DynamicRouter(routing, out_caps, out_dim, bias)
-    if isinstance(routing, EMRouting):
-        return EMVectorRouter(routing, out_caps)
-    if isinstance(routing, SelfRouting):
-        return SelfRouter(routing, in_caps, in_dim, out_caps)
-    if isinstance(routing, AttentionRouting):
-        return AttentionRouter(routing, out_dim)
-    if isinstance(routing, EfficientRouting):
-        return EfficientRouter(routing, in_caps, out_caps)
-    if isinstance(routing, SinkhornRouting):
-        return SinkhornRouter(routing)
-    if isinstance(routing, VBRouting):
-        return VBRouter(routing, out_caps)
-    if isinstance(routing, UniformRouting):
-        return UniformRouter(routing)
-    if isinstance(routing, RandomRouting):
-        return RandomRouter(routing)
-    raise TypeError(f"no router for {type(routing).__name__}")
+    sizes = {"in_caps": in_caps, "in_dim": in_dim, "out_caps": out_caps, "out_dim": out_dim, "bias": bias}
+    return router(routing, **{key: value for key, value in sizes.items() if key in accepted})
+
+
+class FunctionRouter(_Router):
+    """A routing given as a function ``(votes (B, I, J, D), options) -> Routed``, without learned parameters."""
+
+    def __init__(self, routing: RoutingOptions, function) -> None:
+        super().__init__(routing)
+        self.function = function
+
+    def forward(self, votes: torch.Tensor, children: torch.Tensor, child_activations: torch.Tensor) -> Routed:
+        return self.function(votes, self.routing)
 
 
 @torch.no_grad()
