@@ -138,6 +138,12 @@ def judge_all(entries: list[dict], tests_from: str | None) -> list[str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--before", help="a git revision whose tests to judge the flips with too, beside this tree's")
+    parser.add_argument(
+        "--again",
+        action="store_true",
+        help="judge again only the flips this tree's tests let survive or could not judge (after fixing those "
+        "tests), keeping the other verdicts (the flips unchanged)",
+    )
     args = parser.parse_args()
     entries = yaml.safe_load(FLIPS.read_text())
     whats = [e["what"] for e in entries]
@@ -147,13 +153,22 @@ def main() -> None:
         name: v for name, v in kept.get("columns", {}).items() if kept.get("flips") == whats and name != THIS_TREE
     }
     command = kept.get("command", "python experiments/flips.py") if columns else "python experiments/flips.py"
+    earlier = kept.get("columns", {}).get(THIS_TREE) if kept.get("flips") == whats else None
+    seconds = kept.get("seconds", 0.0) if args.again and earlier else 0.0
     with Stopwatch() as watch:
         if args.before:
             columns = {f"the tests of {args.before}": judge_all(entries, args.before)}
             command = f"python experiments/flips.py --before {args.before}"
-        columns[THIS_TREE] = judge_all(entries, None)
-    VERDICTS.write_text(json.dumps({"flips": whats, "columns": columns, "command": command}, indent=1) + "\n")
-    new = block(columns, whats, command, watch.seconds)
+        if args.again and earlier:
+            again = [i for i, verdict in enumerate(earlier) if not verdict.startswith("caught")]
+            verdicts = dict(zip(again, judge_all([entries[i] for i in again], None), strict=True))
+            columns[THIS_TREE] = [verdicts.get(i, verdict) for i, verdict in enumerate(earlier)]
+        else:
+            columns[THIS_TREE] = judge_all(entries, None)
+    seconds += watch.seconds
+    record = {"flips": whats, "columns": columns, "command": command, "seconds": seconds}
+    VERDICTS.write_text(json.dumps(record, indent=1) + "\n")
+    new = block(columns, whats, command, seconds)
     text = PAGE.read_text()
     if BEGIN in text:
         text = re.sub(re.escape(BEGIN) + ".*?" + re.escape(END), lambda _: new, text, flags=re.S)

@@ -86,7 +86,7 @@ def test_a_resumed_runs_card_names_the_code_of_each_part(tmp_path):
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     card = (run / "model_card.md").read_text()
     (code,) = [line for line in card.splitlines() if line.startswith("| code |")]
-    assert "`aaaaaaa, then " in code and read_revision(run)["earlier"][0]["commit"] == "a" * 40
+    assert "aaaaaaa, then " in code and read_revision(run)["earlier"][0]["commit"] == "a" * 40
 
 
 def score_table() -> list[tuple[list[list[str]], str]]:

@@ -80,12 +80,12 @@ def test_optuna_sweep_of_two_trials(mnist_dir, tmp_path):
 
 
 def test_a_model_and_seed_sweep_names_its_runs_and_hparams_by_them(mnist_dir, tmp_path):
-    """``-m model=lenet5,capsnet seed=1,2``: four runs, each a folder (and so a TensorBoard run) named by
+    """``-m model=lenet5,capsnet_small seed=1,2``: four runs, each a folder (and so a TensorBoard run) named by
     what differs, events in it; the HParams tab leads with those choices; the sweep's page compares the
     two models."""
     result = run_cli_in_process(
         "-m",
-        "model=lenet5,capsnet",
+        "model=lenet5,capsnet_small",
         "seed=1,2",
         *TINY_RUN,
         f"paths.data_dir={mnist_dir}",
@@ -97,7 +97,7 @@ def test_a_model_and_seed_sweep_names_its_runs_and_hparams_by_them(mnist_dir, tm
     )
     assert result.returncode == 0, result.stderr[-3000:]
     (sweep,) = (tmp_path / "train" / "multiruns").iterdir()
-    names = [f"model={model},seed={seed}" for model in ("lenet5", "capsnet") for seed in (1, 2)]
+    names = [f"model={model},seed={seed}" for model in ("lenet5", "capsnet_small") for seed in (1, 2)]
     assert sorted(p.name for p in sweep.iterdir() if p.is_dir()) == sorted(names)
     for name in names:
         assert any((sweep / name).glob("events.out.tfevents.*")) and not (sweep / name / "tensorboard").exists()
@@ -105,8 +105,8 @@ def test_a_model_and_seed_sweep_names_its_runs_and_hparams_by_them(mnist_dir, tm
         model, seed = name.removeprefix("model=").split(",seed=")
         assert (hparams["model"], hparams["data"], hparams["seed"]) == (model, "mnist", int(seed))
     page = (sweep / "README.md").read_text()
-    assert "| model=capsnet | 2 |" in page and "| model=lenet5 | 2 |" in page
-    assert page.index("| model=lenet5 | 2 |") < page.index("| model=capsnet | 2 |")  # job order
+    assert "| model=capsnet_small | 2 |" in page and "| model=lenet5 | 2 |" in page
+    assert page.index("| model=lenet5 | 2 |") < page.index("| model=capsnet_small | 2 |")  # job order
     # Resuming by a run folder whose name holds "=" and "," (quoted for Hydra): the SLURM restart test
     # (tests/test_slurm.py) resumes a run in such a folder, named by its overrides.
 
