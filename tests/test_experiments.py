@@ -103,6 +103,8 @@ def test_bench_em_caps_compares_with_the_net_of_a_git_revision():
     assert result.returncode != 0 and "git cannot show" in result.stderr
 
 
+# A benchmark script's own run (make bench runs it whole): make test-all.
+@pytest.mark.slow
 def test_bench_routing_measures_every_routing_and_the_plain_head_as_the_study_builds_them():
     from bench_routing import PLAIN_HEAD, SHARED, Step, nets
     from capsexp.config.hydra_setup import ROUTINGS
@@ -132,6 +134,8 @@ def test_the_first_hour_page_rebuilds_from_its_record():
     assert first_hour.page(record) == (results / "first_hour.md").read_text()
 
 
+# A benchmark script's own run (make bench runs it whole): make test-all.
+@pytest.mark.slow
 def test_a_benchmark_row_has_timms_columns_and_the_precision_auto_chose():
     """One row of experiments/bench_table.py (LeNet5 under trainer.precision=auto, one timed step): the
     CSV's columns, its own parameter count and a precision Lightning accepts."""

@@ -31,16 +31,11 @@ CHECKS = [name for name in dir(RoutingContract) if name.startswith("test_")]
 ONNX = "test_onnx_gives_its_outputs"
 
 
-# ONNX's exporter takes seconds per routing: the fast suite exports dynamic routing, make test-all every one.
+# ONNX's exporter takes seconds per routing: make test-all exports every one (the fast suite exports CapsNet
+# with dynamic routing to ONNX in tests/test_export.py).
 @pytest.mark.parametrize(
     "name,check",
-    [
-        pytest.param(
-            name, check, marks=[pytest.mark.slow] * (check == "test_onnx_gives_its_outputs" and name != "dynamic")
-        )
-        for name in ROUTINGS
-        for check in CHECKS
-    ],
+    [pytest.param(name, check, marks=[pytest.mark.slow] * (check == ONNX)) for name in ROUTINGS for check in CHECKS],
 )
 def test_every_built_in_routing_meets_the_contract(name, check):
     getattr(_contract(name)(), check)()

@@ -49,6 +49,9 @@ def test_launchers_run_each_job_in_its_own_folder(mnist_dir, tmp_path, launcher)
         assert yaml.safe_load((sweep / job / ".hydra" / "overrides.yaml").read_text())[0] == job
 
 
+# The shipped CapsNet search run end to end (the fast suite searches LeNet5's learning rate below, killed and
+# resumed, and composes every search config): make test-all.
+@pytest.mark.slow
 def test_optuna_sweep_of_two_trials(mnist_dir, tmp_path):
     result = run_cli_in_process(
         "hparams_search=capsnet_optuna",
