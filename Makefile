@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 
 .DEFAULT_GOAL := help
-.PHONY: help install train lint format test test-all mutate bench bench-gpu studies studies-full run-studies verify tensorboard clean
+.PHONY: help install train lint format test test-all examples mutate bench bench-gpu studies studies-full run-studies verify tensorboard clean
 
 help:  ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  make %-12s %s\n", $$1, $$2}'
@@ -31,6 +31,10 @@ test:  ## the fast test suite (no slow tests), one worker per core
 
 test-all:  ## every test, slow ones included (end-to-end runs on real MNIST)
 	$(BIN)/python -m pytest -n auto --dist worksteal $(ARGS)
+
+examples:  ## install the example routing package (examples/max_min_routing, docs/own_routing.md) and run its tests
+	$(BIN)/pip install --no-deps -e examples/max_min_routing
+	$(BIN)/python -m pytest -q examples/max_min_routing/tests
 
 mutate:  ## mutation testing (mutmut), 50 mutants of each area (ARGS="--area models": one area whole), then the planted flips -> experiments/results/mutation.md
 	$(BIN)/python experiments/mutation.py $(or $(ARGS),--sample)

@@ -115,9 +115,9 @@ def test_the_docs_name_each_models_scores_as_the_code_does():
     listed = {o for overrides_list, _ in rows for overrides in overrides_list for o in overrides}
     models = {f"model={p.stem}" for p in (PROJECT_ROOT / "conf" / "model").glob("*.yaml")}
     assert models <= listed, models - listed
-    from capsexp.config.hydra_setup import ROUTINGS
+    from capsexp.config.routing_registry import built_in as routings
 
-    assert {f"model/routing={name}" for name in ROUTINGS} <= listed
+    assert {f"model/routing={name}" for name in routings()} <= listed
 
 
 def test_a_job_records_the_code_its_process_imported_and_says_when_the_checkout_changed_since(checkout):

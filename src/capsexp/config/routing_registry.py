@@ -42,6 +42,12 @@ def registered() -> dict[str, Routing]:
     return routings
 
 
+def built_in() -> dict[str, Routing]:
+    """``{name: options}`` of capsexp's own routings (what its own tests cover, whatever else is installed)."""
+    own = {point.name for point in entry_points(group=GROUP) if _distribution(point) == OWN}
+    return {name: options for name, options in registered().items() if name in own}
+
+
 def _distribution(point: EntryPoint) -> str:
     return point.dist.name if point.dist is not None else "an unknown package"
 

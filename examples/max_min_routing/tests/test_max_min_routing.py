@@ -1,0 +1,23 @@
+"""The routing contract (capsexp.testing), and max-min normalisation itself."""
+
+import torch
+
+from capsexp.testing import RoutingContract
+from max_min_routing import MaxMinRouting, max_min_normalise
+
+
+class TestMaxMinRouting(RoutingContract):
+    routing = MaxMinRouting()
+    # Each coupling in [lower, upper], independently: a child's couplings do not sum to one (the method's point).
+    assignment_sums_to_one = False
+
+
+class TestMaxMinRoutingWithOtherBounds(TestMaxMinRouting):
+    routing = MaxMinRouting(iterations=2, lower=0.1, upper=0.9)
+
+
+def test_each_childs_logits_are_mapped_onto_the_bounds():
+    logits = torch.tensor([[2.0, -1.0, 0.5], [3.0, 3.0, 3.0]])
+    normalised = max_min_normalise(logits, lower=0.2, upper=0.8)
+    # By hand: (b - min) / (max - min) = 1, 0, 0.5, then 0.2 + 0.6 x; equal logits give the upper bound.
+    torch.testing.assert_close(normalised, torch.tensor([[0.8, 0.2, 0.5], [0.8, 0.8, 0.8]]))
