@@ -1,9 +1,9 @@
 """The routing contract (capsexp.testing), and max-min normalisation itself."""
 
 import torch
+from max_min_routing import MaxMinRouting, max_min_normalise
 
 from capsexp.testing import RoutingContract
-from max_min_routing import MaxMinRouting, max_min_normalise
 
 
 class TestMaxMinRouting(RoutingContract):
