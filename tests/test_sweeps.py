@@ -280,7 +280,8 @@ OPTUNA_TINY = [
     "hydra.sweeper.heartbeat_interval=1",
     "hydra.sweeper.grace_period=3",
     *TINY_RUN,
-    "trainer.max_steps=8",
+    # Long enough after its first save for the killed-search test to catch a trial between the two.
+    "trainer.max_steps=40",
     "trainer.val_check_interval=4",
     "~hydra.callbacks.comparison",  # the page: tested with the basic sweeper
 ]

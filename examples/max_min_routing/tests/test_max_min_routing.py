@@ -1,7 +1,8 @@
 """The routing contract (capsexp.testing), and max-min normalisation itself."""
 
 import torch
-from max_min_routing import MaxMinRouting, max_min_normalise
+from max_min_routing import MaxMinRouting
+from max_min_routing.routing import max_min_normalise
 
 from capsexp.testing import RoutingContract
 

@@ -10,21 +10,10 @@ paper's full text was not at hand: the axis (over the parents, per child) follow
 lower-level capsule ... constrained only by the bounds of normalization"); the bounds and the first
 iteration are this package's choices, options to change."""
 
-from dataclasses import dataclass
-from typing import ClassVar
-
 import torch
 
-from capsexp.nn import Routing
 from capsexp.nn.functional import Routed, squash
-
-
-@dataclass(frozen=True)
-class MaxMinRouting(Routing):
-    iterations: int = 3
-    lower: float = 0.0
-    upper: float = 1.0
-    router: ClassVar[str] = "max_min_routing:max_min_routing"
+from max_min_routing import MaxMinRouting
 
 
 def max_min_normalise(logits: torch.Tensor, lower: float, upper: float) -> torch.Tensor:
