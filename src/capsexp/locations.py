@@ -24,6 +24,47 @@ from pathlib import Path
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 CONFIG_DIR = PROJECT_ROOT / "conf"
 
+
+def config_folders() -> list[Path]:
+    """The folders of configs Hydra composes from, in its order: ``conf/``, then each folder a search path
+    plugin adds (an installed routing package's ``conf/``: :mod:`hydra_plugins.capsexp_searchpath`)."""
+    from hydra._internal.utils import create_config_search_path  # Hydra's own search path, plugins applied
+
+    folders = [CONFIG_DIR]
+    for element in create_config_search_path(str(CONFIG_DIR)).get_path():
+        if element.path and element.path.startswith("file://"):
+            folder = Path(element.path.removeprefix("file://")).resolve()
+            if folder not in folders:
+                folders.append(folder)
+    return folders
+
+
+def experiment_file(name: str) -> Path:
+    """``experiment=<name>``'s file: the first of :func:`config_folders` holding ``experiment/<name>.yaml``
+    (``conf/experiment/<name>.yaml``, which may not exist, where none does)."""
+    found = (folder / "experiment" / f"{name}.yaml" for folder in config_folders())
+    return next((path for path in found if path.is_file()), CONFIG_DIR / "experiment" / f"{name}.yaml")
+
+
+def experiment_files() -> dict[str, Path]:
+    """``{name: file}`` of every experiment config on the search path (``conf/``'s first where two share a name)."""
+    files: dict[str, Path] = {}
+    for folder in config_folders():
+        for path in sorted((folder / "experiment").glob("*.yaml")):
+            files.setdefault(path.stem, path)
+    return files
+
+
+def shown(config_file: Path) -> str:
+    """A config file as a page or an error names it: ``conf/experiment/x.yaml``, or ``<package>/conf/...``
+    for a package's (never a path of one machine)."""
+    for folder in config_folders():
+        if config_file.is_relative_to(folder):
+            package = "" if folder == CONFIG_DIR else f"{folder.parent.name}/"
+            return f"{package}conf/{config_file.relative_to(folder).as_posix()}"
+    return config_file.name
+
+
 # In a run's folder (logs/<task_name>/runs/<time>..., or a sweep's job folder):
 RUN_CONFIG = Path(".hydra") / "config.yaml"  # the composed config
 OVERRIDES = Path(".hydra") / "overrides.yaml"  # the command line's overrides

@@ -19,7 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from capsexp.config import hydra_setup
 from capsexp.errors import ConfigError
-from capsexp.locations import quote_locations
+from capsexp.locations import experiment_files, quote_locations
 
 # Groups and keys that moved: the old spelling gets the new one in its error.
 RENAMED = {
@@ -90,17 +90,16 @@ def check_study_budget(arguments: list[str], config_dir: Path) -> None:
     if not budgets:
         return
     experiments = _values(arguments, "experiment")
-    with_budgets = sorted(
-        path.stem for path in (config_dir / "experiment").glob("*.yaml") if "budgets" in OmegaConf.load(path)
-    )
+    files = {**experiment_files(), **{path.stem: path for path in (config_dir / "experiment").glob("*.yaml")}}
+    with_budgets = sorted(name for name, path in files.items() if "budgets" in OmegaConf.load(path))
     if not experiments:
         raise ConfigError(
             f"study={','.join(budgets)} chooses the budget of an experiment config: add experiment=<name>, "
             f"one of: {', '.join(with_budgets)}"
         )
     for experiment in experiments:
-        path = config_dir / "experiment" / f"{experiment}.yaml"
-        allowed = list(OmegaConf.load(path).get("budgets") or {}) if path.exists() else []
+        path = files.get(experiment)
+        allowed = list(OmegaConf.load(path).get("budgets") or {}) if path else []
         for budget in budgets:
             if budget not in allowed:
                 has = f"its budgets are: {', '.join(allowed)}" if allowed else "it has no budgets"

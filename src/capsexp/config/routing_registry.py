@@ -6,13 +6,18 @@ it (``em_paper``: EM's options as the paper has them), deriving from
 :class:`~capsexp.config.routing_options.Routing`, whose ``router`` names what routes. capsexp's own come
 first, in the order ``pyproject.toml`` gives them, then the other packages' by name. Loaded once a process;
 what a package gets wrong is a :class:`~capsexp.errors.ConfigError` naming the package and the entry point.
+
+A package's own configs (a study of its routing, ``experiment=<name>``) live in a ``conf/`` folder of its
+top-level package (:func:`config_folders`), which Hydra searches after capsexp's ``conf/``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib.resources
 from importlib.metadata import EntryPoint, entry_points
+from pathlib import Path
 
 from capsexp.config.routing_options import Routing
 from capsexp.errors import ConfigError
@@ -46,6 +51,17 @@ def built_in() -> dict[str, Routing]:
     """``{name: options}`` of capsexp's own routings (what its own tests cover, whatever else is installed)."""
     own = {point.name for point in entry_points(group=GROUP) if _distribution(point) == OWN}
     return {name: options for name, options in registered().items() if name in own}
+
+
+def config_folders() -> dict[str, Path]:
+    """``{package: folder}``: the ``conf/`` folder of each top-level package that registers a routing
+    (capsexp's own aside), where it has one; on Hydra's search path after capsexp's ``conf/``."""
+    registered()  # loads, and so checks, every entry point first
+    packages = sorted(
+        {point.module.partition(".")[0] for point in entry_points(group=GROUP) if _distribution(point) != OWN}
+    )
+    folders = {package: Path(str(importlib.resources.files(package) / "conf")) for package in packages}
+    return {package: folder for package, folder in folders.items() if folder.is_dir()}
 
 
 def _distribution(point: EntryPoint) -> str:

@@ -242,7 +242,7 @@ class Figures:
         to the config instead of copied from it."""
         from omegaconf import OmegaConf
 
-        from capsexp.results.study import experiment_file
+        from capsexp.locations import experiment_file
 
         found = (
             OmegaConf.select(OmegaConf.load(experiment_file(self.page.experiment)), key)
@@ -250,9 +250,7 @@ class Figures:
             else None
         )
         if found is None:
-            raise ConfigError(
-                f"the notes quote setting {key!r}, which conf/experiment/{self.page.experiment}.yaml lacks"
-            )
+            raise ConfigError(f"the notes quote setting {key!r}, which {self.page.source} lacks")
         return found
 
     def minutes(self, key: str) -> list[float]:

@@ -306,7 +306,7 @@ def hypotheses_section(rows: list, page: StudyPage) -> str:
         "",
         " ".join(
             [
-                f"Declared in `conf/experiment/{page.experiment}.yaml` before the runs: each an arm minus its",
+                f"Declared in `{page.source}` before the runs: each an arm minus its",
                 "reference, its direction, the smallest difference that matters and its test.",
                 f"The {size} tested {'are' if size != 1 else 'is'} the page's one family of p-values;"
                 if size
@@ -417,7 +417,7 @@ def reproduction(configurations: list[Configuration], headline: str, page: Study
         + "."
     )
     intro = (
-        f"conf/experiment/{page.experiment}.yaml states what this budget gave on the project's machine; a mean "
+        f"{page.source} states what this budget gave on the project's machine; a mean "
         f"within its tolerance{' (in points)' if factor == 100 else ''} reproduces it. The tolerance of a figure "
         "over several seeds is twice the standard error of the difference of its mean and ours, from its std and "
         f"both run counts, and at least {factor * statistics.REPRODUCTION_FLOOR:g}; of a figure of one run, the "
@@ -682,7 +682,7 @@ def compare(folder: Path, output: Path | None = None, keep: bool = False) -> Com
     write_csv(configurations, metrics, output)
     if notes.failed:
         raise ClaimError(
-            f"conf/experiment/{page.experiment}.yaml: these runs do not support the page's claim"
+            f"{page.source}: these runs do not support the page's claim"
             f"{'s' if len(notes.failed) > 1 else ''} "
             + "; ".join(f"{claim!r}" for claim in notes.failed)
             + f" (the page is written to {output / PAGE}, the claims marked)"
@@ -718,7 +718,7 @@ def notes_of(page: StudyPage, runs: list[Run], configurations: list[Configuratio
         return BoundNotes(
             f"These runs were made with other settings than the study's ({', '.join(f'`{o}`' for o in changed)}), "
             "so the study's notes, which describe its own runs, are left out: "
-            f"`conf/experiment/{page.experiment}.yaml` has them.",
+            f"`{page.source}` has them.",
             [],
         )
-    return bind(page, runs, f"conf/experiment/{page.experiment}.yaml")
+    return bind(page, runs, page.source)

@@ -49,12 +49,11 @@ expected figure's key is the whole of a job's choices (its seed aside), and chec
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from omegaconf import OmegaConf
 
 from capsexp.errors import ConfigError
-from capsexp.locations import CONFIG_DIR
+from capsexp.locations import CONFIG_DIR, experiment_file, shown
 from capsexp.results.metric_names import TEST_ACC, VAL_ACC, VAL_ACC_BEST
 from capsexp.results.statistics import reproduction_tolerance
 
@@ -185,6 +184,11 @@ class StudyPage:
     hypotheses: tuple[Hypothesis, ...] = ()
 
     @property
+    def source(self) -> str:
+        """The experiment config as the page names it (``conf/experiment/<name>.yaml``, or a package's)."""
+        return shown(experiment_file(self.experiment)) if self.experiment else "no experiment config"
+
+    @property
     def reference(self) -> str | None:
         """The first reference: the configuration a figure of one configuration shows first."""
         return self.references[0] if self.references else None
@@ -208,10 +212,6 @@ def figure_for(figures: dict, overrides: list[str]):
     """The figure whose key the overrides match (the most specific key when several do), or None."""
     found = [key for key in figures if matches(key, overrides)]
     return figures[max(found, key=lambda key: len(key.split()))] if found else None
-
-
-def experiment_file(name: str) -> Path:
-    return CONFIG_DIR / "experiment" / f"{name}.yaml"
 
 
 def _strings(value: str | list[str] | None) -> tuple[str, ...]:
@@ -254,7 +254,7 @@ def load_study_page(experiment: str | None, budget: str | None) -> StudyPage:
             hypotheses=tuple(_hypothesis(node) for node in page.get("hypotheses") or []),
         )
     except (KeyError, TypeError, ValueError) as error:
-        raise ConfigError(f"conf/experiment/{experiment}.yaml: its page is malformed ({error!r})") from error
+        raise ConfigError(f"{shown(experiment_file(experiment))}: its page is malformed ({error!r})") from error
 
 
 def page_for(runs: list) -> StudyPage:

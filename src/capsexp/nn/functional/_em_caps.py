@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from capsexp.config.routing_options import EM_PAPER, CostNormalization, EMRouting
+from capsexp.nn.functional._engagement import shares
 from capsexp.nn.functional._gaussian_routing import (
     VoteMaker,
     _Children,
@@ -217,8 +218,11 @@ def responsibility_entropy(
     maximum log(number of those parents): 1 is uniform (routing undecided), 0 is a hard assignment.
 
     ``responsibilities`` as :func:`em_routing` returns them: (B, I, J) dense, or (B, Q, M, J) with
-    ``child_index`` (Q, M). Returns (B, children).
+    ``child_index`` (Q, M). Returns (B, children). Dense couplings that do not sum to one are read as
+    shares (:func:`~capsexp.nn.functional._engagement.shares`).
     """
+    if child_index is None:
+        responsibilities = shares(responsibilities)
     plogp = torch.special.xlogy(responsibilities, responsibilities)
     parents = responsibilities.shape[-1]
     if child_index is None:

@@ -25,6 +25,8 @@ def routing_engagement(
     """:class:`Engagement` of an assignment as routers return it: (B, I, J) dense, or (B, Q, M, J) with
     ``child_index`` (Q, M) naming the child in each of a convolutional layer's window slots (EM)."""
     assignment = assignment.float()
+    if child_index is None:
+        assignment = shares(assignment)
     plogp = torch.special.xlogy(assignment, assignment)
     parents = assignment.shape[-1]
     if child_index is None:
@@ -53,7 +55,13 @@ def decided_threshold(parents: torch.Tensor) -> torch.Tensor:
     return torch.minimum(2.0 / parents, (1.0 + 1.0 / parents) / 2)
 
 
+def shares(couplings: torch.Tensor) -> torch.Tensor:
+    """Each child's couplings (..., J) as shares of their sum over the parents (a child that sends nothing
+    keeps its zeros)."""
+    return couplings / couplings.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(couplings.dtype).tiny)
+
+
 def predicted_share(couplings: torch.Tensor, predicted: torch.Tensor) -> torch.Tensor:
     """(B, I): the share of each child's coupling (B, I, J) that goes to its image's predicted class
     ``predicted`` (B,): 1/J when routing ignores the prediction."""
-    return couplings.float().gather(-1, predicted[:, None, None].expand(-1, couplings.shape[1], 1)).squeeze(-1)
+    return shares(couplings.float()).gather(-1, predicted[:, None, None].expand(-1, couplings.shape[1], 1)).squeeze(-1)
