@@ -1,5 +1,6 @@
 """A routing from another installed package (an entry point of the group capsexp.routing), with nothing of
-capsexp changed: chosen, set and checked from the command line, an arm of a study, listed by --help."""
+capsexp changed: chosen, set and checked from the command line, an arm of a study, listed by --help; its
+run predicted, explained and exported; its package's own study composed from its conf/ folder."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ import sys
 import textwrap
 
 import pytest
+import torch
 
-from tests.helpers import PROJECT_ROOT, TINY_RUN
+from tests.helpers import PROJECT_ROOT, TINY_RUN, write_png
 
 PLUGIN = '''
 """Agreement routing in one pass: couplings softmax_j(u_hat_j|i . mean_k u_hat_j|k / temperature)."""
@@ -29,6 +31,7 @@ class MeanAgreementRouting(Routing):
     router: ClassVar[str] = "mean_agreement:route"
 
 
+
 def route(votes, options):
     agreement = (votes * votes.mean(dim=1, keepdim=True)).sum(dim=-1) / options.temperature
     couplings = torch.softmax(agreement, dim=-1)
@@ -37,11 +40,29 @@ def route(votes, options):
 '''
 
 
+STUDY = """\
+# @package _global_
+budgets:
+  quick: {seeds: "1,2"}
+  long: {seeds: "1,2,3"}
+hydra:
+  sweeper:
+    params:
+      +arm/routing: mean_agreement,dynamic
+      seed: ${budgets.${study}.seeds}
+page:
+  title: Mean agreement against dynamic routing
+"""
+
+
 @pytest.fixture
 def plugin(tmp_path) -> dict[str, str]:
-    """An installed package as importlib.metadata finds one (its module and its .dist-info on the path),
-    registering mean_agreement; the environment of a process that has it."""
-    (tmp_path / "mean_agreement.py").write_text(textwrap.dedent(PLUGIN))
+    """An installed package as importlib.metadata finds one (its package and its .dist-info on the path),
+    registering mean_agreement, with a study of its own; the environment of a process that has it."""
+    package = tmp_path / "mean_agreement"
+    (package / "conf" / "experiment").mkdir(parents=True)
+    (package / "__init__.py").write_text(textwrap.dedent(PLUGIN))
+    (package / "conf" / "experiment" / "mean_agreement_study.yaml").write_text(STUDY)
     info = tmp_path / "mean_agreement-0.1.dist-info"
     info.mkdir()
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: mean-agreement\nVersion: 0.1\n")
@@ -51,7 +72,12 @@ def plugin(tmp_path) -> dict[str, str]:
 
 
 def _capsexp(environment: dict[str, str], *arguments: str) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "capsexp", *arguments]
+    return _tool(environment, "", *arguments)
+
+
+def _tool(environment: dict[str, str], tool: str, *arguments: str) -> subprocess.CompletedProcess:
+    """``python -m capsexp[.<tool>] <arguments>`` in a process with the package."""
+    command = [sys.executable, "-m", f"capsexp.{tool}".rstrip("."), *arguments]
     return subprocess.run(command, cwd=PROJECT_ROOT, env=environment, capture_output=True, text=True, timeout=300)
 
 
@@ -67,6 +93,20 @@ def test_a_packages_routing_trains_in_capsnets_place_and_is_an_arm_of_the_routin
     assert result.returncode == 0, result.stderr[-3000:]
     config = (run / ".hydra" / "config.yaml").read_text()
     assert "_target_: mean_agreement.MeanAgreementRouting" in config and "temperature: 4" in config
+    # Its run is used as any other: predicted, with each image's couplings drawn, and exported.
+    images = tmp_path / "digits"
+    images.mkdir()
+    for index in range(3):
+        write_png((torch.rand(3, 28, 28) * 80 * (index + 1)).to(torch.uint8), images / f"digit_{index}.png")
+    predicted = _tool(
+        plugin, "predict", f"ckpt_path={run}", f"images={images}", "explain=2", f"hydra.run.dir={run / 'p'}"
+    )
+    assert predicted.returncode == 0, predicted.stderr[-3000:]
+    assert len((run / "p" / "predictions.csv").read_text().splitlines()) == 4
+    assert len(list((run / "p" / "explain").rglob("*.png"))) == 2
+    exported = _tool(plugin, "export", f"ckpt_path={run}", "format=torchscript", f"hydra.run.dir={run / 'e'}")
+    assert exported.returncode == 0, exported.stderr[-3000:]
+    assert "largest difference" in exported.stdout + exported.stderr
     # As an arm of the routing comparison, with a typo in its options: the arm composes (the routing's own
     # keys are offered), and the typo is answered as for a built-in routing's.
     arm = ["experiment=routing_comparison", "study=quick", "+arm/routing=mean_agreement"]
@@ -93,3 +133,23 @@ def test_a_package_whose_entry_point_is_not_a_routing_is_named():
     point = EntryPoint(name="broken", value="os.path:join", group="capsexp.routing")
     with pytest.raises(ConfigError, match=r"where: names <function join.*not a routing's options"):
         _options(point, "where")
+
+
+def test_a_packages_own_study_composes_from_its_conf_folder(plugin):
+    """experiment=<a study of the package> is found on Hydra's search path, its budgets checked as
+    capsexp's own studies' are, and its page found where the package keeps it."""
+    composed = _capsexp(plugin, "experiment=mean_agreement_study", "study=long", "--cfg", "hydra")
+    assert composed.returncode == 0, composed.stderr[-3000:]
+    assert (
+        "+arm/routing: mean_agreement,dynamic" in composed.stdout
+        and "experiment: mean_agreement_study" in composed.stdout
+    )
+    typo = _capsexp(plugin, "-m", "experiment=mean_agreement_study", "study=short")
+    assert typo.returncode == 2 and "its budgets are: quick, long" in typo.stderr, typo.stderr[-2000:]
+    page = [
+        sys.executable,
+        "-c",
+        "from capsexp.results.study import load_study_page as p; print(p('mean_agreement_study', 'quick').source)",
+    ]
+    found = subprocess.run(page, env=plugin, capture_output=True, text=True, timeout=120)
+    assert found.stdout.strip() == "mean_agreement/conf/experiment/mean_agreement_study.yaml", found.stderr[-2000:]

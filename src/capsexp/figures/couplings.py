@@ -10,6 +10,8 @@ import torch
 import torch.nn.functional as F
 from matplotlib.figure import Figure, SubFigure
 
+from capsexp.nn.functional import shares
+
 
 def class_coupling_maps(
     couplings: torch.Tensor, labels: torch.Tensor, num_types: int, types_innermost: bool = False
@@ -27,7 +29,9 @@ def class_coupling_maps(
 def position_maps(couplings: torch.Tensor, num_types: int, types_innermost: bool = False) -> torch.Tensor:
     """(B, J, S, S): each image's couplings (B, I, J) to each class j, averaged over the child types at each
     position of the children's square S x S grid (children type-major, or numbered (h, w, type) with
-    ``types_innermost``, as EM class capsules number them)."""
+    ``types_innermost``, as EM class capsules number them). Couplings are read as each child's shares
+    (a routing's that do not sum to one over the classes included)."""
+    couplings = shares(couplings)
     batch, children, classes = couplings.shape
     side = math.isqrt(children // num_types)
     if types_innermost:

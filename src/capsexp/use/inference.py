@@ -32,6 +32,7 @@ from capsexp.errors import CapsexpError, CheckpointError, ImageError
 from capsexp.models import CapsNet, MatrixCapsNet
 from capsexp.models.inspection import class_scores, routing_layers
 from capsexp.nn import ClassMatrixCapsules, PrimaryCapsules
+from capsexp.nn.functional import shares
 from capsexp.run.build import build_model, instantiate
 from capsexp.run.checkpoints import (
     LIGHTNING_ALIASES,
@@ -77,7 +78,8 @@ class Predictions:
     ``classes`` (N,) or, for T objects per image, (N, T); ``scores`` (N, K) of :attr:`score_kind`;
     ``inputs``: the net's inputs; for capsule models ``poses`` (N, K, D) of the class capsules,
     ``couplings`` (N, I, K): each child's share sent to each class capsule by the last routing layer
-    (couplings c_ij, or EM responsibilities R_ij), and ``reconstructions`` from the predicted capsules
+    (couplings c_ij, or EM responsibilities R_ij, divided by their sum over the classes where a routing's
+    do not sum to one), and ``reconstructions`` from the predicted capsules
     (models with a decoder); ``notes``: per image, what was done to bring it to the net's input;
     ``present`` (N,) bool: whether the predicted class's score reaches the model's presence threshold
     (capsule models trained with the margin loss; None for the others, which always name a class)."""
@@ -213,7 +215,7 @@ class TrainedModel:
             inputs=inputs.float().cpu(),
             notes=[[] for _ in range(len(inputs))],
             poses=field("poses"),
-            couplings=captured["assignment"].float().cpu() if captured.get("assignment") is not None else None,
+            couplings=shares(captured["assignment"].float()).cpu() if captured.get("assignment") is not None else None,
             reconstructions=field("reconstructions"),
             present=present,
         )

@@ -32,7 +32,7 @@ from capsexp.nn.functional._em_caps import (
     responsibility_entropy,
     spread_loss,
 )
-from capsexp.nn.functional._engagement import Engagement, predicted_share, routing_engagement
+from capsexp.nn.functional._engagement import Engagement, predicted_share, routing_engagement, shares
 from capsexp.nn.functional._export import exporting
 from capsexp.nn.functional._routing import Routed, random_routing, uniform_routing
 from capsexp.nn.functional._self_routing import self_routing
@@ -62,6 +62,7 @@ __all__ = [
     "responsibility_entropy",
     "routing_engagement",
     "self_routing",
+    "shares",
     "sinkhorn_routing",
     "spread_loss",
     "squash",
