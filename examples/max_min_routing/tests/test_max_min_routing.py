@@ -22,3 +22,20 @@ def test_each_childs_logits_are_mapped_onto_the_bounds():
     normalised = max_min_normalise(logits, lower=0.2, upper=0.8)
     # By hand: (b - min) / (max - min) = 1, 0, 0.5, then 0.2 + 0.6 x; equal logits give the upper bound.
     torch.testing.assert_close(normalised, torch.tensor([[0.8, 0.2, 0.5], [0.8, 0.8, 0.8]]))
+
+
+def test_the_results_page_rebuilds_byte_identical_from_its_runs(tmp_path):
+    """results/ as a reader would check it: its page, table and figures written again from the runs kept
+    beside them (the study's hypotheses and claims read from this package's conf/experiment/)."""
+    import shutil
+    from pathlib import Path
+
+    from capsexp.results.compare import compare
+
+    page = Path(__file__).resolve().parents[1] / "results"
+    shutil.copytree(page / "runs", tmp_path / "runs")
+    compare(tmp_path / "runs", tmp_path)
+    written = sorted(p.name for p in tmp_path.iterdir() if p.is_file())
+    assert written == sorted(p.name for p in page.iterdir() if p.is_file())
+    for file in written:
+        assert (tmp_path / file).read_bytes() == (page / file).read_bytes(), file
