@@ -11,6 +11,7 @@ import textwrap
 
 import pytest
 import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from tests.helpers import PROJECT_ROOT, TINY_RUN, write_png
 
@@ -93,6 +94,10 @@ def test_a_packages_routing_trains_in_capsnets_place_and_is_an_arm_of_the_routin
     assert result.returncode == 0, result.stderr[-3000:]
     config = (run / ".hydra" / "config.yaml").read_text()
     assert "_target_: mean_agreement.MeanAgreementRouting" in config and "temperature: 4" in config
+    # Its couplings were drawn at validation, as a built-in routing's are.
+    events = EventAccumulator(str(run), size_guidance={"images": 0})
+    events.Reload()
+    assert "routing/digits/couplings" in events.Tags()["images"]
     # Its run is used as any other: predicted, with each image's couplings drawn, and exported.
     images = tmp_path / "digits"
     images.mkdir()
