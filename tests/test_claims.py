@@ -67,7 +67,6 @@ def test_a_run_changed_so_that_a_claim_no_longer_holds_fails_the_rebuild_naming_
 
 
 def test_notes_quote_the_runs_figures_and_runs_made_otherwise_get_a_line_instead(tmp_path, monkeypatch):
-    from capsexp.results import study
     from tests.test_compare import make_study
 
     (tmp_path / "conf" / "experiment").mkdir(parents=True)
@@ -83,7 +82,7 @@ def test_notes_quote_the_runs_figures_and_runs_made_otherwise_get_a_line_instead
         "    quick:\n"
         "      - {claim: b leads a, holds: \"difference('test/acc', 'arm=b', 'arm=a').points > 0\"}\n"
     )
-    monkeypatch.setattr(study, "CONFIG_DIR", tmp_path / "conf")
+    monkeypatch.setattr("capsexp.locations.CONFIG_DIR", tmp_path / "conf")
     make_study(tmp_path / "sweep", {("arm=a",): [0.90, 0.92], ("arm=b",): [0.95, 0.96]})
     page = (compare(tmp_path / "sweep").output / "README.md").read_text()
     # Differences +5 and +4 points: mean 4.5, standard error 0.5 on 1 degree of freedom (t 12.706).
@@ -101,14 +100,13 @@ def test_notes_quote_the_runs_figures_and_runs_made_otherwise_get_a_line_instead
 
 
 def test_a_claim_that_does_not_evaluate_is_a_config_error_naming_it(tmp_path, monkeypatch):
-    from capsexp.results import study
     from tests.test_compare import make_study
 
     (tmp_path / "conf" / "experiment").mkdir(parents=True)
     (tmp_path / "conf" / "experiment" / "toy.yaml").write_text(
         "page:\n  notes: {quick: Notes.}\n  claims:\n    quick:\n      - {claim: broken, holds: \"nosuch('x')\"}\n"
     )
-    monkeypatch.setattr(study, "CONFIG_DIR", tmp_path / "conf")
+    monkeypatch.setattr("capsexp.locations.CONFIG_DIR", tmp_path / "conf")
     make_study(tmp_path / "sweep", {(): [0.9]})
     with pytest.raises(ConfigError, match=r"toy.yaml: claim 'broken': its expression does not evaluate"):
         compare(tmp_path / "sweep")
@@ -146,7 +144,6 @@ def test_a_page_of_two_launches_names_each_command_and_keeps_them(tmp_path):
 def test_a_figure_written_into_the_notes_by_hand_fails_the_rebuild_naming_it(tmp_path, monkeypatch):
     """A figure of the runs typed into the notes would not follow them: the rebuild refuses it. A paper's
     figure, and a setting quoted through ``setting()``, are not the runs'."""
-    from capsexp.results import study
     from tests.test_compare import make_study
 
     (tmp_path / "conf" / "experiment").mkdir(parents=True)
@@ -164,7 +161,7 @@ def test_a_figure_written_into_the_notes_by_hand_fails_the_rebuild_naming_it(tmp
             }
         )
     )
-    monkeypatch.setattr(study, "CONFIG_DIR", tmp_path / "conf")
+    monkeypatch.setattr("capsexp.locations.CONFIG_DIR", tmp_path / "conf")
     make_study(tmp_path / "sweep", {("arm=a",): [0.90, 0.92], ("arm=b",): [0.95, 0.96]})
     with pytest.raises(ConfigError, match=r"toy\.yaml: the notes give '4\.50 points' by hand"):
         compare(tmp_path / "sweep")

@@ -387,11 +387,10 @@ def test_an_experiments_page_its_paper_figures_statistics_and_reproduction_check
     figures beside ours (errors beside errors), each configuration against the page's reference with the
     interval of the paired difference (they share seeds 1 and 2; too few to test), and the check of
     the figures the budget gave before (``--check`` fails when one is out of tolerance)."""
-    from capsexp.results import study
 
     (tmp_path / "conf" / "experiment").mkdir(parents=True)
     (tmp_path / "conf" / "experiment" / "toy.yaml").write_text(EXPERIMENT)
-    monkeypatch.setattr(study, "CONFIG_DIR", tmp_path / "conf")
+    monkeypatch.setattr("capsexp.locations.CONFIG_DIR", tmp_path / "conf")
     accuracies = {
         ("iterations=1", "reconstruction=true"): [0.95, 0.96],
         ("iterations=3", "reconstruction=true"): [0.97, 0.99],
@@ -438,11 +437,10 @@ def test_an_experiments_page_its_paper_figures_statistics_and_reproduction_check
 
 
 def test_runs_given_other_settings_than_the_studys_are_not_checked_against_its_figures(tmp_path, monkeypatch):
-    from capsexp.results import study
 
     (tmp_path / "conf" / "experiment").mkdir(parents=True)
     (tmp_path / "conf" / "experiment" / "toy.yaml").write_text(EXPERIMENT)
-    monkeypatch.setattr(study, "CONFIG_DIR", tmp_path / "conf")
+    monkeypatch.setattr("capsexp.locations.CONFIG_DIR", tmp_path / "conf")
     accuracies = {
         ("iterations=1", "reconstruction=true"): [0.95],
         ("iterations=1", "reconstruction=true", "trainer.max_steps=5"): [0.5],  # a user's shorter run
@@ -462,7 +460,7 @@ def test_an_expected_figure_without_a_tolerance_is_a_config_error(tmp_path, monk
     (tmp_path / "conf" / "experiment").mkdir(parents=True)
     without = EXPERIMENT.replace("      tolerance: 0.01\n", "")  # iterations=1's figure is of one run
     (tmp_path / "conf" / "experiment" / "toy.yaml").write_text(without)
-    monkeypatch.setattr(study, "CONFIG_DIR", tmp_path / "conf")
+    monkeypatch.setattr("capsexp.locations.CONFIG_DIR", tmp_path / "conf")
     message = r"toy.yaml: its page is malformed .*'iterations=1 reconstruction=true' is of one run"
     with pytest.raises(ConfigError, match=message):
         study.load_study_page("toy", "quick")
@@ -561,11 +559,9 @@ def test_each_configuration_against_each_reference_for_each_metric_in_one_family
 
     from scipy import stats
 
-    from capsexp.results import study
-
     (tmp_path / "conf" / "experiment").mkdir(parents=True)
     (tmp_path / "conf" / "experiment" / "toy.yaml").write_text(TWO_REFERENCES)
-    monkeypatch.setattr(study, "CONFIG_DIR", tmp_path / "conf")
+    monkeypatch.setattr("capsexp.locations.CONFIG_DIR", tmp_path / "conf")
     accuracies = {
         ("arm=dynamic",): [0.97, 0.99, 0.98, 0.975, 0.985],
         ("arm=self",): [0.95, 0.96, 0.98, 0.93, 0.94],
@@ -698,11 +694,10 @@ def test_the_page_names_the_code_each_run_ran_and_keeps_its_config_without_paths
 def test_the_page_says_what_precision_its_runs_trained_in_where_they_recorded_it(tmp_path, monkeypatch):
     """trainer.precision=auto chooses per net and machine: the runs' records give the page's precision line,
     with each precision's count; runs from before the record was kept give none."""
-    from capsexp.results import study
 
     (tmp_path / "conf" / "experiment").mkdir(parents=True)
     (tmp_path / "conf" / "experiment" / "toy.yaml").write_text(EXPERIMENT)
-    monkeypatch.setattr(study, "CONFIG_DIR", tmp_path / "conf")
+    monkeypatch.setattr("capsexp.locations.CONFIG_DIR", tmp_path / "conf")
     accuracies = {
         ("iterations=1", "reconstruction=true"): [0.95, 0.96],
         ("iterations=3", "reconstruction=true"): [0.97],
@@ -745,11 +740,9 @@ def test_declared_hypotheses_are_the_pages_family_and_every_other_comparison_is_
 
     from scipy import stats
 
-    from capsexp.results import study
-
     (tmp_path / "conf" / "experiment").mkdir(parents=True)
     (tmp_path / "conf" / "experiment" / "toy.yaml").write_text(HYPOTHESES)
-    monkeypatch.setattr(study, "CONFIG_DIR", tmp_path / "conf")
+    monkeypatch.setattr("capsexp.locations.CONFIG_DIR", tmp_path / "conf")
     a = [0.950, 0.955, 0.948, 0.952, 0.951]
     b = [0.970, 0.972, 0.969, 0.975, 0.970]  # about +2 points, every seed
     c = [0.950513, 0.954533, 0.948531, 0.952109, 0.950709]  # within 0.06 points of a, both signs
@@ -803,7 +796,7 @@ def test_a_malformed_hypothesis_is_a_config_error_naming_what_is_allowed(tmp_pat
     from capsexp.results import study
 
     (tmp_path / "conf" / "experiment").mkdir(parents=True)
-    monkeypatch.setattr(study, "CONFIG_DIR", tmp_path / "conf")
+    monkeypatch.setattr("capsexp.locations.CONFIG_DIR", tmp_path / "conf")
     for change, message in (
         ("smallest_effect: 0.5}", "smallest_effect: 0.5, direction: up}"),
         ("smallest_effect: 0.5}", "smallest_effect: 0.5, tests: t}"),
