@@ -280,7 +280,6 @@ OPTUNA_TINY = [
     "hydra.sweeper.heartbeat_interval=1",
     "hydra.sweeper.grace_period=3",
     *TINY_RUN,
-    # Long enough after its first save for the killed-search test to catch a trial between the two.
     "trainer.max_steps=40",
     "trainer.val_check_interval=4",
     "~hydra.callbacks.comparison",  # the page: tested with the basic sweeper
@@ -318,6 +317,8 @@ def test_an_optuna_search_killed_after_two_trials_goes_on_to_its_n_trials(mnist_
     from its last.ckpt."""
     sweep = tmp_path / "search"
     arguments = [*OPTUNA_TINY, f"paths.data_dir={mnist_dir}", "hydra.sweeper.n_trials=4", f"hydra.sweep.dir={sweep}"]
+    # Trials of about 2 s on a quiet machine: at 40 steps the third trial once ended between two polls.
+    arguments.append("trainer.max_steps=160")
     storage = f"sqlite:///{sweep}/optuna.db"
     process = _start(arguments, tmp_path / "printed.txt")
     deadline = time.monotonic() + 240
