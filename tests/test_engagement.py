@@ -62,3 +62,16 @@ def test_a_child_of_two_parents_is_decided_halfway_from_uniform_to_hard():
     ten = torch.full((1, 2, 10), 0.8 / 9)
     ten[0, 0, 0], ten[0, 1] = 0.2, torch.tensor([0.21] + [0.79 / 9] * 9)
     assert routing_engagement(ten).decided.tolist() == [[0.0, 1.0]]
+
+
+def test_couplings_that_do_not_sum_to_one_are_measured_as_each_childs_shares():
+    """Max-min normalisation's couplings, each in [0, 1] on its own: child 0's (1, 0.5, 0.5, 0) are the
+    shares (1/2, 1/4, 1/4, 0), entropy (ln 2 / 2 + ln 4 / 2) / ln 4 = 3/4, KL ln 4 - 3/4 ln 4 = ln 2 / 2,
+    largest share 1/2 (not decided: not above twice uniform, 2/4); child 1's all at 1 are uniform. By hand."""
+    couplings = torch.tensor([[[1.0, 0.5, 0.5, 0.0], [1.0, 1.0, 1.0, 1.0]]])
+    engagement = routing_engagement(couplings)
+    torch.testing.assert_close(engagement.largest, torch.tensor([[0.5, 0.25]]))
+    torch.testing.assert_close(engagement.kl_from_uniform, torch.tensor([[math.log(2) / 2, 0.0]]), atol=1e-6, rtol=0)
+    assert engagement.decided.tolist() == [[0.0, 0.0]]  # 1/2 is not above twice uniform, 2/4
+    torch.testing.assert_close(responsibility_entropy(couplings), torch.tensor([[0.75, 1.0]]))
+    torch.testing.assert_close(predicted_share(couplings, torch.tensor([1])), torch.tensor([[0.25, 0.25]]))
