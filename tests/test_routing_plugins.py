@@ -32,7 +32,6 @@ class MeanAgreementRouting(Routing):
     router: ClassVar[str] = "mean_agreement:route"
 
 
-
 def route(votes, options):
     agreement = (votes * votes.mean(dim=1, keepdim=True)).sum(dim=-1) / options.temperature
     couplings = torch.softmax(agreement, dim=-1)
