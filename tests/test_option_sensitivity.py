@@ -23,7 +23,8 @@ from typing import Any
 import pytest
 import torch
 
-from capsexp.config.hydra_setup import ROUTINGS
+from capsexp.config.routing_options import Routing
+from capsexp.config.routing_registry import built_in
 from capsexp.models import BaselineCNN, CapsNet, LeNet5, MatrixCapsNet
 from capsexp.nn import (
     ClassMatrixCapsules,
@@ -36,6 +37,7 @@ from capsexp.nn import (
 )
 
 UNSET = inspect.Parameter.empty
+ROUTINGS = built_in()  # capsexp's own, whatever else is installed
 
 
 def alternatives(annotation: Any, default: Any) -> list[Any]:
@@ -71,6 +73,9 @@ def alternatives(annotation: Any, default: Any) -> list[Any]:
         if default is None or len(default) == 0:
             return [tuple(next(iter(alternatives(args[0], None)), None) for _ in range(1))] if args else []
         return [tuple(v * 2 if isinstance(v, (int, float)) and not isinstance(v, bool) else v for v in default)]
+    if isinstance(annotation, type) and issubclass(annotation, Routing):  # a routing: each other built-in one
+        kinds = {type(o): o for o in built_in().values() if not isinstance(o, type(default))}
+        return list(kinds.values())
     if dataclasses.is_dataclass(annotation):  # its fields are varied in the routing-options tests
         return []
     raise TypeError(f"no alternative value derived for an option of type {annotation!r}")
