@@ -15,6 +15,7 @@ from capsexp.locations import PROJECT_ROOT
 from capsexp.results.claims import ClaimError, reflow
 from capsexp.results.compare import compare
 from capsexp.results.events import event_files, load_events
+from capsexp.testing import assert_page_rebuilds
 
 RESULTS = PROJECT_ROOT / "experiments" / "results"
 PAGES = sorted(path.parent.name for path in RESULTS.glob("*/runs"))
@@ -24,13 +25,7 @@ PAGES = sorted(path.parent.name for path in RESULTS.glob("*/runs"))
 def test_every_committed_page_rebuilds_byte_identical_from_its_runs(name, tmp_path):
     """Each page of experiments/results/ as a reader would check it: its README, table and figures
     written again from the runs kept beside them, in a copy of the folder."""
-    page = RESULTS / name
-    shutil.copytree(page / "runs", tmp_path / "runs")
-    compare(tmp_path / "runs", tmp_path)
-    written = sorted(p.name for p in tmp_path.iterdir() if p.is_file())
-    assert written == sorted(p.name for p in page.iterdir() if p.is_file())
-    for file in written:
-        assert (tmp_path / file).read_bytes() == (page / file).read_bytes(), file
+    assert_page_rebuilds(RESULTS / name, tmp_path)
 
 
 def rewrite_scalar(run: Path, tag: str, value: float) -> None:

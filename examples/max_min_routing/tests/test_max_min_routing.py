@@ -1,10 +1,12 @@
-"""The routing contract (capsexp.testing), and max-min normalisation itself."""
+"""The routing contract (capsexp.testing), max-min normalisation itself, and the results page."""
+
+from pathlib import Path
 
 import torch
 from max_min_routing import MaxMinRouting
 from max_min_routing.routing import max_min_normalise
 
-from capsexp.testing import RoutingContract
+from capsexp.testing import RoutingContract, assert_page_rebuilds
 
 
 class TestMaxMinRouting(RoutingContract):
@@ -27,15 +29,4 @@ def test_each_childs_logits_are_mapped_onto_the_bounds():
 def test_the_results_page_rebuilds_byte_identical_from_its_runs(tmp_path):
     """results/ as a reader would check it: its page, table and figures written again from the runs kept
     beside them (the study's hypotheses and claims read from this package's conf/experiment/)."""
-    import shutil
-    from pathlib import Path
-
-    from capsexp.results.compare import compare
-
-    page = Path(__file__).resolve().parents[1] / "results"
-    shutil.copytree(page / "runs", tmp_path / "runs")
-    compare(tmp_path / "runs", tmp_path)
-    written = sorted(p.name for p in tmp_path.iterdir() if p.is_file())
-    assert written == sorted(p.name for p in page.iterdir() if p.is_file())
-    for file in written:
-        assert (tmp_path / file).read_bytes() == (page / file).read_bytes(), file
+    assert_page_rebuilds(Path(__file__).resolve().parents[1] / "results", tmp_path)
