@@ -196,15 +196,13 @@ def make_router(
         raise TypeError(f"{type(routing).__name__} names no router (its class attribute router = 'module:name')")
     module, _, name = target.partition(":")
     router = getattr(importlib.import_module(module), name)
-    if not inspect.isclass(router):
-        if bias is not None:
-            raise ValueError(f"bias={bias}: the official routing bias is dynamic routing's; {target} has none")
-        return FunctionRouter(routing, router)
-    accepted = inspect.signature(router).parameters
+    accepted = inspect.signature(router).parameters if inspect.isclass(router) else {}  # a function takes no size
     if bias is not None and "bias" not in accepted:
         raise ValueError(
             f"bias={bias}: the official routing bias is dynamic routing's; {type(routing).__name__} has none"
         )
+    if not inspect.isclass(router):
+        return FunctionRouter(routing, router)
     sizes = {"in_caps": in_caps, "in_dim": in_dim, "out_caps": out_caps, "out_dim": out_dim, "bias": bias}
     return router(routing, **{key: value for key, value in sizes.items() if key in accepted})
 
