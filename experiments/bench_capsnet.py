@@ -26,10 +26,11 @@ from torch import nn
 
 from benchlib import cli_test_accuracy
 from capsexp.lit import CapsuleLoss
-from capsexp.locations import PROJECT_ROOT
 from capsexp.models import CapsNet
 from capsexp.results.machine import cpu_name
 from timing import Stopwatch
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]  # the checkout (experiments/ run only there)
 
 RESULTS = PROJECT_ROOT / "experiments" / "results" / "bench.md"
 ACCURACY_COMMAND = ["model=capsnet", "data=shifted_mnist", "trainer.max_epochs=1", "trainer.accelerator=cpu"]

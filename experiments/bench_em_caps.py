@@ -37,10 +37,11 @@ from pathlib import Path
 import torch
 
 from benchlib import cli_test_accuracy
-from capsexp.locations import PROJECT_ROOT
 from capsexp.results.machine import cpu_name
 from revisions import tree_at
 from timing import Stopwatch
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]  # the checkout (experiments/ run only there)
 
 RESULTS = PROJECT_ROOT / "experiments" / "results" / "bench_em.md"
 # A whole epoch of MNIST takes hours on 2 CPU cores: a fixed number of steps, then the full test set.

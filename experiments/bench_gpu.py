@@ -28,10 +28,11 @@ from pathlib import Path
 
 import numpy as np
 
-from capsexp.locations import PROJECT_ROOT
 from capsexp.results.events import read_scalars
 from capsexp.results.machine import cpu_name
 from timing import Stopwatch
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]  # the checkout (experiments/ run only there)
 
 MNIST = ["data=mnist", "data.batch_size=128"]
 RUNS = {

@@ -46,7 +46,6 @@ from omegaconf import open_dict
 
 from capsexp.config.hydra_setup import register
 from capsexp.data import MNISTDataModule
-from capsexp.locations import PROJECT_ROOT
 from capsexp.results.machine import describe, describe_text
 from capsexp.results.revision import describe as describe_revision
 from capsexp.results.revision import short
@@ -56,6 +55,8 @@ from capsexp.use.predict import predict
 from mnist_image_folder import write_split
 from peoples_files import SIDES, write_no_digit, write_people_files, write_pngs, write_sideways
 from timing import Stopwatch
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]  # the checkout (experiments/ run only there)
 
 RESULTS = PROJECT_ROOT / "experiments" / "results" / "bench_predict.md"
 PARTS = ("speed", "people", "figures", "startup")

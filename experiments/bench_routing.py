@@ -30,11 +30,12 @@ from pathlib import Path
 import torch
 
 from capsexp.config.hydra_setup import ROUTINGS, compose
-from capsexp.locations import PROJECT_ROOT
 from capsexp.results.machine import cpu_name
 from capsexp.run.build import build_model
 from capsexp.run.model_cost import forward_flops_per_image, parameter_count
 from timing import Stopwatch
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]  # the checkout (experiments/ run only there)
 
 RESULTS = PROJECT_ROOT / "experiments" / "results" / "bench_routing.md"
 BASE = ["model=capsnet_small", "data=translated_mnist"]

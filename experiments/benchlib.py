@@ -5,11 +5,13 @@ from __future__ import annotations
 import datetime
 import subprocess
 import sys
+from pathlib import Path
 
-from capsexp.locations import PROJECT_ROOT
 from capsexp.results.events import last_scalar
 from capsexp.results.metric_names import TEST_ACC
 from timing import Stopwatch
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]  # the checkout (experiments/ run only there)
 
 
 def cli_test_accuracy(overrides: list[str], task: str, data_dir: str | None = None) -> dict[str, float]:

@@ -12,11 +12,12 @@ import csv
 import statistics
 from pathlib import Path
 
-from capsexp.locations import PROJECT_ROOT
 from capsexp.results.metric_names import TEST_ACC
 from capsexp.results.plots import DPI, _pyplot
 from capsexp.results.runs import KEPT_RUNS, find_runs
 from capsexp.studies.precision import ARM, PRECISION
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]  # the checkout (experiments/ run only there)
 
 RESULTS = PROJECT_ROOT / "experiments" / "results"
 PAGE, FIGURE = RESULTS / "benchmark.md", RESULTS / "benchmark.png"

@@ -26,12 +26,13 @@ import sys
 import tempfile
 from pathlib import Path
 
-from capsexp.locations import PROJECT_ROOT
 from capsexp.results.compare import PAGE
 from capsexp.results.events import last_scalar
 from capsexp.results.machine import cpu_name
 from capsexp.results.metric_names import TEST_ACC
 from timing import Stopwatch
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]  # the checkout (experiments/ run only there)
 
 MNIST_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
 RUN_FOLDER = re.compile(r"Run folder: (logs/\S+)")

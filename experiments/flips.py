@@ -28,9 +28,10 @@ from pathlib import Path
 
 import yaml
 
-from capsexp.locations import PROJECT_ROOT
 from capsexp.results.machine import cpu_name
 from timing import Stopwatch
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]  # the checkout (experiments/ run only there)
 
 FLIPS = PROJECT_ROOT / "experiments" / "mutation_flips.yaml"
 PAGE = PROJECT_ROOT / "experiments" / "results" / "mutation.md"

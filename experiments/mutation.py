@@ -30,6 +30,7 @@ import random
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import scipy.stats
 import yaml
@@ -38,11 +39,12 @@ from mutmut.mutation.data import SourceFileMutationData
 from mutmut.mutation.diff_apply import get_diff_for_mutant
 from mutmut.stats import status_by_exit_code
 
-from capsexp.locations import PROJECT_ROOT
 from capsexp.results.machine import cpu_name
 from flips import BEGIN as FLIPS_BEGIN
 from flips import END as FLIPS_END
 from timing import Stopwatch
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]  # the checkout (experiments/ run only there)
 
 RESULTS = PROJECT_ROOT / "experiments" / "results" / "mutation.md"
 EQUIVALENTS = PROJECT_ROOT / "experiments" / "mutation_equivalents.yaml"

@@ -25,8 +25,9 @@ import time
 import urllib.request
 from pathlib import Path
 
-from capsexp.locations import PROJECT_ROOT
 from capsexp.tensorboard import url
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]  # the checkout (experiments/ run only there)
 
 OUTPUT = PROJECT_ROOT / "docs" / "images"
 SHORT = [

@@ -20,8 +20,10 @@ from tensorboard.plugins.hparams import plugin_data_pb2
 from capsexp.config.hydra_setup import compose
 from capsexp.data.norb_format import write_matrix
 from capsexp.data.smallnorb import PREFIX
-from capsexp.locations import PROJECT_ROOT
 from capsexp.results.events import Scalar, load_events, read_scalars
+
+# The checkout the tests run in (or mutmut's copy of it, mutants/).
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
 MNIST_FILES = {
     "train-images-idx3-ubyte": ("images", True),

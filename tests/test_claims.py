@@ -11,11 +11,11 @@ import yaml
 from torch.utils.tensorboard import SummaryWriter
 
 from capsexp.errors import ConfigError
-from capsexp.locations import PROJECT_ROOT
 from capsexp.results.claims import ClaimError, reflow
 from capsexp.results.compare import compare
 from capsexp.results.events import event_files, load_events
 from capsexp.testing import assert_page_rebuilds
+from tests.helpers import PROJECT_ROOT
 
 RESULTS = PROJECT_ROOT / "experiments" / "results"
 PAGES = sorted(path.parent.name for path in RESULTS.glob("*/runs"))

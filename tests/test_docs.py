@@ -9,10 +9,9 @@ import shlex
 import pytest
 
 from capsexp.config.config_check import config_problems
-from capsexp.locations import PROJECT_ROOT
 from capsexp.results.claims import A_PAPER as NAMES_A_PAPER
 from capsexp.results.claims import HANDWRITTEN_FIGURE
-from tests.helpers import compose_config
+from tests.helpers import PROJECT_ROOT, compose_config
 
 PAGES = [PROJECT_ROOT / "README.md", *sorted((PROJECT_ROOT / "docs").glob("*.md"))]
 

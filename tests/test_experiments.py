@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 
-from capsexp.locations import PROJECT_ROOT
+from tests.helpers import PROJECT_ROOT
 
 
 def test_results_pages_are_portable_and_say_things_once():

@@ -11,8 +11,9 @@ import pytest
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
 from capsexp.config.run_names import job_name, run_name
-from capsexp.locations import PROJECT_ROOT, is_location, is_setting, quote_locations
+from capsexp.locations import is_location, is_setting, quote_locations
 from capsexp.results.runs import Run
+from tests.helpers import PROJECT_ROOT
 
 LOCATIONS = [
     "ckpt_path",

@@ -277,7 +277,7 @@ def test_bad_inputs_get_a_few_lines(trained_run, tmp_path):
 
 
 def readme_section() -> str:
-    from capsexp.locations import PROJECT_ROOT
+    from tests.helpers import PROJECT_ROOT
 
     return (PROJECT_ROOT / "README.md").read_text().split("## Using a trained model")[1].split("\n## ")[0]
 

@@ -9,12 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from capsexp.locations import PROJECT_ROOT
 from capsexp.results.model_card import _used
 from capsexp.results.revision import describe, read_revision
 from capsexp.run.build import build_model
 from capsexp.use.inference import score_kind
-from tests.helpers import TINY_RUN, compose_config, run_cli_in_process, write_mnist
+from tests.helpers import PROJECT_ROOT, TINY_RUN, compose_config, run_cli_in_process, write_mnist
 
 
 def git(root: Path, *arguments: str) -> None:

@@ -16,11 +16,11 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf, open_dict
 
 from capsexp.config import hydra_setup
-from capsexp.locations import CONFIG_DIR, PROJECT_ROOT
+from capsexp.locations import CONFIG_DIR
 from capsexp.results.events import load_events
 from capsexp.results.study import figure_for, load_study_page
 from capsexp.studies.dr import CONVERGENCE, RoutingConvergence
-from tests.helpers import TINY_RUN, run_cli_in_process
+from tests.helpers import PROJECT_ROOT, TINY_RUN, run_cli_in_process
 
 EXPERIMENTS = sorted(p.stem for p in (CONFIG_DIR / "experiment").glob("*.yaml"))
 STUDIES = [name for name in EXPERIMENTS if "budgets" in OmegaConf.load(CONFIG_DIR / "experiment" / f"{name}.yaml")]

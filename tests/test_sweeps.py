@@ -18,9 +18,9 @@ import torch
 import yaml
 
 from capsexp.locations import LAST_CHECKPOINT as LAST
-from capsexp.locations import PROJECT_ROOT, hydra_value
+from capsexp.locations import hydra_value
 from capsexp.run.sweep_resume import FINISHED
-from tests.helpers import TINY_RUN, hparams_summary, run_cli, run_cli_in_process, scalars
+from tests.helpers import PROJECT_ROOT, TINY_RUN, hparams_summary, run_cli, run_cli_in_process, scalars
 
 
 # Both launchers name and place jobs alike (the naming runs in each job's process): the fast suite runs

@@ -1,7 +1,7 @@
 """capsexp: capsule-network experiments with PyTorch Lightning and Hydra.
 
-The root package is a facade: ``capsexp.load`` and the repository's folders (``PROJECT_ROOT``,
-``CONFIG_DIR``) are imported when first used, so ``import capsexp`` loads neither torch nor any of the
+The root package is a facade: ``capsexp.load`` and the folder of capsexp's configs (``CONFIG_DIR``)
+are imported when first used, so ``import capsexp`` loads neither torch nor any of the
 package's rooms, and no module of the package imports this one.
 """
 
@@ -20,10 +20,10 @@ os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
-    from capsexp.locations import CONFIG_DIR, PROJECT_ROOT
+    from capsexp.locations import CONFIG_DIR
     from capsexp.use.inference import load
 
-__all__ = ["CONFIG_DIR", "PROJECT_ROOT", "load"]
+__all__ = ["CONFIG_DIR", "__version__", "load"]
 
 
 def __getattr__(name: str) -> Any:
@@ -33,12 +33,12 @@ def __getattr__(name: str) -> Any:
         model = capsexp.load("logs/train/runs/<time>")
         predictions = model.predict(["digit.png", "photo.jpg"])
 
-    and the repository's folders, ``capsexp.PROJECT_ROOT`` and ``capsexp.CONFIG_DIR``."""
+    and the folder of capsexp's configs, ``capsexp.CONFIG_DIR``."""
     if name == "load":
         from capsexp.use.inference import load
 
         return load
-    if name in ("PROJECT_ROOT", "CONFIG_DIR"):
+    if name == "CONFIG_DIR":
         from capsexp import locations
 
         return getattr(locations, name)

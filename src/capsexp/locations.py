@@ -9,20 +9,40 @@ as the text written is quoted (:func:`hydra_value`). The same :func:`is_location
 run folders' names, the HParams tab and results pages' configuration labels: where a run's files were
 says nothing of what it ran.
 
-The repository's folders and the names of the files a run leaves in its folder are declared here too,
-below every module that reads or writes them.
+Where capsexp's configs are (a checkout's ``conf/``, or the copy an installed package carries), where runs
+and data go, and the names of the files a run leaves in its folder are declared here too, below every
+module that reads or writes them.
 """
 
 from __future__ import annotations
 
 import functools
+import os
 import re
 from collections.abc import Iterable
 from pathlib import Path
 
-# The repository root (src/capsexp/locations.py -> two levels up): conf/, data/ and logs/ live there.
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
-CONFIG_DIR = PROJECT_ROOT / "conf"
+PACKAGE_DIR = Path(__file__).resolve().parent
+# The checkout capsexp was imported from (the src/ layout: src/capsexp/ two folders below conf/), None for
+# an installed package, whose wheel carries conf/ inside the package (setup.py).
+_SOURCE = PACKAGE_DIR.parents[1]
+CHECKOUT: Path | None = _SOURCE if PACKAGE_DIR.parent.name == "src" and (_SOURCE / "conf").is_dir() else None
+CONFIG_DIR = CHECKOUT / "conf" if CHECKOUT else PACKAGE_DIR / "conf"
+
+
+def working_root(folder: Path | None = None) -> Path:
+    """The folder a run's ``logs/`` and ``data/`` go under (``paths.root_dir``): the working folder, or
+    the checkout where the working folder is inside capsexp's own checkout (so ``make train`` and a
+    command from ``experiments/`` write where they always have). A researcher's own folder, a routing
+    package's say, gets its own ``logs/``, never the checkout's."""
+    folder = (folder or Path.cwd()).resolve()
+    return CHECKOUT if CHECKOUT and folder.is_relative_to(CHECKOUT) else folder
+
+
+def log_dir() -> Path:
+    """Where runs are written unless the command line says otherwise: conf/paths/default.yaml's
+    ``log_dir``, ``$CAPSEXP_LOG_DIR`` or ``logs/`` under :func:`working_root`."""
+    return Path(os.environ.get("CAPSEXP_LOG_DIR") or working_root() / "logs")
 
 
 def config_folders() -> list[Path]:

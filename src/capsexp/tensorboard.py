@@ -30,7 +30,7 @@ from pathlib import Path
 
 import yaml
 
-from capsexp.locations import OVERRIDES, PROJECT_ROOT, is_setting, key
+from capsexp.locations import OVERRIDES, is_setting, key, log_dir
 from capsexp.results.events import load_events
 from capsexp.results.metric_names import PLAIN, PRESENCE_GAP, TEST_ACC, VAL_ACC, VAL_ACC_BEST
 from capsexp.run.hparams import LEADING_COLUMNS, metric_names
@@ -207,9 +207,10 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="python -m capsexp.tensorboard", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("root", nargs="?", type=Path, default=PROJECT_ROOT / "logs", help="the runs' folder (logs/)")
+    parser.add_argument("root", nargs="?", type=Path, help="the runs' folder (default: $CAPSEXP_LOG_DIR or ./logs)")
     parser.add_argument("--port", type=int, default=6006)
     args = parser.parse_args(argv)
+    args.root = args.root or log_dir()
     if not args.root.is_dir() or not run_folders(args.root):
         parser.exit(2, f"error: no runs under {args.root} (a run is a folder with event files: train one first)\n")
     with tempfile.TemporaryDirectory(prefix="capsexp-tensorboard-") as served:

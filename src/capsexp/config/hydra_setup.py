@@ -25,7 +25,7 @@ from capsexp.config.precision import BF16, FLOAT32, bf16_native
 from capsexp.config.routing_options import Routing
 from capsexp.config.routing_registry import registered
 from capsexp.config.run_names import job_name, run_name
-from capsexp.locations import CONFIG_DIR, PROJECT_ROOT, quote_locations
+from capsexp.locations import CONFIG_DIR, quote_locations, working_root
 
 # model/routing=<name>: how the capsule layers route (model.net.routing): every registered routing,
 # capsexp's own and installed packages' (capsexp.config.routing_registry).
@@ -80,7 +80,7 @@ def register_routing() -> None:
     ``${bf16_if_native:}``, and the run folders' ``${run_name:...}`` and ``${job_name:...}``) and the
     routing options (:data:`ROUTINGS`), without importing torch: what the command-line checks need."""
     resolvers = (
-        ("project_root", lambda: str(PROJECT_ROOT)),
+        ("project_root", lambda: str(working_root())),
         ("stereo_channels", smallnorb_channels),
         ("image_folder_classes", number_of_classes),
         ("bf16_if_native", bf16_if_native),

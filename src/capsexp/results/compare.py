@@ -21,7 +21,7 @@ import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from capsexp.errors import ConfigError, NoRunsError
-from capsexp.locations import PROJECT_ROOT, is_setting
+from capsexp.locations import is_setting, working_root
 from capsexp.locations import key as override_key
 from capsexp.results import statistics
 from capsexp.results.claims import BoundNotes, ClaimError, bind, p_text, unsupported_block
@@ -363,9 +363,10 @@ def _source_events(source: str | None) -> set[str]:
     """The names of the event files of the runs kept on the results page ``source`` (a folder under the
     project's root): a run is one of them when its event files are (the names hold the time, host and
     process that wrote them)."""
-    if not source or not (PROJECT_ROOT / source / KEPT_RUNS).is_dir():
+    kept = working_root() / (source or "") / KEPT_RUNS
+    if not source or not kept.is_dir():
         return set()
-    return {path.name for path in (PROJECT_ROOT / source / KEPT_RUNS).rglob("events.out.tfevents.*")}
+    return {path.name for path in kept.rglob("events.out.tfevents.*")}
 
 
 def reproduction(configurations: list[Configuration], headline: str, page: StudyPage) -> tuple[str, list[str]]:

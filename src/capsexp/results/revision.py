@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from capsexp.locations import PROJECT_ROOT
+from capsexp.locations import CHECKOUT
 
 REVISION_FILE = "revision.yaml"
 _GIT_TIMEOUT_S = 20  # a git that hangs (a network file system) must not hold up a run
@@ -39,13 +39,14 @@ def _git(*arguments: str, root: Path) -> bytes | None:
     return done.stdout if done.returncode == 0 else None
 
 
-def describe(root: Path = PROJECT_ROOT) -> dict[str, Any]:
+def describe(root: Path | None = CHECKOUT) -> dict[str, Any]:
     """``{"version", "commit", "dirty", "diff_sha256"}`` of the checkout at ``root``: the commit (None
     outside git), whether the code differs from it (a tracked file changed, or an untracked file in
     :data:`CODE`), and the SHA-256 of ``git diff HEAD`` (bytes) followed by those untracked files' names
     and contents (None when clean). Untracked files elsewhere (a user's images, logs) are not code."""
     record: dict[str, Any] = {"version": _version(), "commit": None, "dirty": None, "diff_sha256": None}
-    commit = _git("rev-parse", "HEAD", root=root)
+    # An installed package has no checkout: git would answer for whatever repository holds site-packages.
+    commit = None if root is None else _git("rev-parse", "HEAD", root=root)
     if commit is None:
         return record
     record["commit"] = commit.decode().strip()
@@ -66,7 +67,7 @@ def describe(root: Path = PROJECT_ROOT) -> dict[str, Any]:
 _AT_IMPORT: dict[str, dict[str, Any]] = {}  # root -> its revision when this process first asked
 
 
-def at_import(root: Path = PROJECT_ROOT) -> dict[str, Any]:
+def at_import(root: Path | None = CHECKOUT) -> dict[str, Any]:
     """The checkout's revision the first time this process asks (:mod:`capsexp.run.train` asks when it is
     imported), the same record after."""
     key = str(root)
@@ -75,7 +76,7 @@ def at_import(root: Path = PROJECT_ROOT) -> dict[str, Any]:
     return _AT_IMPORT[key]
 
 
-def of_this_process(root: Path = PROJECT_ROOT) -> dict[str, Any]:
+def of_this_process(root: Path | None = CHECKOUT) -> dict[str, Any]:
     """What a job records: the code this process imported (:func:`at_import`), and, where the checkout
     has changed since, its revision now under ``changed_since_import`` (a module the job imports for the
     first time comes from the changed checkout)."""
