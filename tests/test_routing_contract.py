@@ -3,11 +3,16 @@ runs are the ones capsexp's own routings pass), and shown to fail routings that 
 
 from __future__ import annotations
 
+import dataclasses
+import warnings
+from typing import ClassVar
+
 import pytest
 import torch
 
 from capsexp.config.routing_registry import built_in
-from capsexp.nn.functional import Routed
+from capsexp.nn import Routing
+from capsexp.nn.functional import Routed, squash
 from capsexp.testing import RoutingContract
 
 ROUTINGS = built_in()  # capsexp's own, whatever else is installed
@@ -66,19 +71,142 @@ class _MixesImages(torch.nn.Module):
         return self.router(votes - votes.mean(dim=0, keepdim=True), children, activations)
 
 
-@pytest.mark.parametrize(
-    "broken,check",
-    [(_Scaled, "test_each_childs_assignment_sums_to_one"), (_MixesImages, "test_each_image_is_routed_on_its_own")],
-)
-def test_the_kit_fails_a_routing_that_breaks_the_contract(broken, check):
+class _ReadsPlace(torch.nn.Module):
+    """A router that adds to each image's votes a term of its place in the batch."""
+
+    def __init__(self, router: torch.nn.Module) -> None:
+        super().__init__()
+        self.router = router
+
+    def forward(self, votes, children, activations) -> Routed:
+        place = torch.arange(votes.shape[0], dtype=votes.dtype).view(-1, 1, 1, 1)
+        return self.router(votes + 0.1 * place, children, activations)
+
+
+# Each broken router, the check that catches it, and what its message must say: the case that failed and
+# the likely cause a routing's author acts on.
+BROKEN = [
+    (_Scaled, "test_each_childs_assignment_sums_to_one", "each child's assignment summed over the parents", "dim=-1"),
+    (_MixesImages, "test_each_image_is_routed_on_its_own", "the image alone", "reduces over the batch"),
+    (_ReadsPlace, "test_each_image_is_routed_on_its_own", "the permuted batch", "an image's place"),
+]
+
+
+@pytest.mark.parametrize("broken,check,case,cause", BROKEN)
+def test_the_kit_fails_a_routing_that_breaks_the_contract_naming_the_case_and_its_likely_cause(
+    broken, check, case, cause
+):
     class Broken(RoutingContract):
         routing = ROUTINGS["dynamic"]
 
-        def layer(self, dtype=torch.float32, seed=0):
-            layer = super().layer(dtype, seed)
+        def layer(self, *arguments, **options):
+            layer = super().layer(*arguments, **options)
             layer.router = broken(layer.router)
             return layer
 
     getattr(_contract("dynamic")(), check)()  # the intact routing passes the check
-    with pytest.raises(AssertionError):
+    with pytest.raises(AssertionError) as failed:
         getattr(Broken(), check)()
+    message = str(failed.value)
+    assert message.startswith(case), message
+    assert "Likely cause:" in message and cause in message, message
+
+
+@pytest.mark.parametrize(
+    "declared,check,reason",
+    [
+        (
+            {"assignment_sums_to_one": False},
+            "test_each_childs_assignment_sums_to_one",
+            "assignment_sums_to_one = False",
+        ),
+        (
+            {"children_interchangeable": False},
+            "test_the_order_of_the_children_does_not_matter",
+            "children_interchangeable",
+        ),
+        ({"draws": True}, "test_the_order_of_the_children_does_not_matter", "draws = True"),
+        ({"draws": True}, "test_each_image_is_routed_on_its_own", "draws = True"),
+        ({"draws": True}, "test_float32_stays_close_to_float64_on_ill_conditioned_votes", "draws = True"),
+        ({"draws": True}, "test_torchscript_gives_its_outputs", "draws = True"),
+        ({"draws": True}, "test_onnx_gives_its_outputs", "draws = True"),
+    ],
+)
+def test_a_check_a_routing_opts_out_of_is_reported_skipped_with_its_reason(declared, check, reason):
+    declaring = type("TestDeclares", (RoutingContract,), {"routing": ROUTINGS["dynamic"], **declared})
+    with pytest.raises(pytest.skip.Exception, match=f"TestDeclares declares {reason}"):
+        getattr(declaring(), check)()
+
+
+@dataclasses.dataclass(frozen=True)
+class MeanAgreement(Routing):
+    """Agreement routing in one pass, as docs/own_routing.md's example, its agreement detached or not."""
+
+    detach: bool = False
+    router: ClassVar[str] = "tests.test_routing_contract:mean_agreement"
+
+
+def mean_agreement(votes: torch.Tensor, options: MeanAgreement) -> Routed:
+    agreement = (votes * votes.mean(dim=1, keepdim=True)).sum(dim=-1)
+    couplings = torch.softmax(agreement.detach() if options.detach else agreement, dim=-1)
+    poses = squash((couplings.unsqueeze(-1) * votes).sum(dim=1))
+    return Routed(poses, poses.norm(dim=-1), couplings)
+
+
+GRADIENT_CHECKS = ["test_gradients_are_autograds_numerical_ones", "test_the_votes_get_gradient_through_the_couplings"]
+# Routings that hold their couplings constant in the backward pass: capsexp's own options, and a routing
+# of one's own written with .detach().
+TRUNCATED = {
+    "dynamic detach_agreement=true": dataclasses.replace(ROUTINGS["dynamic"], detach_agreement=True),
+    "em detach_responsibilities=true": dataclasses.replace(ROUTINGS["em"], detach_responsibilities=True),
+    "mean agreement, detached": MeanAgreement(detach=True),
+}
+
+
+@pytest.mark.parametrize("name", TRUNCATED)
+def test_a_routing_that_truncates_its_gradient_passes_under_its_declaration_and_skips_gradcheck(name):
+    class Declared(RoutingContract):
+        routing = TRUNCATED[name]
+        gradient_through_couplings = False
+
+    Declared().test_the_votes_get_gradient_through_the_couplings()
+    with pytest.raises(pytest.skip.Exception, match="declares gradient_through_couplings = False"):
+        Declared().test_gradients_are_autograds_numerical_ones()
+
+
+@pytest.mark.parametrize("name", TRUNCATED)
+def test_a_routing_that_truncates_its_gradient_undeclared_is_told_so_in_a_few_lines(name):
+    class Undeclared(RoutingContract):
+        routing = TRUNCATED[name]
+
+    with pytest.raises(AssertionError) as failed:
+        Undeclared().test_the_votes_get_gradient_through_the_couplings()
+    message = str(failed.value)
+    assert message.startswith("the votes get no gradient through the couplings: ") and "\n" not in message, message
+    assert "gradient_through_couplings = False" in message
+    # gradcheck's own message prints both Jacobians whole (over 100 lines here): the kit's is one line.
+    with pytest.raises(AssertionError) as failed:
+        Undeclared().test_gradients_are_autograds_numerical_ones()
+    message = str(failed.value)
+    assert message.startswith("the gradient of the poses with respect to the votes is not that of finite differences")
+    assert "\n" not in message and "tensor(" not in message, message
+
+
+def test_a_routing_whose_couplings_pass_gradient_is_told_its_declaration_is_wrong():
+    class Declared(RoutingContract):
+        routing = MeanAgreement()
+        gradient_through_couplings = False
+
+    for check in GRADIENT_CHECKS:  # the intact routing passes both without the declaration
+        getattr(type("Intact", (RoutingContract,), {"routing": MeanAgreement()})(), check)()
+    with pytest.raises(AssertionError, match="it passes through the couplings; drop the declaration"):
+        Declared().test_the_votes_get_gradient_through_the_couplings()
+
+
+@pytest.mark.slow  # ONNX's exporter takes seconds
+def test_the_onnx_check_exports_the_router_in_evaluation_mode():
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _contract("uniform")().test_onnx_gives_its_outputs()
+    shown = [str(warning.message) for warning in caught]
+    assert not [message for message in shown if "training mode" in message], shown
