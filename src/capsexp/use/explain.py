@@ -45,7 +45,16 @@ def explain_figure(model: TrainedModel, predictions: Predictions, index: int, ti
     names = predictions.class_names
     capsules = predictions.poses is not None
     figure = Figure(figsize=(13, 9.5 if capsules else 3.6), layout="constrained")
-    figure.suptitle(f"{title}: predicted {predictions.names[index]}", fontsize=12)
+    absent = predictions.present is not None and not bool(predictions.present[index])
+    if absent:  # the best class is no prediction: its score is below what counts as present
+        best = float(predictions.scores[index].max())
+        figure.suptitle(
+            f"{title}: {model.absent_text} (the best, {names[predicted]}, at {best:.3f}; present from "
+            f"{model.presence_threshold:g})",
+            fontsize=12,
+        )
+    else:
+        figure.suptitle(f"{title}: predicted {predictions.names[index]}", fontsize=12)
     top, bottom = figure.subfigures(2, 1, height_ratios=[1, 1.35]) if capsules else (figure, None)
 
     decoder = predictions.reconstructions is not None
@@ -66,12 +75,21 @@ def explain_figure(model: TrainedModel, predictions: Predictions, index: int, ti
         ax.set_xticks([]), ax.set_yticks([])
     ax = panels[-1]
     scores = predictions.scores[index]
-    colours = ["tab:red" if j in classes.tolist() else "tab:gray" for j in range(len(scores))]
+    chosen = [] if absent else classes.tolist()
+    colours = ["tab:red" if j in chosen else "tab:gray" for j in range(len(scores))]
     ax.barh(range(len(scores)), scores.numpy(), color=colours)
     ax.set_yticks(range(len(scores)), names, fontsize=8)
     ax.invert_yaxis()
     ax.set_xlabel(predictions.score_kind)
-    ax.set_title("class scores (predicted in red)", fontsize=9)
+    if model.presence_threshold is not None:
+        ax.axvline(model.presence_threshold, color="black", linestyle=":", linewidth=1)
+    ax.set_title(
+        f"class scores (none reaches the dotted line: {model.absent_text})"
+        if absent
+        else "class scores (predicted in red)"
+        + (", a class is present from the dotted line" if model.presence_threshold is not None else ""),
+        fontsize=9,
+    )
     ax.set_label("scores")
     if predictions.score_kind != "EM activation" and "probability" not in predictions.score_kind:
         ax.set_xlim(0, max(1.0, float(scores.max())))

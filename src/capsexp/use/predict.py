@@ -104,7 +104,10 @@ class PredictionWriter(BasePredictionWriter):
         self._root = str(root) + os.sep if root is not None else ""  # what a shown file name leaves out
         self.top_k, self.lines, self.explain = top_k, lines, explain
         classes = len(model.class_names)
-        self.confusion = torch.zeros(classes, classes, dtype=torch.long)
+        self.presence = model.presence_threshold is not None
+        # A column more for the images on which no class is present: the label says one is, so they
+        # count as wrong, and the matrix says so rather than filing them under their best class.
+        self.confusion = torch.zeros(classes, classes + self.presence, dtype=torch.long)
         self.predicted = Counter()
         self.notes: Counter[str] = Counter()
         self.errors: list[str] = []
@@ -116,7 +119,6 @@ class PredictionWriter(BasePredictionWriter):
         header = ["file", "predicted", "score"]
         for rank in range(1, top_k + 1):
             header += [f"top{rank}", f"top{rank}_score"]
-        self.presence = model.presence_threshold is not None
         header += ["score_kind", *(["present"] if self.presence else [])]
         self.header = [*header, *(["label", "correct"] if labels is not None else []), "notes"]
         # Opened with the first rows: a predict refused before any (a Trainer that cannot be built) leaves
@@ -150,26 +152,32 @@ class PredictionWriter(BasePredictionWriter):
                 continue
             notes = predictions.notes[row]
             self.notes.update(notes)
-            self.predicted[names[row]] += 1
+            absent = present is not None and not present[row]
+            # No class present: the row, its line and the summary name no class (its best stays in top1).
+            shown = self.model.absent_text if absent else names[row]
+            self.predicted[shown] += 1
+            self.absent += absent
             top = [value for pair in tops[row] for value in (pair[0], f"{pair[1]:.4f}")]
-            correct = [str(int(labels[row] == first[row]))] if label else []
+            right = bool(label) and labels[row] == first[row] and not absent
+            correct = [str(int(right))] if label else []
             score = f"{scores[row]:.4f}"
             found = [] if present is None else [str(int(present[row]))]
-            self.absent += present is not None and not present[row]
             rows.append(
-                [name, names[row], score, *top, *blank[len(top) :], kind, *found, *label, *correct, "; ".join(notes)]
+                [name, shown, score, *top, *blank[len(top) :], kind, *found, *label, *correct, "; ".join(notes)]
             )
             if len(self.shown) < self.lines:
-                line = self._line(name, names[row], kind, scores[row], tops[row], labels, row, first[row])
-                if present is not None and not present[row]:
+                tag = f"  [label {label[0]}: {'right' if right else 'wrong'}]" if label else ""
+                if absent:
                     best = ", ".join(f"{c} {v:.3f}" for c, v in tops[row])
                     threshold = self.model.presence_threshold
-                    line = f"{name}: {self.model.absent_text} (no {kind} reaches {threshold:g}; the best: {best})"
+                    line = f"{name}: {shown} (no {kind} reaches {threshold:g}; the best: {best}){tag}"
+                else:
+                    line = self._line(name, names[row], kind, scores[row], tops[row]) + tag
                 self.shown.append(line)
             if self.explained < self.explain:
                 self.to_explain.append((index, EXPLAINED))
                 self.explained += 1
-            if labels is not None and labels[row] != first[row] and self.explained_wrong < self.explain:
+            if label and not right and self.explained_wrong < self.explain:
                 self.to_explain.append((index, f"{EXPLAINED}/wrong"))
                 self.explained_wrong += 1
         if self._handle is None:
@@ -180,20 +188,20 @@ class PredictionWriter(BasePredictionWriter):
         self._handle.flush()
         if labels is not None:
             read = torch.tensor([not error for error in errors], dtype=torch.bool)
-            pairs = torch.tensor(labels)[read], torch.tensor(first)[read]
+            columns = torch.tensor(first)
+            if present is not None:
+                columns[~torch.tensor(present, dtype=torch.bool)] = len(self.model.class_names)
+            pairs = torch.tensor(labels)[read], columns[read]
             self.confusion.index_put_(pairs, torch.ones_like(pairs[0]), accumulate=True)
         done = self.rows + len(indices)
         if not sys.stdout.isatty() and done * 10 // len(self.files) > self.rows * 10 // len(self.files):
             log.info(f"{done:,} of {len(self.files):,} images")
         self.rows = done
 
-    def _line(self, name: str, predicted: str, kind: str, score: float, top: list, labels, row: int, first: int) -> str:
-        """The printed line of one image: its prediction and score, the runners-up, and its label."""
+    def _line(self, name: str, predicted: str, kind: str, score: float, top: list) -> str:
+        """The printed line of one image: its prediction and score, and the runners-up."""
         listed = ", ".join(f"{cls} {value:.3f}" for cls, value in top[1:])
-        label = ""
-        if labels is not None:
-            label = f"  [label {self.model.class_names[labels[row]]}: {'right' if labels[row] == first else 'wrong'}]"
-        return f"{name}: {predicted} ({kind} {score:.3f}){'; then ' + listed if listed else ''}{label}"
+        return f"{name}: {predicted} ({kind} {score:.3f}){'; then ' + listed if listed else ''}"
 
     def _title(self, name: str, index: int) -> str:
         return name if self.labels is None else f"{name} (label {self.model.class_names[self.labels[index]]})"
@@ -345,7 +353,8 @@ def _summarise(cfg: DictConfig, model: TrainedModel, writer: PredictionWriter, f
     if model.presence_threshold is not None:
         text.append(
             f"- {model.absent_text}: {writer.absent:,} of {predicted:,} (no {model.score_kind} reaches "
-            f"{model.presence_threshold:g}, the midpoint of the loss's targets; their `present` column is 0)"
+            f"{model.presence_threshold:g}, the midpoint of the loss's targets; their `predicted` column says "
+            f"{model.absent_text}, `present` is 0 and `top1` holds the best class)"
         )
     if writer.notes:
         text += ["", "What was done to bring images to the model's input (as its evaluation images were):", ""]
@@ -355,25 +364,35 @@ def _summarise(cfg: DictConfig, model: TrainedModel, writer: PredictionWriter, f
         text += [f"- `{writer.shown_name(path)}`: {reason}" for path, reason in found.skipped]
     text += ["", "| predicted | images |", "| --- | ---: |"]
     text += [f"| {name} | {writer.predicted[name]:,} |" for name in names if writer.predicted[name]]
+    if writer.absent:
+        text.append(f"| {model.absent_text} | {writer.absent:,} |")
     for name, count in writer.predicted.items():  # several objects: the joined names
-        if name not in names:
+        if name not in names and name != model.absent_text:
             text.append(f"| {name} | {count:,} |")
     if writer.labels is not None and writer.confusion.sum():
         confusion = writer.confusion
-        accuracy = float(confusion.diag().sum() / confusion.sum())
+        right = int(confusion.diag().sum())
+        accuracy = right / int(confusion.sum())
         result["accuracy"] = accuracy
+        columns = [*names, *([model.absent_text] if writer.presence else [])]
+        absent = int(confusion[:, len(names) :].sum())
+        treated = (
+            f"; the {absent:,} with {model.absent_text} count as wrong, since their folders name a class"
+            if writer.presence
+            else ""
+        )
         text += [
             "",
-            f"Accuracy: **{100 * accuracy:.2f}%** ({int(confusion.diag().sum()):,} of {int(confusion.sum()):,}; "
-            "labels from the class folders)",
+            f"Accuracy: **{100 * accuracy:.2f}%** ({right:,} of {int(confusion.sum()):,}; labels from the class "
+            f"folders{treated})",
             "",
             "Confusion matrix (rows: label, columns: predicted):",
             "",
-            "| label \\ predicted | " + " | ".join(names) + " |",
-            "| --- |" + " ---: |" * len(names),
+            "| label \\ predicted | " + " | ".join(columns) + " |",
+            "| --- |" + " ---: |" * len(columns),
         ]
         text += [f"| {names[i]} | " + " | ".join(str(int(v)) for v in row) + " |" for i, row in enumerate(confusion)]
-        log.info(f"Accuracy: {100 * accuracy:.2f}% of {int(confusion.sum()):,} labelled images")
+        log.info(f"Accuracy: {100 * accuracy:.2f}% of {int(confusion.sum()):,} labelled images{treated}")
     if writer.explained:
         text += ["", f"Figures of the first {writer.explained} images: [{EXPLAINED}/]({EXPLAINED}/)"]
     if writer.explained_wrong:
