@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 
 .DEFAULT_GOAL := help
-.PHONY: help install train lint format test test-all examples mutate bench bench-gpu studies studies-full run-studies verify tensorboard clean
+.PHONY: help install train lint format test test-all test-package examples mutate bench bench-gpu studies studies-full run-studies verify tensorboard clean
 
 help:  ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  make %-12s %s\n", $$1, $$2}'
@@ -31,6 +31,9 @@ test:  ## the fast test suite (no slow tests), one worker per core
 
 test-all:  ## every test, slow ones included (end-to-end runs on real MNIST)
 	$(BIN)/python -m pytest -n auto --dist worksteal $(ARGS)
+
+test-package:  ## capsexp as a user installs it: a wheel and `pip install .` in a fresh venv, trained and used from empty folders
+	$(BIN)/python -m pytest -q tests/test_package.py $(ARGS)
 
 examples:  ## install the example routing package (examples/max_min_routing, docs/own_routing.md) and run its tests
 	$(BIN)/pip install --no-deps -e examples/max_min_routing

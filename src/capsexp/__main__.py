@@ -84,6 +84,11 @@ def cli() -> None:
     :mod:`capsexp.locations`), group options checked before Hydra composes (its message lists the
     search path; ours names the option and the choices) and a run folder given as ``ckpt_path`` expanded
     (:mod:`capsexp.run.resume`; a restarted SLURM job's own folder: :mod:`capsexp.run.slurm`), then :func:`main`."""
+    if sys.argv[1:] in (["--version"], ["-V"]):  # capsexp's, where Hydra's own flag would name Hydra's
+        from importlib.metadata import version  # the installed distribution's, as runs record it
+
+        print(f"capsexp {version('capsexp')}")
+        return
     try:
         arguments = quote_locations(sys.argv[1:])
         check_group_overrides(arguments, CONFIG_DIR)

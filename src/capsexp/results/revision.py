@@ -27,7 +27,7 @@ from capsexp.locations import CHECKOUT
 REVISION_FILE = "revision.yaml"
 _GIT_TIMEOUT_S = 20  # a git that hangs (a network file system) must not hold up a run
 # Where an untracked file is code (git pathspecs): the package, its configs, tests and scripts, its build.
-CODE = ("src", "conf", "tests", "experiments/*.py", "pyproject.toml", "Makefile")
+CODE = ("src", "conf", "tests", "experiments/*.py", "pyproject.toml", "setup.py", "Makefile")
 
 
 def _git(*arguments: str, root: Path) -> bytes | None:

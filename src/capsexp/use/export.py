@@ -96,6 +96,8 @@ def export(model: TrainedModel, format: str, path: Path, batch: int = 2, images:
     :class:`ExportError` naming what cannot be exported."""
     if format not in FORMATS:
         raise ConfigError(f"format={format}: choose one of {', '.join(FORMATS)}")
+    if format == "onnx":
+        _check_onnx_installed()
     check_exportable(model)
     module = Exported(model.to("cpu")).eval()
     images = example_images(model, batch)[0] if images is None else images[:batch]
@@ -132,6 +134,18 @@ def export(model: TrainedModel, format: str, path: Path, batch: int = 2, images:
     }
     path.with_suffix(".json").write_text(json.dumps(sidecar, indent=2) + "\n")
     return path
+
+
+def _check_onnx_installed() -> None:
+    """The ONNX exporter's packages are an extra (a plain install trains and predicts without them)."""
+    import importlib.util
+
+    missing = [name for name in ("onnx", "onnxscript") if importlib.util.find_spec(name) is None]
+    if missing:
+        raise ExportError(
+            f"format=onnx needs {' and '.join(missing)}, which capsexp's export extra installs: "
+            f"pip install 'capsexp[export]' (or export with format=torchscript, which needs nothing more)"
+        )
 
 
 def _onnx(module: nn.Module, images: torch.Tensor, path: Path, output_names: list[str]) -> None:
