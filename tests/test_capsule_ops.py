@@ -96,6 +96,31 @@ def test_routing_matches_procedure_1_values_and_gradients(iterations, detach_agr
     assert torch.allclose(grad, grad_ref, rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.parametrize(("iterations", "none_of_the_above"), [(2, False), (3, False), (3, True)])
+def test_an_entropy_loss_on_the_couplings_moves_the_votes_as_procedure_1_does(iterations, none_of_the_above):
+    """A loss on the couplings returned (a routing-entropy penalty, alone and beside a loss on the
+    parents) gives the votes the gradient of Procedure 1 on autograd's graph; where the couplings are
+    constants (detach_agreement=true), a loss on them alone is refused, not answered with zeros."""
+    torch.manual_seed(7)
+    votes = torch.randn(2, 6, 4, 3, dtype=torch.float64, requires_grad=True)
+    routing = DynamicRouting(iterations, none_of_the_above=none_of_the_above)
+    v, c = dynamic_routing(votes, routing, return_couplings=True)
+    v_ref, c_ref = procedure_1(votes, iterations, none_of_the_above=none_of_the_above)
+    upstream = torch.randn_like(v)
+
+    def entropy(c):
+        return -(c * c.log()).sum()
+
+    for loss_of in (lambda v, c: entropy(c), lambda v, c: entropy(c) + (v * upstream).sum()):
+        (grad,) = torch.autograd.grad(loss_of(v, c), votes, retain_graph=True)
+        (grad_ref,) = torch.autograd.grad(loss_of(v_ref, c_ref), votes, retain_graph=True)
+        assert grad.abs().max() > 1e-3
+        torch.testing.assert_close(grad, grad_ref, rtol=1e-5, atol=1e-7)  # squash's 1e-8 under the root
+    _, detached = dynamic_routing(votes, DynamicRouting(iterations, True), return_couplings=True)
+    with pytest.raises(RuntimeError, match="does not require grad"):
+        torch.autograd.grad(entropy(detached), votes)
+
+
 @pytest.mark.parametrize("iterations", [1, 3])
 def test_the_routing_trace_records_each_iterations_couplings_and_changes(iterations):
     torch.manual_seed(0)

@@ -35,7 +35,7 @@ def test_train_test_and_resume(mnist_dir, tmp_path):
     said = [line for line in (result.stderr + result.stdout).splitlines() if "Run folder: " in line]
     assert [line.split("Run folder: ")[1] for line in said] == [
         str(first),
-        f"{first} (TensorBoard: tensorboard --logdir {first})",
+        f"{first} (TensorBoard: python -m capsexp.tensorboard {first})",
     ]
 
     last = first / "checkpoints" / "last.ckpt"

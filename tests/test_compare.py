@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import math
 import shutil
 import statistics
 from pathlib import Path
@@ -28,6 +29,20 @@ RUNS = {  # run folder: (overrides, val/acc curve, test/acc, rotations)
     ),
 }
 RUNS_START = 1795564800  # 2026-11-25 00:00 UTC
+LOGIT_INTERVAL = (
+    "Student's t on the logit scale, mapped back into 0-100 %; cut to that range where a run scored 0 or 100 %"
+)
+
+
+def accuracy_interval(percents: list[float]) -> tuple[float, float]:
+    """An accuracy's 95% interval by hand: the t interval of the mean of the logits, log(p / (1 - p)),
+    mapped back by 100 / (1 + e^-x)."""
+    from scipy import stats
+
+    logits = [math.log(p / (100 - p)) for p in percents]
+    half = stats.t.ppf(0.975, len(logits) - 1) * statistics.stdev(logits) / math.sqrt(len(logits))
+    mean = statistics.fmean(logits)
+    return 100 / (1 + math.exp(-(mean - half))), 100 / (1 + math.exp(-(mean + half)))
 
 
 def make_runs(folder: Path) -> None:
@@ -57,8 +72,8 @@ def test_groups_seeds_and_matches_the_event_files(tmp_path):
     cells = [c.strip() for c in lenet.strip("|").split("|")]
     assert cells[1] == "2"
     test_mean, test_std = statistics.fmean([0.96, 0.98]) * 100, statistics.stdev([0.96, 0.98]) * 100
-    half = 12.706205 * test_std / 2**0.5  # t_{0.975, 1} x standard error
-    assert cells[2] == f"{test_mean:.2f} ± {test_std:.2f} [{test_mean - half:.2f}, {test_mean + half:.2f}]"
+    low, high = accuracy_interval([96, 98])  # within 0-100 %: the plain t interval reaches 109.71
+    assert cells[2] == f"{test_mean:.2f} ± {test_std:.2f} [{low:.2f}, {high:.2f}]"
     best_mean = statistics.fmean([0.95, 0.97]) * 100
     best_std = statistics.stdev([0.95, 0.97]) * 100
     assert cells[3] == f"{best_mean:.2f} ± {best_std:.2f}"
@@ -69,7 +84,7 @@ def test_groups_seeds_and_matches_the_event_files(tmp_path):
     with open(output / "comparison.csv") as handle:
         rows = {row["configuration"]: row for row in csv.DictReader(handle)}
     assert float(rows["model=lenet5"]["test/acc_rot45 mean"]) == pytest.approx(0.72, abs=1e-6)
-    assert float(rows["model=lenet5"]["test/acc ci_high"]) == pytest.approx((test_mean + half) / 100, abs=1e-6)
+    assert float(rows["model=lenet5"]["test/acc ci_high"]) == pytest.approx(high / 100, abs=1e-6)
     assert float(rows["model=capsnet"]["test/acc mean"]) == pytest.approx(0.99, abs=1e-6)
     assert rows["model=capsnet"]["test/acc std"] == rows["model=capsnet"]["test/acc ci_low"] == "nan"
     rotation_columns = [c for c in rows["model=lenet5"] if "rot" in c and c.endswith("mean")]
@@ -170,10 +185,12 @@ def test_the_plots_draw_each_configurations_runs_mean_curve_with_its_band_and_it
     lenet_dots, capsnet_dots = axes.collections
     assert sorted(lenet_dots.get_offsets()[:, 0]) == pytest.approx([96.0, 98.0], abs=1e-4)  # each run
     assert list(capsnet_dots.get_offsets()[:, 0]) == pytest.approx([99.0], abs=1e-4)
-    half = 12.706205 * statistics.stdev([96, 98]) / 2**0.5
+    low, high = accuracy_interval([96, 98])
     interval = next(line for line in axes.get_lines() if len(line.get_xdata()) == 2)
-    assert list(interval.get_xdata()) == pytest.approx([97 - half, 97 + half], abs=1e-3)
-    assert [t.get_text() for t in axes.texts] == [f"97.00 [{97 - half:.2f}, {97 + half:.2f}]", "99.00"]
+    assert list(interval.get_xdata()) == pytest.approx([low, high], abs=1e-3)
+    assert [t.get_text() for t in axes.texts] == [f"97.00 [{low:.2f}, {high:.2f}]", "99.00"]
+    assert axes.get_xlim()[0] >= 0 and axes.get_xlim()[1] <= 100  # no axis past what accuracy can be
+    assert LOGIT_INTERVAL in saved["headline.png"]._suptitle.get_text().replace("\n", " ")
 
     (axes,) = saved["val_acc.png"].axes
     assert (axes.get_xlabel(), axes.get_ylabel(), axes.get_title()) == (
@@ -197,20 +214,21 @@ def test_the_plots_draw_each_configurations_runs_mean_curve_with_its_band_and_it
     assert legend == ["model=lenet5 (2 runs)", "model=capsnet (1 run)"]
 
     (axes,) = saved["rotation.png"].axes
-    assert (axes.get_xlabel(), axes.get_ylabel(), axes.get_title()) == (
+    assert (axes.get_xlabel(), axes.get_ylabel(), axes.get_title().replace("\n", " ")) == (
         "rotation of the test digits (degrees)",
         "test accuracy (%)",
-        "Accuracy versus rotation (mean and its 95% confidence interval over seeds)",
+        f"Accuracy versus rotation (mean and its 95% confidence interval over seeds, {LOGIT_INTERVAL})",
     )
     bars = {container.get_label(): container for container in axes.containers}
     assert sorted(bars) == ["model=capsnet", "model=lenet5"]
     lenet_line, _, (lenet_bars,) = bars["model=lenet5"].lines
     assert list(lenet_line.get_xdata()) == [0, 45]
     assert list(lenet_line.get_ydata()) == pytest.approx([97.0, 72.0], abs=1e-4)
-    # One vertical segment per angle: the 95% interval of the mean of two runs, 2 t_{0.975,1} std / sqrt(2).
-    widths = [2 * 12.706205 * statistics.stdev(pair) / 2**0.5 for pair in ([96, 98], [70, 74])]
+    # One vertical segment per angle: the 95% interval of the mean of two runs, on the logit scale.
     segments = lenet_bars.get_segments()
-    assert [s[1][1] - s[0][1] for s in segments] == pytest.approx(widths, abs=1e-3)  # float32 events
+    intervals = [accuracy_interval(pair) for pair in ([96, 98], [70, 74])]
+    assert [(s[0][1], s[1][1]) for s in segments] == [pytest.approx(i, abs=1e-3) for i in intervals]  # float32
+    assert axes.get_ylim()[0] >= 0 and axes.get_ylim()[1] <= 100
     assert lenet_line.get_color() == colour["lenet5"]  # each configuration's colour in both figures
     capsnet_line, _, (capsnet_bars,) = bars["model=capsnet"].lines
     assert capsnet_line.get_color() == colour["capsnet"]
@@ -243,6 +261,7 @@ def test_learning_curves_of_many_configurations_get_a_panel_each_so_that_none_hi
 def test_the_page_and_the_table_as_written(tmp_path):
     make_runs(tmp_path / "multirun")
     output = compare(tmp_path / "multirun").output
+    low, high = accuracy_interval([96, 98])
     assert (output / "README.md").read_text() == (
         "# Run comparison\n\n"
         "- Machine: not recorded for 3 runs.\n"
@@ -252,7 +271,8 @@ def test_the_page_and_the_table_as_written(tmp_path):
         "![differences](differences.png)\n\n"
         "## Results\n\n"
         "Per configuration (runs that differ only by seed): test/acc as mean ± std over the runs with the 95% "
-        "confidence interval of the mean (Student's t), the other metrics as mean ± std (a mean alone for one run). "
+        f"confidence interval of the mean ({LOGIT_INTERVAL}), the other metrics as mean ± std (a mean alone for one "
+        "run). "
         "Accuracies in %, final values except val/acc_best; val/presence_gap, where logged: the median over the "
         "validation images of the target class's score minus the largest other's, at the last validation.\n\n"
         "Common to every run: `data=rotated_mnist`\n\n"
@@ -260,7 +280,7 @@ def test_the_page_and_the_table_as_written(tmp_path):
         "| configuration | runs | test/acc (95% CI) | val/acc_best | val/acc | test/acc_rot0 | test/acc_rot45 "
         "| val/presence_gap |\n"
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n"
-        "| model=lenet5 | 2 | 97.00 ± 1.41 [84.29, 109.71] | 96.00 ± 1.41 | 96.00 ± 1.41 | 97.00 ± 1.41 "
+        f"| model=lenet5 | 2 | 97.00 ± 1.41 [{low:.2f}, {high:.2f}] | 96.00 ± 1.41 | 96.00 ± 1.41 | 97.00 ± 1.41 "
         "| 72.00 ± 2.83 |  |\n"
         "| model=capsnet | 1 | 99.00 | 99.00 | 99.00 | 99.00 | 85.00 | 0.61 |\n\n"
         "## Against `model=lenet5`\n\n"
@@ -519,8 +539,8 @@ def test_a_users_two_seed_sweep_gets_intervals_and_says_it_is_too_few_to_test(tm
         page.startswith("# Run comparison\n")
         and "- Command: `python -m capsexp -m model=lenet5,capsnet seed=1,2`" in page
     )
-    half = 12.706205 * statistics.stdev([95.0, 99.0]) / 2**0.5
-    assert f"| model=capsnet | 2 | 97.00 ± 2.83 [{97 - half:.2f}, {97 + half:.2f}] |" in page
+    low, high = accuracy_interval([95.0, 99.0])  # the plain t interval: [71.59, 122.41]
+    assert f"| model=capsnet | 2 | 97.00 ± 2.83 [{low:.2f}, {high:.2f}] |" in page and high < 100
     # Per-seed differences 5 and 6 points: mean 5.5, standard error 0.5 on 1 degree of freedom.
     low, high = 5.5 - 12.706205 * 0.5, 5.5 + 12.706205 * 0.5
     assert f"| model=capsnet | 2 / 2 | +5.50 | [{low:.2f}, {high:.2f}] |\n" in page

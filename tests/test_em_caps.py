@@ -87,6 +87,44 @@ def test_matches_the_plain_transcription_values_and_gradients(
         assert torch.allclose(a, b, rtol=1e-6, atol=1e-8 * float(b.abs().max()))
 
 
+@pytest.mark.parametrize("convolutional", [False, True])
+def test_an_entropy_loss_on_the_responsibilities_moves_the_votes_as_the_plain_transcription_does(convolutional):
+    """A loss on the responsibilities R returned (an entropy penalty, alone and beside one on the poses)
+    gives the votes, the betas and the inverse temperature the plain transcription's gradient; with
+    detach_responsibilities=true a loss on R alone is refused by autograd, not answered with zeros."""
+    torch.manual_seed(2)
+    if convolutional:
+        child_index = ConvMatrixCapsules(3, 4, kernel_size=2, stride=1).child_index(3, 3, torch.device("cpu"))
+        votes = torch.randn(2, *child_index.shape, 4, 16, dtype=torch.float64)
+        activations = torch.rand(2, 27, dtype=torch.float64)
+    else:
+        child_index, votes, activations = None, torch.randn(2, 12, 4, 16, dtype=torch.float64), torch.rand(2, 12)
+    leaves = (
+        votes.requires_grad_(),
+        torch.randn(4, dtype=torch.float64, requires_grad=True),
+        torch.randn(4, dtype=torch.float64, requires_grad=True),
+        torch.tensor(1.5, dtype=torch.float64, requires_grad=True),
+    )
+    options = dict(iterations=3, final_lambda=1.0, child_index=child_index, return_responsibilities=True)
+    options["inverse_temperature_scale"] = leaves[3]
+
+    def entropy(r):
+        return -(r * r.clamp_min(1e-300).log()).sum()
+
+    fast = fast_em_routing(leaves[0], activations.double(), *leaves[1:3], **options)
+    plain = plain_em_routing(leaves[0], activations.double(), *leaves[1:3], **options)
+    upstream = torch.randn_like(fast[0])
+    for loss_of in (lambda out: entropy(out[2]), lambda out: entropy(out[2]) + (out[0] * upstream).sum()):
+        got = torch.autograd.grad(loss_of(fast), leaves, retain_graph=True)
+        want = torch.autograd.grad(loss_of(plain), leaves, retain_graph=True)
+        assert got[0].abs().amax() > 1e-3
+        for a, b in zip(got, want, strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-8 * float(b.abs().max()))
+    detached = fast_em_routing(leaves[0], activations.double(), *leaves[1:3], **options, detach_responsibilities=True)
+    with pytest.raises(RuntimeError, match="does not require grad"):
+        torch.autograd.grad(entropy(detached[2]), leaves)
+
+
 def recipe_routing(model: str) -> EMRouting:
     """The routing options a model config builds (read from the config, not restated)."""
     from hydra.utils import instantiate

@@ -25,7 +25,7 @@ from capsexp.lit.margin import LinearMargin
 from capsexp.lit.schedulers import exponential_decay
 from capsexp.locations import CONFIG_DIR
 from capsexp.models import BaselineCNN, CapsNet, LeNet5, MatrixCapsNet
-from capsexp.nn import DynamicRouting, EMRouting
+from capsexp.nn import EMRouting
 from capsexp.run.checkpoints import _LINE_LIMIT, check_checkpoint, model_of_run
 from tests.helpers import TINY_EM_CAPS, TINY_RUN, compose_config, run_cli_in_process
 
@@ -82,10 +82,7 @@ def test_every_shipped_option_passes_the_check(extra):
         ),
         (["model=em_caps_small", "model.net.routing.learn_inverse_temperature=maybe"], "must be a valid boolean"),
         (["model=em_caps_small", "+model.net.iterations=2"], "model.net.iterations: MatrixCapsNet takes no such"),
-        (
-            ["model=em_caps_small", "model/routing=dynamic"],
-            "model.net.routing=DynamicRouting: must be an instance of EMRouting or an instance of VBRouting",
-        ),
+        (["model=em_caps_small", "model.net.routing=em"], "model.net.routing=em: must be an instance of Routing"),
         (
             ["model=em_caps_small", "model.margin.unit=epochs"],
             "model.margin.unit=epochs: must be 'epoch', 'step' or 'run'",
@@ -133,10 +130,8 @@ def test_a_new_parameter_is_checked_from_its_type_hint_alone():
 def test_constructors_check_their_arguments_when_built_from_python():
     with pytest.raises(ValueError, match=r"^EMRouting: iterations=0: must be greater than 0$"):
         EMRouting(iterations=0)
-    with pytest.raises(
-        ValueError, match=r"^MatrixCapsNet: routing=.*: must be an instance of EMRouting or an instance of VBRouting$"
-    ):
-        MatrixCapsNet(routing=DynamicRouting())
+    with pytest.raises(ValueError, match=r"^MatrixCapsNet: routing=em: must be an instance of Routing$"):
+        MatrixCapsNet(routing="em")
     with pytest.raises(ValueError, match=r"^LeNet5: in_channels=0: must be greater than 0$"):
         LeNet5(0)  # positional arguments too
     with pytest.raises(ValueError, match=r"stereo=top: must be 'both', 'left' or 'split'; .*crop_size=2.5"):

@@ -47,12 +47,15 @@ def test_an_image_counts_as_right_only_when_both_of_its_digits_are_named():
     targets = torch.tensor([[1, 0], [0, 1], [3, 1], [0, 3]])  # right, one wrong, right, one wrong
     module = Classifier(FixedScores(scores), CrossEntropy(), functools.partial(torch.optim.SGD, lr=0.1), num_classes=4)
     module.log = lambda *args, **kwargs: None
+    module._trainer = SimpleNamespace(datamodule=SimpleNamespace(objects_per_image=2))
+    module.setup("fit")
     _, predicted, present = module._step((torch.zeros(4, 1, 2, 2), targets), "val")
     assert predicted.sum(1).tolist() == [2, 2, 2, 2] and present.sum(1).tolist() == [2, 2, 2, 2]
     assert module.val_acc(predicted, present).item() == 0.5
     # One object per image: the usual accuracy.
+    module._trainer = SimpleNamespace(datamodule=SimpleNamespace(objects_per_image=1))
+    module.setup("fit")
     _, predicted, present = module._step((torch.zeros(4, 1, 2, 2), torch.tensor([0, 2, 1, 3])), "val")
-    module.val_acc.reset()
     assert module.val_acc(predicted, present).item() == 0.75
 
 

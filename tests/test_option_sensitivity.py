@@ -190,14 +190,17 @@ SUBJECTS = {
     ),
     "ClassMatrixCapsules": Subject(
         ClassMatrixCapsules,
-        {"in_types": 2, "num_classes": 3},
+        # in_positions: the 3 x 3 map's, so that a router with per-child parameters can be built
+        {"in_types": 2, "num_classes": 3, "in_positions": 9},
         tensors(lambda k: (3, 2, k.get("pose_size", 4) ** 2, 3, 3), lambda k: (3, 2, 3, 3)),
     ),
     "ResNetStem": Subject(ResNetStem, {"in_channels": 1, "channels": 4}, images(1, 12)),
 }
 
 # Options that change nothing these fingerprints can see, and why.
-NO_EFFECT: dict[tuple[str, str], str] = {}
+NO_EFFECT: dict[tuple[str, str], str] = {
+    ("ClassMatrixCapsules", "in_positions"): "it sizes a router with parameters per child; EM routing has none",
+}
 
 
 def cases() -> list[Any]:

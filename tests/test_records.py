@@ -152,3 +152,24 @@ def test_the_cards_results_give_accuracies_in_per_cent_and_other_measures_as_the
     rows = {name.strip(): value.strip() for name, value in cells}
     assert rows["val/acc_best"] == "98.75%" and rows["test/acc"] == "97.12%" and rows["test/acc_rotated_30"] == "43.75%"
     assert rows[PRESENCE_GAP] == "0.123"
+
+
+@pytest.mark.parametrize(
+    "never_validates",
+    [["trainer.limit_val_batches=0"], ["trainer.val_check_interval=10"]],  # 10 batches: past max_steps=2
+    ids=["no validation batches", "validation after the last step"],
+)
+def test_the_card_of_a_run_that_never_validated_says_it_tested_the_final_weights(never_validates, tmp_path):
+    data_dir = write_mnist(tmp_path / "data")
+    run = tmp_path / "run"
+    common = [*TINY_RUN, "model=lenet5", f"paths.data_dir={data_dir}", "trainer.max_steps=2"]
+    result = run_cli_in_process(*common, *never_validates, f"hydra.run.dir={run}")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["last.ckpt"]  # no best to test
+    card = (run / "model_card.md").read_text()
+    assert "the best by" not in card and "val/acc_best" not in card
+    assert (
+        "Tested: the final weights (saved as `checkpoints/last.ckpt`), never validated: the run saved no best "
+        "checkpoint by val/acc to test." in card
+    )
+    assert "| test/acc |" in card

@@ -360,6 +360,41 @@ def test_sinkhorn_routing_matches_its_probability_domain_transcription_values_an
             torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-7)
 
 
+def _entropy(couplings: torch.Tensor) -> torch.Tensor:
+    """A routing-entropy penalty: sum over children of -sum_j c_ij log c_ij."""
+    return -(couplings * couplings.log()).sum()
+
+
+@pytest.mark.parametrize(("iterations", "epsilon"), [(2, 1.0), (3, 0.25)])
+def test_an_entropy_loss_on_sinkhorns_couplings_moves_the_votes_as_the_plain_procedure_does(iterations, epsilon):
+    """A loss on the couplings returned (alone, and beside one on the poses) gives the votes and the masses
+    the gradient of autograd through the plain procedure (float64, relative 1e-9), and that of the
+    probability-domain transcription (to its squash's 1e-8 under the root)."""
+    from capsexp.nn.functional._sinkhorn_routing import _route
+
+    votes = _votes(spread=0.8, seed=2).requires_grad_()
+    masses = torch.rand(B, I, generator=torch.Generator().manual_seed(4), dtype=torch.float64).requires_grad_()
+    routing = SinkhornRouting(iterations=iterations, balance_iterations=4, epsilon=epsilon)
+    upstream = torch.randn(B, J, D, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+
+    def plain(votes, masses):  # the iterations on autograd's graph, without the written-out backward pass
+        log_m = (masses / masses.sum(dim=1, keepdim=True)).log().unsqueeze(1)
+        poses, couplings = _route(votes.transpose(1, 2).contiguous(), log_m, routing)[-1][2:]
+        return poses, couplings.transpose(1, 2)
+
+    routed = sinkhorn_routing(votes, masses, routing)
+    for loss_of in (lambda p, c: _entropy(c), lambda p, c: _entropy(c) + (p * upstream).sum()):
+        got = torch.autograd.grad(loss_of(routed.poses, routed.assignment), (votes, masses), retain_graph=True)
+        want = torch.autograd.grad(loss_of(*plain(votes, masses)), (votes, masses))
+        assert got[0].abs().amax() > 1e-3  # the loss on the couplings reaches the votes
+        for g, w in zip(got, want, strict=True):
+            torch.testing.assert_close(g, w, rtol=1e-9, atol=1e-12)
+        transcribed = transcribe_sinkhorn_routing(votes, masses, iterations, 4, epsilon)
+        official = torch.autograd.grad(loss_of(*transcribed), (votes, masses))
+        for g, w in zip(got, official, strict=True):
+            torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-7)
+
+
 def test_sinkhorn_couplings_sum_to_one_per_child_and_give_every_parent_the_same_mass():
     """The marginals: each child's couplings sum to 1 exactly; each parent's received mass sum_i m_i c_ij
     tends to 1/J. Votes that all agree with parent 0 would send dynamic routing's mass there; the

@@ -143,6 +143,7 @@ class MeanAgreement(Routing):
     """Agreement routing in one pass, as docs/own_routing.md's example, its agreement detached or not."""
 
     detach: bool = False
+    detach_returned: bool = False  # the couplings returned detached (the poses' path intact)
     router: ClassVar[str] = "tests.test_routing_contract:mean_agreement"
 
 
@@ -150,7 +151,22 @@ def mean_agreement(votes: torch.Tensor, options: MeanAgreement) -> Routed:
     agreement = (votes * votes.mean(dim=1, keepdim=True)).sum(dim=-1)
     couplings = torch.softmax(agreement.detach() if options.detach else agreement, dim=-1)
     poses = squash((couplings.unsqueeze(-1) * votes).sum(dim=1))
-    return Routed(poses, poses.norm(dim=-1), couplings)
+    return Routed(poses, poses.norm(dim=-1), couplings.detach() if options.detach_returned else couplings)
+
+
+def test_a_routing_whose_couplings_are_returned_without_their_gradient_fails_the_kit_in_one_line():
+    """The poses' gradient intact (gradcheck of the poses would pass), the assignment returned detached: a
+    loss on the couplings (an entropy penalty) would give the votes 0. The kit says so."""
+
+    class Detached(RoutingContract):
+        routing = MeanAgreement(detach_returned=True)
+
+    Detached().test_the_votes_get_gradient_through_the_couplings()  # the poses' path is intact
+    with pytest.raises(AssertionError) as failed:
+        Detached().test_the_couplings_carry_their_gradient()
+    message = str(failed.value)
+    assert message.startswith("the couplings returned carry no gradient at all") and "\n" not in message, message
+    type("Intact", (RoutingContract,), {"routing": MeanAgreement()})().test_the_couplings_carry_their_gradient()
 
 
 GRADIENT_CHECKS = ["test_gradients_are_autograds_numerical_ones", "test_the_votes_get_gradient_through_the_couplings"]

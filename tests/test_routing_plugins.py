@@ -128,6 +128,22 @@ def test_a_packages_routing_is_listed_by_help(plugin):
     assert "mean_agreement" in arms
 
 
+def test_a_studys_jobs_are_listed_without_running_them_and_arms_on_the_command_line_replace_its_own(plugin, tmp_path):
+    """``-m experiment=<study> +arm/routing=a,b --cfg job``: the jobs, one line each, and nothing run (Hydra
+    alone refuses --cfg with -m in a traceback). The study sweeps mean_agreement,dynamic over its budget's
+    seeds (STUDY above); the command line's arms take their place."""
+    listed = _capsexp(
+        plugin, "-m", "experiment=mean_agreement_study", "study=quick", "+arm/routing=uniform,dynamic",
+        "--cfg", "job", f"hydra.sweep.dir={tmp_path / 'sweep'}",
+    )  # fmt: skip
+    assert listed.returncode == 0 and "Traceback" not in listed.stderr, listed.stderr[-3000:]
+    jobs = [line.split(maxsplit=1)[1] for line in listed.stdout.splitlines() if line.strip().startswith("#")]
+    arms_and_seeds = [(arm, seed) for arm in ("uniform", "dynamic") for seed in (1, 2)]
+    assert jobs == [f"+arm/routing={arm} seed={seed}" for arm, seed in arms_and_seeds], listed.stdout
+    assert "in place of the experiment's mean_agreement,dynamic" in listed.stdout
+    assert not (tmp_path / "sweep").exists()  # nothing ran
+
+
 def test_a_package_whose_entry_point_is_not_a_routing_is_named():
     from importlib.metadata import EntryPoint
 

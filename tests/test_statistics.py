@@ -38,6 +38,56 @@ def test_a_configurations_interval_is_the_student_t_interval_of_its_mean():
     assert (same.std, same.low, same.high) == (0.0, 0.5, 0.5)
 
 
+def logit_t_interval(values: list[float], top: float = 1.0) -> tuple[float, float]:
+    """By hand: the t interval of the mean of log(p / (1 - p)), p = value / top, mapped back by 1 / (1 + e^-x)."""
+    from scipy import stats
+
+    logits = [math.log((v / top) / (1 - v / top)) for v in values]
+    n = len(logits)
+    mean = sum(logits) / n
+    sd = math.sqrt(sum((x - mean) ** 2 for x in logits) / (n - 1))
+    half = stats.t.ppf(0.975, n - 1) * sd / math.sqrt(n)
+    return top / (1 + math.exp(-(mean - half))), top / (1 + math.exp(-(mean + half)))
+
+
+@pytest.mark.parametrize(
+    "values",
+    [[0.9547, 0.9703], [0.912, 0.95, 0.986], [0.31, 0.58, 0.44, 0.72, 0.49]],  # 2 seeds near 100 %, 3, 5 seeds
+)
+def test_an_accuracys_interval_is_the_t_interval_of_its_logits_and_stays_within_0_and_100(values):
+    """The mean and std as they are (the plain ones), the interval the t interval of the logits mapped back:
+    two seeds at 95.47 and 97.03 % would get [86.3, 106.2] by the plain t interval."""
+    from scipy import stats
+
+    summary = summarise(values, (0.0, 1.0))
+    n, mean = len(values), sum(values) / len(values)
+    std = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+    assert (summary.n, summary.mean, summary.std) == (n, pytest.approx(mean, abs=1e-12), pytest.approx(std))
+    low, high = logit_t_interval(values)
+    assert (summary.low, summary.high) == (pytest.approx(low, abs=1e-9), pytest.approx(high, abs=1e-9))
+    assert 0 < summary.low < mean < summary.high < 1
+    in_percent = summarise([100 * v for v in values], (0.0, 100.0))  # the same interval, in %
+    assert (in_percent.low, in_percent.high) == (pytest.approx(100 * low, abs=1e-7), pytest.approx(100 * high))
+    plain = summarise(values)  # unbounded: the t interval of the values
+    plain_half = stats.t.ppf(0.975, n - 1) * std / math.sqrt(n)
+    assert (plain.low, plain.high) == (pytest.approx(mean - plain_half), pytest.approx(mean + plain_half))
+    if n == 2:
+        assert plain.high > 1 > summary.high  # what the bounded interval is for
+
+
+def test_an_accuracy_on_its_edge_has_no_logit_and_gets_the_t_interval_cut_to_the_range():
+    from scipy import stats
+
+    values = [1.0, 0.98, 0.995]  # one run at 100 %
+    mean = sum(values) / 3
+    std = math.sqrt(sum((v - mean) ** 2 for v in values) / 2)
+    half = stats.t.ppf(0.975, 2) * std / math.sqrt(3)
+    summary = summarise(values, (0.0, 1.0))
+    assert (summary.low, summary.high) == (pytest.approx(mean - half), 1.0)
+    assert mean + half > 1  # cut
+    assert summarise([0.0, 0.02], (0.0, 1.0)).low == 0.0
+
+
 def t_sf(t: float, df: int) -> float:
     """P(T > t) for Student's t by numerical integration of its density (no scipy.stats)."""
     from scipy import integrate

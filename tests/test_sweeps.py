@@ -234,6 +234,46 @@ def test_a_sweep_killed_outright_during_its_third_job_finishes_when_run_again(la
     assert "| 4 |" in (sweep / "README.md").read_text()  # one page, over the four runs
 
 
+def test_ctrl_c_in_a_sweep_ends_with_the_command_that_finishes_the_whole_sweep(mnist_dir, tmp_path):
+    """Ctrl-C (SIGINT to the process group, as a terminal sends it) while the second of three jobs trains:
+    the job says where its state is and defers to the sweep's command, and the last line printed is that
+    command. Pasted as printed, it skips the first job, resumes the second and runs the third: every
+    job's folder ends finished."""
+    sweep = tmp_path / "sweep"
+    common = [*TINY_RUN, f"paths.data_dir={mnist_dir}", "trainer.max_steps=40", "trainer.val_check_interval=10"]
+    command = [sys.executable, "-m", "capsexp", "-m", "seed=1,2,3", *common, f"hydra.sweep.dir={sweep}"]
+    with open(tmp_path / "stdout.txt", "w") as stdout, open(tmp_path / "stderr.txt", "w") as stderr:
+        process = subprocess.Popen(
+            command, cwd=PROJECT_ROOT, stdout=stdout, stderr=stderr, env={**os.environ, "PYTHONWARNINGS": "ignore"},
+            start_new_session=True,
+        )  # fmt: skip
+    second = sweep / "seed=2"
+    deadline = time.monotonic() + 240
+    try:
+        while not (second / LAST).is_file():  # saved at step 10 of 40: it trains on
+            assert process.poll() is None and time.monotonic() < deadline, (tmp_path / "stderr.txt").read_text()
+            time.sleep(0.005)
+        os.killpg(process.pid, signal.SIGINT)
+        process.wait(timeout=120)
+    finally:
+        process.kill()
+    printed = (tmp_path / "stderr.txt").read_text().strip().splitlines()
+    assert process.returncode == 128 + signal.SIGINT, printed[-20:]
+    assert (sweep / "seed=1" / FINISHED).is_file() and not (second / FINISHED).exists()
+    assert not (sweep / "seed=3").exists()
+    stopped_job = next(line for line in printed if line.startswith("SIGINT: training stopped at step "))
+    assert f"its state saved in {second / LAST}; the sweep's command, run again, resumes it" in stopped_job
+    last = printed[-1]
+    assert last.startswith("The sweep stopped; this finishes it (finished jobs skipped, stopped ones resumed): ")
+    again = shlex.split(last.split("resumed): ", 1)[1])
+    assert again == ["python", "-m", "capsexp", *command[3:]]
+
+    result = run_cli_in_process(*again[3:])
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "1 finished (skipped), 1 resumed from their last.ckpt, 1 started" in result.stderr + result.stdout
+    assert [(sweep / f"seed={seed}" / FINISHED).is_file() for seed in (1, 2, 3)] == [True, True, True]
+
+
 def test_a_sweep_folder_is_finished_only_by_the_sweep_that_started_it(mnist_dir, tmp_path):
     """The same hydra.sweep.dir given to a sweep of other settings: refused, naming the job and what differs
     (a location, here the data's folder, may differ: the data sits elsewhere on another machine)."""

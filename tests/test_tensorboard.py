@@ -4,12 +4,16 @@ HParams columns from every run's choices."""
 from __future__ import annotations
 
 import json
+import re
+import shlex
 import urllib.parse
 from pathlib import Path
 
+import pytest
 from lightning.pytorch.loggers import TensorBoardLogger
 
 from capsexp.run.hparams import log_hyperparameters
+from capsexp.run.run_folder import say_run_folder
 from capsexp.tensorboard import COLUMNS_RUN, link_runs, main, served_names, url, write_columns
 from tests.helpers import load_events
 
@@ -114,3 +118,35 @@ def test_the_url_pins_the_accuracy_cards_and_an_empty_folder_is_refused(tmp_path
     except SystemExit as exit_info:
         assert exit_info.code == 2
     assert "no runs under" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "name,served_as",
+    [
+        ("lenet5_run", "lenet5_run"),  # hydra.run.dir of one's own
+        ("model=capsnet,seed=2", "model=capsnet,seed=2"),  # a sweep's job
+        ("2026-12-06_10-00-00-000001_model=capsnet", "model=capsnet (12-06 10-00-00)"),  # a single run's
+    ],
+)
+def test_the_tensorboard_command_a_run_prints_serves_it_by_its_name_not_as_a_dot(
+    name, served_as, tmp_path, monkeypatch, caplog
+):
+    """The command a run ends with, as printed (its folder relative to where the run started): TensorBoard
+    lists the run under its folder's name, or for a folder laid out as capsexp's, what it ran and when."""
+    from tensorboard.backend.event_processing.plugin_event_multiplexer import EventMultiplexer
+
+    monkeypatch.chdir(tmp_path)
+    folder = tmp_path / "logs" / name
+    make_run(folder, {"model": "capsnet", "seed": 2}, {"val/acc": 0.5})
+    with caplog.at_level("INFO", logger="capsexp.run.run_folder"):
+        say_run_folder(folder, finished=True)
+    (printed,) = re.findall(r"\(TensorBoard: (.*)\)$", caplog.text, re.MULTILINE)
+    command = shlex.split(printed)
+    assert command == ["python", "-m", "capsexp.tensorboard", f"logs/{name}"]
+    links = tmp_path / "served"  # what the command serves (main links the runs, then starts TensorBoard)
+    links.mkdir()
+    assert link_runs(Path(command[3]), links) == 1
+    multiplexer = EventMultiplexer()
+    multiplexer.AddRunsFromDirectory(str(links))
+    multiplexer.Reload()
+    assert list(multiplexer.Runs()) == [served_as]

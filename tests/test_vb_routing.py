@@ -94,6 +94,27 @@ def test_vb_routing_is_the_official_codes_where_its_normalisation_holds_values_a
         torch.testing.assert_close(g, w, rtol=1e-9, atol=1e-11)
 
 
+@pytest.mark.parametrize("iterations", [2, 3])
+def test_a_loss_on_the_responsibilities_moves_the_votes_as_in_the_official_code(iterations):
+    """An entropy penalty on the responsibilities (routing-entropy regularisers) gives every input the
+    gradient the official code's differentiable responsibilities give it, alone and beside a loss on the
+    poses."""
+    votes, activations, beta_u, beta_a = (t.requires_grad_() for t in inputs(0.5, seed=3))
+    leaves = (votes, activations, beta_u, beta_a)
+
+    def entropy(r):
+        return -(r * r.log()).sum()
+
+    ours = vb_routing(votes, activations, beta_u, beta_a, VBRouting(iterations=iterations))
+    official = transcribe_official(votes, activations, beta_u, beta_a, iterations)
+    for loss_of in (lambda out: entropy(out[2]), lambda out: entropy(out[2]) + (out[0] * out[0].detach()).sum()):
+        got = torch.autograd.grad(loss_of(ours), leaves, retain_graph=True, materialize_grads=True)
+        want = torch.autograd.grad(loss_of(official), leaves, retain_graph=True, materialize_grads=True)
+        assert got[0].abs().amax() > 1e-3  # a loss on the responsibilities reaches the votes
+        for g, w in zip(got, want, strict=True):
+            torch.testing.assert_close(g, w, rtol=1e-9, atol=1e-11)
+
+
 def test_the_official_normalisation_loses_mass_from_vote_norms_of_2_and_gives_nan_where_ours_sums_to_one():
     lost, nan = {}, {}
     for scale in (0.5, 1.0, 2.0, 4.0, 16.0):

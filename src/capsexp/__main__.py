@@ -9,7 +9,7 @@ import hydra
 from omegaconf import DictConfig
 
 from capsexp.config import hydra_setup
-from capsexp.config.command_line import check_group_overrides
+from capsexp.config.command_line import check_group_overrides, list_sweep_jobs
 from capsexp.errors import CapsexpError, report
 from capsexp.locations import CONFIG_DIR, quote_locations
 from capsexp.run.resume import expand_run_folder
@@ -92,6 +92,8 @@ def cli() -> None:
     try:
         arguments = quote_locations(sys.argv[1:])
         check_group_overrides(arguments, CONFIG_DIR)
+        if list_sweep_jobs(arguments, CONFIG_DIR):  # -m with --cfg: the sweep's jobs, none run
+            return
         sys.argv[1:] = expand_run_folder(resume_if_restarted(arguments))
     except CapsexpError as error:
         report(error)

@@ -53,7 +53,7 @@ _STAMP = re.compile(r"^\d{4}-(\d\d-\d\d)_(\d\d-\d\d-\d\d)(?:-\d+)?(?:_(.*))?$") 
 def _when_and_label(folder: Path, root: Path) -> tuple[str, str] | None:
     """A run folder's start (``11-27 20-48`` for a sweep's job, to the second for a single run) and the
     overrides its name holds; None for a folder not laid out as capsexp lays runs out."""
-    parts = folder.relative_to(root).parts
+    parts = folder.relative_to(root).parts or (folder.name,)  # a run served on its own: by its folder's name
     for index, part in enumerate(parts):
         found = _STAMP.match(part)
         if found:
@@ -109,7 +109,7 @@ def served_names(folders: list[Path], root: Path) -> dict[Path, str]:
     names = {}
     for folder in folders:
         if folder not in laid_out:
-            names[folder] = _UNSAFE.sub("_", " ".join(folder.relative_to(root).parts)) or "."
+            names[folder] = _UNSAFE.sub("_", " ".join(folder.relative_to(root).parts) or folder.name)
             continue
         own = settings[folder]
         differs = [k for k in varying if k in own and own[k] != commonest.get(k, ...)] or [
@@ -207,7 +207,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="python -m capsexp.tensorboard", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("root", nargs="?", type=Path, help="the runs' folder (default: $CAPSEXP_LOG_DIR or ./logs)")
+    parser.add_argument(
+        "root", nargs="?", type=Path, help="the runs' folder, or one run's (default: $CAPSEXP_LOG_DIR or ./logs)"
+    )
     parser.add_argument("--port", type=int, default=6006)
     args = parser.parse_args(argv)
     args.root = args.root or log_dir()

@@ -340,6 +340,37 @@ class RoutingContract:
                 f"differences (within {difference.max():.3g}): it passes through the couplings; drop the declaration"
             )
 
+    def test_the_couplings_carry_their_gradient(self) -> None:
+        """A loss on the assignment returned (an entropy penalty on the couplings, say) gives the votes the
+        gradient of finite differences (float64, a small layer): the assignment is not marked
+        non-differentiable, detached or left out of a hand-written backward pass while it depends on the
+        votes. Skipped under ``gradient_through_couplings = False`` (the couplings are constants to the
+        backward pass by design)."""
+        self._skip_unless(
+            self.gradient_through_couplings,
+            "gradient_through_couplings = False",
+            "its couplings are constants to the backward pass, so a loss on them moves no vote",
+        )
+        layer = self.layer(torch.float64, small=True)
+        votes, children, activations = self.inputs(torch.float64, small=True)
+
+        def assignment(votes: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            return (self.route(layer, votes, children, activations).assignment,)
+
+        autograds, numerical = _jacobians(assignment, (votes,), 0)
+        difference = (autograds - numerical).abs()
+        if bool((difference <= 1e-5 + 1e-3 * numerical.abs()).all()):
+            return
+        carried = "no gradient at all" if not autograds.abs().max() else "another gradient than finite differences'"
+        raise AssertionError(
+            f"the couplings returned carry {carried}: a loss on them (an entropy penalty) moves the votes by "
+            f"up to {difference.max():.3g} less or more than it should, where their finite differences reach "
+            f"{numerical.abs().max():.3g}. Likely cause: the assignment marked non-differentiable "
+            "(ctx.mark_non_differentiable), .detach()ed, or its gradient left out of a hand-written backward "
+            "pass. A routing whose couplings are constants to the backward pass on purpose declares "
+            "gradient_through_couplings = False"
+        )
+
     def test_the_same_seed_draws_the_same(self) -> None:
         """Two calls under one seed give the same parents; a routing that draws gives others under another."""
         layer, inputs = self.layer(), self.inputs()

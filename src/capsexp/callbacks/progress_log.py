@@ -1,8 +1,10 @@
-"""Progress as plain log lines, for output that is not a terminal (SLURM, nohup, CI, ``| tee``).
+"""Progress as plain log lines, for output that is not a terminal (SLURM, nohup, CI, ``| tee``), and the
+rich progress bar, for a terminal.
 
-The rich progress bar draws on a terminal only; into a file it writes nothing until the run ends.
-This callback logs a line every ``interval_s`` seconds of training instead: epoch, step, images/s,
-elapsed time, ETA, mean training loss since the last line, and the last validation accuracy.
+Into a file or a pipe, Rich's bar would write nothing until a stage ends, then each stage's last frame
+(its escape codes too). There, :class:`ProgressLog` logs a line every ``interval_s`` seconds of training
+instead: epoch, step, images/s, elapsed time, ETA, mean training loss since the last line, and the last
+validation accuracy; and :class:`TerminalProgressBar` draws nothing.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from typing import Any, Literal
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.callbacks import Callback, RichProgressBar
 from pydantic import PositiveFloat
 
 from capsexp.config.arguments import checked
@@ -24,6 +26,30 @@ from capsexp.results.metric_names import VAL_ACC
 log = logging.getLogger("capsexp.progress")
 
 When = Literal["auto", "always", "never"]
+
+
+def on_a_terminal() -> bool:
+    """Whether the run's output is a terminal: stdout, where the bar is drawn and the log lines go."""
+    return sys.stdout.isatty()
+
+
+@checked
+class TerminalProgressBar(RichProgressBar):
+    """Lightning's :class:`~lightning.pytorch.callbacks.RichProgressBar`, drawn on a terminal only.
+
+    Args:
+        when: ``auto`` (only when stdout is a terminal), ``always`` or ``never``.
+        rich_options: RichProgressBar's own (``refresh_rate``, ``leave``, ...).
+    """
+
+    def __init__(self, when: When = "auto", **rich_options: Any) -> None:
+        super().__init__(**rich_options)
+        self.when = when
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        super().setup(trainer, pl_module, stage)
+        if not (self.when == "always" or (self.when == "auto" and on_a_terminal())):
+            self.disable()
 
 
 def _duration(seconds: float) -> str:
@@ -54,7 +80,7 @@ class ProgressLog(Callback):
         self.last_val_acc: float | None = None
 
     def _enabled(self, trainer: L.Trainer) -> bool:
-        wanted = self.when == "always" or (self.when == "auto" and not sys.stdout.isatty())
+        wanted = self.when == "always" or (self.when == "auto" and not on_a_terminal())
         return wanted and trainer.is_global_zero
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

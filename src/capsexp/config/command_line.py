@@ -6,14 +6,17 @@ config is needed)."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
 import functools
+import io
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
 from hydra import compose, initialize_config_dir
+from hydra.core.config_store import ConfigStore
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig, OmegaConf
 
@@ -109,11 +112,36 @@ def check_study_budget(arguments: list[str], config_dir: Path) -> None:
                 )
 
 
+@contextlib.contextmanager
+def _nets(needed: bool):
+    """The ``model/net`` options a model config chooses, for composing a config to check: their nodes
+    (:func:`capsexp.config.hydra_setup.register`) where ``needed`` (a key under ``model.net`` is checked)
+    or already registered; else, for the while, empty ones of the same names. A net's node is made from
+    its constructor's signature, which imports torch (seconds), and only the keys under ``model.net``
+    are the net's: a check of any other key or of the groups chosen is answered without it."""
+    options = ConfigStore.instance().repo.get("model", {}).get("net", {})
+    names = [target.rpartition(".")[2] for target in hydra_setup.NETS]
+    if needed or all(f"{name}.yaml" in options for name in names):
+        hydra_setup.register()
+        yield
+        return
+    previous = dict(options)
+    for name in names:
+        ConfigStore.instance().store(group="model/net", name=name, node={}, package="model.net")
+    try:
+        yield
+    finally:  # as they were: whatever composes next registers the nets' own nodes
+        if previous:
+            ConfigStore.instance().repo["model"]["net"] = previous
+        else:
+            ConfigStore.instance().repo["model"].pop("net")
+
+
 def _choices(overrides: list[str]) -> dict[str, str | None]:
     """``{group: option}`` as Hydra composes them with ``overrides`` (``model/margin: linear_run``; an
     optional group left out: None)."""
-    hydra_setup.register()  # a model config chooses its net
-    return dict(compose("config", overrides=overrides, return_hydra_config=True).hydra.runtime.choices)
+    with _nets(needed=False):
+        return dict(compose("config", overrides=overrides, return_hydra_config=True).hydra.runtime.choices)
 
 
 def _check_keys_of_swept_optional_groups(arguments: list[str]) -> None:
@@ -145,14 +173,15 @@ def _check_keys_of_swept_optional_groups(arguments: list[str]) -> None:
 
 
 @functools.lru_cache(maxsize=32)
-def _composed(config_dir: str, choices: tuple[str, ...]) -> DictConfig | None:
+def _composed(config_dir: str, choices: tuple[str, ...], nets: bool) -> DictConfig | None:
     """The config the group ``choices`` compose from ``config_dir`` (inside :func:`check_group_overrides`'s
-    Hydra context), kept per process: which keys exist depends on the choices alone."""
-    hydra_setup.register()  # a model config chooses its net
-    try:
-        return compose("config", overrides=list(choices), return_hydra_config=True)
-    except Exception:
-        return None
+    Hydra context), kept per process: which keys exist depends on the choices alone, those under
+    ``model.net`` on the nets' own nodes, composed with them where ``nets`` (:func:`_nets`)."""
+    with _nets(needed=nets):
+        try:
+            return compose("config", overrides=list(choices), return_hydra_config=True)
+        except Exception:
+            return None
 
 
 def _first(value: str) -> str:
@@ -161,29 +190,32 @@ def _first(value: str) -> str:
 
 
 def _check_keys(arguments: list[str], loader, config_dir: Path) -> None:
-    """``trainer.max_epoch=1``, ``data.root=photos`` with data=mnist: a key the composed config does not
-    have. Hydra's answer is "not in struct" and the advice to add it with ``+``, a key nothing would
-    read; this names the key, the closest keys of its node and, for a config group's node, the group's
-    options. Composed with the command line's group choices (a sweep's first value)."""
-    dotted = [
-        a
-        for a in arguments
-        if "=" in a
-        and not a.startswith(("-", "+", "~"))
-        and "." in (key := a.split("=", 1)[0])
-        and not key.startswith("hydra.")
-    ]
-    if not dotted:
+    """``trainer.max_epoch=1``, ``data.root=photos`` with data=mnist, ``modle=lenet5``: a key the composed
+    config does not have. Hydra's answer is "not in struct" and the advice to add it with ``+``, a key
+    nothing would read; this names the key, the closest keys of its node and, for a config group's node,
+    the group's options. Composed with the command line's group choices (a sweep's first value)."""
+    groups = set(loader.list_groups(""))
+
+    def is_key(argument: str) -> bool:  # a key=value to check: dotted, or top-level and no config group
+        key = argument.split("=", 1)[0]
+        if "=" not in argument or argument.startswith(("-", "+", "~")) or key.startswith("hydra."):
+            return False
+        return "." in key or ("/" not in key and key not in groups and not loader.get_group_options(key))
+
+    keys = [a for a in arguments if is_key(a)]
+    if not keys:
         return
     choices = [
         f"{a.split('=', 1)[0]}={_first(a.split('=', 1)[1])}"
         for a in arguments
-        if "=" in a and not a.startswith(("-", "~")) and "." not in a.split("=", 1)[0]
+        if "=" in a and not a.startswith(("-", "~")) and "." not in a.split("=", 1)[0] and a not in keys
     ]
-    config = _composed(str(config_dir), tuple(choices))
+    # model.net.routing is model/routing's, which composes without the nets' nodes
+    nets = any(k.startswith("model.net.") and k.split(".")[2] != "routing" for k in (a.split("=")[0] for a in keys))
+    config = _composed(str(config_dir), tuple(choices), nets)
     if config is None:  # what does not compose is Hydra's to report, with its own message
         return
-    for argument in dotted:
+    for argument in keys:
         key = argument.split("=", 1)[0]
         parts = key.split(".")
         node, depth = config, 0
@@ -202,12 +234,14 @@ def _check_keys(arguments: list[str], loader, config_dir: Path) -> None:
                 f"{argument}: no {missing_group} is chosen, so it has no key {key.split('.', depth + 1)[-1]}"
                 + (f"; choose one first: {missing_group}=<{choices_text}>" if choices_text else "")
             )
-        keys = [str(k) for k in node if not (depth == 0 and k == "hydra")]
-        close = difflib.get_close_matches(parts[depth], keys, n=1)
+        present = [str(k) for k in node if not (depth == 0 and k == "hydra")]
+        close = difflib.get_close_matches(parts[depth], present, n=1)
         message = f"{argument}: no such key"
         if close:
-            message += f" (did you mean {'.'.join([*parts[:depth], close[0]])}?)"
-        message += f"\n  {parent or 'the config'} has: {', '.join(keys)}"
+            meant = ".".join([*parts[:depth], close[0]])
+            meant += f"={argument.split('=', 1)[1]}" if meant in groups else ""  # model=lenet5, for modle=lenet5
+            message += f" (did you mean {meant}?)"
+        message += f"\n  {parent or 'the config'} has: {', '.join(present)}"
         options = loader.get_group_options(group) if depth else []
         if options and not close:  # the key may be another option's: data.root is data=image_folder's
             chosen = OmegaConf.select(config, f"hydra.runtime.choices.{group}", default="...")
@@ -236,6 +270,71 @@ def _check_models_have_groups(model_groups: dict[str, str], arguments: list[str]
                         else ""
                     )
                 )
+
+
+def list_sweep_jobs(arguments: list[str], config_dir: Path) -> bool:
+    """``-m ... --cfg job`` (or ``--cfg hydra|all``): print the jobs the sweep would run, without running
+    them, and return True; False for any other command line. Hydra itself refuses ``--cfg`` with ``-m``
+    (a traceback), and a sweep's config is one per job. The jobs are those of Hydra's basic sweeper: the
+    experiment's ``hydra.sweeper.params``, then the command line's, a key given in both taking the command
+    line's values (``+arm/routing=a,b`` replaces a study's arms), every combination of them."""
+    from hydra._internal.utils import get_args_parser
+
+    try:  # overrides after --cfg job too, as a user adds them
+        with contextlib.redirect_stderr(io.StringIO()):
+            given = get_args_parser().parse_intermixed_args(arguments)
+    except SystemExit:  # not a command line Hydra takes: Hydra's to answer
+        return False
+    if not (given.multirun and given.cfg):
+        return False
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.types import RunMode
+
+    hydra_setup.register()  # a model config chooses its net
+    with initialize_config_dir(config_dir=str(config_dir), version_base="1.3"):
+        loader = GlobalHydra.instance().config_loader()
+        config = loader.load_configuration("config", given.overrides, run_mode=RunMode.MULTIRUN)
+        sweeper = config.hydra.sweeper
+        if not str(sweeper.get("_target_", "")).endswith(("BasicSweeper", ".ResumableSweeper")):
+            raise ConfigError(
+                f"-m with --cfg: the sweeper {sweeper._target_} chooses its jobs as it runs, so there is no list "
+                "of them before; --cfg job without -m prints the config of the search's base job"
+            )
+        params = {str(key): str(value) for key, value in (sweeper.get("params") or {}).items()}
+        command_line = [str(override) for override in config.hydra.overrides.task]
+        parser = OverridesParser.create(config_loader=loader)
+        jobs = BasicSweeper.split_arguments(
+            parser.parse_overrides([*(f"{k}={v}" for k, v in params.items()), *command_line]), None
+        )[0]
+    print(_jobs_listing(jobs, params, parser.parse_overrides(command_line)))
+    return True
+
+
+def _jobs_listing(jobs: list[list[str]], params: dict[str, str], command_line) -> str:
+    """The jobs as a few lines: what every job sets, each swept key's values (and where they come from),
+    then one line per job of the swept keys' values, and the command that prints one job's config."""
+    values: dict[str, list[str]] = {}
+    for job in jobs:
+        for override in job:
+            key, _, value = override.partition("=")
+            if value not in values.setdefault(key, []):
+                values[key].append(value)
+    swept = [key for key, options in values.items() if len(options) > 1]
+    given = {override.get_key_element() for override in command_line}
+    lines = [f"The sweep's {len(jobs)} job{'s' * (len(jobs) != 1)} (not run):"]
+    every = [f"{key}={options[0]}" for key, options in values.items() if key not in swept]
+    lines.append(f"  every job: {' '.join(every) or 'no other setting'}")
+    for key in swept:
+        if key in given and key in params:
+            source = f"the command line's, in place of the experiment's {params[key]}"
+        else:
+            source = "the command line's" if key in given else "the experiment's hydra.sweeper.params"
+        lines.append(f"  {key}: {', '.join(values[key])} ({source})")
+    for number, job in enumerate(jobs):
+        lines.append(f"  #{number}  " + " ".join(o for o in job if o.partition("=")[0] in swept))
+    lines.append(f"One job's config: python -m capsexp {' '.join(jobs[0])} --cfg job (without -m)")
+    return "\n".join(lines)
 
 
 def options_help(config_file: Path) -> str:

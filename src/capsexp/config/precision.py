@@ -54,7 +54,9 @@ def resolve(precision: str | int, model: str | None, routing: str | None, accele
     if model not in BF16_MODELS or BF16_MODELS[model] != routing:
         return Precision(FLOAT32, f"auto: {shown} is not what the precision equivalence page backs in bf16")
     if not bf16_native(accelerator):
-        return Precision(FLOAT32, f"auto: bf16 arithmetic is not native on this {accelerator} device")
+        return Precision(
+            FLOAT32, f"auto: {shown} is backed in bf16, but bf16 arithmetic is not native on this {accelerator} device"
+        )
     return Precision(BF16, f"auto: {shown} in bf16, as the precision equivalence page backs it, native here")
 
 

@@ -32,10 +32,25 @@ class Routing:
       returning :class:`capsexp.nn.functional.Routed` (poses, activations in [0, 1], assignment);
     - or a function ``(votes, options) -> Routed``, for a routing without learned parameters.
 
+    The same router routes in every capsule layer, each handing it (B, I, J, D) votes: CapsNet's class
+    capsules (I children of in_dim dimensions, the votes W_ij u_i); and the matrix capsules' layers, whose
+    poses are 4 x 4 matrices flattened row-major (in_dim = D = 16): a ConvMatrixCapsules layer routes each
+    K x K window on its own, the windows of the batch folded into B (I = K*K*input types, the same for
+    every window, so that a router's per-child parameters are shared across positions as the layer's W
+    are), the class matrix capsules all H*W*input types of the map at once. ``children`` are then the
+    children's flattened poses M_i, ``child_activations`` their activations a_i, and the parents' poses
+    and activations are the router's as they are: a router of squashed vectors gives each parent the
+    length of its squashed pose (Sabour et al. 2017, Eq. 1) as its activation, as in CapsNet.
+
+    ``matrix_router`` names, for a routing that routes the matrix capsules otherwise (EM, VB: children
+    shared among overlapping windows, votes made chunk by chunk), the module those layers build instead:
+    called as :class:`capsexp.nn.EMRouter` is, with the layer's beta_u and beta_a.
+
     A package registers its options under the entry point group ``capsexp.routing``, as capsexp registers
     its own (``pyproject.toml``; docs/own_routing.md)."""
 
     router: ClassVar[str] = ""
+    matrix_router: ClassVar[str] = ""
 
 
 @checked
@@ -69,6 +84,7 @@ class EMRouting(Routing):
     declared; :data:`EM_PAPER` (``model/routing=em_paper``) is the paper's."""
 
     router: ClassVar[str] = "capsexp.nn.routers:EMVectorRouter"
+    matrix_router: ClassVar[str] = "capsexp.nn.em_caps:EMRouter"
 
     # Paper: 3. Here 2, the fewest that route (1 is a single M-step): after one MNIST epoch neither 1 nor 3
     # does significantly better, 3 seeds each (experiments/results/em_routing_ablation_quick/).
@@ -187,6 +203,7 @@ class VBRouting(Routing):
     m0 0)."""
 
     router: ClassVar[str] = "capsexp.nn.routers:VBRouter"
+    matrix_router: ClassVar[str] = "capsexp.nn.em_caps:VBMatrixRouter"
 
     # M-steps; an E-step between each two (the code's routing_iter, 3 in its examples).
     iterations: PositiveInt = 3

@@ -22,8 +22,8 @@ from typing import Any
 import lightning as L
 import torch
 from pydantic import PositiveFloat, PositiveInt
-from torchmetrics import CatMetric, MaxMetric, MeanMetric
-from torchmetrics.classification import MultilabelExactMatch
+from torchmetrics import CatMetric, MaxMetric, MeanMetric, Metric
+from torchmetrics.classification import MulticlassAccuracy, MultilabelExactMatch
 
 from capsexp.config.run_record import RunRecord
 from capsexp.errors import ConfigError
@@ -96,9 +96,11 @@ class Classifier(L.LightningModule):
 
         self.num_classes = num_classes
         # Accuracy as the fraction of images whose predicted classes are exactly the present ones: for
-        # one object per image the usual accuracy; for two, the MultiMNIST paper's (both digits right).
-        self.train_acc = MultilabelExactMatch(num_classes)
-        self.val_acc = MultilabelExactMatch(num_classes)
+        # one object per image the usual accuracy; for several, the MultiMNIST paper's (both digits
+        # right). One object until setup reads the DataModule's objects_per_image.
+        self.objects_per_image = 1
+        self.train_acc = accuracy_metric(num_classes, 1)
+        self.val_acc = accuracy_metric(num_classes, 1)
         # Persistent, so that a resumed run keeps the best accuracy seen before it stopped.
         self.val_acc_best = MaxMetric()
         self.val_acc_best.persistent(True)
@@ -118,6 +120,9 @@ class Classifier(L.LightningModule):
         self.test_set_names: list[str] = [PLAIN]
         # (nested one level, so that the model summary shows one line for them, not one per set)
         self.test_accuracy = torch.nn.ModuleDict({"per_set": torch.nn.ModuleList()})
+        # The forward FLOPs of one image as the run counted them (capsexp.run.model_cost), for the
+        # model summary (capsexp.callbacks.model_summary); None when no run counted them.
+        self.flops_per_image: int | None = None
 
     def setup(self, stage: str) -> None:
         """Lightning's hook before the module moves to its device: one accuracy and one set of loss
@@ -131,10 +136,14 @@ class Classifier(L.LightningModule):
                 "takes several (CapsuleLoss: model=capsnet; CrossEntropy: model=lenet5 or model=baseline_cnn)"
             )
         names = list(getattr(datamodule, "test_set_names", None) or [PLAIN])
-        if names == self.test_set_names and len(self.test_accuracy["per_set"]):
+        if names == self.test_set_names and objects == self.objects_per_image and len(self.test_accuracy["per_set"]):
             return
+        if objects != self.objects_per_image:
+            self.objects_per_image = objects
+            self.train_acc = accuracy_metric(self.num_classes, objects)
+            self.val_acc = accuracy_metric(self.num_classes, objects)
         self.test_set_names = names
-        self.test_accuracy["per_set"] = torch.nn.ModuleList(MultilabelExactMatch(self.num_classes) for _ in names)
+        self.test_accuracy["per_set"] = torch.nn.ModuleList(accuracy_metric(self.num_classes, objects) for _ in names)
         for name in names:
             for term in self.objective.terms:
                 self.loss_means["test_terms"][_key(f"{term}{metric_suffix(name)}")] = MeanMetric()
@@ -161,7 +170,8 @@ class Classifier(L.LightningModule):
     def _step(
         self, batch: Batch, stage: str, suffix: str = ""
     ) -> tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
-        """The loss terms (logged), and the predicted and the present classes, (N, classes) 0/1 each."""
+        """The loss terms (logged), and the predicted and the present classes as the accuracy metric takes
+        them: (N,) class indices each for one object per image, (N, classes) 0/1 each for several."""
         images, targets, *objects = batch
         # Only training feeds the labels forward: evaluation must not see them.
         output = self(images, targets if stage == "train" else None)
@@ -184,8 +194,14 @@ class Classifier(L.LightningModule):
                 len(targets),
                 prog_bar=stage == "val" and name == "loss",
             )
-        top = scores.topk(targets.shape[1], dim=-1).indices if targets.ndim == 2 else scores.argmax(dim=-1)
-        predicted = multi_hot(top, scores.shape[1])
+        if (targets.ndim == 2) != (self.objects_per_image > 1):
+            raise ValueError(
+                f"targets of shape {tuple(targets.shape)}, but the accuracy was set up for {self.objects_per_image} "
+                "object(s) per image: setup reads the DataModule's objects_per_image"
+            )
+        if targets.ndim == 1:
+            return terms, scores.argmax(dim=-1), targets
+        predicted = multi_hot(scores.topk(targets.shape[1], dim=-1).indices, scores.shape[1])
         return terms, predicted.long(), multi_hot(targets, scores.shape[1]).long()
 
     def _log_mean(
@@ -334,3 +350,11 @@ def target_and_largest_other(scores: torch.Tensor, targets: torch.Tensor) -> tor
 def _key(term: str) -> str:
     """A loss term's name (``loss_rot22.5``) as a key of a ModuleDict, which may not hold a "."."""
     return term.replace(".", "_")
+
+
+def accuracy_metric(num_classes: int, objects_per_image: int) -> Metric:
+    """The fraction of images whose predicted classes are exactly the present ones: for one object per
+    image the usual accuracy of (N,) class indices; for several, the exact match of (N, classes) 0/1."""
+    if objects_per_image == 1:
+        return MulticlassAccuracy(num_classes, average="micro")
+    return MultilabelExactMatch(num_classes)

@@ -23,7 +23,7 @@ from capsexp.nn import (
     EMRouting,
     PrimaryMatrixCapsules,
     ResNetStem,
-    VBRouting,
+    RoutingOptions,
 )
 
 
@@ -44,7 +44,9 @@ class MatrixCapsNet(nn.Module):
         conv_caps1_types, conv_caps2_types: ConvCaps1 and ConvCaps2 capsule types (C, D).
         kernel_size: ConvCaps kernel size (K). pose_size: pose matrices are pose_size x pose_size (P).
         routing: how every capsule layer routes: :class:`~capsexp.nn.EMRouting` (its defaults are
-            capsexp's recipe) or :class:`~capsexp.nn.VBRouting` (variational Bayes routing, model=vb_caps).
+            capsexp's recipe), :class:`~capsexp.nn.VBRouting` (variational Bayes routing, model=vb_caps),
+            or any other registered routing (``model/routing=<name>``), whose router each layer hands its
+            votes as flattened 4x4 poses (:class:`~capsexp.nn.Routing` says what it receives per layer).
         conv1_norm: BatchNorm after conv1 (before its ReLU), as yl-1993/Matrix-Capsules-EM-PyTorch has;
             not in the paper (model=em_caps_paper: false). The arm no_batchnorm of experiment=em_training
             trains without it.
@@ -67,7 +69,7 @@ class MatrixCapsNet(nn.Module):
         kernel_size: PositiveInt = 3,
         pose_size: PositiveInt = 4,
         image_size: PositiveInt = 28,
-        routing: EMRouting | VBRouting = EMRouting(),
+        routing: RoutingOptions = EMRouting(),
         coordinate_addition: bool = True,
         conv1_norm: bool = True,
         primary_norm: bool = False,
@@ -76,20 +78,6 @@ class MatrixCapsNet(nn.Module):
     ) -> None:
         super().__init__()
         self.image_shape = (in_channels, image_size, image_size)
-        layer = dict(pose_size=pose_size, routing=routing, weight_std=weight_std)
-        self.stem = ResNetStem(in_channels, conv_channels) if backbone == "resnet" else nn.Identity()
-        self.conv1 = nn.Conv2d(
-            conv_channels if backbone == "resnet" else in_channels, conv_channels, kernel_size=5, stride=2
-        )
-        # BatchNorm between conv1 and its ReLU, as yl-1993/Matrix-Capsules-EM-PyTorch has; not in the paper.
-        self.conv1_norm = nn.BatchNorm2d(conv_channels) if conv1_norm else nn.Identity()
-        self.primary = PrimaryMatrixCapsules(conv_channels, primary_types, pose_size, primary_norm)
-        self.conv_caps1 = ConvMatrixCapsules(primary_types, conv_caps1_types, kernel_size, stride=2, **layer)
-        self.conv_caps2 = ConvMatrixCapsules(conv_caps1_types, conv_caps2_types, kernel_size, stride=1, **layer)
-        self.class_caps = ClassMatrixCapsules(
-            conv_caps2_types, num_classes, coordinate_addition=coordinate_addition, **layer
-        )
-
         # Receptive-field centres of the ConvCaps2 positions in input pixels, scaled to [0, 1]:
         # compose each layer's map p -> stride * p + (kernel - 1) / 2.
         scale, offset, size = 1.0, 0.0, image_size
@@ -103,6 +91,20 @@ class MatrixCapsNet(nn.Module):
         centres = (offset + scale * torch.arange(size) + 0.5) / image_size
         self.register_buffer(
             "centres", torch.stack(torch.meshgrid(centres, centres, indexing="ij"), dim=-1), persistent=False
+        )
+
+        layer = dict(pose_size=pose_size, routing=routing, weight_std=weight_std)
+        self.stem = ResNetStem(in_channels, conv_channels) if backbone == "resnet" else nn.Identity()
+        self.conv1 = nn.Conv2d(
+            conv_channels if backbone == "resnet" else in_channels, conv_channels, kernel_size=5, stride=2
+        )
+        # BatchNorm between conv1 and its ReLU, as yl-1993/Matrix-Capsules-EM-PyTorch has; not in the paper.
+        self.conv1_norm = nn.BatchNorm2d(conv_channels) if conv1_norm else nn.Identity()
+        self.primary = PrimaryMatrixCapsules(conv_channels, primary_types, pose_size, primary_norm)
+        self.conv_caps1 = ConvMatrixCapsules(primary_types, conv_caps1_types, kernel_size, stride=2, **layer)
+        self.conv_caps2 = ConvMatrixCapsules(conv_caps1_types, conv_caps2_types, kernel_size, stride=1, **layer)
+        self.class_caps = ClassMatrixCapsules(
+            conv_caps2_types, num_classes, coordinate_addition=coordinate_addition, in_positions=size * size, **layer
         )
 
     def forward(self, images: torch.Tensor) -> MatrixCapsNetOutput:

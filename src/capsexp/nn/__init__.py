@@ -15,7 +15,14 @@ from capsexp.config.routing_options import (
     VBRouting,
 )
 from capsexp.nn.capsnet import PrimaryCapsules, RoutingCapsules
-from capsexp.nn.em_caps import ClassMatrixCapsules, ConvMatrixCapsules, EMRouter, PrimaryMatrixCapsules, VBMatrixRouter
+from capsexp.nn.em_caps import (
+    ClassMatrixCapsules,
+    ConvMatrixCapsules,
+    EMRouter,
+    PrimaryMatrixCapsules,
+    VBMatrixRouter,
+    WindowRouter,
+)
 from capsexp.nn.functional import dynamic_routing, em_routing, fully_connected_routing, margin_loss, spread_loss, squash
 from capsexp.nn.resnet_stem import Backbone, ResNetStem
 
@@ -41,6 +48,7 @@ __all__ = [
     "UniformRouting",
     "VBMatrixRouter",
     "VBRouting",
+    "WindowRouter",
     "dynamic_routing",
     "em_routing",
     "fully_connected_routing",

@@ -1,19 +1,22 @@
-"""Matrix-capsule layers with EM routing (Hinton, Sabour & Frosst 2018, section 4).
+"""Matrix-capsule layers (Hinton, Sabour & Frosst 2018, section 4), routed by EM (Procedure 1), by
+variational Bayes, or by any router of :mod:`capsexp.nn.routers` (:class:`WindowRouter`).
 
 A capsule map is a pair: poses (N, T, P*P, H, W), T capsule types with a P x P pose matrix each,
-and activations (N, T, H, W) in (0, 1).
+and activations (N, T, H, W) in [0, 1].
 """
 
 from __future__ import annotations
 
+import inspect
 import math
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from capsexp.config.routing_options import EMRouting, VBRouting
-from capsexp.nn.functional import VoteMaker, em_routing, vb_routing
+from capsexp.config.routing_options import EMRouting, RoutingOptions, VBRouting
+from capsexp.nn.functional import Routed, VoteMaker, em_routing, vb_routing
+from capsexp.nn.routers import make_router, named
 
 CapsuleMap = tuple[torch.Tensor, torch.Tensor]
 
@@ -172,13 +175,49 @@ class VBMatrixRouter(nn.Module):
         return repr(self.routing)
 
 
+class WindowRouter(nn.Module):
+    """A router of CapsNet's kind (:func:`~capsexp.nn.routers.make_router`: votes (B, I, J, D) in,
+    :class:`~capsexp.nn.functional.Routed` out) in a matrix-capsule layer, its poses flattened (D = P*P).
+
+    Built for I = ``in_caps`` children of P*P dimensions and J = ``out_types`` parents of P*P. Called on a
+    convolutional layer's votes (B, Q, I, J, P*P), one window of I slots at each of Q positions, it routes
+    every window on its own (the windows folded into the batch) and returns poses (B, Q, J, P*P),
+    activations (B, Q, J) and the assignment (B, Q, I, J), the layout EM's returns; on the class capsules'
+    (B, I, J, P*P) it is the router itself. ``child_index`` and ``num_children`` are the slots' layout for
+    whoever hooks the router (each slot a child of its own, as EM's ``route_per_window``); routing does
+    not read them.
+    """
+
+    def __init__(self, routing: RoutingOptions, in_caps: int | None, out_types: int, pose_size: int) -> None:
+        super().__init__()
+        self.routing = routing
+        self.router = make_router(routing, in_caps, pose_size**2, out_types, pose_size**2)
+
+    def forward(
+        self,
+        votes: torch.Tensor,
+        children: torch.Tensor,
+        child_activations: torch.Tensor,
+        child_index: torch.Tensor | None = None,
+        num_children: int | None = None,
+    ) -> Routed:
+        if votes.ndim == 4:
+            return self.router(votes, children, child_activations)
+        windows = votes.shape[:2]
+        routed = self.router(votes.flatten(0, 1), children.flatten(0, 1), child_activations.flatten(0, 1))
+        return Routed(*(None if part is None else part.unflatten(0, windows) for part in routed))
+
+
 class _EMLayer(nn.Module):
-    """What the EM capsule layers share: beta_u, beta_a per parent type and the routing (:class:`EMRouting`,
-    or :class:`VBRouting`: variational Bayes routing, :class:`VBMatrixRouter`).
+    """What the matrix-capsule layers share: the routing, by the router its options name. A routing that
+    names a ``matrix_router`` (:class:`EMRouting`: :class:`EMRouter`; :class:`VBRouting`, variational
+    Bayes routing: :class:`VBMatrixRouter`) routes by it, with beta_u, beta_a learned per parent type;
+    any other by its CapsNet router, in a :class:`WindowRouter` built for ``in_caps`` children per window
+    (None: not known, refused by a router that needs it).
 
     ``weight_std``: the transformation matrices W start as N(0, weight_std^2); None gives the routing's own
-    (:meth:`new_weight`): under EM routing 1/sqrt(P), which keeps the votes V = M W at the scale of the
-    poses M (each entry sums P products); under VB routing the authors' smaller Xavier std.
+    (:meth:`new_weight`): 1/sqrt(P), which keeps the votes V = M W at the scale of the poses M (each entry
+    sums P products); under VB routing the authors' smaller Xavier std.
     ``routing.learn_inverse_temperature``: a learned scalar s = exp(log_inverse_temperature), starting at 1,
     multiplies the layer's inverse temperatures lambda_t, so that each layer sets how sharply its
     activations separate (not in the paper).
@@ -188,16 +227,24 @@ class _EMLayer(nn.Module):
         self,
         out_types: int,
         pose_size: int,
-        routing: EMRouting | VBRouting,
+        routing: RoutingOptions,
         weight_std: float | None = None,
+        in_caps: int | None = None,
     ) -> None:
         super().__init__()
         self.pose_size, self.out_types = pose_size, out_types
         self.weight_std = weight_std
-        self.router = VBMatrixRouter(routing, out_types) if isinstance(routing, VBRouting) else EMRouter(routing)
+        self.routing = routing
+        if not type(routing).matrix_router:
+            self.router = WindowRouter(routing, in_caps, out_types, pose_size)
+            self.beta_u = self.beta_a = self.log_inverse_temperature = None
+            return
+        router = named(type(routing).matrix_router)
+        sizes = {"out_types": out_types} if "out_types" in inspect.signature(router).parameters else {}
+        self.router = router(routing, **sizes)
         self.beta_u = nn.Parameter(torch.zeros(out_types))
         self.beta_a = nn.Parameter(torch.zeros(out_types))
-        learned = isinstance(routing, EMRouting) and routing.learn_inverse_temperature
+        learned = getattr(routing, "learn_inverse_temperature", False)
         self.log_inverse_temperature = nn.Parameter(torch.zeros(())) if learned else None
 
     def _route(self, votes: VoteMaker, activations: torch.Tensor, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
@@ -224,12 +271,13 @@ class _EMLayer(nn.Module):
 
 
 class ConvMatrixCapsules(_EMLayer):
-    """ConvCaps: votes V_ij = M_i W_ij from every child in a K x K window, EM-routed to the parents.
+    """ConvCaps: votes V_ij = M_i W_ij from every child in a K x K window, routed to the parents.
 
-    One W per (kernel position, input type, output type), shared across positions. A child under
-    several overlapping windows is shared among all their parents: its responsibilities sum to 1 over
-    all of them (``child_index`` in :func:`~capsexp.nn.functional.em_routing`); ``routing.route_per_window``
-    routes each window's children on their own instead. No padding, as in the paper.
+    One W per (kernel position, input type, output type), shared across positions. Under EM routing a
+    child under several overlapping windows is shared among all their parents: its responsibilities sum
+    to 1 over all of them (``child_index`` in :func:`~capsexp.nn.functional.em_routing`);
+    ``routing.route_per_window`` routes each window's children on their own instead, as every routing
+    without a matrix router of its own does (:class:`WindowRouter`). No padding, as in the paper.
     """
 
     def __init__(
@@ -239,10 +287,10 @@ class ConvMatrixCapsules(_EMLayer):
         kernel_size: int = 3,
         stride: int = 1,
         pose_size: int = 4,
-        routing: EMRouting | VBRouting = EMRouting(),
+        routing: RoutingOptions = EMRouting(),
         weight_std: float | None = None,
     ) -> None:
-        super().__init__(out_types, pose_size, routing, weight_std)
+        super().__init__(out_types, pose_size, routing, weight_std, in_caps=kernel_size * kernel_size * in_types)
         self.in_types, self.kernel_size, self.stride = in_types, kernel_size, stride
         self.weight = self.new_weight(kernel_size * kernel_size, in_types, out_types)
 
@@ -271,16 +319,26 @@ class ConvMatrixCapsules(_EMLayer):
         matrices = patches.view(batch, in_types, elements, self.kernel_size**2, positions).permute(0, 3, 1, 4, 2)
         matrices = matrices.reshape(batch, slots, positions, elements)
         block = block_diagonal(self.weight.flatten(0, 1))
-        votes = VoteMaker(conv_votes, (matrices,), (block,), (positions, self.out_types, slots, elements))
         child_index, child_activations = self.child_index(height, width, poses.device), activations.reshape(batch, -1)
-        if self.router.routing.route_per_window:
+        windowed = isinstance(self.router, WindowRouter)
+        if windowed or self.routing.route_per_window:
             # Every (window, slot) is a child of its own: R sums to 1 over the parent types of one
             # position, as in most public ports (Gritzman 2019's pitfall 3; the paper shares them).
             child_activations = child_activations[:, child_index.reshape(-1)]
             child_index = torch.arange(child_index.numel(), device=poses.device).view_as(child_index)
-        mu, parent_activations = self._route(
-            votes, child_activations, child_index=child_index, num_children=child_activations.shape[1]
-        )
+        layout = {"child_index": child_index, "num_children": child_activations.shape[1]}
+        if windowed:
+            # Window q's slot s: its child's pose M_i (N, Q, K*K*I, P*P) and votes (N, Q, K*K*I, J, P*P).
+            routed = self.router(
+                conv_votes(matrices, block).transpose(2, 3),
+                matrices.transpose(1, 2),
+                child_activations.view(batch, positions, slots),
+                **layout,
+            )
+            mu, parent_activations = routed.poses, routed.activations
+        else:
+            votes = VoteMaker(conv_votes, (matrices,), (block,), (positions, self.out_types, slots, elements))
+            mu, parent_activations = self._route(votes, child_activations, **layout)
         out_height, out_width = self.output_size(height), self.output_size(width)
         mu = mu.view(batch, out_height, out_width, self.out_types, elements).permute(0, 3, 4, 1, 2)
         parent_activations = parent_activations.view(batch, out_height, out_width, self.out_types).permute(0, 3, 1, 2)
@@ -289,6 +347,10 @@ class ConvMatrixCapsules(_EMLayer):
 
 class ClassMatrixCapsules(_EMLayer):
     """Class capsules: one W per input type, shared across positions, with coordinate addition.
+
+    Every child (h, w, i) of the H x W map of I input types is routed to the classes at once, by EM or
+    VB routing, or by a router of CapsNet's kind built for ``in_positions`` x I children (``in_positions``
+    = H * W; needed only by a router with per-child parameters).
 
     Coordinate addition (section 4): the scaled (row, column) of the centre of each child's receptive
     field is added to the first two elements of the right-hand column of its vote matrix, so the class
@@ -301,11 +363,22 @@ class ClassMatrixCapsules(_EMLayer):
         in_types: int,
         num_classes: int,
         pose_size: int = 4,
-        routing: EMRouting | VBRouting = EMRouting(),
+        routing: RoutingOptions = EMRouting(),
         coordinate_addition: bool = True,
         weight_std: float | None = None,
+        in_positions: int | None = None,
     ) -> None:
-        super().__init__(num_classes, pose_size, routing, weight_std)
+        in_caps = None if in_positions is None else in_positions * in_types
+        try:
+            super().__init__(num_classes, pose_size, routing, weight_std, in_caps=in_caps)
+        except ValueError as error:
+            if in_positions is not None:
+                raise
+            raise ValueError(
+                f"ClassMatrixCapsules with {type(routing).__name__}: its router has parameters per child; "
+                "pass in_positions=H*W, the positions of the input map"
+            ) from error
+        self.in_positions = in_positions
         self.coordinate_addition = coordinate_addition
         self.weight = self.new_weight(in_types, num_classes)
 
@@ -340,5 +413,16 @@ class ClassMatrixCapsules(_EMLayer):
         self, poses: torch.Tensor, activations: torch.Tensor, centres: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         # Children numbered (h, w, i).
-        child_activations = activations.permute(0, 2, 3, 1).reshape(poses.shape[0], -1)
-        return self._route(self.vote_maker(poses, centres), child_activations)
+        batch, in_types, elements, height, width = poses.shape
+        child_activations = activations.permute(0, 2, 3, 1).reshape(batch, -1)
+        maker = self.vote_maker(poses, centres)
+        if not isinstance(self.router, WindowRouter):
+            return self._route(maker, child_activations)
+        if self.in_positions is not None and height * width != self.in_positions:
+            raise ValueError(
+                f"ClassMatrixCapsules was built for in_positions={self.in_positions}, given a {height}x{width} map"
+            )
+        votes = maker.make(*maker.batched, *maker.shared)[:, 0].transpose(1, 2)  # (N, H*W*I, J, P*P)
+        children = maker.batched[0].transpose(1, 2).reshape(batch, height * width * in_types, elements)
+        routed = self.router(votes, children, child_activations)
+        return routed.poses, routed.activations

@@ -1,12 +1,14 @@
-"""Routing as a swappable part of a fully connected capsule layer: one module per algorithm, holding
-the algorithm's options and its learned parameters, all called alike,
+"""Routing as a swappable part of a capsule layer: one module per algorithm, holding the algorithm's
+options and its learned parameters, all called alike,
 
     router(votes (B, I, J, D), children (B, I, in_dim), child_activations (B, I)) -> Routed
 
 and returning the parents' poses, activations in [0, 1] and the assignment (couplings,
 responsibilities), so that a forward hook sees what any algorithm did. :func:`make_router` builds the
 one the options name. :class:`~capsexp.nn.RoutingCapsules` runs dynamic routing fused with the votes
-instead, and calls its module only while a hook watches it (the fused path keeps no couplings).
+instead, and calls its module only while a hook watches it (the fused path keeps no couplings). The
+matrix-capsule layers call the same routers on flattened 4 x 4 poses, window by window
+(:class:`~capsexp.nn.WindowRouter`; what each layer hands them: :class:`~capsexp.nn.Routing`).
 """
 
 from __future__ import annotations
@@ -184,18 +186,23 @@ class RandomRouter(_Router):
 
 
 def make_router(
-    routing: RoutingOptions, in_caps: int, in_dim: int, out_caps: int, out_dim: int, bias: float | None = None
+    routing: RoutingOptions,
+    in_caps: int | None,
+    in_dim: int,
+    out_caps: int,
+    out_dim: int,
+    bias: float | None = None,
 ) -> nn.Module:
     """The router the options ``routing`` name (:class:`~capsexp.config.routing_options.Routing`: built in,
     or a plugin's), for I = ``in_caps`` children of ``in_dim`` dimensions and J = ``out_caps`` parents of
     ``out_dim``: a router class built with the options and the sizes its constructor names, or a function
     wrapped in :class:`FunctionRouter`. ``bias``: dynamic routing's official bias, refused by a router
-    that takes none."""
+    that takes none. A size given as None (a layer that does not know it yet) is refused by a router
+    whose constructor names it."""
     target = type(routing).router
     if not target:
         raise TypeError(f"{type(routing).__name__} names no router (its class attribute router = 'module:name')")
-    module, _, name = target.partition(":")
-    router = getattr(importlib.import_module(module), name)
+    router = named(target)
     accepted = inspect.signature(router).parameters if inspect.isclass(router) else {}  # a function takes no size
     if bias is not None and "bias" not in accepted:
         raise ValueError(
@@ -204,7 +211,17 @@ def make_router(
     if not inspect.isclass(router):
         return FunctionRouter(routing, router)
     sizes = {"in_caps": in_caps, "in_dim": in_dim, "out_caps": out_caps, "out_dim": out_dim, "bias": bias}
+    if unknown := [
+        key for key in ("in_caps", "in_dim", "out_caps", "out_dim") if key in accepted and sizes[key] is None
+    ]:
+        raise ValueError(f"{target} needs {' and '.join(unknown)}, which this layer was not given")
     return router(routing, **{key: value for key, value in sizes.items() if key in accepted})
+
+
+def named(target: str):
+    """What ``"module:name"`` names (a router class or function), imported now."""
+    module, _, name = target.partition(":")
+    return getattr(importlib.import_module(module), name)
 
 
 class FunctionRouter(_Router):

@@ -36,6 +36,7 @@ from capsexp.results.differences import (
     test_only,
     verdict,
 )
+from capsexp.results.metric_names import is_accuracy
 from capsexp.results.runs import Configuration, Run, group
 from capsexp.results.study import StudyPage
 
@@ -141,8 +142,8 @@ class Figures:
         values = [value for _, value in self.configuration(key).values(metric)]
         if not values:
             raise MissingFigure(f"{key!r} logged no {metric}")
-        factor = scale(metric) if "acc" in metric else 1.0  # accuracies in %, other scalars as logged
-        found = statistics.summarise([factor * v for v in values])
+        factor = scale(metric) if is_accuracy(metric) else 1.0  # accuracies in %, other scalars as logged
+        found = statistics.summarise([factor * v for v in values], (0.0, factor) if is_accuracy(metric) else None)
         return Spread(found.mean, found.std, found.n, found.low, found.high)
 
     def family(self) -> list:
@@ -218,7 +219,7 @@ class Figures:
         values = [v for run in self.configuration(key).runs if (v := run.final(tag)) is not None]
         if not values:
             raise MissingFigure(f"{key!r} logged no {tag}")
-        found = statistics.summarise(values)
+        found = statistics.summarise(values, (0.0, 1.0) if is_accuracy(tag) else None)
         return Spread(found.mean, found.std, found.n, found.low, found.high)
 
     def after(self, tag: str, key: str, steps: int) -> Spread:
@@ -227,7 +228,7 @@ class Figures:
         values = [v for run in self.configuration(key).runs for s, v in run.scalars.get(tag, []) if s == steps - 1]
         if not values:
             raise MissingFigure(f"{key!r} logged no {tag} after {steps} steps")
-        found = statistics.summarise(values)
+        found = statistics.summarise(values, (0.0, 1.0) if is_accuracy(tag) else None)
         return Spread(found.mean, found.std, found.n, found.low, found.high)
 
     def last_step(self, tag: str, key: str) -> int:

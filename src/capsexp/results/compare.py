@@ -44,6 +44,7 @@ from capsexp.results.metric_names import (
     MODEL_FLOPS,
     MODEL_PARAMETERS,
     PRESENCE_GAP,
+    is_accuracy,
 )
 from capsexp.results.plots import FOREST, HEADLINE, ForestRow, display, forest_plot, headline_rows, write_plots
 from capsexp.results.revision import REVISION_FILE
@@ -653,10 +654,11 @@ def compare(folder: Path, output: Path | None = None, keep: bool = False) -> Com
     # the configurations' values head the results table.
     first = [png for png in (forest, lead) if png] or headline_plot
     in_results = headline_plot if first != headline_plot else []
+    method = statistics.BOUNDED_INTERVAL if is_accuracy(headline) else "Student's t"
     results = (
         "## Results\n\n"
         f"Per configuration (runs that differ only by seed): {headline} as mean ± std over the runs with the "
-        f"{100 * statistics.CONFIDENCE:.0f}% confidence interval of the mean (Student's t), the other metrics "
+        f"{100 * statistics.CONFIDENCE:.0f}% confidence interval of the mean ({method}), the other metrics "
         "as mean ± std (a mean alone for one run). Accuracies in %, final values except val/acc_best; "
         f"{PRESENCE_GAP}, where logged: the median over the validation images of the target class's score "
         "minus the largest other's, at the last validation."

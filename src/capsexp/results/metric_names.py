@@ -34,6 +34,12 @@ MODEL_FLOPS = "model/flops_per_image"  # forward, per image
 _ROTATION_METRIC = re.compile(rf"^{TEST_ACC}_rot(-?[\d.]+)$")
 
 
+def is_accuracy(metric: str) -> bool:
+    """A share of images classified right, in [0, 1]: ``val/acc``, ``val/acc_best``, ``test/acc`` and each
+    test set's (``test/acc_rot30``), ``train/acc``."""
+    return metric.rsplit("/", 1)[-1].startswith("acc")
+
+
 def metric_suffix(name: str) -> str:
     """``"rot30"`` -> ``"_rot30"``; the plain test set has none."""
     return f"_{name}" if name else ""

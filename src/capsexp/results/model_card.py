@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from capsexp.locations import LAST_CHECKPOINT
 from capsexp.results.machine import describe_text
 from capsexp.results.metric_names import PRESENCE_GAP, TEST_ACC, VAL_ACC_BEST
 from capsexp.results.revision import short as short_revision
@@ -103,12 +104,7 @@ def model_card(facts: CardFacts) -> str:
     lines += [_row(name, _value(name, facts.metrics[name])) for name in shown if name in facts.metrics]
     lines += [
         "",
-        f"Tested checkpoint: `{facts.checkpoint or 'the final weights'}` "
-        + (
-            f"(given as ckpt_path: trained by another run; SHA-256 {facts.tested_sha256})."
-            if facts.tested_sha256
-            else "(the best by val/acc)."
-        ),
+        _tested(facts),
         "",
         "## Provenance",
         "",
@@ -121,6 +117,27 @@ def model_card(facts: CardFacts) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def _tested(facts: CardFacts) -> str:
+    """What the results above were measured on, as the run chose it (:mod:`capsexp.run.train`): the best
+    checkpoint, a checkpoint given as ``ckpt_path``, or, with neither, the weights the model held."""
+    if not facts.config.get("test"):
+        return "Not tested (`test=false`): the results are the validation's."
+    if not facts.config.get("train"):
+        if not facts.checkpoint:
+            return "Tested: the untrained weights (`train=false` without a `ckpt_path`)."
+        digest = f"; SHA-256 {facts.tested_sha256}" if facts.tested_sha256 else ""
+        return f"Tested checkpoint: `{facts.checkpoint}` (given as ckpt_path: trained by another run{digest})."
+    checkpointing = (facts.config.get("callbacks") or {}).get("model_checkpoint")
+    if facts.checkpoint:
+        return f"Tested checkpoint: `{facts.checkpoint}` (the best by {(checkpointing or {}).get('monitor')})."
+    if not checkpointing:
+        return "Tested: the final weights (no checkpoint was kept: `callbacks.model_checkpoint=null`)."
+    return (
+        f"Tested: the final weights (saved as `{LAST_CHECKPOINT}`), never validated: the run saved no best "
+        f"checkpoint by {checkpointing.get('monitor')} to test."
+    )
 
 
 def write_model_card(run_folder: Path, facts: CardFacts) -> Path:

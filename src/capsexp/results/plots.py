@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from capsexp.results import statistics as comparison_statistics
-from capsexp.results.metric_names import VAL_ACC, rotation_angle
+from capsexp.results.metric_names import VAL_ACC, is_accuracy, rotation_angle
 
 if TYPE_CHECKING:
     from capsexp.results.runs import Configuration, Run
@@ -62,20 +62,23 @@ def _legend(axes) -> None:
 
 @dataclass(frozen=True)
 class Row:
-    """One configuration in an :func:`interval_plot`: its label and each run's value (display units)."""
+    """One configuration in an :func:`interval_plot`: its label and each run's value (display units);
+    ``bounds``: the values' possible range, for proportions (accuracies: ``(0, 100)``)."""
 
     label: str
     values: list[float]
     reference: bool = False
+    bounds: tuple[float, float] | None = None
 
 
 def interval_plot(
     panels: Sequence[tuple[str, list[Row]]], path: Path, title: str, reference_order: Sequence[str] = ()
 ) -> Path:
     """Panels side by side, one per ``(axis label, rows)``, the configurations in the order of the first
-    panel's means (best at the top): each run a dot, the mean a bar with its 95% Student-t interval (a
-    mean alone for one run) and their figures at the right, each reference's mean a vertical line (dashed
-    for the first of ``reference_order``, dotted for the second)."""
+    panel's means (best at the top): each run a dot, the mean a bar with its 95% interval
+    (:func:`~capsexp.results.statistics.summarise`, within the rows' ``bounds``; a mean alone for one run)
+    and their figures at the right, each reference's mean a vertical line (dashed for the first of
+    ``reference_order``, dotted for the second). A panel of bounded rows does not reach past the bounds."""
     plt = _pyplot()
     order = [row.label for row in sorted(panels[0][1], key=lambda row: statistics.fmean(row.values))]
     height = 1.3 + 0.42 * len(order)
@@ -90,7 +93,7 @@ def interval_plot(
             row = by_label.get(label)
             if row is None or not row.values:
                 continue
-            summary = comparison_statistics.summarise(row.values)
+            summary = comparison_statistics.summarise(row.values, row.bounds)
             colour = "black" if row.reference else "C0"
             if summary.low is not None:
                 axes.plot([summary.low, summary.high], [position, position], color=colour, linewidth=2.2)
@@ -123,6 +126,7 @@ def interval_plot(
         if high - low < MIN_SPAN * max(abs(low), abs(high)):
             half = MIN_SPAN * max(abs(low), abs(high)) / 2
             axes.set_xlim((low + high) / 2 - half, (low + high) / 2 + half)
+        _within(axes, "x", [row.bounds for row in rows])
     axes_list[0].set_yticks(range(len(order)))
     reference_labels = {row.label for _, rows in panels for row in rows if row.reference}
     axes_list[0].set_yticklabels(
@@ -179,16 +183,30 @@ def saved(figure, path: Path, title: str) -> Path:
     return path
 
 
-def interval_title(runs_per_row: Sequence[int], references: bool = True) -> str:
+def interval_title(runs_per_row: Sequence[int], references: bool = True, bounded: Sequence[bool] = ()) -> str:
     """What an interval plot's marks are, for runs_per_row runs in each configuration (and lines of the
-    references' means where there are ``references``)."""
+    references' means where there are ``references``); ``bounded``: whether each panel's values are
+    accuracies (proportions: their intervals stay within 0-100 %)."""
     if max(runs_per_row, default=1) < 2:
         return "one run per configuration (a dot each; no interval)"
     lines = "; vertical lines: the references' means" if references else ""
-    return (
-        f"dots: runs; bar: mean; line: its {100 * comparison_statistics.CONFIDENCE:.0f}% confidence interval "
-        f"(Student's t){lines}"
-    )
+    method = "Student's t"
+    if bounded and all(bounded):
+        method = comparison_statistics.BOUNDED_INTERVAL
+    elif any(bounded):
+        method = f"accuracies: {comparison_statistics.BOUNDED_INTERVAL}; other scores: Student's t"
+    confidence = f"{100 * comparison_statistics.CONFIDENCE:.0f}%"
+    return f"dots: runs; bar: mean; line: its {confidence} confidence interval ({method}){lines}"
+
+
+def _within(axes, axis: str, bounds: Sequence[tuple[float, float] | None]) -> None:
+    """The ``axis`` ("x" or "y") of ``axes`` cut to the values' possible range where every row has one
+    (matplotlib's margins would reach past 100 %)."""
+    if not bounds or any(b is None for b in bounds):
+        return
+    get, set_ = (axes.get_xlim, axes.set_xlim) if axis == "x" else (axes.get_ylim, axes.set_ylim)
+    low, high = get()
+    set_(max(low, min(b[0] for b in bounds)), min(high, max(b[1] for b in bounds)))
 
 
 def mean_curve(runs: list[Run], tag: str) -> tuple[list[int], list[float], list[float]]:
@@ -307,11 +325,13 @@ def _rotation(configurations: list[Configuration], metrics: list[str], output: P
             label=display(configuration.label),
         )
     bars = (
-        f"mean and its {100 * comparison_statistics.CONFIDENCE:.0f}% confidence interval over seeds"
+        f"mean and its {100 * comparison_statistics.CONFIDENCE:.0f}% confidence interval over seeds, "
+        f"{comparison_statistics.BOUNDED_INTERVAL}"
         if several
         else "one run each"
     )
     axes.set(xlabel="rotation of the test digits (degrees)", ylabel="test accuracy (%)")
+    _within(axes, "y", [(0.0, 100.0)])
     axes.set_title(wrapped(f"Accuracy versus rotation ({bars})", figure))
     _legend(axes)
     figure.savefig(output / ROTATION, dpi=DPI, bbox_inches="tight")
@@ -321,8 +341,9 @@ def _rotation(configurations: list[Configuration], metrics: list[str], output: P
 
 def headline_rows(configurations: list[Configuration], metric: str, factor: float, references: list[str]) -> list[Row]:
     """Each configuration's runs' final ``metric`` (times ``factor``) as an :class:`Row`."""
+    bounds = (0.0, factor) if is_accuracy(metric) else None
     return [
-        Row(c.label, [factor * value for _, value in c.values(metric)], c.label in references)
+        Row(c.label, [factor * value for _, value in c.values(metric)], c.label in references, bounds)
         for c in configurations
         if c.values(metric)
     ]
@@ -340,9 +361,10 @@ def write_plots(
     and (with rotated test sets) ``rotation.png`` into ``output``; return those written, the headline first."""
     written = []
     if headline and headline[0][1]:
+        bounded = [all(row.bounds is not None for row in rows) for _, rows in headline]
         title = (
             f"{', '.join(label for label, _ in headline)}: "
-            f"{interval_title([len(r.values) for r in headline[0][1]], bool(references))}"
+            f"{interval_title([len(r.values) for r in headline[0][1]], bool(references), bounded)}"
         )
         written.append(interval_plot(headline, output / HEADLINE, title))
     written += [path for path in (_curves(configurations, output), _rotation(configurations, metrics, output)) if path]

@@ -16,6 +16,7 @@ from capsexp.locations import key as override_key
 from capsexp.results import statistics
 from capsexp.results.events import Scalar, event_files, load_events
 from capsexp.results.machine import read_machine
+from capsexp.results.metric_names import is_accuracy
 from capsexp.results.revision import read_revision
 
 # A run launched with other overrides than the experiment config's that composes the same job keeps
@@ -74,7 +75,7 @@ class Configuration:
 
     def summary(self, metric: str) -> statistics.Summary | None:
         values = [v for run in self.runs if (v := run.final(metric)) is not None]
-        return statistics.summarise(values) if values else None
+        return statistics.summarise(values, (0.0, 1.0) if is_accuracy(metric) else None) if values else None
 
 
 def group(runs: list[Run]) -> list[Configuration]:

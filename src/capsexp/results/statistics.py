@@ -24,10 +24,16 @@ RANDOM_PERMUTATIONS = 20_000  # drawn (seeded) where enumerating would take long
 PAIRED, WELCH = "paired t", "Welch t"
 
 
+# What the interval of a mean of proportions (accuracies) is, as the pages name it (summarise with bounds).
+BOUNDED_INTERVAL = (
+    "Student's t on the logit scale, mapped back into 0-100 %; cut to that range where a run scored 0 or 100 %"
+)
+
+
 @dataclass(frozen=True)
 class Summary:
     """A configuration's values over its runs: their number, mean, sample standard deviation and the
-    Student-t confidence interval of the mean (no std or interval for a single run)."""
+    confidence interval of the mean (:func:`summarise`; no std or interval for a single run)."""
 
     n: int
     mean: float
@@ -42,9 +48,13 @@ class Summary:
         return f"{factor * self.mean:.2f} ± {factor * self.std:.2f}"
 
 
-def summarise(values: Sequence[float]) -> Summary:
-    """mean ± t_{n-1} s / sqrt(n) at :data:`CONFIDENCE`."""
-    from scipy import stats
+def summarise(values: Sequence[float], bounds: tuple[float, float] | None = None) -> Summary:
+    """The mean and sample std of ``values`` and the interval of the mean at :data:`CONFIDENCE`:
+    mean ± t_{n-1} s / sqrt(n). ``bounds`` ``(low, high)``: the values are proportions of that range
+    (accuracies: ``(0, 1)``, or ``(0, 100)`` in %), whose mean's interval must not leave it; the t interval
+    is then taken of their logits and mapped back (:data:`BOUNDED_INTERVAL`). A symmetric interval of a
+    mean near 100 % with few runs reaches far past it (two runs: t_1 = 12.7 standard errors)."""
+    from scipy import special, stats
 
     n, mean = len(values), statistics.fmean(values)
     if n < 2:
@@ -52,8 +62,25 @@ def summarise(values: Sequence[float]) -> Summary:
     std = statistics.stdev(values)
     if std == 0:
         return Summary(n, mean, 0.0, mean, mean)
-    low, high = stats.t.interval(CONFIDENCE, n - 1, loc=mean, scale=std / math.sqrt(n))
-    return Summary(n, mean, std, float(low), float(high))
+    if bounds is None:
+        low, high = stats.t.interval(CONFIDENCE, n - 1, loc=mean, scale=std / math.sqrt(n))
+        return Summary(n, mean, std, float(low), float(high))
+    bottom, top = bounds
+    shares = [(v - bottom) / (top - bottom) for v in values]
+    if min(shares) <= 0 or max(shares) >= 1:  # a run on an edge has no logit
+        low, high = stats.t.interval(CONFIDENCE, n - 1, loc=mean, scale=std / math.sqrt(n))
+        return Summary(n, mean, std, float(max(low, bottom)), float(min(high, top)))
+    logits = special.logit(shares)
+    low, high = stats.t.interval(
+        CONFIDENCE, n - 1, loc=statistics.fmean(logits), scale=statistics.stdev(logits) / math.sqrt(n)
+    )
+    return Summary(
+        n,
+        mean,
+        std,
+        float(bottom + (top - bottom) * special.expit(low)),
+        float(bottom + (top - bottom) * special.expit(high)),
+    )
 
 
 @dataclass(frozen=True)

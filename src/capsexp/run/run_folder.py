@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import shlex
 import shutil
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -33,10 +34,11 @@ def shown_path(path: Path) -> Path:
 
 def say_run_folder(run_folder: Path, finished: bool) -> None:
     """One console line naming the run's folder: at the start, and at the end with the command that
-    opens it in TensorBoard."""
+    opens it in TensorBoard, named by what it ran (``tensorboard --logdir <run>`` would name it ".")."""
     folder = shown_path(run_folder)
     if finished:
-        log.info(f"Run folder: {folder} (TensorBoard: tensorboard --logdir {folder})")
+        command = shlex.join(["python", "-m", "capsexp.tensorboard", str(folder)])
+        log.info(f"Run folder: {folder} (TensorBoard: {command})")
     else:
         log.info(f"Run folder: {folder}")
 

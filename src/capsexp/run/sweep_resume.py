@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import shlex
+import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -146,8 +147,23 @@ class _SkipFinished(Launcher):
         pass
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+        sweep_dir = Path(self.sweeper.config.hydra.sweep.dir)
+        try:
+            return self._launch(job_overrides, initial_job_idx, sweep_dir)
+        except (KeyboardInterrupt, SystemExit) as stopped:
+            # Ctrl-C or a signal, in this process or a job's (whose own message says where its state is):
+            # the last line is the command that finishes the whole sweep, not the stopped job alone.
+            if isinstance(stopped, SystemExit) and not _by_signal(stopped.code):
+                raise
+            _say_stopped(sweep_dir)
+            if isinstance(stopped, KeyboardInterrupt):  # outside training: no traceback after that line
+                raise SystemExit(128 + signal.SIGINT) from None
+            raise
+
+    def _launch(
+        self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int, sweep_dir: Path
+    ) -> Sequence[JobReturn]:
         config = self.sweeper.config
-        sweep_dir = Path(config.hydra.sweep.dir)
         if not self.continues:
             if initial_job_idx == 0:
                 _say_how_to_finish(sweep_dir)
@@ -203,11 +219,33 @@ def _say_states(sweep_dir: Path, folders: list[Path], states: list[str]) -> None
             log.info(f"  {state}: {folder.name}")
 
 
-def _say_how_to_finish(sweep_dir: Path) -> None:
-    """The command that finishes this sweep if it is stopped: this one, in this sweep's folder."""
+def finishing_command(sweep_dir: Path) -> str:
+    """The command that finishes this sweep: this one, in this sweep's folder."""
     arguments = [a for a in sys.argv[1:] if not a.startswith("hydra.sweep.dir=")]
-    command = shlex.join(["python", "-m", "capsexp", *arguments, f"hydra.sweep.dir={hydra_value(_shown(sweep_dir))}"])
-    log.info(f"Sweep folder: {_shown(sweep_dir)}; if it is stopped, this finishes it: {command}")
+    return shlex.join(["python", "-m", "capsexp", *arguments, f"hydra.sweep.dir={hydra_value(_shown(sweep_dir))}"])
+
+
+def _say_how_to_finish(sweep_dir: Path) -> None:
+    log.info(f"Sweep folder: {_shown(sweep_dir)}; if it is stopped, this finishes it: {finishing_command(sweep_dir)}")
+
+
+def _say_stopped(sweep_dir: Path) -> None:
+    """The stopped sweep's last line, after whatever the stopped job printed: the command that finishes
+    it (finished jobs skipped, the stopped one resumed, the rest started)."""
+    for handler in logging.getLogger().handlers:
+        handler.flush()
+    sys.stdout.flush()
+    print(
+        f"\nThe sweep stopped; this finishes it (finished jobs skipped, stopped ones resumed): "
+        f"{finishing_command(sweep_dir)}",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
+def _by_signal(code: object) -> bool:
+    """An exit status of a process a signal stopped (128 + its number: capsexp.errors.Interrupted)."""
+    return isinstance(code, int) and code > 128
 
 
 def _shown(path: Path) -> Path:

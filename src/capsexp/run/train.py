@@ -171,6 +171,7 @@ def _fit_and_test(
     hparams = OmegaConf.to_container(cfg, resolve=True)
     hparams[MODEL_PARAMETERS] = parameter_count(module)
     hparams[MODEL_FLOPS] = forward_flops_per_image(module, cfg.geometry.channels, cfg.geometry.image_size)
+    module.flops_per_image = hparams[MODEL_FLOPS]  # the model summary shows them (capsexp.callbacks.model_summary)
     log.info(
         f"{type(getattr(module, 'net', module)).__name__}: {hparams[MODEL_PARAMETERS]:,} parameters, "
         f"{hparams[MODEL_FLOPS] / 1e6:,.1f} MFLOPs per image (forward)"
@@ -286,6 +287,8 @@ def _raise_if_stopped_by_signal(trainer: L.Trainer) -> None:
         resume = ["python", "-m", "capsexp", *(o for o in overrides if not o.lstrip("+").startswith("ckpt_path="))]
         resume.append(f"ckpt_path={hydra_value(shown_path(last))}")
     next_step = f"resume with: {shlex.join(resume)}"
+    if not _single_run():  # a sweep's job: the sweep's own command finishes it and the jobs after it
+        next_step = "the sweep's command, run again, resumes it from there"
     job = slurm.job_id()
     if stopped.stopped_by == requeue_signal(trainer) and job is not None:
         if run_folder is None or not _single_run():

@@ -120,7 +120,7 @@ def figures(runs: list[Run], page: StudyPage) -> dict:
         values = accuracies_at_time(configuration, found[0]) if configuration and found else []
         if not values:
             raise MissingFigure(f"no {VAL_ACC} at the matched time for {key!r}")
-        summary = statistics.summarise([100 * v for v in values])
+        summary = statistics.summarise([100 * v for v in values], (0.0, 100.0))
         return Spread(summary.mean, summary.std, summary.n, summary.low, summary.high)
 
     return {"at_matched_time": at_matched_time}
@@ -147,9 +147,11 @@ def cost_and_matched_time(runs: list[Run], page: StudyPage, output: Path) -> str
         per_step = _median(configuration, seconds_per_step)
         compared = configuration in timed
         at_time = accuracies_at_time(configuration, matched) if compared else []
-        summary = statistics.summarise(at_time) if at_time else None
+        summary = statistics.summarise(at_time, (0.0, 1.0)) if at_time else None
         if at_time:
-            rows.append(Row(configuration.label, [100 * a for a in at_time], configuration.label in references))
+            rows.append(
+                Row(configuration.label, [100 * a for a in at_time], configuration.label in references, (0.0, 100.0))
+            )
         cells = [
             configuration.label,
             f"{parameters:,}" if parameters is not None else "",
@@ -161,7 +163,7 @@ def cost_and_matched_time(runs: list[Run], page: StudyPage, output: Path) -> str
         ]
         lines.append("| " + " | ".join(cells) + " |")
     title = f"{VAL_ACC} after {matched:.0f} s of training, the fastest configuration's time: " + interval_title(
-        [len(row.values) for row in rows]
+        [len(row.values) for row in rows], bounded=[True]
     )
     figure = (
         interval_plot([(f"{VAL_ACC} at the matched time (%)", rows)], output / MATCHED_TIME, title) if rows else None
@@ -173,7 +175,7 @@ def cost_and_matched_time(runs: list[Run], page: StudyPage, output: Path) -> str
         "(validation excluded) over its steps, as the runs ran (see the notes for what shared the machine). "
         f"Matched time: {matched:.0f} s of training, the median of `{fastest}`, the fastest configuration, "
         f"over its runs. Each run's {VAL_ACC} at the step it reached in that time, interpolated between the "
-        "validations around it; mean ± std over the runs (%)."
+        f"validations around it; mean ± std over the runs (%), and the 95% CI ({statistics.BOUNDED_INTERVAL})."
         + (
             f" Training times compare on one machine only: the matched time is that of the runs on {machine}, "
             "which ran most of them; the configurations run elsewhere show their own step times, not comparable "

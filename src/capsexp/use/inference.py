@@ -82,7 +82,8 @@ class Predictions:
     do not sum to one), and ``reconstructions`` from the predicted capsules
     (models with a decoder); ``notes``: per image, what was done to bring it to the net's input;
     ``present`` (N,) bool: whether the predicted class's score reaches the model's presence threshold
-    (capsule models trained with the margin loss; None for the others, which always name a class)."""
+    (capsule models trained with the margin loss; None for the others, which always name a class);
+    ``absent_text``: what :attr:`names` says of an image where no class is present."""
 
     classes: torch.Tensor
     scores: torch.Tensor
@@ -94,15 +95,21 @@ class Predictions:
     couplings: torch.Tensor | None = None
     reconstructions: torch.Tensor | None = None
     present: torch.Tensor | None = None
+    absent_text: str = "no class present"
 
     def __len__(self) -> int:
         return len(self.scores)
 
     @property
     def names(self) -> list[str]:
-        """Each image's predicted class by name (several objects joined by ``+``)."""
+        """Each image's predicted class by name (several objects joined by ``+``), or :attr:`absent_text`
+        where no class is present (:attr:`classes` and :meth:`top` still hold the best)."""
         classes = self.classes if self.classes.ndim == 2 else self.classes[:, None]
-        return ["+".join(self.class_names[c] for c in row) for row in classes.tolist()]
+        present = [True] * len(classes) if self.present is None else self.present.tolist()
+        return [
+            "+".join(self.class_names[c] for c in row) if shown else self.absent_text
+            for row, shown in zip(classes.tolist(), present, strict=True)
+        ]
 
     def top(self, k: int) -> list[list[tuple[str, float]]]:
         """Each image's ``k`` highest-scoring classes, by name, with their scores."""
@@ -218,6 +225,7 @@ class TrainedModel:
             couplings=shares(captured["assignment"].float()).cpu() if captured.get("assignment") is not None else None,
             reconstructions=field("reconstructions"),
             present=present,
+            absent_text=self.absent_text,
         )
 
     def predict(self, images: ImageLike | Iterable[ImageLike], batch_size: int = BATCH_SIZE) -> Predictions:

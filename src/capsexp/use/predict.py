@@ -153,8 +153,7 @@ class PredictionWriter(BasePredictionWriter):
             notes = predictions.notes[row]
             self.notes.update(notes)
             absent = present is not None and not present[row]
-            # No class present: the row, its line and the summary name no class (its best stays in top1).
-            shown = self.model.absent_text if absent else names[row]
+            shown = names[row]  # no class present: the absent text, its best stays in top1
             self.predicted[shown] += 1
             self.absent += absent
             top = [value for pair in tops[row] for value in (pair[0], f"{pair[1]:.4f}")]

@@ -193,7 +193,11 @@ def _dot_each_child(votes: torch.Tensor, parent_vectors: torch.Tensor) -> torch.
 
 
 def _routing_gradient_factors(
-    votes: torch.Tensor, saved: tuple[torch.Tensor, ...], grad_parents: torch.Tensor, routing: DynamicRouting
+    votes: torch.Tensor,
+    saved: tuple[torch.Tensor, ...],
+    grad_parents: torch.Tensor | None,
+    routing: DynamicRouting,
+    grad_couplings: torch.Tensor | None = None,
 ) -> tuple[list[torch.Tensor], list[torch.Tensor], torch.Tensor]:
     """Reverse Procedure 1: the gradient of the parent-major votes as a sum of outer products.
 
@@ -202,7 +206,8 @@ def _routing_gradient_factors(
         g(v_r)   = g(output)                        if r = R
                  = sum_i g(a_ir) u_hat_i            otherwise (a_r = u_hat . v_r; lambda a_r was added to b_{r+1})
         g(s_r)   = squash'(s_r)^T g(v_r)
-        g(c_r)   = u_hat . g(s_r)                   (per child i and parent j)
+        g(c_r)   = u_hat . g(s_r)                   (per child i and parent j), plus at r = R the loss's
+                                                    own g(c_R) (``grad_couplings``: a loss on the couplings)
         g(b_r)   = g(b_{r+1}) + softmax'(c_r)^T g(c_r)     (c_1 is constant: b_1 = 0)
         g(a_r)   = lambda g(b_{r+1})               (lambda: the routing's logit_scale)
         g(u_hat) = sum_r c_r (x) g(s_r) + sum_{r<R} g(a_r) (x) v_r
@@ -214,7 +219,7 @@ def _routing_gradient_factors(
     iterations, detach_agreement = len(saved) // 3, routing.detach_agreement
     couplings, totals, parents = saved[:iterations], saved[iterations : 2 * iterations], saved[2 * iterations :]
     state_dtype = totals[0].dtype
-    grad_v = grad_parents.to(state_dtype)
+    grad_v = torch.zeros_like(parents[-1]) if grad_parents is None else grad_parents.to(state_dtype)
     grad_logits = None  # g(b_{r+1})
     left, right = [], []
     grad_totals = None  # sum_r g(s_r)
@@ -230,6 +235,8 @@ def _routing_gradient_factors(
         grad_totals = grad_s if grad_totals is None else grad_totals + grad_s
         if r > 0 and not detach_agreement:
             grad_c = _dot_each_child(votes, grad_s).to(state_dtype)
+            if r == iterations - 1 and grad_couplings is not None:
+                grad_c = grad_c + grad_couplings.to(state_dtype)
             c = couplings[r]
             grad_b = c * (grad_c - (grad_c * c).sum(dim=1, keepdim=True))  # softmax over the parents
             grad_logits = grad_b if grad_logits is None else grad_logits + grad_b
@@ -246,15 +253,26 @@ class _DynamicRouting(torch.autograd.Function):
             couplings, totals, parents = _route(votes, routing, bias)
         ctx.routing, ctx.bias_dtype = routing, None if bias is None else bias.dtype
         ctx.save_for_backward(votes, *couplings, *totals, *parents)
-        ctx.mark_non_differentiable(couplings[-1])  # returned for inspection, not for a loss
+        # The first iteration's couplings are uniform, and detach_agreement makes every iteration's constants
+        # to the backward pass: then a loss on them alone is refused by autograd ("does not require grad")
+        # instead of giving the votes a silent zero.
+        if routing.iterations == 1 or routing.detach_agreement:
+            ctx.mark_non_differentiable(couplings[-1])
+        ctx.set_materialize_grads(False)  # a loss on the poses alone: no pass of zeros for the couplings
         return parents[-1].to(votes.dtype), couplings[-1]
 
     @staticmethod
     @once_differentiable
-    def backward(ctx, grad_parents: torch.Tensor, _grad_couplings: None):
+    def backward(ctx, grad_parents: torch.Tensor | None, grad_couplings: torch.Tensor | None):
+        """The votes' (and the bias's) gradient of a loss on the parents and, where it uses them, on the
+        last couplings returned (an entropy penalty, say)."""
         votes, *saved = ctx.saved_tensors
+        if grad_parents is None and grad_couplings is None:
+            return None, None, None
         with torch.autocast(device_type=votes.device.type, enabled=False):
-            left, right, grad_totals = _routing_gradient_factors(votes, saved, grad_parents, ctx.routing)
+            left, right, grad_totals = _routing_gradient_factors(
+                votes, saved, grad_parents, ctx.routing, grad_couplings
+            )
             # (B, J, I, T) @ (B, J, T, D) -> (B, J, I, D): every term written in one pass (the left factors stacked
             # as (B, J, T, I), a contiguous copy, and read transposed by the product).
             grad_votes = torch.matmul(

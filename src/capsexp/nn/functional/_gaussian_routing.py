@@ -400,18 +400,30 @@ class _GaussianRouting(torch.autograd.Function):
         )
         ctx.kept_count = len(kept[0])
         ctx.save_for_backward(activations, beta_u, beta_a, scale, *inputs, *centres, *(t for k in kept for t in k))
-        ctx.mark_non_differentiable(outputs[2])
+        # An output the loss does not use gets None, not zeros: the responsibilities are then left out of
+        # the replay's gradient instead of adding a pass of zeros.
+        ctx.set_materialize_grads(False)
+        if getattr(routing, "detach_responsibilities", False):
+            # Constants to the backward pass by request: a loss on them alone is refused by autograd
+            # ("does not require grad") instead of giving the votes a silent zero.
+            ctx.mark_non_differentiable(outputs[2])
         return tuple(outputs)
 
     @staticmethod
     @once_differentiable
-    def backward(ctx, grad_mu, grad_activations, _grad_responsibilities):
+    def backward(ctx, grad_mu, grad_activations, grad_responsibilities):
+        """The gradient of the poses, the activations and the responsibilities R (a loss on R: an entropy
+        penalty, say) taken back through the replay."""
+        given = [g for g in (grad_mu, grad_activations, grad_responsibilities) if g is not None]
+        if not given:  # no output reaches the loss: nothing flows back
+            return (None,) * len(ctx.needs_input_grad)
+        device = given[0].device
         # As the forward pass: in float32 at least, also where backward() is called under autocast.
-        with torch.autocast(device_type=grad_mu.device.type, enabled=False):
-            return _GaussianRouting._gradients(ctx, grad_mu, grad_activations)
+        with torch.autocast(device_type=device.type, enabled=False):
+            return _GaussianRouting._gradients(ctx, grad_mu, grad_activations, grad_responsibilities)
 
     @staticmethod
-    def _gradients(ctx, grad_mu, grad_activations):
+    def _gradients(ctx, grad_mu, grad_activations, grad_responsibilities):
         saved = ctx.saved_tensors
         small, rest = saved[:4], saved[4:]  # activations, beta_u, beta_a, scale
         count = len(ctx.needs_input_grad) - _NON_TENSOR - _SMALL
@@ -451,7 +463,7 @@ class _GaussianRouting(torch.autograd.Function):
             )
             with torch.enable_grad():
                 slot_activations, uniform = _uniform_assignment(votes.shape, leaves[0], ctx.children)
-                mu, parent_activations, _ = ctx.procedure(
+                mu, parent_activations, responsibilities = ctx.procedure(
                     votes_and_squares,
                     centre,
                     slot_activations,
@@ -462,14 +474,27 @@ class _GaussianRouting(torch.autograd.Function):
                     products,
                 )
                 wanted = [leaf for leaf in leaves if leaf.requires_grad]
-                grads = torch.autograd.grad(
-                    (mu, parent_activations),
-                    [anchor, *wanted],
-                    (grad_mu[lo:hi], grad_activations[lo:hi]),
-                    allow_unused=True,
+                given_grads = [
+                    (output, grad[lo:hi])
+                    for output, grad in zip(
+                        (mu, parent_activations, responsibilities),
+                        (grad_mu, grad_activations, grad_responsibilities),
+                        strict=True,
+                    )
+                    if grad is not None and output.requires_grad
+                ]
+                grads = (
+                    torch.autograd.grad(
+                        [output for output, _ in given_grads],
+                        [anchor, *wanted],
+                        [grad for _, grad in given_grads],
+                        allow_unused=True,
+                    )
+                    if given_grads
+                    else (None,) * (1 + len(wanted))
                 )
             # The replayed graph goes now: a product it never reached still holds this chunk's votes.
-            del mu, parent_activations
+            del mu, parent_activations, responsibilities
             grads = iter(grads[1:])
             for collected, leaf in zip(small_grads, leaves, strict=True):
                 collected.append(next(grads) if leaf.requires_grad else None)

@@ -132,20 +132,21 @@ class _SinkhornRouting(torch.autograd.Function):
         ctx.routing = routing
         ctx.save_for_backward(votes, log_m, *(t for step in found for t in step))
         _, _, poses, couplings = found[-1]
-        ctx.mark_non_differentiable(couplings)  # returned for inspection, not for a loss
         return poses, couplings
 
     @staticmethod
     @once_differentiable
-    def backward(ctx, grad_poses: torch.Tensor, _grad_couplings: None):
+    def backward(ctx, grad_poses: torch.Tensor | None, grad_couplings: torch.Tensor | None):
         """Going back over r = R..1, with g(x) = dL/dx: g(v_r) = g(output) at r = R, else sum_i g(a_ir) u_hat_i;
-        g(s_r) = squash'(s_r)^T g(v_r); g(c_r) = u_hat . g(s_r); g(b_r) and g(log m) through the balance, plus
+        g(s_r) = squash'(s_r)^T g(v_r); g(c_r) = u_hat . g(s_r), plus the loss's own g(c_R) at r = R (a loss
+        on the couplings returned: an entropy penalty, say); g(b_r) and g(log m) through the balance, plus
         g(b_{r+1}); g(a_{r-1}) = g(b_r); g(u_hat) = sum_r c_r (x) g(s_r) + sum_{r<R} g(a_r) (x) v_r."""
         votes, log_m, *saved = ctx.saved_tensors
         steps = [saved[i : i + 4] for i in range(0, len(saved), 4)]
         grad_log_m = torch.zeros_like(log_m)
         grad_next = None  # g(b_{r+1})
-        grad_v = grad_poses.to(log_m.dtype)
+        last_poses = steps[-1][2]
+        grad_v = torch.zeros_like(last_poses) if grad_poses is None else grad_poses.to(log_m.dtype)
         left, right = [], []
         for r in range(len(steps) - 1, -1, -1):
             logits, total, poses, couplings = steps[r]
@@ -159,6 +160,8 @@ class _SinkhornRouting(torch.autograd.Function):
             if r == 0:  # c_1 is uniform: nothing flows further
                 break
             grad_c = torch.matmul(votes, grad_s.to(votes.dtype).unsqueeze(-1)).squeeze(-1).to(log_m.dtype)
+            if r == len(steps) - 1 and grad_couplings is not None:
+                grad_c = grad_c + grad_couplings.to(log_m.dtype)
             with torch.enable_grad():
                 inputs = (logits.detach().requires_grad_(), log_m.detach().requires_grad_())
                 grad_logits, grad_masses = torch.autograd.grad(_balance(*inputs, ctx.routing), inputs, grad_c)
