@@ -287,11 +287,13 @@ class InMemoryDataModule(L.LightningDataModule):
         no polarity, no framing unless a subclass declares them. Read without the dataset's files."""
         return ImageConventions(size=self.evaluation_size)
 
-    def fit_image(self, image: torch.Tensor, plain: bool = False) -> tuple[torch.Tensor, list[str]]:
+    def fit_image(
+        self, image: torch.Tensor, plain: bool = False, invert: str | bool | None = "auto"
+    ) -> tuple[torch.Tensor, list[str]]:
         """A (C, H, W) uint8 image of any size made as the evaluation images were (:attr:`image_conventions`;
-        ``plain``: resized and centre-cropped alone, as ``data=image_folder`` decodes images), and a note
-        for each thing done to it."""
-        return fit(image, self.image_conventions, plain)
+        ``plain``: resized and centre-cropped alone, as ``data=image_folder`` decodes images; ``invert``:
+        auto, true or false), and a note for each thing done to it."""
+        return fit(image, self.image_conventions, plain, invert)
 
     def evaluation_input(self, images: torch.Tensor) -> torch.Tensor:
         """The net's input for (N, C, S, S) uint8 images of :attr:`evaluation_size`: what an evaluation

@@ -11,8 +11,9 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
-import numpy as np
-from PIL import ExifTags, Image, ImageOps
+from PIL import Image
+
+from capsexp.data import page
 
 if TYPE_CHECKING:  # torch and torchvision are imported where used: listing files needs neither
     import torch
@@ -20,7 +21,6 @@ if TYPE_CHECKING:  # torch and torchvision are imported where used: listing file
 # The file endings taken as images: those of torchvision's ImageFolder (its IMG_EXTENSIONS), and GIF, which
 # Pillow reads and that list lacks.
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp", ".gif")
-_WIDE_GREY = ("I", "I;16", "I;16B", "I;16L", "I;16N", "F")  # 16-bit, 32-bit and float grey
 
 
 def pil_mode(channels: int) -> str:
@@ -48,37 +48,10 @@ def read_image(source: str | os.PathLike | Image.Image, mode: str) -> tuple[torc
 
 
 def _pixels(image: Image.Image, mode: str) -> tuple[torch.Tensor, list[str]]:
-    notes, found = [], image.mode
-    orientation = image.getexif().get(ExifTags.Base.Orientation, 1)
-    if orientation != 1:  # (exif_transpose copies even an upright image)
-        image = ImageOps.exif_transpose(image)
-        notes.append(f"turned upright by its EXIF orientation ({orientation})")
-    if image.mode in _WIDE_GREY:
-        values = np.asarray(image, dtype=np.float64)
-        top = 65535.0 if image.mode.startswith("I;16") else max(float(values.max()), 1.0)
-        image = Image.fromarray(np.clip(values * (255.0 / top), 0, 255).round().astype(np.uint8), "L")
-        notes.append(f"{found} pixels scaled to 8 bits")
-    if image.mode in ("RGBA", "LA", "PA") or (image.mode == "P" and "transparency" in image.info):
-        ground = Image.new("RGBA", image.size, (255, 255, 255, 255))
-        image = Image.alpha_composite(ground, image.convert("RGBA")).convert("RGB")
-        notes.append("transparent pixels put on white")
-    if image.mode not in ("L", "RGB", "1"):  # palette, CMYK, YCbCr, ...: their colours first
-        image = image.convert("RGB")
-    grey = found in ("1", "L", "LA", *_WIDE_GREY)  # a palette image (P) counts as colour
-    if mode == "L" and not grey:
-        notes.append("RGB converted to grey (ITU-R 601-2 luma), as the model's training images")
-    elif mode == "RGB" and grey:
-        notes.append("grey converted to RGB, as the model's training images")
-    return _tensor(image, mode), notes
-
-
-def _tensor(image: Image.Image, mode: str) -> torch.Tensor:
-    """The pixels of ``image`` in ``mode`` (converted only where its own mode differs) as (C, H, W) uint8,
-    through a NumPy array: for small images, a third of torchvision's pil_to_tensor's time."""
     import torch
 
-    pixels = torch.from_numpy(np.array(image if image.mode == mode else image.convert(mode), dtype=np.uint8))
-    return pixels.unsqueeze(0) if pixels.ndim == 2 else pixels.permute(2, 0, 1).contiguous()
+    pixels, notes = page.decode(image, mode)  # NumPy and Pillow alone: prepare.py decodes as this does
+    return torch.from_numpy(pixels), notes
 
 
 def square(image: torch.Tensor, size: int) -> torch.Tensor:

@@ -129,13 +129,15 @@ class SmallNORBDataModule(InMemoryDataModule):
     def class_names(self) -> list[str]:
         return list(CLASS_NAMES)
 
-    def fit_image(self, image: torch.Tensor, plain: bool = False) -> tuple[torch.Tensor, list[str]]:
+    def fit_image(
+        self, image: torch.Tensor, plain: bool = False, invert: str | bool | None = "auto"
+    ) -> tuple[torch.Tensor, list[str]]:
         """An image of the official 96x96 is downsampled as the dataset's own images are (area
         averaging); others as every DataModule fits images."""
         if self.evaluation_size != IMAGE_SIZE and tuple(image.shape[-2:]) == (IMAGE_SIZE, IMAGE_SIZE):
             size = self.evaluation_size
             return downsampled(image[None], size)[0], [f"downsampled {IMAGE_SIZE} -> {size} as smallNORB's images"]
-        return super().fit_image(image, plain)
+        return super().fit_image(image, plain, invert)
 
     @property
     def test_set_names(self) -> list[str]:

@@ -8,7 +8,9 @@ another size is fitted). The graph holds that last step (pixels to [0, 1], a cen
 standardisation) and the net, and returns ``scores`` (N, classes) as ``capsexp.predict`` reports them
 (probabilities for logits) and, for capsule models, the class capsules' ``poses``. Routing iterations are
 unrolled at the configured count, EM routing in its forward form; the batch dimension stays free. Beside
-the file, ``<name>.json`` holds the class names, the input's shape and dtype, and what the scores are.
+the file, ``<name>.json`` holds the class names, the input's shape and dtype, what the scores are and the
+image conventions with their parameters, and ``prepare.py`` (:mod:`capsexp.data.page`, NumPy and Pillow
+alone) makes a person's image that input from them.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import torch
 from torch import nn
 
 from capsexp.config.routing_options import RandomRouting
+from capsexp.data import page
 from capsexp.errors import CapsexpError, ConfigError
 from capsexp.use.inference import TrainedModel, reported_scores
 
@@ -31,6 +34,7 @@ log = logging.getLogger("capsexp")
 
 FORMATS: dict[str, str] = {"onnx": ".onnx", "torchscript": ".pt"}  # format -> file ending
 OPSET = 18  # the ONNX opset written (ONNX Runtime 1.16 and later run it)
+PREPARE = "prepare.py"  # written beside the exported file: a person's image made its input, without capsexp
 
 
 class ExportError(CapsexpError):
@@ -128,11 +132,13 @@ def export(model: TrainedModel, format: str, path: Path, batch: int = 2, images:
         "model": model.describe(),
         "checkpoint": str(model.checkpoint),
         "revision": model.revision,
-        # How a person's image becomes the input (capsexp.data.conventions; docs/predict.md), the resize
-        # filter named, so that another runtime can make the same input.
-        "preprocessing": model.datamodule.image_conventions.as_dict(),
+        # How a person's image becomes the input (capsexp.data.conventions, every threshold and filter;
+        # docs/predict.md), read by the prepare.py written beside it, so that another runtime makes the same input.
+        "preprocessing": {**model.datamodule.image_conventions.as_dict(), "channels": model.channels},
     }
     path.with_suffix(".json").write_text(json.dumps(sidecar, indent=2) + "\n")
+    # The code capsexp itself runs on a person's image, which needs only NumPy and Pillow.
+    (path.parent / PREPARE).write_text(Path(page.__file__).read_text())
     return path
 
 

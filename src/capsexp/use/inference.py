@@ -18,7 +18,7 @@ import functools
 import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -28,7 +28,8 @@ from torchvision.transforms.v2 import functional as TF
 from capsexp.config.routing_options import DynamicRouting, VBRouting
 from capsexp.config.run_record import RunRecord
 from capsexp.data.images import pil_mode, read_image
-from capsexp.errors import CapsexpError, CheckpointError, ImageError
+from capsexp.data.page import NO_INK, invert_choice
+from capsexp.errors import CapsexpError, CheckpointError, ConfigError, ImageError
 from capsexp.models import CapsNet, MatrixCapsNet
 from capsexp.models.inspection import class_scores, routing_layers
 from capsexp.nn import ClassMatrixCapsules, PrimaryCapsules
@@ -69,6 +70,19 @@ def reported_scores(raw: torch.Tensor, kind: str) -> torch.Tensor:
     if kind == "sigmoid probability":
         return raw.sigmoid()
     return raw
+
+
+class ReadImage(NamedTuple):
+    """One image as :meth:`TrainedModel.read` makes it the net's input: ``pixels``, (C, S, S) uint8 of the
+    evaluation size, and ``notes``, what was done to it, in order."""
+
+    pixels: torch.Tensor
+    notes: list[str]
+
+    @property
+    def ink_found(self) -> bool:
+        """False where the page was found blank (no ink) and given to the model as an empty image."""
+        return not any(note.startswith(NO_INK) for note in self.notes)
 
 
 @dataclasses.dataclass
@@ -141,6 +155,7 @@ class TrainedModel:
         # targets (logits, the spread loss): every image then has a class.
         self.presence_threshold: float | None = getattr(getattr(module, "objective", None), "presence_threshold", None)
         self.fit = "conventions"  # or "plain": images resized and cropped alone (capsexp.use.request.FIT_OPTIONS)
+        self.invert = "auto"  # or "true" / "false": the user's word on the polarity (capsexp.data.page.INVERT_OPTIONS)
         digits = datamodule.image_conventions.digit_box is not None
         self.absent_text = "no digit found" if digits else "no class present"  # what a line says of such an image
         self.revision = record.revision if record is not None else None
@@ -156,9 +171,11 @@ class TrainedModel:
         return self
 
     # ---- images -> the net's input ------------------------------------------------------------------
-    def read(self, image: ImageLike) -> tuple[torch.Tensor, list[str]]:
+    def read(self, image: ImageLike, invert: str | bool | None = None) -> ReadImage:
         """One image (a file, a Pillow image, or a (C, H, W) tensor of pixels, uint8 or in [0, 1]) as a
-        (C, S, S) uint8 tensor of the evaluation size, and what was done to it."""
+        :class:`ReadImage`: (C, S, S) uint8 pixels of the evaluation size, and what was done to it.
+        ``invert``: ``auto``, ``true`` or ``false`` (default: :attr:`invert`, ``auto``)."""
+        invert = checked_invert(self.invert if invert is None else invert)
         notes: list[str] = []
         if isinstance(image, torch.Tensor):
             pixels = _uint8(image)
@@ -177,8 +194,8 @@ class TrainedModel:
         if self.channels == 2 and pixels.shape[0] == 1:  # a stereo model: the image is both views
             pixels = pixels.expand(2, -1, -1)
             notes.append("used as both views of the stereo pair")
-        fitted, fitting = self.datamodule.fit_image(pixels.contiguous(), plain=self.fit == "plain")
-        return fitted, notes + fitting
+        fitted, fitting = self.datamodule.fit_image(pixels.contiguous(), plain=self.fit == "plain", invert=invert)
+        return ReadImage(fitted, notes + fitting)
 
     def _decode(self, image: str | os.PathLike | Image.Image) -> tuple[torch.Tensor, list[str]]:
         try:
@@ -228,9 +245,12 @@ class TrainedModel:
             absent_text=self.absent_text,
         )
 
-    def predict(self, images: ImageLike | Iterable[ImageLike], batch_size: int = BATCH_SIZE) -> Predictions:
+    def predict(
+        self, images: ImageLike | Iterable[ImageLike], batch_size: int = BATCH_SIZE, invert: str | bool | None = None
+    ) -> Predictions:
         """Predict on image files, Pillow images or tensors ((H, W), (C, H, W), or a batch (N, C, H, W)),
-        in batches of ``batch_size``; see :class:`Predictions`."""
+        in batches of ``batch_size``; ``invert`` as :meth:`read` takes it; see :class:`Predictions`."""
+        invert = checked_invert(self.invert if invert is None else invert)
         if isinstance(images, (str, os.PathLike, Image.Image)) or (
             isinstance(images, torch.Tensor) and images.ndim in (2, 3)  # one image, as read() takes it
         ):
@@ -239,7 +259,7 @@ class TrainedModel:
         batch: list[torch.Tensor] = []
         notes: list[list[str]] = []
         for image in images:
-            pixels, note = self.read(image)
+            pixels, note = self.read(image, invert)
             batch.append(pixels)
             notes.append(note)
             if len(batch) == batch_size:
@@ -311,6 +331,15 @@ def _class_names(record: RunRecord | None, datamodule: Any, num_classes: int) ->
         except (OSError, CapsexpError):  # a dataset that names its classes in its files, not on this machine
             names = None
     return [str(name) for name in names] if names and len(names) == num_classes else list(map(str, range(num_classes)))
+
+
+def checked_invert(invert: str | bool) -> str | bool:
+    """``invert`` if it is ``auto``, ``true`` or ``false`` (or a bool); else a ConfigError naming what is allowed."""
+    try:
+        invert_choice(invert)
+    except ValueError as error:
+        raise ConfigError(f"{error} (auto: the page's polarity decides; true or false: yours)") from None
+    return invert
 
 
 def _uint8(image: torch.Tensor) -> torch.Tensor:

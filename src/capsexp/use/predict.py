@@ -30,6 +30,7 @@ from lightning.pytorch.callbacks import BasePredictionWriter, RichProgressBar
 from omegaconf import DictConfig
 from torch.utils.data import DataLoader, Dataset
 
+from capsexp.data.page import NO_INK
 from capsexp.errors import ImageError
 from capsexp.results.revision import short as short_revision
 from capsexp.run.build import instantiate, quiet_lightning_notices
@@ -172,7 +173,8 @@ class PredictionWriter(BasePredictionWriter):
                     line = f"{name}: {shown} (no {kind} reaches {threshold:g}; the best: {best}){tag}"
                 else:
                     line = self._line(name, names[row], kind, scores[row], tops[row]) + tag
-                self.shown.append(line)
+                empty = next((note for note in notes if note.startswith(NO_INK)), None)
+                self.shown.append(line if empty is None else f"{line}  [{empty}]")
             if self.explained < self.explain:
                 self.to_explain.append((index, EXPLAINED))
                 self.explained += 1
@@ -213,7 +215,8 @@ class PredictionWriter(BasePredictionWriter):
         if not self.to_explain:
             return
         indices = [index for index, _ in self.to_explain]
-        pixels = torch.stack([self.model.read(self.files[index])[0] for index in indices])
+        read = [self.model.read(self.files[index]) for index in indices]
+        pixels = torch.stack([image.pixels for image in read])
         predictions = self.model.forward(self.model.inputs(pixels), couplings=True)
         shown = list(dict.fromkeys(self.shown_name(self.files[index]) for index in indices))
         named = dict(zip(shown, figure_names(shown), strict=True))  # an image in explain/ and explain/wrong/: once
@@ -221,6 +224,8 @@ class PredictionWriter(BasePredictionWriter):
             folder = self.output / subfolder
             folder.mkdir(parents=True, exist_ok=True)
             title = self._title(self.shown_name(self.files[index]), index)
+            if not read[row].ink_found:  # the model was given an empty image: the figure says so first
+                title = f"{title} ({NO_INK} on the page: given as an empty image)"
             figure = explain_figure(self.model, predictions, row, title)
             figure.savefig(folder / named[self.shown_name(self.files[index])], dpi=90)
 
@@ -250,7 +255,7 @@ def predict(cfg: DictConfig, found: ImageFiles | None = None) -> dict[str, Any]:
     found = found or image_files(str(cfg.images))
     files = found.files
     model = load(cfg.ckpt_path)
-    model.fit = options.fit
+    model.fit, model.invert = options.fit, options.invert
     for note in model.notes:
         log.info(f"Checkpoint: {note}")
     labels = folder_labels(files, model.class_names) if found.root is not None and model.objects == 1 else None

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from capsexp.data.images import IMAGE_SUFFIXES
+from capsexp.data.page import INVERT_OPTIONS
 from capsexp.errors import ConfigError, ImageError
 
 # How a person's image becomes the net's input: made as the dataset's images were (capsexp.data.conventions),
@@ -88,6 +89,7 @@ class PredictOptions:
     lines: float  # a number of images; math.inf for all
     explain: float
     fit: str
+    invert: str | bool = "auto"
 
 
 def predict_options(cfg: Any) -> PredictOptions:
@@ -100,8 +102,19 @@ def predict_options(cfg: Any) -> PredictOptions:
     fit = cfg.get("fit")
     if fit not in FIT_OPTIONS:
         raise ConfigError(f"fit={fit}: one of {', '.join(FIT_OPTIONS)}")
+    invert = cfg.get("invert", "auto")
+    if not isinstance(invert, bool) and str(invert).lower() not in INVERT_OPTIONS:
+        raise ConfigError(
+            f"invert={invert}: one of {', '.join(INVERT_OPTIONS)} (auto: each page's polarity decides; true: "
+            "invert every image, dark ink on light paper; false: never)"
+        )
     return PredictOptions(
-        _positive(cfg, "top_k"), _positive(cfg, "batch_size"), _count(cfg, "lines"), _count(cfg, "explain"), fit
+        _positive(cfg, "top_k"),
+        _positive(cfg, "batch_size"),
+        _count(cfg, "lines"),
+        _count(cfg, "explain"),
+        fit,
+        invert if isinstance(invert, bool) else str(invert).lower(),
     )
 
 
