@@ -3,9 +3,7 @@ the CLI does it, CLI runs, TensorBoard read-back, and a stand-in for the Trainer
 
 from __future__ import annotations
 
-import gzip
 import os
-import struct
 import subprocess
 import sys
 from collections.abc import Callable
@@ -18,9 +16,11 @@ from omegaconf import DictConfig, open_dict
 from tensorboard.plugins.hparams import plugin_data_pb2
 
 from capsexp.config.hydra_setup import compose
+from capsexp.data import mnist
 from capsexp.data.norb_format import write_matrix
 from capsexp.data.smallnorb import PREFIX
 from capsexp.results.events import Scalar, load_events, read_scalars
+from capsexp.testing import synthetic_digits, write_synthetic_mnist  # noqa: F401  (synthetic_digits: the tests')
 
 # The checkout the tests run in (or mutmut's copy of it, mutants/).
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
@@ -34,39 +34,14 @@ MNIST_FILES = {
 
 
 def write_idx(path: Path, array: np.ndarray, gz: bool = True) -> Path:
-    """Write a uint8 array in the IDX format (big-endian header, then raw bytes), gzipped or not."""
-    magic = 0x0800 | array.ndim
-    payload = struct.pack(f">{1 + array.ndim}i", magic, *array.shape) + array.astype(np.uint8).tobytes()
-    if gz:
-        path = path.with_name(path.name + ".gz")
-        path.write_bytes(gzip.compress(payload))
-    else:
-        path.write_bytes(payload)
-    return path
-
-
-def synthetic_digits(count: int, seed: int, size: int = 28) -> tuple[np.ndarray, np.ndarray]:
-    """Easy, learnable 'digits': class k lights a 6x6 block at a class-specific place, plus noise."""
-    rng = np.random.default_rng(seed)
-    labels = np.arange(count) % 10
-    rng.shuffle(labels)
-    images = rng.integers(0, 40, size=(count, size, size), dtype=np.uint8)
-    for k in range(10):
-        row, col = 3 + 7 * (k // 4), 3 + 7 * (k % 4)
-        images[labels == k, row : row + 6, col : col + 6] = 220
-    return images, labels.astype(np.uint8)
+    """Write a uint8 array in the IDX format, gzipped (``<path>.gz``) or not."""
+    return mnist.write_idx(path.with_name(path.name + ".gz") if gz else path, array)
 
 
 def write_mnist(root: Path, train: int = 300, test: int = 100, gz: bool = True, folder: str = "MNIST") -> Path:
-    """Write the four MNIST IDX files, with synthetic content, into ``root/<folder>/raw`` (``FashionMNIST``:
-    Fashion-MNIST's files, in the same format)."""
-    raw = root / folder / "raw"
-    raw.mkdir(parents=True, exist_ok=True)
-    data = {True: synthetic_digits(train, seed=0), False: synthetic_digits(test, seed=1)}
-    for name, (kind, is_train) in MNIST_FILES.items():
-        images, labels = data[is_train]
-        write_idx(raw / name, images if kind == "images" else labels, gz=gz)
-    return root
+    """Write the four MNIST IDX files, with synthetic content (:func:`capsexp.testing.synthetic_digits`), into
+    ``root/<folder>/raw`` (``FashionMNIST``: Fashion-MNIST's files, in the same format)."""
+    return write_synthetic_mnist(root, train, test, gz, folder)
 
 
 def real_data_dir() -> Path:

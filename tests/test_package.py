@@ -165,12 +165,13 @@ def test_a_wheel_and_pip_install_dot_in_a_fresh_environment_run_from_an_empty_fo
         _run([str(python), "-m", "pip", "install", "-q", str(EXAMPLE)], tmp_path, env)
         folder = tmp_path / "my routing"
         folder.mkdir()
-        printed = _run(
-            [str(environment / "bin" / "capsexp"), "model=capsnet_small", "model/routing=max_min", "debug=fast"],
-            folder,
-            env,
-        )
-        assert re.findall(r"Run folder: (logs/\S+)", printed), printed[-2000:]
+        for model in ("capsnet_small", "em_caps_small"):  # CapsNet's class capsules; every matrix-capsule layer
+            printed = _run(
+                [str(environment / "bin" / "capsexp"), f"model={model}", "model/routing=max_min", "debug=fast"],
+                folder,
+                env,
+            )
+            assert re.findall(r"Run folder: (logs/\S+)", printed), printed[-2000:]
         composed = _run(
             [str(environment / "bin" / "capsexp"), "experiment=max_min_comparison", "--cfg", "job"], folder, env
         )

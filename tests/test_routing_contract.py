@@ -13,7 +13,7 @@ import torch
 from capsexp.config.routing_registry import built_in
 from capsexp.nn import Routing
 from capsexp.nn.functional import Routed, squash
-from capsexp.testing import RoutingContract
+from capsexp.testing import RoutingContract, assert_trains
 
 ROUTINGS = built_in()  # capsexp's own, whatever else is installed
 
@@ -226,3 +226,15 @@ def test_the_onnx_check_exports_the_router_in_evaluation_mode():
         _contract("uniform")().test_onnx_gives_its_outputs()
     shown = [str(warning.message) for warning in caught]
     assert not [message for message in shown if "training mode" in message], shown
+
+
+def test_assert_trains_runs_the_command_and_names_it_when_it_fails(tmp_path):
+    """The kit's training check: the IDX files it writes are read as MNIST's (a run of uniform coupling in
+    em_caps_small trains and validates); a routing that is not registered fails with the command it ran
+    and capsexp's answer (a usage error, exit 2), not a bare exit status."""
+    run = assert_trains("em_caps_small", "uniform", tmp_path / "good", steps=2)
+    assert (run / "checkpoints" / "last.ckpt").is_file()
+    with pytest.raises(AssertionError) as failed:
+        assert_trains("capsnet_small", "max_mni", tmp_path / "bad")
+    message = str(failed.value)
+    assert "model/routing=max_mni" in message and "exited 2" in message and "max_mni" in message.split("\n", 1)[1]

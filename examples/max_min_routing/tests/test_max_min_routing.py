@@ -2,11 +2,12 @@
 
 from pathlib import Path
 
+import pytest
 import torch
 from max_min_routing import MaxMinRouting
 from max_min_routing.routing import max_min_normalise
 
-from capsexp.testing import RoutingContract, assert_page_rebuilds
+from capsexp.testing import RoutingContract, assert_page_rebuilds, assert_trains
 
 
 class TestMaxMinRouting(RoutingContract):
@@ -30,3 +31,10 @@ def test_the_results_page_rebuilds_byte_identical_from_its_runs(tmp_path):
     """results/ as a reader would check it: its page, table and figures written again from the runs kept
     beside them (the study's hypotheses and claims read from this package's conf/experiment/)."""
     assert_page_rebuilds(Path(__file__).resolve().parents[1] / "results", tmp_path)
+
+
+@pytest.mark.parametrize("model", ["capsnet_small", "em_caps_small"])
+def test_it_trains_in_capsnet_and_in_the_matrix_capsules_from_the_command_line(model, tmp_path):
+    """model=<model> model/routing=max_min, as a user runs it: in em_caps_small it routes each ConvCaps
+    window and the class capsules in EM's place."""
+    assert_trains(model, "max_min", tmp_path)

@@ -55,6 +55,18 @@ DIGIT_SIZE = 28  # MNIST digits are 28x28
 MNIST_DIGIT_BOX = 20  # the box each digit's ink was scaled into (LeCun et al. 1998)
 
 
+def write_idx(path: Path, array) -> Path:
+    """Write a uint8 array (N, H, W) or (N,) as an IDX file, the official MNIST format (a big-endian
+    header: the magic number, then each dimension; then the raw bytes), gzipped where ``path`` ends in
+    ``.gz``: MNIST's own files for a test or a routing package's own."""
+    import numpy as np
+
+    array = np.asarray(array, dtype=np.uint8)
+    payload = struct.pack(f">{1 + array.ndim}i", 0x0800 | array.ndim, *array.shape) + array.tobytes()
+    path.write_bytes(gzip.compress(payload) if path.suffix == ".gz" else payload)
+    return path
+
+
 def check_idx_file(path: Path, magic: int, max_label: int = 9) -> int:
     """Validate an unpacked IDX file: magic number, header and exact size; labels in range.
 
