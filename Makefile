@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 
 .DEFAULT_GOAL := help
-.PHONY: help install train lint format test test-all test-package examples mutate bench bench-gpu studies studies-full run-studies verify tensorboard clean
+.PHONY: help install train lint format test test-slow test-all test-package examples mutate bench bench-gpu studies studies-full run-studies verify tensorboard clean
 
 help:  ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  make %-12s %s\n", $$1, $$2}'
@@ -28,6 +28,9 @@ format:  ## ruff: fix what can be fixed, reformat
 
 test:  ## the fast test suite (no slow tests), one worker per core
 	$(BIN)/python -m pytest -n auto --dist worksteal -m "not slow" $(ARGS)
+
+test-slow:  ## the tests marked slow alone (end-to-end runs: kills, workers, studies, real MNIST); CI runs it after make test
+	$(BIN)/python -m pytest -n auto --dist worksteal -m slow --ignore=tests/test_package.py $(ARGS)
 
 test-all:  ## every test, slow ones included (end-to-end runs on real MNIST)
 	$(BIN)/python -m pytest -n auto --dist worksteal $(ARGS)

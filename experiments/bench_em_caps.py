@@ -21,6 +21,7 @@ nets on the same batch; each one's peak RSS comes from processes of its own.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import datetime
 import importlib
@@ -88,40 +89,51 @@ RSS_STEPS = 6  # training steps per peak-RSS process: past the second, the peak 
 
 
 def package_at(revision: str) -> types.SimpleNamespace:
-    """capsexp as ``src/`` is at a git revision, imported beside this tree's (its modules under their
-    own names while it loads, then set aside; what it built keeps using them): its MatrixCapsNet,
-    EMRouting and em_routing."""
+    """capsexp as ``src/`` is at a git revision, imported beside this tree's: its MatrixCapsNet, EMRouting and
+    em_routing, and ``active()``, a context in which ``capsexp`` names that revision's package. What it builds
+    and runs must run inside it: a layer resolves its router by name (``"capsexp.nn.routers:..."``) when it
+    is built, and a function may import where it is called, which would otherwise find this tree's modules."""
     root = tree_at(revision, "src")
-    ours = {name: sys.modules.pop(name) for name in list(sys.modules) if name.partition(".")[0] == "capsexp"}
-    sys.path.insert(0, str(root / "src"))
-    try:
+    theirs: dict[str, types.ModuleType] = {}
+
+    @contextlib.contextmanager
+    def active():
+        ours = {name: sys.modules.pop(name) for name in list(sys.modules) if name.partition(".")[0] == "capsexp"}
+        sys.modules.update(theirs)
+        sys.path.insert(0, str(root / "src"))
+        try:
+            yield
+        finally:
+            sys.path.remove(str(root / "src"))
+            for name in [name for name in sys.modules if name.partition(".")[0] == "capsexp"]:
+                theirs[name] = sys.modules.pop(name)
+            sys.modules.update(ours)
+
+    with active():
         models = importlib.import_module("capsexp.models")
         functional = importlib.import_module("capsexp.nn.functional")
         options = importlib.import_module("capsexp.nn")
-        return types.SimpleNamespace(
-            MatrixCapsNet=models.MatrixCapsNet, EMRouting=options.EMRouting, em_routing=functional.em_routing
-        )
-    finally:
-        sys.path.remove(str(root / "src"))
-        for name in [name for name in sys.modules if name.partition(".")[0] == "capsexp"]:
-            del sys.modules[name]
-        sys.modules.update(ours)
+    return types.SimpleNamespace(
+        MatrixCapsNet=models.MatrixCapsNet, EMRouting=options.EMRouting, em_routing=functional.em_routing, active=active
+    )
 
 
 def baseline_routing(revision: str):
     """``em_routing`` of a git revision's package, called as today's is; options it does not know
     (added since) are dropped, and options left unset (None: today's default) are not passed, so that
     the revision applies its own default."""
-    module_routing = package_at(revision).em_routing
+    package = package_at(revision)
+    module_routing = package.em_routing
     known = inspect.signature(module_routing).parameters
 
     def em_routing(votes, activations, beta_u, beta_a, routing, **kwargs):
-        if "routing" in known:
-            return module_routing(votes, activations, beta_u, beta_a, routing, **kwargs)
-        # A revision whose em_routing took the options one by one.
-        options = {**dataclasses.asdict(routing), **kwargs}
-        given = {k: v for k, v in options.items() if k in known and v is not None}
-        return module_routing(votes, activations, beta_u, beta_a, **given)
+        with package.active():
+            if "routing" in known:
+                return module_routing(votes, activations, beta_u, beta_a, routing, **kwargs)
+            # A revision whose em_routing took the options one by one.
+            options = {**dataclasses.asdict(routing), **kwargs}
+            given = {k: v for k, v in options.items() if k in known and v is not None}
+            return module_routing(votes, activations, beta_u, beta_a, **given)
 
     return em_routing
 
@@ -145,6 +157,7 @@ def training_step(batch_size: int, recipe: str, revision: str | None = None):
     options = net_options(recipe)
     net = MatrixCapsNet(in_channels=2, num_classes=5, image_size=32, **options)
     images, targets = torch.rand(batch_size, 2, 32, 32), torch.randint(0, 5, (batch_size,))
+    within = contextlib.nullcontext
     if revision is not None:
         package = package_at(revision)
         known = inspect.signature(package.MatrixCapsNet).parameters
@@ -153,15 +166,18 @@ def training_step(batch_size: int, recipe: str, revision: str | None = None):
             **{f.name: baseline_option(routing, f.name) for f in dataclasses.fields(package.EMRouting)}
         )
         weights = net.state_dict()
-        net = package.MatrixCapsNet(
-            in_channels=2, num_classes=5, image_size=32, **{k: v for k, v in options.items() if k in known}
-        )
+        with package.active():
+            net = package.MatrixCapsNet(
+                in_channels=2, num_classes=5, image_size=32, **{k: v for k, v in options.items() if k in known}
+            )
         net.load_state_dict(weights)
+        within = package.active
     optimizer = torch.optim.Adam(net.parameters())  # its rate does not change a step's time
 
     def step() -> None:
         optimizer.zero_grad(set_to_none=True)
-        spread_loss(net(images).scores, targets, 0.2).backward()
+        with within():  # the revision's modules, for what its code imports as it runs
+            spread_loss(net(images).scores, targets, 0.2).backward()
         optimizer.step()
 
     return net, images, step

@@ -182,6 +182,7 @@ def test_capsule_loss_terms():
         no_decoder.decode(torch.zeros(1, 10, 16), torch.tensor([0]))
 
 
+@pytest.mark.slow
 def test_a_small_capsnet_learns_real_format_digits(mnist_dir, tmp_path):
     """A hundred steps on the synthetic IDX digits: the loss falls well below its start (to about 4% of
     it here) and the held-out digits are classified."""

@@ -21,6 +21,7 @@ RESULTS = PROJECT_ROOT / "experiments" / "results"
 PAGES = sorted(path.parent.name for path in RESULTS.glob("*/runs"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", PAGES)
 def test_every_committed_page_rebuilds_byte_identical_from_its_runs(name, tmp_path):
     """Each page of experiments/results/ as a reader would check it: its README, table and figures
@@ -42,6 +43,7 @@ def rewrite_scalar(run: Path, tag: str, value: float) -> None:
                 writer.add_scalar(t, changed, event.step, walltime=event.wall_time)
 
 
+@pytest.mark.slow
 def test_a_run_changed_so_that_a_claim_no_longer_holds_fails_the_rebuild_naming_the_claim(tmp_path):
     """The routing page claims self-routing's presence gap is about 0. One of its five runs given a gap
     of 0.9: the rebuild writes the page with the claim marked and fails, naming it."""

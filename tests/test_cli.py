@@ -229,3 +229,27 @@ def test_a_progress_bar_or_model_summary_set_to_null_is_not_replaced_by_lightnin
     )
     assert summary.returncode == 0, summary.stderr[-3000:]
     assert started == ["ModelSummary"]
+
+
+def test_the_mode_is_read_from_the_flag_only_where_no_config_can_set_it():
+    """Hydra composes a whole config just to read hydra.mode; capsexp skips that where nothing on the
+    command line can set it. Hydra's method keeps the signature replaced, and is put back after."""
+    import inspect
+
+    from hydra._internal.hydra import Hydra
+
+    from capsexp.__main__ import _mode_from_the_flag
+
+    original = Hydra.get_mode
+    assert list(inspect.signature(original).parameters) == ["self", "config_name", "overrides"]
+    with _mode_from_the_flag(["model=lenet5", "seed=1,2"]):
+        assert Hydra.get_mode(None, "config", ["model=lenet5"]) is None
+    assert Hydra.get_mode is original
+    for setter in (
+        "hparams_search=optuna",
+        "experiment=routing_comparison",
+        "+hydra.mode=MULTIRUN",
+        "hydra/sweeper=optuna",
+    ):
+        with _mode_from_the_flag(["model=lenet5", setter]):
+            assert Hydra.get_mode is original, setter

@@ -138,7 +138,7 @@ def write_fashion(data_dir: Path) -> Path:
     ("data", "write", "model"),
     [
         ("cifar10", write_cifar, "lenet5"),
-        ("svhn", write_svhn, "capsnet_small"),
+        pytest.param("svhn", write_svhn, "capsnet_small", marks=pytest.mark.slow),  # 6 s: make test-slow
         ("fashion_mnist", write_fashion, "lenet5"),
     ],
 )

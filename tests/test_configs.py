@@ -76,7 +76,16 @@ def test_groups_of_the_design_exist():
 GROUPED_OPTIONS = [(group, option) for group, option in OPTIONS if group not in ("model", "data")]
 
 
-@pytest.mark.parametrize("group,option", GROUPED_OPTIONS, ids=[f"{g}={o}" for g, o in GROUPED_OPTIONS])
+# A study's arms (conf/arm/, 74 files) each compose within their experiment, half a second apiece: make
+# test-slow composes every one; the fast suite composes every experiment at each of its budgets
+# (tests/test_studies.py) and every option of the other groups.
+@pytest.mark.parametrize(
+    "group,option",
+    [
+        pytest.param(g, o, id=f"{g}={o}", marks=[pytest.mark.slow] if g.startswith("arm/") else [])
+        for g, o in GROUPED_OPTIONS
+    ],
+)
 def test_every_option_composes_and_resolves(group, option, colour_folder_of):
     # The groups under model/ belong to a model config that lists them (the margin: EM capsules; the
     # loss: CapsNet).

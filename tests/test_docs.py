@@ -95,6 +95,7 @@ def quotes() -> list[tuple[str, str, str, str]]:
     return found
 
 
+@pytest.mark.slow
 def test_the_docs_quotes_of_results_pages_are_the_figures_of_their_runs():
     """Every quote, rendered from the runs kept beside its page: a figure that drifts from the runs (or a
     step that is not the last logged) fails here, naming the docs page and the quote."""

@@ -303,6 +303,7 @@ def _vote_gradient_inputs():
     return em, votes, votes_and_squares, over_m, over_h
 
 
+@pytest.mark.slow
 def test_fused_vote_gradient_is_the_matmul_form_in_the_votes_layout(monkeypatch):
     """The compiled one-pass vote gradient that large chunks take equals the two-matmul form, and both
     come back laid out as the votes are (so the vote GEMM's backward pass copies nothing)."""

@@ -113,6 +113,7 @@ def test_a_gpu_run_with_its_defaults_learns_in_bf16(mnist_dir, tmp_path):
         ),
     ],
 )
+@pytest.mark.slow
 def test_every_model_trains_under_bf16_mixed_without_nan(mnist_dir, tmp_path, model, extra):
     result = run_cli_in_process(
         *TINY_RUN,

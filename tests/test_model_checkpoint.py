@@ -88,6 +88,7 @@ def test_last_checkpoint_follows_every_validation(tmp_path, monkeypatch):
     assert steps == [4, 8, 12]  # each written once, the final step's at its validation
 
 
+@pytest.mark.slow
 def test_a_process_killed_while_writing_leaves_the_previous_last_checkpoint_whole(tmp_path):
     # Validations at steps 3 and 6; the second write of last.ckpt is cut short by SIGKILL.
     script = textwrap.dedent(
@@ -120,6 +121,7 @@ def test_a_process_killed_while_writing_leaves_the_previous_last_checkpoint_whol
     assert (checkpoints / ("last.ckpt" + PARTIAL_SUFFIX)).exists()  # the interrupted write, beside it
 
 
+@pytest.mark.slow
 def test_ctrl_c_stops_training_after_the_step_with_its_state_saved_and_the_resume_command(mnist_dir, tmp_path):
     # SIGTERM takes the same path; tests/test_resume.py stops runs with it.
     signum = signal.SIGINT

@@ -8,11 +8,13 @@ import csv
 import re
 
 import numpy as np
+import pytest
 from PIL import Image
 
 from tests.helpers import TINY_RUN, run_cli_in_process, write_mnist
 
 
+@pytest.mark.slow
 def test_images_without_a_digit_count_as_wrong_and_are_said_so_everywhere(tmp_path):
     import capsexp
     from capsexp.use.explain import explain_figure

@@ -105,6 +105,7 @@ def score_table() -> list[tuple[list[list[str]], str]]:
     return rows
 
 
+@pytest.mark.slow
 def test_the_docs_name_each_models_scores_as_the_code_does():
     rows = score_table()
     for overrides_list, named in rows:

@@ -56,7 +56,15 @@ TWO_STEPS = [
 ]
 
 
-@pytest.mark.parametrize("name", list(ROUTINGS))
+# Dynamic routing (fused), EM (a matrix router in CapsNet's place) and uniform coupling (no iterations) train
+# from the command line in the fast suite, every routing in make test-slow; the contract tests run every
+# routing's numerics in the fast suite.
+FAST_ROUTINGS = ("dynamic", "em", "uniform")
+
+
+@pytest.mark.parametrize(
+    "name", [pytest.param(name, marks=[] if name in FAST_ROUTINGS else [pytest.mark.slow]) for name in ROUTINGS]
+)
 def test_capsnet_trains_with_every_routing_from_the_command_line(name, mnist_dir, tmp_path):
     result = run_cli_in_process(
         *TINY_RUN,

@@ -228,6 +228,7 @@ def test_the_onnx_check_exports_the_router_in_evaluation_mode():
     assert not [message for message in shown if "training mode" in message], shown
 
 
+@pytest.mark.slow
 def test_assert_trains_runs_the_command_and_names_it_when_it_fails(tmp_path):
     """The kit's training check: the IDX files it writes are read as MNIST's (a run of uniform coupling in
     em_caps_small trains and validates); a routing that is not registered fails with the command it ran

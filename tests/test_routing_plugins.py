@@ -81,6 +81,7 @@ def _tool(environment: dict[str, str], tool: str, *arguments: str) -> subprocess
     return subprocess.run(command, cwd=PROJECT_ROOT, env=environment, capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow
 def test_a_packages_routing_trains_in_capsnets_place_and_is_an_arm_of_the_routing_comparison(
     plugin, mnist_dir, tmp_path
 ):
@@ -119,6 +120,7 @@ def test_a_packages_routing_trains_in_capsnets_place_and_is_an_arm_of_the_routin
     assert "Traceback" not in typo.stderr
 
 
+@pytest.mark.slow
 def test_a_packages_routing_is_listed_by_help(plugin):
     listed = _capsexp(plugin, "--help")
     assert listed.returncode == 0
@@ -128,6 +130,7 @@ def test_a_packages_routing_is_listed_by_help(plugin):
     assert "mean_agreement" in arms
 
 
+@pytest.mark.slow
 def test_a_studys_jobs_are_listed_without_running_them_and_arms_on_the_command_line_replace_its_own(plugin, tmp_path):
     """``-m experiment=<study> +arm/routing=a,b --cfg job``: the jobs, one line each, and nothing run (Hydra
     alone refuses --cfg with -m in a traceback). The study sweeps mean_agreement,dynamic over its budget's
@@ -155,6 +158,7 @@ def test_a_package_whose_entry_point_is_not_a_routing_is_named():
         _options(point, "where")
 
 
+@pytest.mark.slow
 def test_a_packages_own_study_composes_from_its_conf_folder(plugin):
     """experiment=<a study of the package> is found on Hydra's search path, its budgets checked as
     capsexp's own studies' are, and its page found where the package keeps it."""

@@ -318,10 +318,11 @@ def test_an_interrupted_affnist_download_says_so_and_leaves_nothing(tmp_path):
     "model,extra",
     [
         ("lenet5", []),
-        ("capsnet", ["model.net.conv_channels=16", "model.net.primary_types=4"]),
+        # The capsule nets, 8 s each here: make test-slow.
+        pytest.param("capsnet", ["model.net.conv_channels=16", "model.net.primary_types=4"], marks=pytest.mark.slow),
         # The spread loss grows with its margin: a ramp over 600 steps keeps it near 0.2 over these 18,
         # so the loss says whether the net learns.
-        ("em_caps", [*TINY_EM_CAPS, "model/margin=linear_steps"]),
+        pytest.param("em_caps", [*TINY_EM_CAPS, "model/margin=linear_steps"], marks=pytest.mark.slow),
     ],
 )
 def test_each_model_trains_on_smallnorb_through_the_cli(norb_dir, tmp_path, model, extra):

@@ -42,6 +42,16 @@ def answer_and_imports(*arguments: str) -> tuple[subprocess.CompletedProcess, li
             "  data has: ",
         ),
         (["modle=lenet5"], "modle=lenet5: no such key (did you mean model=lenet5?)", "  the config has: "),
+        (
+            ["model=em_caps_small", "model.net.conv_caps1_type=3"],
+            "model.net.conv_caps1_type=3: no such key (did you mean model.net.conv_caps1_types?)",
+            "  model.net has: _target_, in_channels, num_classes, conv_channels, primary_types, conv_caps1_types, ",
+        ),
+        (
+            ["model=capsnet", "model.net.primry_types=4"],
+            "model.net.primry_types=4: no such key (did you mean model.net.primary_types?)",
+            "  model.net has: _target_, in_channels, image_size, num_classes, reconstruction, objects, backbone, ",
+        ),
     ],
 )
 def test_a_mistyped_key_is_answered_before_torch_is_imported(arguments, first_line, second_line):
@@ -50,3 +60,11 @@ def test_a_mistyped_key_is_answered_before_torch_is_imported(arguments, first_li
     assert message[0] == f"error: {first_line}" and message[1].startswith(second_line), message
     assert len(message) == 2 and "Traceback" not in result.stderr
     assert "hydra" in packages and not packages & {"torch", "lightning", "torchmetrics"}, sorted(packages)
+
+
+def test_the_keys_read_from_a_nets_source_are_its_signatures():
+    """What the typo check reads without torch equals what the run's config is built from."""
+    from capsexp.config.hydra_setup import NETS, keyword_names, signature_node
+
+    for target in NETS:
+        assert keyword_names(target) == [k for k in signature_node(target) if k != "_target_"], target

@@ -73,6 +73,7 @@ def run_multirun(*arguments: str) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow
 def test_a_study_runs_from_the_command_line_and_ends_with_its_page(mnist_dir, tmp_path):
     """The routing ablation of the dynamic-routing paper on small synthetic MNIST: four configurations,
     the user's seed and tiny budget winning over the study's, and the page beside the runs with the

@@ -23,9 +23,9 @@ from capsexp.run.sweep_resume import FINISHED
 from tests.helpers import PROJECT_ROOT, TINY_RUN, hparams_summary, run_cli, run_cli_in_process, scalars
 
 
-# Both launchers name and place jobs alike (the naming runs in each job's process): the fast suite runs
-# joblib's, make test-all both. One joblib worker runs both jobs: a process other than the sweep's,
-# and one start-up of torch instead of two.
+# Both launchers name and place jobs alike (the naming runs in each job's process). One joblib worker runs
+# both jobs: a process other than the sweep's, and one start-up of torch instead of two.
+@pytest.mark.slow
 @pytest.mark.parametrize("launcher", ["joblib", pytest.param("submitit_local", marks=pytest.mark.slow)])
 def test_launchers_run_each_job_in_its_own_folder(mnist_dir, tmp_path, launcher):
     result = run_cli(
@@ -49,8 +49,8 @@ def test_launchers_run_each_job_in_its_own_folder(mnist_dir, tmp_path, launcher)
         assert yaml.safe_load((sweep / job / ".hydra" / "overrides.yaml").read_text())[0] == job
 
 
-# The shipped CapsNet search run end to end (the fast suite searches LeNet5's learning rate below, killed and
-# resumed, and composes every search config): make test-all.
+# The shipped CapsNet search run end to end (a search of LeNet5's learning rate is killed and resumed below;
+# the fast suite composes every search config).
 @pytest.mark.slow
 def test_optuna_sweep_of_two_trials(mnist_dir, tmp_path):
     result = run_cli_in_process(
@@ -82,6 +82,7 @@ def test_optuna_sweep_of_two_trials(mnist_dir, tmp_path):
     assert results["best_value"] == pytest.approx(max(best_per_trial))
 
 
+@pytest.mark.slow
 def test_a_model_and_seed_sweep_names_its_runs_and_hparams_by_them(mnist_dir, tmp_path):
     """``-m model=lenet5,capsnet_small seed=1,2``: four runs, each a folder (and so a TensorBoard run) named by
     what differs, events in it; the HParams tab leads with those choices; the sweep's page compares the
@@ -170,11 +171,12 @@ def _last_logged_step(run: Path) -> int:
     return max(steps)
 
 
-# The skipping is the sweeper's, whatever the launcher: the fast suite finishes the sweep in its own process
-# (the basic launcher), make test-all under joblib and submitit too.
+# The skipping is the sweeper's, whatever the launcher: the sweep finished in its own process (the basic
+# launcher), under joblib and under submitit.
 @pytest.mark.parametrize(
     "launcher", ["basic", *(pytest.param(name, marks=pytest.mark.slow) for name in ("joblib", "submitit_local"))]
 )
+@pytest.mark.slow
 def test_a_sweep_killed_outright_during_its_third_job_finishes_when_run_again(launcher, mnist_dir, tmp_path):
     """The whole process group SIGKILLed once the third of four jobs saved a state (a lost machine): the
     command run again, as it printed it, skips the two finished jobs (their folders byte for byte as they
@@ -234,6 +236,7 @@ def test_a_sweep_killed_outright_during_its_third_job_finishes_when_run_again(la
     assert "| 4 |" in (sweep / "README.md").read_text()  # one page, over the four runs
 
 
+@pytest.mark.slow
 def test_ctrl_c_in_a_sweep_ends_with_the_command_that_finishes_the_whole_sweep(mnist_dir, tmp_path):
     """Ctrl-C (SIGINT to the process group, as a terminal sends it) while the second of three jobs trains:
     the job says where its state is and defers to the sweep's command, and the last line printed is that
@@ -350,6 +353,7 @@ def _start(arguments: list[str], output: Path) -> subprocess.Popen:
         )  # fmt: skip
 
 
+@pytest.mark.slow
 def test_an_optuna_search_killed_after_two_trials_goes_on_to_its_n_trials(mnist_dir, tmp_path):
     """A search's study lives in the sweep folder's SQLite file: SIGKILLed while its third trial runs, the
     search run again by the command it printed ends with n_trials trials told. The killed trial is failed
@@ -386,6 +390,31 @@ def test_an_optuna_search_killed_after_two_trials_goes_on_to_its_n_trials(mnist_
     assert best == max(t.value for t in trials if t.value is not None)
 
 
+@pytest.mark.slow
+def test_ctrl_c_in_an_optuna_search_ends_with_the_command_that_finishes_it(mnist_dir, tmp_path):
+    """Ctrl-C while the second trial trains: exit 130 without a traceback, the last line the search's
+    finishing command (its sweep folder and storage), which the printed "if it is stopped" line names too."""
+    sweep = tmp_path / "search"
+    arguments = [*OPTUNA_TINY, f"paths.data_dir={mnist_dir}", "hydra.sweeper.n_trials=3", f"hydra.sweep.dir={sweep}"]
+    arguments.append("trainer.max_steps=160")
+    process = _start(arguments, tmp_path / "printed.txt")
+    deadline = time.monotonic() + 240
+    while not (sweep / "1" / LAST).is_file():
+        assert process.poll() is None and time.monotonic() < deadline, (tmp_path / "printed.txt").read_text()[-3000:]
+        time.sleep(0.01)
+    os.killpg(process.pid, signal.SIGINT)
+    process.wait(timeout=120)
+    printed = (tmp_path / "printed.txt").read_text().strip().splitlines()
+    assert process.returncode == 128 + signal.SIGINT and "Traceback" not in "\n".join(printed), printed[-20:]
+    start = "The search stopped; this finishes it (the stopped trial retried from its saved state once its heartbeat"
+    assert printed[-1].startswith(start), printed[-5:]
+    again = shlex.split(printed[-1].split(" s old): ", 1)[1])
+    announced = next(line for line in printed if "if it is stopped, or add a worker to it: " in line)
+    assert again == shlex.split(announced.split("add a worker to it: ")[1])
+    assert again[:3] == ["python", "-m", "capsexp"] and f"hydra.sweep.dir={sweep}" in again
+    assert f"hydra.sweeper.storage=sqlite:///{sweep}/optuna.db" in again
+
+
 def _two_workers_share_one_study(arguments: list[str], storage: str, tmp_path: Path) -> None:
     """Two workers on the study at once, one a process of its own, one this test's; assert they ran n_trials=6
     trials between them, each once."""
@@ -411,8 +440,8 @@ def _two_workers_share_one_study(arguments: list[str], storage: str, tmp_path: P
     assert all(any("\t#" in line for line in (tmp_path / f"{w}.txt").read_text().splitlines()) for w in (1, 2))
 
 
-# The workers' loop is the same on every database: the fast suite shares a PostgreSQL study (below), make
-# test-all this one too, in the SQLite file a search keeps by default.
+# The workers' loop is the same on every database: a PostgreSQL study (below), and the SQLite file a search
+# keeps by default.
 @pytest.mark.slow
 def test_two_workers_share_one_sqlite_study_without_repeating_a_trial(mnist_dir, tmp_path):
     arguments = [*OPTUNA_TINY, f"paths.data_dir={mnist_dir}", "hydra.sweeper.n_trials=6"]
@@ -454,6 +483,7 @@ def postgresql(tmp_path_factory) -> Iterator[str]:
         subprocess.run([*run_as, pg_ctl, "-D", str(data), "-m", "immediate", "stop"], capture_output=True)
 
 
+@pytest.mark.slow
 def test_two_workers_share_one_postgresql_study_without_repeating_a_trial(postgresql, mnist_dir, tmp_path):
     """Workers on several machines share a study in a real database: here two processes on one server."""
     arguments = [*OPTUNA_TINY, f"paths.data_dir={mnist_dir}", "hydra.sweeper.n_trials=6"]

@@ -76,6 +76,7 @@ def job(tmp_path_factory) -> tuple[Path, Path]:
     return folder, data_dir
 
 
+@pytest.mark.slow
 def test_a_job_folder_as_printed_works_everywhere_and_its_files_stay_as_they_were(job, tmp_path):
     folder, data_dir = job
     before = hashes(folder)
@@ -163,6 +164,7 @@ def test_a_run_folder_means_the_checkpoint_lightning_recorded_as_best(tmp_path):
     assert file.name == "epoch_000-step_000006.ckpt" and "no checkpoint of the run records which was best" in note
 
 
+@pytest.mark.slow
 def test_export_neither_prepares_nor_downloads_data_and_names_how_images_become_the_input(job, tmp_path, monkeypatch):
     folder, _ = job
     import capsexp.data.mnist as mnist

@@ -80,7 +80,7 @@ def test_a_per_child_routing_without_in_positions_names_it():
         ClassMatrixCapsules(IN_TYPES, 4, P, routing=SelfRouting())
 
 
-@pytest.mark.parametrize("name", ["dynamic", "self"])
+@pytest.mark.parametrize("name", ["dynamic", pytest.param("self", marks=pytest.mark.slow)])  # self: per-child
 def test_em_caps_small_trains_with_a_capsnet_routing_from_the_command_line(name, mnist_dir, tmp_path):
     result = run_cli_in_process(
         *TINY_RUN,

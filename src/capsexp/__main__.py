@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 
@@ -79,6 +80,30 @@ def _sweeper_needs_metric() -> bool:
     return hydra_cfg.mode == RunMode.MULTIRUN and not target.endswith(("BasicSweeper", ".ResumableSweeper"))
 
 
+# What may set hydra.mode (MULTIRUN without -m): the search configs (conf/hparams_search/), and whatever an
+# experiment or a hydra/ option chooses. Without one of these on the command line, no config sets it.
+_MODE_SETTERS = ("hparams_search", "experiment", "hydra.mode", "hydra/")
+
+
+@contextlib.contextmanager
+def _mode_from_the_flag(arguments: list[str]):
+    """Hydra composes the whole config once only to read ``hydra.mode`` before composing it again to run
+    (most of a second, at every command). Where nothing on the command line can set it, the mode is the
+    command line's (``-m`` or not), as Hydra takes it when no config sets one: that first composition is
+    skipped. ``Hydra.get_mode`` returning None is Hydra's own "no mode configured"."""
+    from hydra._internal.hydra import Hydra
+
+    if any(a.lstrip("+~").startswith(_MODE_SETTERS) for a in arguments) or {"--config-name", "-cn"} & {*arguments}:
+        yield
+        return
+    composing = Hydra.get_mode
+    Hydra.get_mode = lambda self, config_name, overrides: None
+    try:
+        yield
+    finally:
+        Hydra.get_mode = composing
+
+
 def cli() -> None:
     """The entry point: locations quoted as Hydra needs them (a run folder's name as capsexp printed it:
     :mod:`capsexp.locations`), group options checked before Hydra composes (its message lists the
@@ -98,7 +123,8 @@ def cli() -> None:
     except CapsexpError as error:
         report(error)
     hydra_setup.register()  # the nets' nodes: imports torch, after the checks that answer without it
-    main()
+    with _mode_from_the_flag(sys.argv[1:]):
+        main()
     from capsexp.results.sweep_page import FAILED
 
     if FAILED:  # a multirun whose after-sweep steps failed: its jobs finished, the command did not

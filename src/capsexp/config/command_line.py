@@ -114,20 +114,22 @@ def check_study_budget(arguments: list[str], config_dir: Path) -> None:
 
 @contextlib.contextmanager
 def _nets(needed: bool):
-    """The ``model/net`` options a model config chooses, for composing a config to check: their nodes
-    (:func:`capsexp.config.hydra_setup.register`) where ``needed`` (a key under ``model.net`` is checked)
-    or already registered; else, for the while, empty ones of the same names. A net's node is made from
-    its constructor's signature, which imports torch (seconds), and only the keys under ``model.net``
-    are the net's: a check of any other key or of the groups chosen is answered without it."""
+    """The ``model/net`` options a model config chooses, for composing a config to check: their nodes as
+    registered, where they are; else, for the while, nodes of their keys alone read from the nets' source
+    where ``needed`` (a key under ``model.net`` is checked: :func:`capsexp.config.hydra_setup.store_net_keys`),
+    or empty ones of the same names. The nets' real nodes come from their constructors' signatures, which
+    import torch (seconds): a mistyped key is answered without it."""
     options = ConfigStore.instance().repo.get("model", {}).get("net", {})
     names = [target.rpartition(".")[2] for target in hydra_setup.NETS]
-    if needed or all(f"{name}.yaml" in options for name in names):
-        hydra_setup.register()
+    if all(f"{name}.yaml" in options for name in names):
         yield
         return
     previous = dict(options)
-    for name in names:
-        ConfigStore.instance().store(group="model/net", name=name, node={}, package="model.net")
+    if needed:
+        hydra_setup.store_net_keys()
+    else:
+        for name in names:
+            ConfigStore.instance().store(group="model/net", name=name, node={}, package="model.net")
     try:
         yield
     finally:  # as they were: whatever composes next registers the nets' own nodes
@@ -139,9 +141,18 @@ def _nets(needed: bool):
 
 def _choices(overrides: list[str]) -> dict[str, str | None]:
     """``{group: option}`` as Hydra composes them with ``overrides`` (``model/margin: linear_run``; an
-    optional group left out: None)."""
+    optional group left out: None), inside :func:`check_group_overrides`'s Hydra context."""
+    search_path = str(GlobalHydra.instance().config_loader().get_sources())
+    return dict(_composed_choices(search_path, tuple(overrides)))
+
+
+@functools.lru_cache(maxsize=32)
+def _composed_choices(search_path: str, overrides: tuple[str, ...]) -> tuple[tuple[str, str | None], ...]:
+    """Kept per process (a composition takes most of a second; every run of a model group asks once):
+    which options a composition chooses depends on the config files of ``search_path`` alone."""
     with _nets(needed=False):
-        return dict(compose("config", overrides=overrides, return_hydra_config=True).hydra.runtime.choices)
+        config = compose("config", overrides=list(overrides), return_hydra_config=True)
+    return tuple(config.hydra.runtime.choices.items())
 
 
 def _check_keys_of_swept_optional_groups(arguments: list[str]) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from hydra import compose as hydra_compose
@@ -73,6 +74,42 @@ def signature_node(target: str) -> dict[str, Any]:
         "_target_": target,
         **{p.name: MISSING if p.default is p.empty else config_value(p.default) for p in arguments},
     }
+
+
+def keyword_names(target: str) -> list[str]:
+    """The names :func:`signature_node` gives ``target``'s node (``capsexp.models.<Class>``), read from the
+    source without importing it (importing a net imports torch: seconds): the class found through its
+    package's ``__init__.py`` imports, then its ``__init__``'s keyword arguments, less those whose default
+    is an object built by a call (the routing's options, left to ``model/routing``). For the command
+    line's key checks; tests/test_stalls_typos.py holds it equal to the signature."""
+    import ast
+    import importlib.util
+
+    package, _, name = target.rpartition(".")
+    spec = importlib.util.find_spec(package)  # imports the packages above it, not this one
+    assert spec is not None and spec.origin is not None, target
+    folder = Path(spec.origin).parent
+    imported = next(
+        node.module
+        for node in ast.parse(Path(spec.origin).read_text()).body
+        if isinstance(node, ast.ImportFrom) and node.module and any(alias.name == name for alias in node.names)
+    )
+    source = folder / (imported.rpartition(".")[2] + ".py")
+    tree = ast.parse(source.read_text())
+    cls = next(node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == name)
+    init = next(node for node in cls.body if isinstance(node, ast.FunctionDef) and node.name == "__init__")
+    arguments = init.args.args[1:] + init.args.kwonlyargs
+    defaults = [None] * (len(init.args.args) - 1 - len(init.args.defaults)) + init.args.defaults
+    defaults += init.args.kw_defaults
+    return [a.arg for a, d in zip(arguments, defaults, strict=True) if not isinstance(d, ast.Call)]
+
+
+def store_net_keys() -> None:
+    """Nodes of the nets (:data:`NETS`) holding their keys alone (values None), without importing torch:
+    enough to check a command line's ``model.net.*`` keys. :func:`register` stores their real nodes."""
+    for target in NETS:
+        node = {"_target_": target, **dict.fromkeys(keyword_names(target))}
+        ConfigStore.instance().store(group="model/net", name=target.rpartition(".")[2], node=node, package="model.net")
 
 
 def register_routing() -> None:

@@ -27,6 +27,7 @@ import functools
 import logging
 import math
 import shlex
+import signal
 import sys
 import threading
 import time
@@ -128,12 +129,34 @@ class ResumableSearch(OptunaSweeperImpl):
         arguments += [f"hydra.sweep.dir={hydra_value(sweep_dir)}", f"hydra.sweeper.storage={hydra_value(url)}"]
         shown = shlex.join(["python", "-m", "capsexp", *arguments]).replace(url, make_url(url).__repr__())
         log.info(f"To finish this search if it is stopped, or add a worker to it: {shown}")
+        self.finishing_command = shown
         return study
 
     def _launch(self, trials: list[optuna.Trial], overrides: Sequence[Sequence[str]]) -> list[JobReturn]:
         """Each trial as the job numbered by its trial (a retried trial: the one it retries, whose folder
         holds its saved state); consecutive numbers in one launch, so that a parallel launcher runs them
         together."""
+        try:
+            return self._launch_numbered(trials, overrides)
+        except (KeyboardInterrupt, SystemExit) as stopped:
+            # Ctrl-C or a signal, here or in a trial's job (whose own message says where its state is): the
+            # last line is the command that finishes the whole search, not the stopped trial alone.
+            if isinstance(stopped, SystemExit) and not (isinstance(stopped.code, int) and stopped.code > 128):
+                raise
+            for handler in logging.getLogger().handlers:
+                handler.flush()
+            sys.stdout.flush()
+            print(
+                "\nThe search stopped; this finishes it (the stopped trial retried from its saved state once its "
+                f"heartbeat is {self.grace_period} s old): {self.finishing_command}",
+                file=sys.stderr,
+                flush=True,
+            )
+            if isinstance(stopped, KeyboardInterrupt):  # outside training: no traceback after that line
+                raise SystemExit(128 + signal.SIGINT) from None
+            raise
+
+    def _launch_numbered(self, trials: list[optuna.Trial], overrides: Sequence[Sequence[str]]) -> list[JobReturn]:
         retried = [RetryFailedTrialCallback.retried_trial_number(study_trial(t)) for t in trials]
         numbers = [t.number if number is None else number for t, number in zip(trials, retried, strict=True)]
         returns: list[JobReturn] = []
