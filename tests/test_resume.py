@@ -323,3 +323,73 @@ def test_a_resumed_run_that_does_not_validate_again_returns_its_earlier_best(mni
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     output = resumed.stdout + resumed.stderr
     assert "never validated" not in output and f"val/acc_best = {logged:.4f}" in output
+
+
+def _csv_rows(run: Path) -> list[dict[str, str]]:
+    import csv
+
+    with open(run / "csv" / "metrics.csv", newline="") as handle:
+        return list(csv.DictReader(handle))
+
+
+def _logged_steps(rows: list[dict[str, str]], column: str) -> list[int]:
+    return [int(row["step"]) for row in rows if row.get(column)]
+
+
+def test_a_run_resumed_in_its_folder_logs_each_step_once_in_tensorboard_and_in_the_csv(mnist_dir, tmp_path):
+    """LeNet5 with both loggers (logger=[tensorboard,csv]) for an epoch of 12 steps, its state at step 12
+    kept aside; resumed in its folder to the end of a second epoch; then that state put back as the
+    folder's last.ckpt (a run killed at step 24 whose last save was at step 12) and resumed again: the
+    steps 12-23 are logged a second time. Each step's row is in metrics.csv once, the first epoch's rows
+    as the first run wrote them, and its values are TensorBoard's."""
+    run = tmp_path / "run"
+    common = [*TINY_RUN, f"paths.data_dir={mnist_dir}", "logger=[tensorboard,csv]"]
+    assert run_cli_in_process(*common, "trainer.max_epochs=1", f"hydra.run.dir={run}").returncode == 0
+    first_epoch = _csv_rows(run)
+    assert _logged_steps(first_epoch, "train/loss_step") == list(range(12))
+    at_12 = tmp_path / "at_12.ckpt"
+    at_12.write_bytes((run / "checkpoints" / "last.ckpt").read_bytes())
+    for _ in range(2):
+        resumed = run_cli_in_process(f"ckpt_path={run}", "trainer.max_epochs=2")
+        assert resumed.returncode == 0, resumed.stderr[-3000:]
+        assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 24
+        (run / "checkpoints" / "last.ckpt").write_bytes(at_12.read_bytes())
+    rows = _csv_rows(run)
+    assert _logged_steps(rows, "train/loss_step") == list(range(24))
+    assert _logged_steps(rows, "val/acc") == [11, 23] and _logged_steps(rows, "test/acc") == [24]
+    kept = [row for row in rows if int(row["step"]) < 12]
+    assert kept == [row for row in first_epoch if int(row["step"]) < 12]  # as written, the columns included
+    logged = scalars(run)
+    for tag in ("train/loss_step", "val/acc", "test/acc"):
+        from_csv = [(int(row["step"]), float(row[tag])) for row in rows if row.get(tag)]
+        assert from_csv == [(s.step, pytest.approx(s.value, rel=1e-6)) for s in logged[tag]], tag
+
+
+def test_the_csv_logger_keeps_the_rows_before_its_purge_step_and_adds_new_columns(tmp_path):
+    """A metrics.csv as a run left it (a validation row among the training rows, steps not in order of
+    rows), the logger started at purge step 3: rows of steps 0-2 kept, of 3-4 dropped; a new column
+    rewrites the header over the kept rows. None keeps nothing, as Lightning's own logger does."""
+    from capsexp.run.csv_logger import ResumableCSVLogger
+
+    folder = tmp_path / "csv"
+    folder.mkdir()
+    (folder / "metrics.csv").write_text(
+        "epoch,step,train/loss,val/acc\n0,0,2.5,\n0,1,2.25,\n0,2,2.0,\n0,2,,0.5\n0,4,1.5,\n0,3,1.75,\n"
+    )
+    logger = ResumableCSVLogger(tmp_path, name="csv", version="", purge_step=3)
+    logger.log_metrics({"epoch": 0, "train/loss": 9.0}, step=3)
+    logger.log_metrics({"epoch": 0, "lr": 0.125}, step=4)
+    logger.save()
+    assert (folder / "metrics.csv").read_text().splitlines() == [
+        "epoch,lr,step,train/loss,val/acc",
+        "0,,0,2.5,",
+        "0,,1,2.25,",
+        "0,,2,2.0,",
+        "0,,2,,0.5",
+        "0,,3,9.0,",
+        "0,0.125,4,,",
+    ]
+    fresh = ResumableCSVLogger(tmp_path, name="csv", version="")
+    fresh.log_metrics({"train/loss": 1.0}, step=0)
+    fresh.save()
+    assert (folder / "metrics.csv").read_text().splitlines() == ["step,train/loss", "0,1.0"]

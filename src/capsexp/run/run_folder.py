@@ -19,6 +19,7 @@ from typing import Any
 import lightning as L
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import Logger
+from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 
 from capsexp.locations import LAST_CHECKPOINT
 
@@ -44,17 +45,18 @@ def say_run_folder(run_folder: Path, finished: bool) -> None:
 
 
 def steps_to_hide(run_folder: Path, ckpt_path: str | None) -> int | None:
-    """The first step from which a run in ``run_folder`` logs again what the folder's event files already
-    hold, to be hidden in them (``SummaryWriter(purge_step=...)``: TensorBoard, and the pages reading
-    through it, drop the earlier files' events from that step on). A run going on from the folder's own
-    ``last.ckpt``: the step of that state (a killed run logged past it). Any other run in a folder that
-    holds event files (a sweep's job started again): 0. None where the folder holds no event files.
+    """The first step from which a run in ``run_folder`` logs again what the folder's event files or CSV
+    metrics already hold, to be hidden in them (``SummaryWriter(purge_step=...)``: TensorBoard, and the
+    pages reading through it, drop the earlier files' events from that step on; the CSV logger drops those
+    rows: :mod:`capsexp.run.csv_logger`). A run going on from the folder's own ``last.ckpt``: the step of
+    that state (a killed run logged past it). Any other run in a folder that holds them (a sweep's job
+    started again): 0. None where the folder holds neither.
     Lightning logs batch ``k`` of training at step ``k`` (counting optimizer steps, one a batch), and a
     validation after it at step ``k`` too; a state saved after ``n`` steps (its ``global_step``) keeps the
     steps below ``n``, and the run going on from it logs from step ``n``."""
     from capsexp.results.events import event_files
 
-    if not event_files(run_folder):
+    if not event_files(run_folder) and not any(run_folder.rglob(ExperimentWriter.NAME_METRICS_FILE)):
         return None
     if not ckpt_path or Path(ckpt_path).resolve() != (run_folder / LAST_CHECKPOINT).resolve():
         return 0
@@ -93,7 +95,7 @@ def _files(folders: Iterable[Path]) -> set[Path]:
     }
 
 
-LOGGER_FILES = ("hparams.yaml", "metrics.csv")
+LOGGER_FILES = ("hparams.yaml", ExperimentWriter.NAME_METRICS_FILE)
 
 
 @contextlib.contextmanager

@@ -119,7 +119,11 @@ def _run(cfg: DictConfig, job: DDPJob) -> dict[str, float]:
     if hidden is not None and run_folder is not None and int(os.environ.get("LOCAL_RANK", 0)) == 0:
         log.info(f"Events this folder holds from step {hidden} on are hidden: this run logs them again")
     loggers: list[Logger] = instantiate_all(
-        "logger", cfg.get("logger"), {"TensorBoardLogger": {"purge_step": hidden}} if hidden is not None else None
+        "logger",
+        cfg.get("logger"),
+        {"TensorBoardLogger": {"purge_step": hidden}, "ResumableCSVLogger": {"purge_step": hidden}}
+        if hidden is not None
+        else None,
     )
     step_seen = StepSeen()
     # A progress bar or model summary dropped from the callbacks (callbacks.progress_bar=null) is gone:
