@@ -4,9 +4,11 @@ its flips markers says which were caught, and by which test.
 
     python experiments/flips.py               # this tree's tests
     python experiments/flips.py --before REV  # and, beside them, the tests as they were at git revision REV
+    python experiments/flips.py --only 'src/capsexp/use/*'   # the flips in these files alone, the rest kept
+    python experiments/flips.py --again       # the flips this tree's tests did not catch, again
 
-The verdicts are kept in ``experiments/results/flips.json``: a run without ``--before`` judges this tree's
-tests again and keeps the earlier revision's column while the flips are the same.
+The verdicts are kept in ``experiments/results/flips.json``, per flip while it is unchanged: a run judges the
+flips it selects and keeps every other verdict, an earlier revision's column included.
 
 A flip is caught when its tests fail with it and pass without it (each copy is checked unflipped first).
 """
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import fnmatch
 import io
 import json
 import os
@@ -103,22 +106,24 @@ def flip(folder: Path, entry: dict) -> str:
     return f"caught by `{failed[0]}`" if failed else "caught (the tests did not run)"
 
 
-def block(columns: dict[str, list[str]], whats: list[str], command: str, seconds: float) -> str:
+def block(columns: dict[str, dict[str, str]], whats: list[str], commands: list[str], seconds: float) -> str:
     header = " | ".join(columns)
-    rows = "\n".join(f"| {what} | " + " | ".join(v[i] for v in columns.values()) + " |" for i, what in enumerate(whats))
+    rows = "\n".join(
+        f"| {what} | " + " | ".join(v.get(what, "not judged") for v in columns.values()) + " |" for what in whats
+    )
     totals = "; ".join(
-        f"with {name}, {sum(v.startswith('caught') for v in verdicts)} of {len(whats)} caught"
+        f"with {name}, {sum(verdicts.get(what, '').startswith('caught') for what in whats)} of {len(whats)} caught"
         for name, verdicts in columns.items()
     )
-    earlier = f" (the earlier revision's column from `{command}`)" if len(columns) > 1 else ""
+    run = ", ".join(f"`{command}`" for command in commands)
     return f"""{BEGIN}
 ## Planted flips
 
-Written by `python experiments/flips.py` on {datetime.date.today()}: {cpu_name()}, {os.cpu_count()} cores,
-{seconds / 60:.1f} min{earlier}. Where the code picks one of two things (the best checkpoint or the last, training or
-evaluation batches, seed 0 or none, rank zero or the others) or passes an option down, the other side
-taken in a scratch copy of the code, against the tests a change there runs
-(`experiments/mutation_flips.yaml`). **{totals[0].upper()}{totals[1:]}.**
+Written by {run} on {datetime.date.today()}: {cpu_name()}, {os.cpu_count()} cores,
+{seconds / 60:.1f} min of judging. Where the code picks one of two things (the best checkpoint or the last, training
+or evaluation batches, seed 0 or none, rank zero or the others), passes an option down, or reads a path, a batch,
+a group or the second of several, the other side taken in a scratch copy of the code, against the tests a change
+there runs (`experiments/mutation_flips.yaml`). **{totals[0].upper()}{totals[1:]}.**
 
 | flip | {header} |
 | --- |{" --- |" * len(columns)}
@@ -136,40 +141,52 @@ def judge_all(entries: list[dict], tests_from: str | None) -> list[str]:
     return verdicts
 
 
+def _key(entry: dict) -> str:
+    """A flip as its verdicts are kept: a changed flip (its file, text or tests) is judged again."""
+    return json.dumps([entry["file"], entry["old"], entry["new"], entry["tests"]])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--before", help="a git revision whose tests to judge the flips with too, beside this tree's")
     parser.add_argument(
+        "--only",
+        nargs="+",
+        metavar="PATTERN",
+        help="judge only the flips whose file matches one of these (fnmatch, e.g. 'src/capsexp/use/*'), keeping "
+        "the other verdicts",
+    )
+    parser.add_argument(
         "--again",
         action="store_true",
         help="judge again only the flips this tree's tests let survive or could not judge (after fixing those "
-        "tests), keeping the other verdicts (the flips unchanged)",
+        "tests), keeping the other verdicts",
     )
     args = parser.parse_args()
     entries = yaml.safe_load(FLIPS.read_text())
     whats = [e["what"] for e in entries]
     kept = json.loads(VERDICTS.read_text()) if VERDICTS.exists() else {}
-    # An earlier revision's column is kept while the flips are the same ones (its tests do not change).
-    columns = {
-        name: v for name, v in kept.get("columns", {}).items() if kept.get("flips") == whats and name != THIS_TREE
+    # Verdicts are kept per flip while the flip is the same one (a column's tests do not change).
+    columns: dict[str, dict[str, str]] = {
+        name: {e["what"]: v[_key(e)] for e in entries if _key(e) in v} for name, v in kept.get("columns", {}).items()
     }
-    command = kept.get("command", "python experiments/flips.py") if columns else "python experiments/flips.py"
-    earlier = kept.get("columns", {}).get(THIS_TREE) if kept.get("flips") == whats else None
-    seconds = kept.get("seconds", 0.0) if args.again and earlier else 0.0
+    selected = [e for e in entries if not args.only or any(fnmatch.fnmatch(e["file"], p) for p in args.only)]
     with Stopwatch() as watch:
         if args.before:
-            columns = {f"the tests of {args.before}": judge_all(entries, args.before)}
-            command = f"python experiments/flips.py --before {args.before}"
-        if args.again and earlier:
-            again = [i for i, verdict in enumerate(earlier) if not verdict.startswith("caught")]
-            verdicts = dict(zip(again, judge_all([entries[i] for i in again], None), strict=True))
-            columns[THIS_TREE] = [verdicts.get(i, verdict) for i, verdict in enumerate(earlier)]
-        else:
-            columns[THIS_TREE] = judge_all(entries, None)
-    seconds += watch.seconds
-    record = {"flips": whats, "columns": columns, "command": command, "seconds": seconds}
-    VERDICTS.write_text(json.dumps(record, indent=1) + "\n")
-    new = block(columns, whats, command, seconds)
+            name = f"the tests of {args.before}"
+            judged = judge_all(selected, args.before)
+            columns[name] = {**columns.get(name, {}), **dict(zip([e["what"] for e in selected], judged, strict=True))}
+        ours = columns.get(THIS_TREE, {})
+        if args.again:
+            selected = [e for e in selected if not ours.get(e["what"], "").startswith("caught")]
+        judged = judge_all(selected, None)
+        columns[THIS_TREE] = {**ours, **dict(zip([e["what"] for e in selected], judged, strict=True))}
+    columns = {name: columns[name] for name in sorted(columns, key=lambda n: n == THIS_TREE)}  # ours last
+    seconds = kept.get("seconds", 0.0) + watch.seconds
+    commands = list(dict.fromkeys([*kept.get("commands", []), " ".join(["python experiments/flips.py", *sys.argv[1:]])]))
+    by_key = {name: {_key(e): v[e["what"]] for e in entries if e["what"] in v} for name, v in columns.items()}
+    VERDICTS.write_text(json.dumps({"columns": by_key, "commands": commands, "seconds": seconds}, indent=1) + "\n")
+    new = block(columns, whats, commands, seconds)
     text = PAGE.read_text()
     if BEGIN in text:
         text = re.sub(re.escape(BEGIN) + ".*?" + re.escape(END), lambda _: new, text, flags=re.S)

@@ -125,6 +125,15 @@ def test_bench_routing_measures_every_routing_and_the_plain_head_as_the_study_bu
     assert 23.6 < json.loads(result.stdout) < 2000
 
 
+def test_the_em_float32_page_rebuilds_from_its_record():
+    """experiments/results/em_float32.md is what em_float32.py writes from em_float32.json."""
+    import em_float32
+
+    results = PROJECT_ROOT / "experiments" / "results"
+    record = json.loads((results / "em_float32.json").read_text())
+    assert em_float32.page(record) == (results / "em_float32.md").read_text()
+
+
 def test_the_first_hour_page_rebuilds_from_its_record():
     """experiments/results/first_hour.md is what first_hour.py writes from first_hour.json, byte for byte."""
     import first_hour

@@ -97,33 +97,50 @@ def test_em_poses_are_weighted_means_of_the_votes_and_the_betas_gradients_finite
         assert torch.isfinite(tensor).all()
 
 
-@CASES
-@given(
-    seed=st.integers(0, 2**16),
-    offset=st.sampled_from([0.0, 5.0, 20.0, -50.0]),
-    spread=st.sampled_from([0.01, 0.03, 1.0]),
-    cost_normalization=st.sampled_from(["none", "standardize"]),
-    final_lambda=st.sampled_from([0.01, 10.0]),
-)
-@example(seed=232, offset=-50.0, spread=0.03, cost_normalization="none", final_lambda=10.0)  # gradient 1.1e-3
-def test_em_float32_matches_float64(seed, offset, spread, cost_normalization, final_lambda):
+# The property test's settings, and its cases: experiments/em_float32.py measures its errors over them.
+EM_FLOAT32_SETTINGS = {
+    "offset": [0.0, 5.0, 20.0, -50.0],
+    "spread": [0.01, 0.03, 1.0],
+    "cost_normalization": ["none", "standardize"],
+    "final_lambda": [0.01, 10.0],
+}
+
+
+def em_float32_case(seed, offset, spread, cost_normalization, final_lambda):
+    """Votes ``offset + spread N(0, 1)`` of 20 children for 4 parents, activations, betas and the upstream
+    gradients of a loss on the poses and activations (float64), and the routing's options."""
     votes = offset + spread * random_tensor(seed, 2, 20, 4, 16)
     activations = torch.rand(2, 20, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
     beta_u, beta_a = random_tensor(seed + 1, 2, 4)
-    options = dict(iterations=3, final_lambda=final_lambda, cost_normalization=cost_normalization)
     upstream = (random_tensor(seed + 2, 2, 4, 16), random_tensor(seed + 3, 2, 4))
+    options = dict(iterations=3, final_lambda=final_lambda, cost_normalization=cost_normalization)
+    return (votes, activations, beta_u, beta_a, upstream), options
+
+
+# Random examples on every run (not derandomised): the tolerance holds over 14,400 measured cases with a
+# margin of six (experiments/results/em_float32.md).
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 2**16), **{name: st.sampled_from(values) for name, values in EM_FLOAT32_SETTINGS.items()})
+@example(seed=34945, offset=-50.0, spread=0.01, cost_normalization="standardize", final_lambda=10.0)
+def test_em_float32_matches_float64_on_the_same_inputs(seed, offset, spread, cost_normalization, final_lambda):
+    """EM routing in float32 against float64 on the same (float32) inputs: the float32 computation's own
+    error. Against float64 on the exact inputs, the votes' rounding to float32 (|offset| 2^-24 of a vote,
+    up to 3e-4 of a spread of 0.01 at offset -50) is amplified by the sharp costs as much in float64 as in
+    float32 (experiments/results/em_float32.md): the example above, once a failure against exact float64,
+    is such a case."""
+    (votes, *rest, upstream), options = em_float32_case(seed, offset, spread, cost_normalization, final_lambda)
+    inputs = [t.float() for t in (votes, *rest)]  # the float32 values: both computations receive them
     results = {}
     for dtype in (torch.float64, torch.float32):
-        leaf = votes.to(dtype).requires_grad_()
-        mu, a = fast_em_routing(leaf, activations.to(dtype), beta_u.to(dtype), beta_a.to(dtype), **options)
-        (grad,) = torch.autograd.grad((mu, a), leaf, [u.to(dtype) for u in upstream])
+        leaf = inputs[0].to(dtype).requires_grad_()
+        mu, a = fast_em_routing(leaf, *(t.to(dtype) for t in inputs[1:]), **options)
+        (grad,) = torch.autograd.grad((mu, a), leaf, [u.float().to(dtype) for u in upstream])
         results[dtype] = [t.detach().double() for t in (mu, a, grad)]
     (mu64, a64, grad64), (mu32, a32, grad32) = results[torch.float64], results[torch.float32]
-    # float32 resolves the votes to |offset| x 6e-8: poses and gradients are held to 1e-3 per 20 of offset.
-    scale = max(1.0, abs(offset) / 20)
-    assert (mu32 - mu64).abs().max() < 1e-3 * scale
-    assert (a32 - a64).abs().max() < 1e-3
-    assert (grad32 - grad64).norm() <= 1e-3 * scale * grad64.norm() + 1e-6
+    # Measured at most 1.1e-4, 3.7e-5 and 1.6e-4 (em_float32.md): held to 1e-3 per unit of spread, 2e-4, 1e-3.
+    assert (mu32 - mu64).abs().max() < 1e-3 * max(spread, 0.1)
+    assert (a32 - a64).abs().max() < 2e-4
+    assert (grad32 - grad64).norm() <= 1e-3 * grad64.norm()
 
 
 def test_em_inverse_temperature_follows_the_schedule_transcribed_here():
