@@ -108,20 +108,27 @@ def page(record: dict) -> str:
         )
     table_text = "\n".join(table)
     cases = len(rows)
+    test = "test_em_float32_matches_float64_on_the_same_inputs"
+    poses = max(rows, key=lambda r: r["poses"])
+    poses_narrow = max(r["poses"] for r in rows if r["spread"] == min(EM_FLOAT32_SETTINGS["spread"]))
+    activations = max(r["activations"] for r in rows)
+    header = (
+        "| offset | spread | input perturbation relative to the spread | largest total | from the inputs' rounding "
+        "| from the float32 computation |"
+    )
     return f"""# EM routing in float32: the computation's error and the input's
 
 Written by `experiments/em_float32.py` on {record["date"]}: {record["machine"]}, Python {record["python"]},
 torch {record["torch"]}, {record["minutes"]:.1f} min.
 
-**Over {cases} cases ({record["seeds"]} seeds x every setting of `test_em_float32_matches_float64_on_the_same_inputs`), EM's
+**Over {cases} cases ({record["seeds"]} seeds x every setting of `{test}`), EM's
 float32 gradient differs from float64's on the same float32 inputs by at most
 {computation["float32 computation"]:.1e} (relative norm); the largest difference from float64 on the exact inputs,
 {worst["total"]:.1e} (seed {worst["seed"]}, offset {worst["offset"]:g}, spread {worst["spread"]:g},
 `{worst["cost_normalization"]}`, final lambda {worst["final_lambda"]:g}), is the inputs' rounding: float64 on the
 rounded inputs is {worst["input rounding"]:.1e} from it.** On the same inputs, float32's poses differ from
-float64's by at most {max(r["poses"] for r in rows):.1e} (largest at spread {max(rows, key=lambda r: r["poses"])["spread"]:g}; at
-spread 0.01 at most {max(r["poses"] for r in rows if r["spread"] == 0.01):.1e}), its activations by
-{max(r["activations"] for r in rows):.1e}.
+float64's by at most {poses["poses"]:.1e} (largest at spread {poses["spread"]:g}; at
+spread 0.01 at most {poses_narrow:.1e}), its activations by {activations:.1e}.
 
 The votes are `offset + spread x N(0, 1)`. float32 stores a vote to a relative 2^-24, so an offset of 50 moves
 each by up to 3e-6, a third of a thousandth of a spread of 0.01: the routing sees votes whose differences (what
@@ -129,7 +136,7 @@ its variances and costs are made of) are perturbed by `|offset| 2^-24 / spread` 
 costs (final lambda 10, standardised costs) amplify that about tenfold in the gradient. That is the input's
 condition, the same in any float32 computation; the float32 computation's own error is the column to its right.
 
-| offset | spread | input perturbation relative to the spread | largest total | from the inputs' rounding | from the float32 computation |
+{header}
 | ---: | ---: | ---: | ---: | ---: | ---: |
 {table_text}
 

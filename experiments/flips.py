@@ -22,6 +22,7 @@ import io
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -183,7 +184,8 @@ def main() -> None:
         columns[THIS_TREE] = {**ours, **dict(zip([e["what"] for e in selected], judged, strict=True))}
     columns = {name: columns[name] for name in sorted(columns, key=lambda n: n == THIS_TREE)}  # ours last
     seconds = kept.get("seconds", 0.0) + watch.seconds
-    commands = list(dict.fromkeys([*kept.get("commands", []), " ".join(["python experiments/flips.py", *sys.argv[1:]])]))
+    command = shlex.join(["python", "experiments/flips.py", *sys.argv[1:]])
+    commands = list(dict.fromkeys([*kept.get("commands", []), command]))
     by_key = {name: {_key(e): v[e["what"]] for e in entries if e["what"] in v} for name, v in columns.items()}
     VERDICTS.write_text(json.dumps({"columns": by_key, "commands": commands, "seconds": seconds}, indent=1) + "\n")
     new = block(columns, whats, commands, seconds)
