@@ -21,6 +21,8 @@ MODELS = {
     "baseline_cnn": ["model=baseline_cnn"],
     "em_caps_small": ["model=em_caps_small", *TINY_EM_CAPS],
     "em_caps_on_cifar10": ["model=em_caps", "data=cifar10", "model.net.backbone=resnet", *TINY_EM_CAPS],
+    # smallNORB's stored images are larger than the net's input (cropped at evaluation)
+    "em_caps_small_on_smallnorb": ["model=em_caps_small", "data=smallnorb", *TINY_EM_CAPS],
     **{f"capsnet_{routing}": [*TINY_CAPSNET, f"model/routing={routing}"] for routing in ROUTINGS},
 }
 # ONNX's exporter takes 4 to 20 s per model here: the fast suite exports CapsNet with dynamic routing (the
@@ -59,6 +61,19 @@ def parity(model: TrainedModel, format: str, tmp_path) -> None:
         )
     sidecar = json.loads(path.with_suffix(".json").read_text())
     assert sidecar["class_names"] == model.class_names and sidecar["score_kind"] == model.score_kind
+    assert sidecar["inputs"]["images"]["shape"] == ["N", model.channels, size, size]  # what it was given here
+
+
+def test_the_check_compares_every_output_on_every_image_it_is_given(tmp_path):
+    """The export command's check on 7 images (not the two traced): the scores and the class capsules' poses."""
+    from capsexp.use.export import compare
+
+    model = trained_model(MODELS["capsnet_dynamic"], tmp_path)
+    path = export(model, "torchscript", tmp_path / "model.pt", batch=2)
+    images = torch.randint(0, 256, (7, 1, 28, 28), dtype=torch.uint8, generator=torch.Generator().manual_seed(2))
+    result = compare(model, "torchscript", path, images)
+    assert result["images_checked"] == 7
+    assert {"max_abs_difference_scores", "max_abs_difference_poses"} <= set(result)
 
 
 @pytest.mark.parametrize("name", list(MODELS))
@@ -106,6 +121,7 @@ def test_the_export_command_writes_checks_and_times_the_file(tmp_path):
     check = json.loads((out / "check.json").read_text())
     assert check["images"] == "the first 50 test images of mnist" and check["max_abs_difference_scores"] <= 1e-4
     assert check["predictions_equal"] and check["file_bytes"] == (out / "model.pt").stat().st_size
+    assert check["images_checked"] == 50
     refused = run_cli_in_process(f"ckpt_path={run}", "format=tflite", f"hydra.run.dir={out}", entry=main)
     assert refused.returncode == 2 and "format=tflite: choose one of onnx, torchscript" in refused.stderr
     assert "Traceback" not in refused.stderr

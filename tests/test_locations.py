@@ -58,6 +58,8 @@ def read_back(argument: str) -> str:
         "logs/train/runs/2026-11-29_01-06-03-449399_model=capsnet_small,trainer.max_steps=1200",
         "/abs/path with space/run[1]",
         "logs/it's here",
+        "~/photos",  # as a shell leaves it unexpanded (quoted, or zsh): Hydra refuses ~ unquoted
+        "~user/my photos/.cache",
     ],
 )
 def test_a_folder_typed_as_printed_reaches_hydra_as_that_path(folder, tmp_path):

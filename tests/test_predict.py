@@ -204,28 +204,43 @@ def test_a_tensor_image_is_one_image_with_or_without_its_channel(trained_run):
     assert plain.scores.shape == (1, 10) and torch.equal(plain.scores, channelled.scores)
     batch = torch.stack([image[None], image.flip(0)[None]])
     assert model.predict(batch).scores.shape == (2, 10)
+    # A float image in [0, 1] is read to the nearest grey level: (k + 0.6) / 255 as k + 1, not k.
+    levels = torch.randint(0, 255, (1, 28, 28), generator=torch.Generator().manual_seed(5))
+    read = model.predict((levels + 0.6) / 255).inputs
+    assert torch.equal(read, model.predict((levels + 1).to(torch.uint8)).inputs)
 
 
 def test_the_figure_of_an_image_holds_what_the_model_computed(trained_run, tmp_path):
+    """The figure of the third of five images: its input, reconstruction, score bars, couplings and pose
+    perturbation (its middle column, the tweak 0, is its own reconstruction), not the first image's."""
+    from capsexp.figures.images import PERTURBATION_STEPS
+
     model = capsexp.load(trained_run)
-    image = torch.randint(0, 256, (1, 28, 28), dtype=torch.uint8)
-    predictions = model.predict(image)
-    figure = explain_figure(model, predictions, 0, "an image")
+    images = torch.randint(0, 256, (5, 1, 28, 28), dtype=torch.uint8, generator=torch.Generator().manual_seed(4))
+    images[2, :, 8:20, 12:16] = 255  # a bar: unlike the noise of the others
+    predictions = model.predict(images)
+    index = 2
+    figure = explain_figure(model, predictions, index, "an image")
     axes = {ax.get_label(): ax for ax in figure.get_axes() if ax.get_label()}
     net = model.net
     with torch.no_grad():
         output = net(predictions.inputs)
         # the couplings recomputed by the router's own forward, iteration by iteration
         children = net.primary(torch.relu(net.conv1(predictions.inputs)))
-        couplings = net.digits.routed_by_iteration(children)[-1].assignment[0]
-    assert np.allclose(axes["input"].images[0].get_array(), predictions.inputs[0, 0].numpy())
-    assert np.allclose(axes["reconstruction"].images[0].get_array(), output.reconstructions[0, 0].numpy(), atol=1e-6)
+        couplings = net.digits.routed_by_iteration(children)[-1].assignment[index]
+    assert not torch.allclose(output.scores[index], output.scores[0])
+    assert np.allclose(axes["input"].images[0].get_array(), predictions.inputs[index, 0].numpy())
+    reconstruction = output.reconstructions[index, 0].numpy()
+    assert np.allclose(axes["reconstruction"].images[0].get_array(), reconstruction, atol=1e-6)
     widths = [patch.get_width() for patch in axes["scores"].patches]
-    assert np.allclose(widths, output.scores[0].numpy(), atol=1e-6)
+    assert np.allclose(widths, output.scores[index].numpy(), atol=1e-6)
     maps = position_maps(couplings[None], net.primary.num_types)[0]
     for j in range(10):
         assert np.allclose(axes[f"couplings/{j}"].images[0].get_array(), maps[j].numpy(), atol=1e-6)
-    assert "pose_perturbation" in axes
+    grid = axes["pose_perturbation"].images[0].get_array()
+    middle = PERTURBATION_STEPS // 2  # the first pose dimension's row, untweaked: the reconstruction
+    tile = grid[1:29, 1 + middle * 29 : 29 + middle * 29, 0]  # make_grid: a 1-pixel border before each tile
+    assert np.allclose(tile, reconstruction.clip(0, 1), atol=1e-5)
 
 
 def test_a_checkpoint_carries_its_run_and_the_run_folder_its_revision(trained_run):
@@ -411,3 +426,72 @@ def test_each_model_reports_the_scores_its_objective_reads(overrides, objects, k
     logits = torch.tensor([[0.0, float(np.log(3.0))]])
     expected = {"softmax probability": [[0.25, 0.75]], "sigmoid probability": [[0.5, 0.75]]}.get(kind, logits.tolist())
     torch.testing.assert_close(reported_scores(logits, kind), torch.tensor(expected))
+
+
+@pytest.fixture(scope="module")
+def trained_lenet5(tmp_path_factory) -> Path:
+    """LeNet5 trained for 6 steps on synthetic MNIST: a model that names a class for every image."""
+    root = tmp_path_factory.mktemp("lenet5")
+    run_dir = root / "run"
+    result = run_cli_in_process(
+        *TINY_RUN, "model=lenet5", f"paths.data_dir={write_mnist(root / 'data')}", "trainer.max_steps=6",
+        "trainer.val_check_interval=6", f"hydra.run.dir={run_dir}",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    return run_dir
+
+
+def test_a_folder_given_from_home_under_a_dot_folder_is_predicted_in_batches_row_by_row(
+    trained_lenet5, tmp_path, monkeypatch
+):
+    """``images=~/.work/digits`` (a dot-folder, as under ~/.cache or a notebook's folders) of 30 digits in
+    class folders of unequal sizes, predicted in batches of 4 (the last one short): every file read, each
+    row labelled by its own folder and predicted as the model predicts it alone, the summary's confusion
+    matrix cell by cell the rows' counts, and each explained figure showing its own image."""
+    import collections
+
+    from matplotlib.figure import Figure
+
+    from capsexp.data import MNISTDataModule
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    stored, targets, _ = evaluation_batch(
+        MNISTDataModule(data_dir=write_mnist(tmp_path / "data"), verify_checksums=False), 30
+    )
+    folder = digit_folder(stored, targets, tmp_path / ".work" / "digits")
+    assert len(set(collections.Counter(targets.tolist()).values())) > 1  # unequal classes
+    drawn: dict[str, np.ndarray] = {}
+    save = Figure.savefig
+
+    def recorded(figure, path, **kwargs):
+        name = figure._suptitle.get_text().split(" (label ")[0]
+        drawn[name] = next(ax for ax in figure.get_axes() if ax.get_label() == "input").images[0].get_array()
+        return save(figure, path, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", recorded)
+    out = tmp_path / "out"
+    result = predict_cli(
+        f"ckpt_path={trained_lenet5}", "images=~/.work/digits", "batch_size=4", "explain=7", "lines=0",
+        "num_workers=0", f"hydra.run.dir={out}",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = read_rows(out / "predictions.csv")
+    assert len(rows) == 30 and "skipped" not in (out / "summary.md").read_text().lower()
+    assert [row["label"] for row in rows] == [row["file"].split("/")[0] for row in rows]
+    model = capsexp.load(trained_lenet5)
+    alone = {row["file"]: model.predict([folder / row["file"]]) for row in rows}
+    assert [row["predicted"] for row in rows] == [alone[row["file"]].names[0] for row in rows]
+    assert len(set(row["predicted"] for row in rows)) > 1  # a matrix with more than one column filled
+    counts = collections.Counter((row["label"], row["predicted"]) for row in rows)
+    table = (out / "summary.md").read_text().split("Confusion matrix (rows: label, columns: predicted):")[1]
+    lines = [line for line in table.splitlines() if line.startswith("| ") and not line.startswith(("| label", "| ---"))]
+    names = [str(d) for d in range(10)]
+    cells = {line.split(" | ")[0][2:]: [int(v) for v in line.strip(" |").split(" | ")[1:]] for line in lines}
+    assert cells == {label: [counts[(label, p)] for p in names] for label in names}
+    assert len(drawn) >= 7  # the first 7, and the first 7 it got wrong
+    for name, shown in drawn.items():
+        assert np.allclose(shown, alone[name].inputs[0, 0].numpy()), name
+    # The same files through the Python API in batches of 4: the scores of each image alone.
+    files = [folder / row["file"] for row in rows]
+    batched = model.predict(files, batch_size=4)
+    assert torch.allclose(batched.scores, torch.cat([alone[row["file"]].scores for row in rows]), atol=1e-5)

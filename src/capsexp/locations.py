@@ -106,8 +106,9 @@ LABEL_KEYS = ("task_name", "tags")
 _DATA_LOCATIONS = ("paths.data_dir", "image_folder_root")  # locations of the data a run read, outside data.*
 
 # Characters an override value may hold unquoted: others (``,`` a sweep, ``=``, brackets, quotes,
-# ``$``, whitespace) make Hydra's grammar read more than a string.
-_PLAIN_VALUE = re.compile(r"[\w./:@%+~-]*")
+# ``$``, whitespace) make Hydra's grammar read more than a string, and ``~`` it refuses (a home folder
+# as a shell leaves it unexpanded, ``images=~/photos`` quoted or in zsh).
+_PLAIN_VALUE = re.compile(r"[\w./:@%+-]*")
 
 
 def key(argument: str) -> str:

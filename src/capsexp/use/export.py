@@ -199,6 +199,7 @@ def compare(model: TrainedModel, format: str, path: Path, images: torch.Tensor) 
         for name, e, x in zip(["scores", "poses"], eager, exported, strict=False)
     }
     result["predictions_equal"] = bool(torch.equal(eager[0].argmax(1), exported[0].argmax(1)))
+    result["images_checked"] = len(images)
 
     def rate(function) -> float:
         times = []
