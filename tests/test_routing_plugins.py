@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import types
 
 import pytest
 import torch
@@ -177,3 +178,52 @@ def test_a_packages_own_study_composes_from_its_conf_folder(plugin):
     ]
     found = subprocess.run(page, env=plugin, capture_output=True, text=True, timeout=120)
     assert found.stdout.strip() == "mean_agreement/conf/experiment/mean_agreement_study.yaml", found.stderr[-2000:]
+
+
+def _point(name: str, value: str, distribution: str):
+    """An entry point of the group as importlib.metadata gives one from an installed distribution."""
+    from importlib.metadata import EntryPoint
+
+    from capsexp.config.routing_registry import GROUP
+
+    point = EntryPoint(name=name, value=value, group=GROUP)
+    return point._for(types.SimpleNamespace(name=distribution))
+
+
+@pytest.mark.parametrize(
+    "extra,message",
+    [
+        (  # two packages, one name: refused, naming both (the one found first keeps it)
+            [
+                ("mean", "capsexp.config.routing_options:DynamicRouting", "beta-pkg"),
+                ("mean", "capsexp.config.routing_options:UniformRouting", "alpha-pkg"),
+            ],
+            "entry point mean = capsexp.config.routing_options:UniformRouting of alpha-pkg (group capsexp.routing): "
+            "the name mean is taken already by entry point mean = capsexp.config.routing_options:DynamicRouting "
+            "of beta-pkg",
+        ),
+        (  # a package taking a built-in's name: refused, the built-in kept as the name's owner
+            [("dynamic", "capsexp.config.routing_options:UniformRouting", "alpha-pkg")],
+            "entry point dynamic = capsexp.config.routing_options:UniformRouting of alpha-pkg (group "
+            "capsexp.routing): the name dynamic is taken already by entry point dynamic = ",
+        ),
+    ],
+    ids=["two packages", "a built-in's name"],
+)
+def test_a_routing_name_registered_twice_is_refused_naming_both(extra, message, monkeypatch):
+    from capsexp.config import routing_registry
+    from capsexp.errors import ConfigError
+
+    installed = list(routing_registry.entry_points(group=routing_registry.GROUP))
+    points = [*installed, *(_point(*entry) for entry in extra)]
+    monkeypatch.setattr(routing_registry, "entry_points", lambda group: points)
+    routing_registry.registered.cache_clear()
+    try:
+        with pytest.raises(ConfigError) as raised:
+            routing_registry.registered()
+    finally:
+        monkeypatch.undo()
+        routing_registry.registered.cache_clear()
+    assert str(raised.value).startswith(message), str(raised.value)
+    if "dynamic" in message:
+        assert str(raised.value).endswith("of capsexp (group capsexp.routing)")

@@ -8,6 +8,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import types
 import tempfile
 import time
 from collections.abc import Iterator
@@ -488,3 +489,73 @@ def test_two_workers_share_one_postgresql_study_without_repeating_a_trial(postgr
     """Workers on several machines share a study in a real database: here two processes on one server."""
     arguments = [*OPTUNA_TINY, f"paths.data_dir={mnist_dir}", "hydra.sweeper.n_trials=6"]
     _two_workers_share_one_study([*arguments, f"hydra.sweeper.storage={hydra_value(postgresql)}"], postgresql, tmp_path)
+
+
+def test_a_finished_job_is_skipped_even_where_it_kept_its_saved_state(tmp_path):
+    """A job folder's state: finished (metrics.yaml written, its last.ckpt kept, as every finished run keeps
+    it) is skipped; a saved state alone is resumed; neither, started."""
+    from capsexp.locations import LAST_CHECKPOINT
+    from capsexp.run.sweep_resume import RESUMED, SKIPPED, STARTED, job_state, write_finished
+
+    finished, stopped, new = (tmp_path / name for name in ("finished", "stopped", "new"))
+    for folder in (finished, stopped):
+        (folder / LAST_CHECKPOINT).parent.mkdir(parents=True)
+        (folder / LAST_CHECKPOINT).touch()
+    write_finished(finished, {"test/acc": 0.5})
+    assert [job_state(folder) for folder in (finished, stopped, new)] == [SKIPPED, RESUMED, STARTED]
+
+
+def test_the_finishing_command_pasted_into_a_shell_is_the_sweep_as_typed(tmp_path, monkeypatch):
+    """The printed command, split as a shell splits it, gives back each argument as typed: an override with
+    a space, a list, a quote and an interpolation's $ (what the user quoted for their shell), and the
+    sweep's folder as Hydra reads it."""
+    from capsexp.locations import value
+    from capsexp.run.sweep_resume import finishing_command
+
+    typed = ["-m", "seed=1,2", "model.net.conv_layers=[4,4]", "tags=[my run]", "task_name=it's", "x=${oc.env:HOME}"]
+    monkeypatch.setattr(sys, "argv", ["capsexp", *typed, "hydra.sweep.dir=/old"])
+    sweep = tmp_path / "my sweep=a,b"
+    pasted = shlex.split(finishing_command(sweep))
+    assert pasted[:3] == ["python", "-m", "capsexp"] and pasted[3:-1] == typed
+    assert value(pasted[-1]) == str(sweep)
+
+
+def test_a_search_counts_the_trials_a_job_failed_not_those_a_dead_worker_left():
+    """Toward n_trials: finished, pruned, running, and failed by their job; not a trial failed for its
+    heartbeat (a dead worker's), whose retry takes its place."""
+    import optuna
+    from optuna.trial import TrialState
+
+    from capsexp.run.optuna_search import JOB_FAILED, _counted
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study()
+    complete, pruned, by_job, by_heartbeat, _running = (study.ask() for _ in range(5))
+    study.tell(complete, 1.0)
+    study.tell(pruned, state=TrialState.PRUNED)
+    study._storage.set_trial_system_attr(by_job._trial_id, JOB_FAILED, True)
+    study.tell(by_job, state=TrialState.FAIL)
+    study.tell(by_heartbeat, state=TrialState.FAIL)
+    assert _counted(study) == 4
+
+
+def test_a_retried_trial_runs_as_the_job_of_the_trial_it_retries():
+    """Trials 4-6 asked, 4 retrying trial 1 (a dead worker's, whose job folder holds its saved state): job 1
+    is launched for it, then jobs 5 and 6 together (consecutive numbers: one launch)."""
+    import optuna
+
+    from capsexp.run.optuna_search import ResumableSearch
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study()
+    for _ in range(4):
+        study.tell(study.ask(), 0.0)
+    trials = [study.ask() for _ in range(3)]
+    study._storage.set_trial_system_attr(trials[0]._trial_id, "failed_trial", 1)
+    launched = []
+    search = object.__new__(ResumableSearch)
+    search.launcher = types.SimpleNamespace(
+        launch=lambda overrides, initial_job_idx: launched.append((list(overrides), initial_job_idx)) or []
+    )
+    search._launch_numbered(trials, [["a=4"], ["a=5"], ["a=6"]])
+    assert launched == [([["a=4"]], 1), ([["a=5"], ["a=6"]], 5)]
