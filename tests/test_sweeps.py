@@ -8,9 +8,9 @@ import shlex
 import signal
 import subprocess
 import sys
-import types
 import tempfile
 import time
+import types
 from collections.abc import Iterator
 from pathlib import Path
 
