@@ -511,6 +511,11 @@ def test_a_page_with_its_runs_kept_beside_it_rebuilds_byte_identical(tmp_path):
     moved = tmp_path / "elsewhere"
     shutil.rmtree(tmp_path / "logs")
     assert_page_rebuilds(page_folder, moved)
+    # A page whose table (not its README) no longer matches its runs fails the check, naming the file.
+    table = (page_folder / "comparison.csv").read_text()
+    (page_folder / "comparison.csv").write_text(table.replace("0.9", "0.8", 1))
+    with pytest.raises(AssertionError, match="comparison.csv"):
+        assert_page_rebuilds(page_folder, tmp_path / "again")
     main([str(moved / "runs"), "--output", str(moved), "--keep-runs"])  # from the kept runs: they stay
     assert len(list((moved / "runs").glob("*/tensorboard"))) == 4
     # Kept again from another sweep: the earlier runs go, the page is of this sweep's runs alone.

@@ -393,3 +393,26 @@ def test_the_csv_logger_keeps_the_rows_before_its_purge_step_and_adds_new_column
     fresh.log_metrics({"train/loss": 1.0}, step=0)
     fresh.save()
     assert (folder / "metrics.csv").read_text().splitlines() == ["step,train/loss", "0,1.0"]
+
+
+def test_a_resumed_run_that_fails_before_its_first_step_keeps_its_earlier_logger_files(tmp_path):
+    """The files the loggers wrote before the failing run (a resumed run's folder) stay; those it wrote go,
+    and a logger folder it left empty with them."""
+    import types
+
+    from capsexp.run.run_folder import StepSeen, no_files_left_if_failed_early
+
+    earlier = [tmp_path / "events.out.tfevents.1.host", tmp_path / "hparams.yaml", tmp_path / "csv" / "metrics.csv"]
+    for path in earlier:
+        path.parent.mkdir(exist_ok=True)
+        path.write_text("logged before")
+    loggers = [types.SimpleNamespace(log_dir=str(tmp_path), finalize=lambda status: None),
+               types.SimpleNamespace(log_dir=str(tmp_path / "csv"), finalize=lambda status: None),
+               types.SimpleNamespace(log_dir=str(tmp_path / "new_logger"), finalize=lambda status: None)]  # fmt: skip
+    with pytest.raises(RuntimeError), no_files_left_if_failed_early(loggers, L.Trainer(logger=False), StepSeen()):
+        (tmp_path / "events.out.tfevents.2.host").write_text("this run")
+        (tmp_path / "new_logger").mkdir()
+        (tmp_path / "new_logger" / "metrics.csv").write_text("this run")
+        raise RuntimeError("no data")
+    assert all(path.read_text() == "logged before" for path in earlier)
+    assert not (tmp_path / "events.out.tfevents.2.host").exists() and not (tmp_path / "new_logger").exists()

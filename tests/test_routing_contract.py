@@ -83,12 +83,33 @@ class _ReadsPlace(torch.nn.Module):
         return self.router(votes + 0.1 * place, children, activations)
 
 
+class _AssignmentInItsOwnOrder(torch.nn.Module):
+    """A router whose returned assignment lists the children by their votes' length, not in their order
+    (the parents it computes are right)."""
+
+    def __init__(self, router: torch.nn.Module) -> None:
+        super().__init__()
+        self.router = router
+
+    def forward(self, votes, children, activations) -> Routed:
+        routed = self.router(votes, children, activations)
+        order = votes.norm(dim=-1).sum(dim=-1).argsort(dim=1)  # (B, I): the children shortest first
+        assignment = routed.assignment.gather(1, order[..., None].expand_as(routed.assignment))
+        return Routed(routed.poses, routed.activations, assignment)
+
+
 # Each broken router, the check that catches it, and what its message must say: the case that failed and
 # the likely cause a routing's author acts on.
 BROKEN = [
     (_Scaled, "test_each_childs_assignment_sums_to_one", "each child's assignment summed over the parents", "dim=-1"),
     (_MixesImages, "test_each_image_is_routed_on_its_own", "the image alone", "reduces over the batch"),
     (_ReadsPlace, "test_each_image_is_routed_on_its_own", "the permuted batch", "an image's place"),
+    (
+        _AssignmentInItsOwnOrder,
+        "test_the_order_of_the_children_does_not_matter",
+        "the children permuted: the assignment",
+        "not in the children's order",
+    ),
 ]
 
 

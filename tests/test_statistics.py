@@ -141,6 +141,9 @@ def test_the_relabelling_test_counts_splits_reaching_the_observed_difference():
     # 5, 6, 7 against 1, 2, 3: of the 20 splits of six runs into threes, only these two reach |4|.
     assert relabelling_p([5, 6, 7], [1, 2, 3]) == pytest.approx(2 / 20)
     assert relabelling_p([5, 6, 7], [1, 2, 3], "greater") == pytest.approx(1 / 20)
+    # Unequal groups, 5, 6 against 1, 2, 3 (difference of means 3.5): of the 10 ways to pick two of the
+    # five runs as the arm, only {5, 6} reaches |3.5| ({1, 2} comes nearest: 1.5 - 14/3 = -3.17).
+    assert relabelling_p([5, 6], [1, 2, 3]) == pytest.approx(1 / 10)
 
 
 def test_the_detectable_difference_is_found_with_the_stated_power():
@@ -171,6 +174,9 @@ def test_arms_with_other_seeds_are_compared_by_welchs_t_test():
     assert five.test == WELCH and five.p < 0.01 and five.p_permutation == pytest.approx(2 / 252)
     # The same seeds but one of them twice on a side: no pairing either.
     assert difference([(1, 1.0), (1, 3.0)], [(1, 5.0), (2, 7.0)]).test == WELCH
+    # The reference's seed twice, the arm's seeds the same set: not paired (a run would be dropped).
+    twice = difference([(1, 0.9), (2, 0.8), (3, 0.85)], [(1, 0.7), (1, 0.75), (2, 0.6), (3, 0.65)])
+    assert twice.test == WELCH and twice.runs == (3, 4)
     # Runs without a seed override cannot be paired.
     assert difference([(None, 1.0), (None, 3.0)], [(None, 5.0), (None, 7.0)]).test == WELCH
 
