@@ -235,3 +235,21 @@ def test_a_model_predicts_peoples_files_of_mnist_digits_within_8_points_of_the_d
     people = accuracy(write_people_files(digits, labels, tmp_path / "people"))
     plain = accuracy(tmp_path / "people", "fit=plain")
     assert pngs > 0.9 and people > pngs - 0.08 and plain < 0.5, (pngs, people, plain)
+
+
+def test_a_wide_image_is_squared_by_its_centre_not_stretched_and_a_stereo_views_file_read_as_grey(tmp_path):
+    """A 40x20 image whose left and right quarters are white: resized on its shorter side (already 20) and
+    cropped to its centre 20 columns, which hold no white; a stretch would keep both bands. A colour file
+    read for a stereo model (2 channels, a view per file) is one grey channel, as for a grey model."""
+    from capsexp.data.images import pil_mode, square
+
+    image = torch.zeros(1, 20, 40, dtype=torch.uint8)
+    image[..., :10] = image[..., 30:] = 255
+    image[..., 10:30] = torch.arange(20, dtype=torch.uint8)  # a ramp: the crop's columns in order
+    squared = square(image, 20)
+    assert torch.equal(squared, image[..., 10:30])
+    colour = tmp_path / "view.png"
+    Image.fromarray(np.full((6, 6, 3), (200, 40, 10), dtype=np.uint8)).save(colour)
+    pixels, _ = read_image(colour, pil_mode(2))
+    assert pixels.shape == (1, 6, 6) and pil_mode(1) == pil_mode(2) == "L" and pil_mode(3) == "RGB"
+    assert int(pixels[0, 0, 0]) == round(0.299 * 200 + 0.587 * 40 + 0.114 * 10)  # ITU-R 601-2 luma
