@@ -828,3 +828,19 @@ def test_a_malformed_hypothesis_is_a_config_error_naming_what_is_allowed(tmp_pat
         with pytest.raises(ConfigError, match=r"toy\.yaml: its page is malformed") as error:
             study.load_study_page("toy", "quick")
         assert "two-sided, greater, less" in str(error.value) or "it has name, metric" in str(error.value)
+
+
+def test_a_hypothesis_is_judged_by_the_p_value_of_the_test_it_declares():
+    """test: permutation -> the permutation test's p-value is the one the family adjusts; t (the default),
+    or an exploratory comparison, the t-test's."""
+    from capsexp.results.differences import Compared
+    from capsexp.results.statistics import Difference
+    from capsexp.results.study import Hypothesis
+
+    difference = Difference(2.0, "paired t", 1.0, 3.0, p=0.001, p_permutation=0.0625, runs=(5, 5))
+
+    def compared(test: str | None) -> Compared:
+        hypothesis = None if test is None else Hypothesis("b against a", "test/acc", "arm=b", "arm=a", 0.5, test=test)
+        return Compared("test/acc", None, None, difference, None, hypothesis)
+
+    assert [compared(test).p for test in ("permutation", "t", None)] == [0.0625, 0.001, 0.001]

@@ -253,3 +253,16 @@ def test_a_wide_image_is_squared_by_its_centre_not_stretched_and_a_stereo_views_
     pixels, _ = read_image(colour, pil_mode(2))
     assert pixels.shape == (1, 6, 6) and pil_mode(1) == pil_mode(2) == "L" and pil_mode(3) == "RGB"
     assert int(pixels[0, 0, 0]) == round(0.299 * 200 + 0.587 * 40 + 0.114 * 10)  # ITU-R 601-2 luma
+
+
+def test_fit_plain_keeps_an_image_of_the_evaluation_size_and_squares_any_other_even_of_its_width():
+    """fit=plain: a 28x28 image as it is, without a note; a 40x28 one (its width the evaluation size, its
+    height not) squared by its centre, and said so."""
+    from capsexp.data.conventions import ImageConventions, fit
+
+    conventions = ImageConventions(size=28)
+    same = torch.randint(0, 256, (1, 28, 28), dtype=torch.uint8, generator=torch.Generator().manual_seed(1))
+    assert fit(same, conventions, plain=True) == (same, [])
+    tall = torch.randint(0, 256, (1, 40, 28), dtype=torch.uint8, generator=torch.Generator().manual_seed(2))
+    fitted, notes = fit(tall, conventions, plain=True)
+    assert torch.equal(fitted, tall[:, 6:34]) and notes == ["resized (shorter side to 28, centre crop): fit=plain"]

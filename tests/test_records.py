@@ -174,3 +174,24 @@ def test_the_card_of_a_run_that_never_validated_says_it_tested_the_final_weights
         "checkpoint by val/acc to test." in card
     )
     assert "| test/acc |" in card
+
+
+def test_the_cards_predict_command_pasted_into_a_shell_names_the_model_it_describes():
+    """A training run: its folder (a job folder of a sweep, in a folder with a space); a test-only run (the
+    checkpoint it tested, trained by another run: its own folder holds none): that checkpoint."""
+    import shlex
+
+    from capsexp.results.machine import describe as describe_machine
+    from capsexp.results.model_card import CardFacts, use_command
+
+    def facts(**given) -> CardFacts:
+        return CardFacts(
+            net="LeNet5", choices={}, config={}, parameters=1, flops=1.0, split_sizes={}, class_names=[], metrics={},
+            train_seconds=None, machine=describe_machine(), revision=None, **given,
+        )  # fmt: skip
+
+    folder = "my runs/multiruns/2026-12-07/model=lenet5,seed=1"
+    trained = facts(checkpoint=f"{folder}/checkpoints/epoch_001.ckpt", run_folder=folder)
+    assert shlex.split(use_command(trained)) == ["python", "-m", "capsexp.predict", f"ckpt_path={folder}"]
+    tested = facts(checkpoint="/elsewhere/best.ckpt", run_folder="logs/eval/runs/x", tested_sha256="ab" * 32)
+    assert shlex.split(use_command(tested))[-1] == "ckpt_path=/elsewhere/best.ckpt"
