@@ -205,3 +205,22 @@ def test_coupling_maps_are_each_class_mean_coupling_per_position_shown_on_one_sc
     assert (low + high) / 2 == pytest.approx(1 / 3)  # centred at the uniform coupling
     assert high - 1 / 3 == pytest.approx((maps[[0, 2]] - 1 / 3).abs().max().item())
     assert any("uniform: 1/3" in ax.get_ylabel() for ax in figure.axes)  # the colour bar's label
+
+
+def test_position_maps_read_children_type_major_or_with_the_types_innermost_as_em_numbers_them():
+    """Children of 2 types on a grid of 2x2 positions, each child's coupling to class 0 its own
+    number: type-major (type, h, w) and types innermost (h, w, type) give each position the mean of its
+    own two children, worked out here by their numbers."""
+    from capsexp.figures.couplings import position_maps
+
+    children, classes = 8, 2
+    first = torch.arange(children, dtype=torch.float64) / 10  # child i's share to class 0: i / 10
+    couplings = torch.stack([first, 1 - first], dim=-1)[None]  # (1, 8, 2), each child's shares sum to 1
+    type_major = position_maps(couplings, num_types=2)[0, 0]
+    # child (t, h, w) is number 4t + 2h + w: position (h, w) averages 2h + w and 4 + 2h + w
+    expected = torch.tensor([[(2 * h + w + 4 + 2 * h + w) / 20 for w in range(2)] for h in range(2)])
+    assert torch.allclose(type_major, expected.double())
+    innermost = position_maps(couplings, num_types=2, types_innermost=True)[0, 0]
+    # child (h, w, t) is number 4h + 2w + t: position (h, w) averages 4h + 2w and 4h + 2w + 1
+    expected = torch.tensor([[(2 * (4 * h + 2 * w) + 1) / 20 for w in range(2)] for h in range(2)])
+    assert torch.allclose(innermost, expected.double())

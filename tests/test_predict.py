@@ -495,3 +495,16 @@ def test_a_folder_given_from_home_under_a_dot_folder_is_predicted_in_batches_row
     files = [folder / row["file"] for row in rows]
     batched = model.predict(files, batch_size=4)
     assert torch.allclose(batched.scores, torch.cat([alone[row["file"]].scores for row in rows]), atol=1e-5)
+
+
+def test_a_model_with_several_routing_layers_shows_the_couplings_of_its_last_to_the_classes(tmp_path):
+    """EM capsules route three times (two convolutional capsule layers, then the class capsules): the
+    couplings a prediction returns and its figure draws are the class capsules', one per class."""
+    from capsexp.models.inspection import routing_layers
+    from tests.helpers import TINY_EM_CAPS
+
+    model = untrained(["model=em_caps_small", *TINY_EM_CAPS], tmp_path)
+    assert model.routing_layer[0] == list(routing_layers(model.module))[-1] and len(routing_layers(model.module)) == 3
+    images = torch.randint(0, 256, (3, 1, 28, 28), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    predictions = model.forward(model.inputs(images), couplings=True)
+    assert predictions.couplings.shape[0] == 3 and predictions.couplings.shape[-1] == 10
