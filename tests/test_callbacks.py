@@ -213,7 +213,7 @@ def test_position_maps_read_children_type_major_or_with_the_types_innermost_as_e
     own two children, worked out here by their numbers."""
     from capsexp.figures.couplings import position_maps
 
-    children, classes = 8, 2
+    children = 8
     first = torch.arange(children, dtype=torch.float64) / 10  # child i's share to class 0: i / 10
     couplings = torch.stack([first, 1 - first], dim=-1)[None]  # (1, 8, 2), each child's shares sum to 1
     type_major = position_maps(couplings, num_types=2)[0, 0]

@@ -514,7 +514,7 @@ def test_a_page_with_its_runs_kept_beside_it_rebuilds_byte_identical(tmp_path):
     # A page whose table (not its README) no longer matches its runs fails the check, naming the file.
     table = (page_folder / "comparison.csv").read_text()
     (page_folder / "comparison.csv").write_text(table.replace("0.9", "0.8", 1))
-    with pytest.raises(AssertionError, match="comparison.csv"):
+    with pytest.raises(AssertionError, match=r"comparison\.csv"):
         assert_page_rebuilds(page_folder, tmp_path / "again")
     main([str(moved / "runs"), "--output", str(moved), "--keep-runs"])  # from the kept runs: they stay
     assert len(list((moved / "runs").glob("*/tensorboard"))) == 4
