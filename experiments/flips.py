@@ -6,6 +6,7 @@ its flips markers says which were caught, and by which test.
     python experiments/flips.py --before REV  # and, beside them, the tests as they were at git revision REV
     python experiments/flips.py --only 'src/capsexp/use/*'   # the flips in these files alone, the rest kept
     python experiments/flips.py --again       # the flips this tree's tests did not catch, again
+    python experiments/flips.py --report      # the page from the kept verdicts
 
 The verdicts are kept in ``experiments/results/flips.json``, per flip while it is unchanged: a run judges the
 flips it selects and keeps every other verdict, an earlier revision's column included.
@@ -112,8 +113,12 @@ def block(columns: dict[str, dict[str, str]], whats: list[str], commands: list[s
     rows = "\n".join(
         f"| {what} | " + " | ".join(v.get(what, "not judged") for v in columns.values()) + " |" for what in whats
     )
+    def judged(verdicts: dict[str, str]) -> list[str]:
+        return [verdicts[what] for what in whats if what in verdicts and not verdicts[what].startswith("not judged")]
+
     totals = "; ".join(
-        f"with {name}, {sum(verdicts.get(what, '').startswith('caught') for what in whats)} of {len(whats)} caught"
+        f"with {name}, {sum(v.startswith('caught') for v in judged(verdicts))} of the {len(judged(verdicts))} "
+        f"flips they judged caught"
         for name, verdicts in columns.items()
     )
     run = ", ".join(f"`{command}`" for command in commands)
@@ -124,7 +129,8 @@ Written by {run} on {datetime.date.today()}: {cpu_name()}, {os.cpu_count()} core
 {seconds / 60:.1f} min of judging. Where the code picks one of two things (the best checkpoint or the last, training
 or evaluation batches, seed 0 or none, rank zero or the others), passes an option down, or reads a path, a batch,
 a group or the second of several, the other side taken in a scratch copy of the code, against the tests a change
-there runs (`experiments/mutation_flips.yaml`). **{totals[0].upper()}{totals[1:]}.**
+there runs (`experiments/mutation_flips.yaml`). Each verdict is kept from the last of these runs that judged its
+flip. **{totals[0].upper()}{totals[1:]}.**
 
 | flip | {header} |
 | --- |{" --- |" * len(columns)}
@@ -163,6 +169,7 @@ def main() -> None:
         help="judge again only the flips this tree's tests let survive or could not judge (after fixing those "
         "tests), keeping the other verdicts",
     )
+    parser.add_argument("--report", action="store_true", help="the page from the kept verdicts, judging nothing")
     args = parser.parse_args()
     entries = yaml.safe_load(FLIPS.read_text())
     whats = [e["what"] for e in entries]
@@ -172,6 +179,7 @@ def main() -> None:
         name: {e["what"]: v[_key(e)] for e in entries if _key(e) in v} for name, v in kept.get("columns", {}).items()
     }
     selected = [e for e in entries if not args.only or any(fnmatch.fnmatch(e["file"], p) for p in args.only)]
+    selected = [] if args.report else selected
     with Stopwatch() as watch:
         if args.before:
             name = f"the tests of {args.before}"
@@ -185,7 +193,7 @@ def main() -> None:
     columns = {name: columns[name] for name in sorted(columns, key=lambda n: n == THIS_TREE)}  # ours last
     seconds = kept.get("seconds", 0.0) + watch.seconds
     command = shlex.join(["python", "experiments/flips.py", *sys.argv[1:]])
-    commands = list(dict.fromkeys([*kept.get("commands", []), command]))
+    commands = list(dict.fromkeys([*kept.get("commands", []), *([] if args.report else [command])]))
     by_key = {name: {_key(e): v[e["what"]] for e in entries if e["what"] in v} for name, v in columns.items()}
     VERDICTS.write_text(json.dumps({"columns": by_key, "commands": commands, "seconds": seconds}, indent=1) + "\n")
     new = block(columns, whats, commands, seconds)

@@ -224,3 +224,29 @@ def test_position_maps_read_children_type_major_or_with_the_types_innermost_as_e
     # child (h, w, t) is number 4h + 2w + t: position (h, w) averages 4h + 2w and 4h + 2w + 1
     expected = torch.tensor([[(2 * (4 * h + 2 * w) + 1) / 20 for w in range(2)] for h in range(2)])
     assert torch.allclose(innermost, expected.double())
+
+
+def test_the_pose_perturbation_of_each_image_tweaks_its_own_predicted_capsule():
+    """Sabour et al. 2017, Fig. 4, for a batch whose images predict different classes: row d, column s of
+    image n is the decoder's image of n's predicted capsule with dimension d moved by the s-th step, the
+    other capsules as they are; decoded here one by one."""
+    from capsexp.figures.images import perturbed_reconstructions
+    from capsexp.models import CapsNet
+
+    torch.manual_seed(0)
+    net = CapsNet(conv_channels=8, primary_types=2).eval()
+    images = torch.rand(6, 1, 28, 28, generator=torch.Generator().manual_seed(3)) * torch.linspace(0.1, 1, 6).view(
+        6, 1, 1, 1
+    )
+    images[::2, :, 5:15, 5:15] = 1  # a block on every other image: their classes differ untrained
+    with torch.no_grad():
+        output = net(images)
+        predicted = output.scores.argmax(dim=-1)
+        assert len(set(predicted.tolist())) > 1  # the batch predicts more than one class
+        perturbed = perturbed_reconstructions(net, images, steps=3, max_delta=0.25)
+        for n in (0, int((predicted != predicted[0]).nonzero()[0])):
+            for d, s in ((0, 0), (5, 2)):
+                pose = output.poses[n].clone()
+                pose[predicted[n], d] += (-0.25, 0.0, 0.25)[s]
+                expected = net.decode(pose[None], predicted[n : n + 1])[0]
+                assert torch.allclose(perturbed[n, d, s], expected, atol=1e-6), (n, d, s)

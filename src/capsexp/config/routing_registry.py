@@ -4,7 +4,8 @@ packages, capsexp's own included (``pyproject.toml``), each ``model/routing=<its
 An entry point names a routing's options: its frozen dataclass (built with its defaults) or an instance of
 it (``em_paper``: EM's options as the paper has them), deriving from
 :class:`~capsexp.config.routing_options.Routing`, whose ``router`` names what routes. capsexp's own come
-first, in the order ``pyproject.toml`` gives them, then the other packages' by name. Loaded once a process;
+first, then the other packages', each by name (an installed package's metadata lists its entry points
+sorted, whatever order ``pyproject.toml`` gives them). Loaded once a process;
 what a package gets wrong is a :class:`~capsexp.errors.ConfigError` naming the package and the entry point.
 
 A package's own configs (a study of its routing, ``experiment=<name>``) live in a ``conf/`` folder of its
@@ -30,7 +31,7 @@ OWN = "capsexp"  # the distribution whose entry points are the built-in routings
 def registered() -> dict[str, Routing]:
     """``{name: options}`` of every registered routing (see the module docstring)."""
     points = list(entry_points(group=GROUP))
-    own = [point for point in points if _distribution(point) == OWN]
+    own = sorted((point for point in points if _distribution(point) == OWN), key=lambda point: point.name)
     if not own:
         raise ConfigError(
             f"capsexp's built-in routings are not registered (no entry points of the group {GROUP}): install "
