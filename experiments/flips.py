@@ -113,6 +113,7 @@ def block(columns: dict[str, dict[str, str]], whats: list[str], commands: list[s
     rows = "\n".join(
         f"| {what} | " + " | ".join(v.get(what, "not judged") for v in columns.values()) + " |" for what in whats
     )
+
     def judged(verdicts: dict[str, str]) -> list[str]:
         return [verdicts[what] for what in whats if what in verdicts and not verdicts[what].startswith("not judged")]
 
