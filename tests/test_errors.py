@@ -379,6 +379,18 @@ def test_an_optuna_job_that_never_validated_fails_and_says_how_to_validate(mnist
     assert "Traceback" not in result.stderr
     assert "error: optimized_metric=val/acc_best was not logged: the run never validated" in result.stderr
     assert "trainer.val_check_interval=N" in result.stderr
+    # The command it printed to finish the search names the search's folder and its study's storage.
+    import shlex
+
+    from capsexp.locations import value
+
+    said = result.stdout + result.stderr
+    line = next(line for line in said.splitlines() if "To finish this search if it is stopped" in line)
+    pasted = shlex.split(line.split("or add a worker to it: ", 1)[1])
+    given = {a.split("=", 1)[0]: value(a) for a in pasted if a.startswith("hydra.sweep")}
+    assert given["hydra.sweep.dir"] == str(tmp_path)
+    storage = given["hydra.sweeper.storage"]
+    assert storage.startswith("sqlite:///") and Path(storage.removeprefix("sqlite:///")).is_file()
 
 
 def test_a_misnamed_metric_is_an_error_for_a_sweeper_only(mnist_dir, tmp_path):
