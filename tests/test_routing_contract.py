@@ -260,3 +260,16 @@ def test_assert_trains_runs_the_command_and_names_it_when_it_fails(tmp_path):
         assert_trains("capsnet_small", "max_mni", tmp_path / "bad")
     message = str(failed.value)
     assert "model/routing=max_mni" in message and "exited 2" in message and "max_mni" in message.split("\n", 1)[1]
+
+
+def test_assert_trains_fails_a_loss_that_turns_nan_after_its_first_step():
+    """The logged training losses checked every one: finite at step 0 and NaN from step 2 fails, naming the
+    losses; without a val/acc, it fails naming the tags logged."""
+    from capsexp.testing import _assert_logged_training
+
+    steps = [(0, 2.3), (1, 2.1), (2, float("nan")), (3, float("nan"))]
+    with pytest.raises(AssertionError, match=r"the command: the training loss \[2.3, 2.1, nan, nan\]"):
+        _assert_logged_training({"train/loss_step": steps, "val/acc": [(3, 0.5)]}, "the command")
+    with pytest.raises(AssertionError, match=r"no val/acc logged \(tags: \['train/loss_step'\]\)"):
+        _assert_logged_training({"train/loss_step": steps[:2]}, "the command")
+    _assert_logged_training({"train/loss_step": steps[:2], "val/acc": [(1, 0.5)]}, "the command")

@@ -599,8 +599,13 @@ def assert_trains(model: str, routing: str, scratch: Path, steps: int = 4, overr
     shown = " ".join(command[1:])
     assert done.returncode == 0, f"python {shown} exited {done.returncode}:\n{done.stderr[-3000:]}"
     assert f"model/routing={routing}" in (run / ".hydra" / "overrides.yaml").read_text(), f"{shown}: not recorded"
-    series = read_scalars(run)
+    _assert_logged_training(read_scalars(run), shown)
+    return run
+
+
+def _assert_logged_training(series: dict, shown: str) -> None:
+    """Every logged training loss finite (a loss that turns NaN after its first steps fails), and a
+    validation accuracy logged."""
     losses = [value for _, value in series.get("train/loss_step", [])]
     assert losses and all(math.isfinite(v) for v in losses), f"{shown}: the training loss {losses}"
     assert "val/acc" in series, f"{shown}: no val/acc logged (tags: {sorted(series)})"
-    return run
