@@ -89,11 +89,7 @@ def compact(record: dict) -> str:
 
 
 def page(record: dict) -> str:
-    rows = (
-        [dict(zip(record["columns"], row, strict=True)) for row in record["rows"]]
-        if "columns" in record
-        else record["rows"]
-    )
+    rows = [dict(zip(record["columns"], row, strict=True)) for row in record["rows"]]
     worst = max(rows, key=lambda r: r["total"])
     computation = max(rows, key=lambda r: r["float32 computation"])
     table = []
@@ -161,7 +157,7 @@ def main() -> None:
         torch.set_num_threads(1)
         with Stopwatch() as watch:
             rows = measure(args.seeds)
-        record = {
+        record = {  # the rows as dicts here; compact() writes them as lists under "columns"
             "date": str(datetime.date.today()),
             "machine": f"{cpu_name()}, {os.cpu_count()} cores",
             "python": platform.python_version(),
@@ -171,6 +167,7 @@ def main() -> None:
             "rows": rows,
         }
         RECORD.write_text(compact(record))
+        record = json.loads(RECORD.read_text())  # the page from the record as kept, as --report writes it
     PAGE.write_text(page(record))
     print(f"em_float32: wrote {PAGE.relative_to(PROJECT_ROOT)}")
 

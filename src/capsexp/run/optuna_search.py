@@ -27,7 +27,6 @@ import functools
 import logging
 import math
 import shlex
-import signal
 import sys
 import threading
 import time
@@ -44,6 +43,7 @@ from optuna.storages import RDBStorage, RetryFailedTrialCallback
 from optuna.trial import TrialState
 
 from capsexp.errors import CapsexpError
+from capsexp.run.sweep_resume import last_line_if_stopped
 
 log = logging.getLogger("capsexp")
 
@@ -136,25 +136,12 @@ class ResumableSearch(OptunaSweeperImpl):
         """Each trial as the job numbered by its trial (a retried trial: the one it retries, whose folder
         holds its saved state); consecutive numbers in one launch, so that a parallel launcher runs them
         together."""
-        try:
+        finishing = (
+            f"The search stopped; this finishes it (the stopped trial retried from its saved state once its "
+            f"heartbeat is {self.grace_period} s old): "
+        )
+        with last_line_if_stopped(lambda: finishing + self.finishing_command):
             return self._launch_numbered(trials, overrides)
-        except (KeyboardInterrupt, SystemExit) as stopped:
-            # Ctrl-C or a signal, here or in a trial's job (whose own message says where its state is): the
-            # last line is the command that finishes the whole search, not the stopped trial alone.
-            if isinstance(stopped, SystemExit) and not (isinstance(stopped.code, int) and stopped.code > 128):
-                raise
-            for handler in logging.getLogger().handlers:
-                handler.flush()
-            sys.stdout.flush()
-            print(
-                "\nThe search stopped; this finishes it (the stopped trial retried from its saved state once its "
-                f"heartbeat is {self.grace_period} s old): {self.finishing_command}",
-                file=sys.stderr,
-                flush=True,
-            )
-            if isinstance(stopped, KeyboardInterrupt):  # outside training: no traceback after that line
-                raise SystemExit(128 + signal.SIGINT) from None
-            raise
 
     def _launch_numbered(self, trials: list[optuna.Trial], overrides: Sequence[Sequence[str]]) -> list[JobReturn]:
         retried = [RetryFailedTrialCallback.retried_trial_number(study_trial(t)) for t in trials]

@@ -22,11 +22,12 @@ sweep) is refused with a message: the sweep would mix two experiments.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import shlex
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -148,17 +149,9 @@ class _SkipFinished(Launcher):
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         sweep_dir = Path(self.sweeper.config.hydra.sweep.dir)
-        try:
+        finishing = "The sweep stopped; this finishes it (finished jobs skipped, stopped ones resumed): "
+        with last_line_if_stopped(lambda: finishing + finishing_command(sweep_dir)):
             return self._launch(job_overrides, initial_job_idx, sweep_dir)
-        except (KeyboardInterrupt, SystemExit) as stopped:
-            # Ctrl-C or a signal, in this process or a job's (whose own message says where its state is):
-            # the last line is the command that finishes the whole sweep, not the stopped job alone.
-            if isinstance(stopped, SystemExit) and not _by_signal(stopped.code):
-                raise
-            _say_stopped(sweep_dir)
-            if isinstance(stopped, KeyboardInterrupt):  # outside training: no traceback after that line
-                raise SystemExit(128 + signal.SIGINT) from None
-            raise
 
     def _launch(
         self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int, sweep_dir: Path
@@ -229,18 +222,24 @@ def _say_how_to_finish(sweep_dir: Path) -> None:
     log.info(f"Sweep folder: {_shown(sweep_dir)}; if it is stopped, this finishes it: {finishing_command(sweep_dir)}")
 
 
-def _say_stopped(sweep_dir: Path) -> None:
-    """The stopped sweep's last line, after whatever the stopped job printed: the command that finishes
-    it (finished jobs skipped, the stopped one resumed, the rest started)."""
-    for handler in logging.getLogger().handlers:
-        handler.flush()
-    sys.stdout.flush()
-    print(
-        f"\nThe sweep stopped; this finishes it (finished jobs skipped, stopped ones resumed): "
-        f"{finishing_command(sweep_dir)}",
-        file=sys.stderr,
-        flush=True,
-    )
+@contextlib.contextmanager
+def last_line_if_stopped(line: Callable[[], str]) -> Iterator[None]:
+    """Ctrl-C or a signal in the block, in this process or a job's (whose own message says where its state
+    is): ``line()`` printed as the last line, after whatever the stopped job printed (the command that
+    finishes the whole sweep or search, not the stopped job alone); Ctrl-C outside training then ends the
+    process with 130 and no traceback. Other exits pass through."""
+    try:
+        yield
+    except (KeyboardInterrupt, SystemExit) as stopped:
+        if isinstance(stopped, SystemExit) and not _by_signal(stopped.code):
+            raise
+        for handler in logging.getLogger().handlers:
+            handler.flush()
+        sys.stdout.flush()
+        print(f"\n{line()}", file=sys.stderr, flush=True)
+        if isinstance(stopped, KeyboardInterrupt):
+            raise SystemExit(128 + signal.SIGINT) from None
+        raise
 
 
 def _by_signal(code: object) -> bool:
