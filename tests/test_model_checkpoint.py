@@ -207,17 +207,36 @@ def test_a_signal_one_ddp_process_received_stops_every_process(tmp_path, monkeyp
         tensor.copy_(torch.maximum(tensor, torch.tensor([other["signal"]])))
 
     monkeypatch.setattr(torch.distributed, "all_reduce", all_reduce)
-    trainer = SimpleNamespace(strategy=SimpleNamespace(root_device=torch.device("cpu")))
+    trainer = SimpleNamespace(world_size=2, strategy=SimpleNamespace(root_device=torch.device("cpu")))
     callback = BestAndLastCheckpoint(dirpath=tmp_path)
-    callback._agree_on_signal(trainer)
-    assert callback.stopped_by is None and offered == [0]
+    assert callback._signal_to_stop_on(trainer) is None and callback.stopped_by is None and offered == [0]
     other["signal"] = signal.SIGTERM
-    callback._agree_on_signal(trainer)
+    assert callback._signal_to_stop_on(trainer) is signal.SIGTERM
     assert callback.stopped_by is signal.SIGTERM
     interrupted = BestAndLastCheckpoint(dirpath=tmp_path)
     interrupted.stopped_by = signal.SIGINT
-    interrupted._agree_on_signal(trainer)  # the other's SIGTERM is the larger number: its own is kept
-    assert interrupted.stopped_by is signal.SIGINT and offered[-1] == signal.SIGINT
+    # The other's SIGTERM is the larger number: its own is kept.
+    assert interrupted._signal_to_stop_on(trainer) is signal.SIGINT and offered[-1] == signal.SIGINT
+    assert interrupted.stopped_by is signal.SIGINT
+
+
+def test_a_signal_taken_in_during_the_ddp_agreement_waits_for_the_next_step(tmp_path, monkeypatch):
+    """The handler of a signal that lands while the processes agree runs after the other process has
+    already heard "train on": acted on at once, this process alone would save and stop, and DDP would
+    hang. It stops at the next step's agreement, which both processes reach."""
+    trainer = SimpleNamespace(world_size=2, strategy=SimpleNamespace(root_device=torch.device("cpu")))
+    callback = BestAndLastCheckpoint(dirpath=tmp_path)
+    offered = []
+
+    def all_reduce(tensor: torch.Tensor, op) -> None:
+        offered.append(int(tensor.item()))  # the other process offers 0: it heard nothing
+        if len(offered) == 1:
+            callback._on_signal(signal.SIGTERM, None)
+
+    monkeypatch.setattr(torch.distributed, "all_reduce", all_reduce)
+    assert callback._signal_to_stop_on(trainer) is None  # what was agreed: neither had a signal
+    assert callback.stopped_by is signal.SIGTERM  # remembered for the next step
+    assert callback._signal_to_stop_on(trainer) is signal.SIGTERM and offered == [0, signal.SIGTERM]
 
 
 def test_a_first_signal_asks_to_stop_after_the_step_and_a_second_ctrl_c_stops_at_once(tmp_path, caplog):

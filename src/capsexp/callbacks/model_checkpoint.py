@@ -105,9 +105,7 @@ class BestAndLastCheckpoint(ModelCheckpoint):
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
-        if trainer.world_size > 1 and self.stop_on_signals:
-            self._agree_on_signal(trainer)
-        if self.stopped_by is not None and not trainer.should_stop:
+        if self._signal_to_stop_on(trainer) is not None and not trainer.should_stop:
             self.save_latest(trainer, even_without_last=True)
             trainer.should_stop = True
             # Else Lightning trains on to trainer.min_epochs / min_steps before it stops.
@@ -133,13 +131,26 @@ class BestAndLastCheckpoint(ModelCheckpoint):
             if "cuda" in rng and torch.cuda.is_available() and len(rng["cuda"]) == torch.cuda.device_count():
                 torch.cuda.set_rng_state_all(rng["cuda"])
 
-    def _agree_on_signal(self, trainer: L.Trainer) -> None:
-        """Under DDP a signal may reach one process only (the scheduler's SIGTERM, Ctrl-C in the
-        launching terminal): every process learns of it here, so all save and stop at the same step."""
-        received = torch.tensor([int(self.stopped_by or 0)], device=trainer.strategy.root_device)
+    def _signal_to_stop_on(self, trainer: L.Trainer) -> signal.Signals | None:
+        """The signal training stops on after this step, None to train on. Under DDP a signal may
+        reach one process only (the scheduler's SIGTERM, Ctrl-C in the launching terminal): each
+        process offers the one it received to an all-reduce, so all save and stop at the same step.
+
+        What a process offers is read once, before the all-reduce, and only the agreed value decides:
+        a handler runs between any two bytecodes, and a signal taken in after the all-reduce, acted on
+        at once, would have one process save (a barrier) while the other trains on into its gradient
+        all-reduce, both then waiting for ever. Such a signal stops training one step later."""
+        offered = self.stopped_by
+        if trainer.world_size == 1 or not self.stop_on_signals:
+            return offered
+        received = torch.tensor([int(offered or 0)], device=trainer.strategy.root_device)
         torch.distributed.all_reduce(received, op=torch.distributed.ReduceOp.MAX)
-        if received.item() and self.stopped_by is None:
-            self.stopped_by = signal.Signals(int(received.item()))
+        if not received.item():
+            return None
+        agreed = offered or signal.Signals(int(received.item()))
+        if self.stopped_by is None:
+            self.stopped_by = agreed
+        return agreed
 
     @override
     def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
