@@ -27,7 +27,7 @@ from torch import nn
 from benchlib import cli_test_accuracy
 from capsexp.lit import CapsuleLoss
 from capsexp.models import CapsNet
-from capsexp.results.machine import cpu_name
+from capsexp.records.machine import cpu_name
 from timing import Stopwatch
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]  # the checkout (experiments/ run only there)

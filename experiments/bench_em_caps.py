@@ -38,7 +38,7 @@ from pathlib import Path
 import torch
 
 from benchlib import cli_test_accuracy
-from capsexp.results.machine import cpu_name
+from capsexp.records.machine import cpu_name
 from revisions import tree_at
 from timing import Stopwatch
 

@@ -28,8 +28,8 @@ from pathlib import Path
 
 import numpy as np
 
-from capsexp.results.events import read_scalars
-from capsexp.results.machine import cpu_name
+from capsexp.records.events import read_scalars
+from capsexp.records.machine import cpu_name
 from timing import Stopwatch
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]  # the checkout (experiments/ run only there)

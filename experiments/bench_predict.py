@@ -57,9 +57,9 @@ from omegaconf import open_dict
 
 from capsexp.config.hydra_setup import register
 from capsexp.data import MNISTDataModule
-from capsexp.results.machine import describe, describe_text
-from capsexp.results.revision import describe as describe_revision
-from capsexp.results.revision import short
+from capsexp.records.machine import describe, describe_text
+from capsexp.records.revision import describe as describe_revision
+from capsexp.records.revision import short
 from capsexp.use.export import Exported, export, runner
 from capsexp.use.inference import load
 from capsexp.use.predict import predict

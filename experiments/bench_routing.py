@@ -30,8 +30,8 @@ from pathlib import Path
 import torch
 
 from capsexp.config.hydra_setup import ROUTINGS, compose
-from capsexp.results.machine import cpu_name
-from capsexp.run.build import build_model
+from capsexp.config.instantiation import build_model
+from capsexp.records.machine import cpu_name
 from capsexp.run.model_cost import forward_flops_per_image, parameter_count
 from timing import Stopwatch
 

@@ -55,7 +55,7 @@ def worker(tree: Path, model: str, overrides: list[str], channels_last: bool, ba
     from torch.utils.data import DataLoader, TensorDataset
 
     from capsexp.config.hydra_setup import compose
-    from capsexp.run.build import build_model
+    from capsexp.config.instantiation import build_model
 
     cfg = compose([f"model={model}", "data=mnist", f"data.batch_size={batch}", "trainer=cpu", *overrides])
     try:  # the trees that have trainer.precision=auto resolve it as their runs do
@@ -200,7 +200,7 @@ def write(results: dict, args: argparse.Namespace, load: float) -> None:
     sys.path.insert(0, str(PROJECT / "src"))
     import torch
 
-    from capsexp.results.machine import cpu_name
+    from capsexp.records.machine import cpu_name
 
     options = [f"--models {' '.join(args.models)}", f"--rounds {args.rounds}", f"--steps {args.steps}"]
     options += [f"--batch {args.batch}", f"--threads {args.threads}", "--baseline REV", "--votes-revision VOTES"]

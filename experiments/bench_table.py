@@ -57,8 +57,8 @@ def worker(model: str, routing: str | None, precision: str, device: str, batch: 
     from hydra.utils import instantiate
 
     from capsexp.config.hydra_setup import compose
+    from capsexp.config.instantiation import build_model
     from capsexp.config.precision import BF16, FLOAT32, resolve, routing_of
-    from capsexp.run.build import build_model
     from capsexp.run.model_cost import forward_flops_per_image, parameter_count
 
     overrides = [f"model={model}", "data=mnist", f"data.batch_size={batch}"]
@@ -145,7 +145,7 @@ def _device_name(device: str) -> str:
 
     if device == "cuda":
         return torch.cuda.get_device_name()
-    from capsexp.results.machine import cpu_name
+    from capsexp.records.machine import cpu_name
 
     return cpu_name()
 

@@ -7,8 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from capsexp.results.events import last_scalar
-from capsexp.results.metric_names import TEST_ACC
+from capsexp.records.events import last_scalar
+from capsexp.records.metric_names import TEST_ACC
 from timing import Stopwatch
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]  # the checkout (experiments/ run only there)

@@ -12,7 +12,7 @@ import csv
 import statistics
 from pathlib import Path
 
-from capsexp.results.metric_names import TEST_ACC
+from capsexp.records.metric_names import TEST_ACC
 from capsexp.results.plots import DPI, _pyplot
 from capsexp.results.runs import KEPT_RUNS, find_runs
 from capsexp.studies.precision import ARM, PRECISION

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from capsexp.results.machine import cpu_name
+from capsexp.records.machine import cpu_name
 from timing import Stopwatch
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]  # the checkout (experiments/ run only there)

@@ -26,10 +26,10 @@ import sys
 import tempfile
 from pathlib import Path
 
+from capsexp.records.events import last_scalar
+from capsexp.records.machine import cpu_name
+from capsexp.records.metric_names import TEST_ACC
 from capsexp.results.compare import PAGE
-from capsexp.results.events import last_scalar
-from capsexp.results.machine import cpu_name
-from capsexp.results.metric_names import TEST_ACC
 from timing import Stopwatch
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]  # the checkout (experiments/ run only there)

@@ -20,8 +20,8 @@ from pathlib import Path
 from PIL import Image
 
 from capsexp.config import hydra_setup
+from capsexp.config.instantiation import instantiate
 from capsexp.data import MNISTDataModule
-from capsexp.run.build import instantiate
 
 log = logging.getLogger("capsexp")
 FOLDER = "mnist_image_folder"  # under the data dir: the experiment's data.root reads it from there

@@ -39,7 +39,7 @@ from mutmut.mutation.data import SourceFileMutationData
 from mutmut.mutation.diff_apply import get_diff_for_mutant
 from mutmut.stats import status_by_exit_code
 
-from capsexp.results.machine import cpu_name
+from capsexp.records.machine import cpu_name
 from flips import BEGIN as FLIPS_BEGIN
 from flips import END as FLIPS_END
 from timing import Stopwatch
@@ -61,7 +61,7 @@ AREAS = {
     "capsexp.data": "datasets, data modes, file formats",
     "capsexp.callbacks": "callbacks (timing, images, routing diagnostics, checkpoints)",
     "capsexp.attacks": "adversarial attacks",
-    "capsexp.run.checkpoints": "checkpoint loading",
+    "capsexp.records.checkpoints": "checkpoint loading",
     "capsexp.run": "training, testing, resume, run folders, cluster jobs",
     "capsexp.results": "metric names, event files, comparison summaries",
     "capsexp.config": "config checks and the command line",

@@ -19,7 +19,7 @@ from capsexp.config.hydra_setup import compose
 from capsexp.data import mnist
 from capsexp.data.norb_format import write_matrix
 from capsexp.data.smallnorb import PREFIX
-from capsexp.results.events import Scalar, load_events, read_scalars
+from capsexp.records.events import Scalar, load_events, read_scalars
 from capsexp.testing import synthetic_digits, write_synthetic_mnist  # noqa: F401  (synthetic_digits: the tests')
 
 # The checkout the tests run in (or mutmut's copy of it, mutants/).

@@ -23,7 +23,7 @@ from capsexp.attacks import evaluation as evaluation_module
 from capsexp.attacks.evaluation import eps_step, metric_name, results_table, write_results
 from capsexp.data import MNISTDataModule
 from capsexp.errors import CheckpointError, ConfigError
-from capsexp.results.events import load_events
+from capsexp.records.events import load_events
 from capsexp.run.attack import attack_tested_model, log_to_tensorboard, pixel_batches, source_classifier
 from tests.helpers import TINY_EM_CAPS, TINY_RUN, FakeTrainer, compose_config, run_cli_in_process, scalars
 

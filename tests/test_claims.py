@@ -11,9 +11,9 @@ import yaml
 from torch.utils.tensorboard import SummaryWriter
 
 from capsexp.errors import ConfigError
+from capsexp.records.events import event_files, load_events
 from capsexp.results.claims import ClaimError, reflow
 from capsexp.results.compare import compare
-from capsexp.results.events import event_files, load_events
 from capsexp.testing import assert_page_rebuilds
 from tests.helpers import PROJECT_ROOT
 

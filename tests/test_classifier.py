@@ -340,7 +340,7 @@ def test_logged_names_values_and_progress_bar_of_a_run(tmp_path):
     last = 1.0 + 0.25 * 2 / 3
     assert module.objective.margins == pytest.approx([0.0, 0.5 + 0.25 / 3, last, last, last])  # then 2 val batches
     assert metrics["train/margin"].item() == pytest.approx(last)
-    # The module's hyperparameters hold plain values only, and go to no logger (capsexp.run.train logs the config).
+    # The module's hyperparameters hold plain values only, and go to no logger (capsexp.run.stages logs the config).
     assert dict(module.hparams) == {"num_classes": 3, "compile": False}
     assert logger.experiment.hparams == {}
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 from PIL import Image
 
-from capsexp.results.events import load_events
+from capsexp.records.events import load_events
 from tests.helpers import TINY_RUN, hparams_summary, run_cli_in_process, scalars
 
 

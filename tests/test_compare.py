@@ -14,8 +14,8 @@ from torch.utils.tensorboard import SummaryWriter
 
 from capsexp.compare import main
 from capsexp.errors import ConfigError, NoRunsError
+from capsexp.records.events import last_scalar, load_events
 from capsexp.results.compare import compare
-from capsexp.results.events import last_scalar, load_events
 from capsexp.testing import assert_page_rebuilds
 
 RUNS = {  # run folder: (overrides, val/acc curve, test/acc, rotations)
@@ -553,7 +553,7 @@ def test_a_users_two_seed_sweep_gets_intervals_and_says_it_is_too_few_to_test(tm
 
 
 def test_the_machine_line_names_the_cpus_vector_instructions_where_recorded():
-    from capsexp.results.machine import describe, describe_text
+    from capsexp.records.machine import describe, describe_text
 
     recorded = {"cpu": "AMD EPYC", "cpu_capability": "AVX2", "cores": 2, "gpus": ["NVIDIA A100"] * 2, "torch": "2.14.1"}
     assert describe_text(recorded) == "AMD EPYC (AVX2), 2 cores, 2 x NVIDIA A100, torch 2.14.1"
@@ -683,8 +683,8 @@ def test_the_diagnostics_give_each_routing_layers_coupling_change_at_its_last_it
 def test_the_page_names_the_code_each_run_ran_and_keeps_its_config_without_paths(tmp_path):
     """Runs of two revisions: the page lists both and says they differ; kept runs hold each run's
     revision and its composed config with this machine's paths replaced."""
+    from capsexp.records.revision import REVISION_FILE, write_revision
     from capsexp.results.compare import MACHINE_PATH
-    from capsexp.results.revision import REVISION_FILE, write_revision
 
     make_runs(tmp_path / "multirun")
     runs = sorted((tmp_path / "multirun").iterdir())

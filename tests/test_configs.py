@@ -249,8 +249,8 @@ def test_the_em_options_the_config_builds_reach_em_routing_as_that_object(monkey
 
 def test_the_yaml_names_each_metric_as_the_code_declares_it():
     """Every ``monitor:`` and ``optimized_metric:`` of conf/ is one of the names in
-    capsexp.results.metric_names, spelled as there; the default config's are val/acc and val/acc_best."""
-    from capsexp.results import metric_names
+    capsexp.records.metric_names, spelled as there; the default config's are val/acc and val/acc_best."""
+    from capsexp.records import metric_names
 
     declared = {value for name, value in vars(metric_names).items() if name.isupper() and isinstance(value, str)}
     named = [

@@ -8,7 +8,7 @@ import torch
 
 from capsexp.data import MNISTDataModule
 from capsexp.data.augment import random_placement, random_shift, rotate
-from capsexp.results.metric_names import PLAIN, metric_suffix, metrics_of_test_sets, rotation_angle, rotation_set_name
+from capsexp.records.metric_names import PLAIN, metric_suffix, metrics_of_test_sets, rotation_angle, rotation_set_name
 from tests.helpers import FakeTrainer, compose_config
 
 
@@ -158,7 +158,7 @@ def test_random_crop_and_center_crop():
 
 
 def test_test_set_names_round_trip_through_the_metric_names():
-    """The contract of capsexp.results.metric_names: what the DataModule declares is what compare reads back."""
+    """The contract of capsexp.records.metric_names: what the DataModule declares is what compare reads back."""
     names = [PLAIN, rotation_set_name(22.5), rotation_set_name(-30)]
     assert names == ["", "rot22.5", "rot-30"]
     metrics = metrics_of_test_sets(names)

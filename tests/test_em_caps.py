@@ -30,7 +30,7 @@ from capsexp.nn.functional import (
     spread_loss,
 )
 from capsexp.nn.functional._em_caps import variance_floor
-from capsexp.results.events import load_events
+from capsexp.records.events import load_events
 from tests.em_reference import fast_em_routing, plain_em_routing, plain_options
 from tests.helpers import TINY_EM_CAPS, TINY_RUN, run_cli_in_process
 from tests.test_recipes import EM_ROUTING_PAPER

@@ -26,7 +26,7 @@ from capsexp.lit.schedulers import exponential_decay
 from capsexp.locations import CONFIG_DIR
 from capsexp.models import BaselineCNN, CapsNet, LeNet5, MatrixCapsNet
 from capsexp.nn import EMRouting
-from capsexp.run.checkpoints import _LINE_LIMIT, check_checkpoint, model_of_run
+from capsexp.records.checkpoints import _LINE_LIMIT, check_checkpoint, model_of_run
 from tests.helpers import TINY_EM_CAPS, TINY_RUN, compose_config, run_cli_in_process
 
 
@@ -382,7 +382,7 @@ def test_an_optuna_job_that_never_validated_fails_and_says_how_to_validate(mnist
     # The command it printed to finish the search names the search's folder and its study's storage.
     import shlex
 
-    from capsexp.locations import value
+    from capsexp.overrides import value
 
     said = result.stdout + result.stderr
     line = next(line for line in said.splitlines() if "To finish this search if it is stopped" in line)
@@ -559,7 +559,7 @@ def test_an_unpickling_error_without_the_unpicklers_advice_is_quoted_whole(tmp_p
 
 
 def test_an_underlying_error_is_quoted_by_its_first_line_or_its_type():
-    from capsexp.run.checkpoints import _first_line
+    from capsexp.records.checkpoints import _first_line
 
     assert _first_line("  " + "x" * 200 + "\nsecond line", ValueError()) == "x" * _LINE_LIMIT
     assert _first_line(" \n ", KeyError()) == "KeyError"
@@ -630,9 +630,13 @@ def test_the_model_of_a_run_is_built_from_its_config_with_its_weights_or_named_e
             parameter.normal_()
     checkpoint = run / "checkpoints" / "best.ckpt"
     torch.save({"state_dict": trained.state_dict(), "pytorch-lightning_version": "2.6.0"}, checkpoint)
-    module, run_cfg = model_of_run(checkpoint, "attack.source=X")
-    assert run_cfg == OmegaConf.load(run / ".hydra" / "config.yaml")
-    assert all(torch.equal(module.state_dict()[k], v) for k, v in trained.state_dict().items())
+    source = model_of_run(checkpoint, "attack.source=X")
+    assert source.config == OmegaConf.load(run / ".hydra" / "config.yaml")
+    assert all(torch.equal(source.module.state_dict()[k], v) for k, v in trained.state_dict().items())
+    assert (source.file, source.record, source.note) == (checkpoint, None, None)
+    # Its run folder: the checkpoint the run recorded as best, else the newest beside last.ckpt, said so.
+    from_folder = model_of_run(run, "attack.source=X")
+    assert from_folder.file == checkpoint and "best.ckpt, its newest checkpoint" in from_folder.note
     # Weights of another model: named, not PyTorch's size-mismatch traceback.
     other = instantiate(compose_config(["model=baseline_cnn"]).model)
     torch.save({"state_dict": other.state_dict(), "pytorch-lightning_version": "2.6.0"}, checkpoint)
@@ -660,15 +664,15 @@ def test_more_cpu_processes_than_cores_are_warned_about(caplog):
 
     import lightning as L
 
-    from capsexp.run.train import _warn_if_more_processes_than_cores
+    from capsexp.run.trainer import _warn_if_more_processes_than_cores
 
     cores = os.cpu_count() or 1
     trainer = L.Trainer(accelerator="cpu", devices=cores + 1, strategy="ddp", logger=False, enable_progress_bar=False)
-    with caplog.at_level("WARNING", logger="capsexp.run.train"):
+    with caplog.at_level("WARNING", logger="capsexp.run.trainer"):
         _warn_if_more_processes_than_cores(trainer)
     assert f"trainer.devices={cores + 1} runs {cores + 1} processes on {cores} CPU cores" in caplog.text
     one = L.Trainer(accelerator="cpu", devices=1, logger=False)
     caplog.clear()
-    with caplog.at_level("WARNING", logger="capsexp.run.train"):
+    with caplog.at_level("WARNING", logger="capsexp.run.trainer"):
         _warn_if_more_processes_than_cores(one)
     assert "CPU cores" not in caplog.text

@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 
-from capsexp.run.build import build_model, instantiate
+from capsexp.config.instantiation import build_model, instantiate
 from capsexp.use.export import ExportError, export, runner
 from capsexp.use.inference import TrainedModel
 from tests.helpers import TINY_EM_CAPS, compose_config, run_cli_in_process

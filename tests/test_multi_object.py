@@ -19,7 +19,7 @@ from capsexp.lit import CapsuleLoss, Classifier, CrossEntropy, SpreadLoss
 from capsexp.lit.classifier import target_and_largest_other
 from capsexp.models import CapsNet
 from capsexp.nn.functional import margin_loss
-from capsexp.results.events import load_events
+from capsexp.records.events import load_events
 from tests.helpers import TINY_RUN, run_cli_in_process, scalars
 
 

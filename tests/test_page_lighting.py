@@ -133,7 +133,7 @@ def test_predicts_invert_option_is_checked_before_the_model_loads():
 @pytest.fixture(scope="module")
 def lenet5(tmp_path_factory):
     """LeNet5 on MNIST as capsexp.load gives it (weights untrained: the input is what is tested)."""
-    from capsexp.run.build import build_model, instantiate
+    from capsexp.config.instantiation import build_model, instantiate
     from capsexp.use.inference import TrainedModel
     from tests.helpers import compose_config
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from capsexp.results.events import Scalar
-from capsexp.results.metric_names import PRESENCE_GAP, TEST_ACC
+from capsexp.records.events import Scalar
+from capsexp.records.metric_names import PRESENCE_GAP, TEST_ACC
 from capsexp.results.runs import Run
 from capsexp.studies import precision as study
 

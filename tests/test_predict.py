@@ -15,12 +15,12 @@ import torch
 from PIL import Image
 
 import capsexp
+from capsexp.config.instantiation import build_model, instantiate
 from capsexp.config.precision import BF16_MODELS
 from capsexp.errors import CheckpointError, ImageError
 from capsexp.figures.couplings import position_maps
 from capsexp.locations import RUN_RECORD
-from capsexp.results.revision import REVISION_FILE, read_revision
-from capsexp.run.build import build_model, instantiate
+from capsexp.records.revision import REVISION_FILE, read_revision
 from capsexp.use.explain import explain_figure
 from capsexp.use.inference import TrainedModel
 from tests.helpers import TINY_RUN, FakeTrainer, compose_config, run_cli_in_process, write_mnist, write_png
@@ -253,7 +253,7 @@ def test_a_checkpoint_carries_its_run_and_the_run_folder_its_revision(trained_ru
 
 
 def test_a_run_resumed_by_other_code_keeps_the_code_it_ran_before(tmp_path):
-    from capsexp.results.revision import short, write_revision
+    from capsexp.records.revision import short, write_revision
 
     first = {"version": "0.1.0", "commit": "a" * 40, "dirty": False, "diff_sha256": None}
     second = {**first, "dirty": True, "diff_sha256": "b" * 64}
@@ -345,7 +345,7 @@ def test_the_readmes_predict_command_writes_rows_a_summary_and_figures_and_its_p
 
 
 def test_a_run_writes_a_model_card_from_what_it_recorded(trained_run):
-    from capsexp.results.revision import short
+    from capsexp.records.revision import short
     from tests.helpers import scalars
 
     card = (trained_run / "model_card.md").read_text()

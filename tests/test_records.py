@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from capsexp.results.model_card import _used
-from capsexp.results.revision import describe, read_revision
-from capsexp.run.build import build_model
+from capsexp.config.instantiation import build_model
+from capsexp.records.model_card import _used
+from capsexp.records.revision import describe, read_revision
 from capsexp.use.inference import score_kind
 from tests.helpers import PROJECT_ROOT, TINY_RUN, compose_config, run_cli_in_process, write_mnist
 
@@ -123,7 +123,7 @@ def test_the_docs_name_each_models_scores_as_the_code_does():
 def test_a_job_records_the_code_its_process_imported_and_says_when_the_checkout_changed_since(checkout):
     """A launcher's worker imports the code once and runs many jobs: each job's record is the code of
     that import, with the checkout's later state beside it, not the checkout at the job's start."""
-    from capsexp.results.revision import at_import, of_this_process, short
+    from capsexp.records.revision import at_import, of_this_process, short
 
     imported = at_import(checkout)
     assert of_this_process(checkout) == imported  # nothing changed: the record alone
@@ -138,9 +138,9 @@ def test_a_job_records_the_code_its_process_imported_and_says_when_the_checkout_
 def test_the_cards_results_give_accuracies_in_per_cent_and_other_measures_as_they_are():
     """Every accuracy the card shows (the best validation one, each test set's) in per cent, the presence gap
     as the number it is; values that a fraction and a percentage would print alike are avoided."""
-    from capsexp.results.machine import describe as describe_machine
-    from capsexp.results.metric_names import PRESENCE_GAP
-    from capsexp.results.model_card import CardFacts, model_card
+    from capsexp.records.machine import describe as describe_machine
+    from capsexp.records.metric_names import PRESENCE_GAP
+    from capsexp.records.model_card import CardFacts, model_card
 
     metrics = {"val/acc_best": 0.9875, "test/acc": 0.9712, "test/acc_rotated_30": 0.4375, PRESENCE_GAP: 0.123}
     facts = CardFacts(
@@ -181,8 +181,8 @@ def test_the_cards_predict_command_pasted_into_a_shell_names_the_model_it_descri
     checkpoint it tested, trained by another run: its own folder holds none): that checkpoint."""
     import shlex
 
-    from capsexp.results.machine import describe as describe_machine
-    from capsexp.results.model_card import CardFacts, use_command
+    from capsexp.records.machine import describe as describe_machine
+    from capsexp.records.model_card import CardFacts, use_command
 
     def facts(**given) -> CardFacts:
         return CardFacts(

@@ -20,8 +20,8 @@ from capsexp.data.resumable import EpochSampler, ResumableDataLoader, step_gener
 from capsexp.errors import CheckpointError
 from capsexp.lit import Classifier, CrossEntropy
 from capsexp.lit.schedulers import cosine_decay
-from capsexp.locations import hydra_value
 from capsexp.models import LeNet5
+from capsexp.overrides import hydra_value
 from capsexp.run.resume import expand_run_folder, task_folder
 from tests.helpers import PROJECT_ROOT, TINY_EM_CAPS, TINY_RUN, run_cli_in_process, scalars
 
@@ -409,7 +409,8 @@ def test_a_resumed_run_that_fails_before_its_first_step_keeps_its_earlier_logger
     loggers = [types.SimpleNamespace(log_dir=str(tmp_path), finalize=lambda status: None),
                types.SimpleNamespace(log_dir=str(tmp_path / "csv"), finalize=lambda status: None),
                types.SimpleNamespace(log_dir=str(tmp_path / "new_logger"), finalize=lambda status: None)]  # fmt: skip
-    with pytest.raises(RuntimeError), no_files_left_if_failed_early(loggers, L.Trainer(logger=False), StepSeen()):
+    trainer = types.SimpleNamespace(loggers=loggers, callbacks=[object(), StepSeen()], is_global_zero=True)
+    with pytest.raises(RuntimeError), no_files_left_if_failed_early(trainer):
         (tmp_path / "events.out.tfevents.2.host").write_text("this run")
         (tmp_path / "new_logger").mkdir()
         (tmp_path / "new_logger" / "metrics.csv").write_text("this run")

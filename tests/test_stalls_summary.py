@@ -40,7 +40,7 @@ def test_the_summary_of_a_single_label_run_names_its_accuracy_and_capsexps_flops
     assert re.search(r"│ train_acc +│ MulticlassAccuracy +│", printed), printed[-4000:]
     assert re.search(r"│ val_acc +│ MulticlassAccuracy +│", printed)
     assert "Multilabel" not in printed
-    flops = [line.strip() for line in printed.splitlines() if "FLOPs" in line and "capsexp.run.train" not in line]
+    flops = [line.strip() for line in printed.splitlines() if "FLOPs" in line and "capsexp.run.stages" not in line]
     assert flops == [f"Forward FLOPs per image: {lenet5_forward_flops():,} (matrix products and convolutions)"]
     assert "0.8 MFLOPs per image (forward)" in printed  # the run's first lines: the same count
 

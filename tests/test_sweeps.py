@@ -19,7 +19,7 @@ import torch
 import yaml
 
 from capsexp.locations import LAST_CHECKPOINT as LAST
-from capsexp.locations import hydra_value
+from capsexp.overrides import hydra_value
 from capsexp.run.sweep_resume import FINISHED
 from tests.helpers import PROJECT_ROOT, TINY_RUN, hparams_summary, run_cli, run_cli_in_process, scalars
 
@@ -143,7 +143,7 @@ def test_job_names_hold_what_the_sweep_varies_and_stay_unique_and_short(tmp_path
 def test_checkpoint_paths_in_named_job_folders_reach_hydra_quoted(tmp_path):
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    from capsexp.locations import hydra_value
+    from capsexp.overrides import hydra_value
     from capsexp.run.resume import expand_run_folder
 
     checkpoint = tmp_path / "model=capsnet,seed=1" / "checkpoints" / "epoch=0-step=2.ckpt"
@@ -298,7 +298,8 @@ def test_a_sweep_folder_is_finished_only_by_the_sweep_that_started_it(mnist_dir,
 def test_a_study_step_after_the_sweep_runs_each_of_its_runs_once(tmp_path):
     """In a sweep run again, a run an after-sweep step made that finished is not made again; one that saved
     a state goes on from it; one never started starts."""
-    from capsexp.locations import LAST_CHECKPOINT, hydra_value
+    from capsexp.locations import LAST_CHECKPOINT
+    from capsexp.overrides import hydra_value
     from capsexp.run.sweep_resume import after_sweep_arguments, write_finished
 
     finished, interrupted, new = (tmp_path / name for name in ("finished", "interrupted", "new"))
@@ -509,7 +510,7 @@ def test_the_finishing_command_pasted_into_a_shell_is_the_sweep_as_typed(tmp_pat
     """The printed command, split as a shell splits it, gives back each argument as typed: an override with
     a space, a list, a quote and an interpolation's $ (what the user quoted for their shell), and the
     sweep's folder as Hydra reads it."""
-    from capsexp.locations import value
+    from capsexp.overrides import value
     from capsexp.run.sweep_resume import finishing_command
 
     typed = ["-m", "seed=1,2", "model.net.conv_layers=[4,4]", "tags=[my run]", "task_name=it's", "x=${oc.env:HOME}"]

@@ -21,7 +21,7 @@ from PIL import Image
 
 import capsexp
 from capsexp.locations import LAST_CHECKPOINT, OVERRIDES, RUN_RECORD
-from capsexp.run.checkpoints import best_checkpoint, checkpoint_of
+from capsexp.records.checkpoints import best_checkpoint, checkpoint_of
 from tests.helpers import PROJECT_ROOT, TINY_RUN, run_cli_in_process, scalars, write_mnist
 
 TINY_CAPSNET = ["model=capsnet_small", "model.net.conv_channels=16", "model.net.primary_types=4"]

@@ -13,6 +13,7 @@ from capsexp.config import hydra_setup
 from capsexp.config.command_line import check_group_overrides, list_sweep_jobs
 from capsexp.errors import CapsexpError, report
 from capsexp.locations import CONFIG_DIR, quote_locations
+from capsexp.overrides import is_override, key
 from capsexp.run.resume import expand_run_folder
 from capsexp.run.slurm import resume_if_restarted
 
@@ -93,7 +94,8 @@ def _mode_from_the_flag(arguments: list[str]):
     skipped. ``Hydra.get_mode`` returning None is Hydra's own "no mode configured"."""
     from hydra._internal.hydra import Hydra
 
-    if any(a.lstrip("+~").startswith(_MODE_SETTERS) for a in arguments) or {"--config-name", "-cn"} & {*arguments}:
+    mode_set = any(is_override(a) and key(a).startswith(_MODE_SETTERS) for a in arguments)
+    if mode_set or {"--config-name", "-cn"} & {*arguments}:
         yield
         return
     composing = Hydra.get_mode

@@ -1,13 +1,13 @@
 """What on a command line is a *location*, a file or folder of the machine (a checkpoint, images, a data
-or run folder), and its value read as Hydra reads it.
+or run folder), and where capsexp's own files are.
 
 capsexp prints run folders named by their overrides (``runs/<time>_model=capsnet,seed=1``) and users
 paste them back: ``ckpt_path=logs/train/multiruns/<time>/model=capsnet,seed=1``. Hydra's override
 grammar reads ``=`` in a value as an error and ``,`` as a sweep, so every command line of capsexp passes
 through :func:`quote_locations` before Hydra parses it: a location's value that Hydra would not read back
-as the text written is quoted (:func:`hydra_value`). The same :func:`is_location` keeps locations out of
-run folders' names, the HParams tab and results pages' configuration labels: where a run's files were
-says nothing of what it ran.
+as the text written is quoted (:func:`capsexp.overrides.hydra_value`). The same :func:`is_location` keeps
+locations out of run folders' names, the HParams tab and results pages' configuration labels: where a
+run's files were says nothing of what it ran.
 
 Where capsexp's configs are (a checkout's ``conf/``, or the copy an installed package carries), where runs
 and data go, and the names of the files a run leaves in its folder are declared here too, below every
@@ -16,11 +16,13 @@ module that reads or writes them.
 
 from __future__ import annotations
 
-import functools
+import contextlib
 import os
 import re
 from collections.abc import Iterable
 from pathlib import Path
+
+from capsexp.overrides import hydra_value, is_override, is_quoted, key, parsed, with_value, written
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 # The checkout capsexp was imported from (the src/ layout: src/capsexp/ two folders below conf/), None for
@@ -37,6 +39,13 @@ def working_root(folder: Path | None = None) -> Path:
     package's say, gets its own ``logs/``, never the checkout's."""
     folder = (folder or Path.cwd()).resolve()
     return CHECKOUT if CHECKOUT and folder.is_relative_to(CHECKOUT) else folder
+
+
+def shown_path(path: Path) -> Path:
+    """``path`` relative to the working directory when inside it (what a user can paste)."""
+    with contextlib.suppress(ValueError):
+        return path.relative_to(Path.cwd().resolve())
+    return path
 
 
 def log_dir() -> Path:
@@ -105,20 +114,10 @@ _LOCATION_KEY = re.compile(
 LABEL_KEYS = ("task_name", "tags")
 _DATA_LOCATIONS = ("paths.data_dir", "image_folder_root")  # locations of the data a run read, outside data.*
 
-# Characters an override value may hold unquoted: others (``,`` a sweep, ``=``, brackets, quotes,
-# ``$``, whitespace) make Hydra's grammar read more than a string, and ``~`` it refuses (a home folder
-# as a shell leaves it unexpanded, ``images=~/photos`` quoted or in zsh).
-_PLAIN_VALUE = re.compile(r"[\w./:@%+-]*")
-
-
-def key(argument: str) -> str:
-    """The key of a ``key=value`` override, without Hydra's ``+``, ``++`` or ``~``."""
-    return argument.split("=", 1)[0].lstrip("+~")
-
 
 def is_location(name: str) -> bool:
     """Whether the override key ``name`` (``ckpt_path``, ``data.data_dir``, ``model/net``...) locates a file."""
-    return bool(_LOCATION_KEY.search(name.lstrip("+~")))
+    return bool(_LOCATION_KEY.search(key(name)))
 
 
 def is_setting(argument: str) -> bool:
@@ -135,45 +134,6 @@ def is_relaunched(argument: str) -> bool:
     return is_setting(argument) or name.startswith("data.") or name in _DATA_LOCATIONS
 
 
-def hydra_value(text: str | Path) -> str:
-    r"""``text`` as an override value Hydra reads back as that string: quoted where it holds more than
-    plain characters (a job folder's name holds ``=`` and ``,``: ``model=capsnet,seed=1``). In quotes,
-    a quote and the backslashes before it, or before the end, are escaped; ``${`` is escaped as ``\${``."""
-    text = str(text)
-    if _PLAIN_VALUE.fullmatch(text):
-        return text
-    quoted = re.sub(r"(\\*)('|$)", lambda m: m[1] * 2 + ("\\'" if m[2] else ""), text)
-    return "'" + quoted.replace("${", "\\${") + "'"
-
-
-@functools.cache
-def _parser():
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    return OverridesParser.create()
-
-
-def _parsed(argument: str):
-    """Hydra's reading of the override ``argument`` (None where its grammar refuses it)."""
-    from hydra.errors import HydraException
-
-    try:
-        return _parser().parse_override(argument)
-    except HydraException:
-        return None
-
-
-def value(argument: str) -> str:
-    """The value of ``key=value`` as Hydra reads it: quotes removed and escapes undone; text Hydra cannot
-    parse, a sweep, or a value that is not a string (``null``), as written."""
-    override = _parsed(argument)
-    written = argument.split("=", 1)[1]
-    if override is None or override.is_sweep_override():
-        return written
-    read = override.value()
-    return read if isinstance(read, str) else written
-
-
 def quote_locations(arguments: Iterable[str]) -> list[str]:
     """``arguments`` with each location override whose value Hydra would not read as the text written
     quoted: a run or job folder's name with ``=`` and ``,``, a path with spaces or brackets. A value
@@ -181,21 +141,17 @@ def quote_locations(arguments: Iterable[str]) -> list[str]:
     interpolations are left as they are."""
     quoted = []
     for argument in arguments:
-        if argument.startswith("-") or "=" not in argument or not is_location(key(argument)):
+        if not is_override(argument) or written(argument) is None or not is_location(key(argument)):
             quoted.append(argument)
             continue
-        prefix, written = argument.split("=", 1)
-        override = _parsed(argument)
+        text = written(argument)
+        override = parsed(argument)
         if override is None:  # Hydra's grammar refuses it: the text is the path
             needs_quotes = True
         elif override.is_sweep_override():  # a,b: one path that holds ",", or a sweep of paths
-            needs_quotes = Path(written).expanduser().exists() or "=" in written
+            needs_quotes = Path(text).expanduser().exists() or "=" in text
         else:
             read = override.value()
-            needs_quotes = isinstance(read, str) and read != written and not _quoted(written)
-        quoted.append(f"{prefix}={hydra_value(written)}" if needs_quotes else argument)
+            needs_quotes = isinstance(read, str) and read != text and not is_quoted(text)
+        quoted.append(with_value(argument, hydra_value(text)) if needs_quotes else argument)
     return quoted
-
-
-def _quoted(written: str) -> bool:
-    return len(written) >= 2 and written[0] == written[-1] and written[0] in "'\""

@@ -29,7 +29,7 @@ def main(cfg: DictConfig) -> None:
     try:
         predict_options(cfg)
         if not Path(str(cfg.ckpt_path)).exists():
-            from capsexp.run.checkpoints import read_checkpoint
+            from capsexp.records.checkpoints import read_checkpoint
 
             read_checkpoint(cfg.ckpt_path, f"ckpt_path={cfg.ckpt_path}")  # its message for a missing file
         found = image_files(str(cfg.images))

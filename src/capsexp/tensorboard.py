@@ -30,9 +30,10 @@ from pathlib import Path
 
 import yaml
 
-from capsexp.locations import OVERRIDES, is_setting, key, log_dir
-from capsexp.results.events import load_events
-from capsexp.results.metric_names import PLAIN, PRESENCE_GAP, TEST_ACC, VAL_ACC, VAL_ACC_BEST
+from capsexp.locations import OVERRIDES, is_setting, log_dir
+from capsexp.overrides import is_override, key, written
+from capsexp.records.events import load_events
+from capsexp.records.metric_names import PLAIN, PRESENCE_GAP, TEST_ACC, VAL_ACC, VAL_ACC_BEST
 from capsexp.run.hparams import LEADING_COLUMNS, metric_names
 
 EVENTS = "events.out.tfevents.*"
@@ -70,8 +71,8 @@ def _settings(folder: Path, label: str) -> dict[str, str]:
     if recorded.is_file():
         overrides = [str(o) for o in yaml.safe_load(recorded.read_text()) or []]
     else:
-        overrides = [o for o in label.split(",") if "=" in o]
-    return {key(o).replace("/", "."): o.split("=", 1)[1] for o in overrides if is_setting(o)}
+        overrides = [o for o in label.split(",") if "=" in o]  # a job folder's name: key=value,key=value
+    return {key(o).replace("/", "."): written(o) for o in overrides if is_override(o) and is_setting(o)}
 
 
 def _short_keys(keys: list[str]) -> dict[str, str]:

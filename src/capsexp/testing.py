@@ -582,7 +582,7 @@ def assert_trains(model: str, routing: str, scratch: Path, steps: int = 4, overr
     ``scratch``, on synthetic digits in MNIST's files, for ``steps`` steps, validated at the end: it must
     exit 0, build ``routing``'s router in the net, and log a finite training loss and a validation accuracy.
     Returns the run's folder (its checkpoints, events, card)."""
-    from capsexp.results.events import read_scalars
+    from capsexp.records.events import read_scalars
 
     scratch = Path(scratch)
     data, run = write_synthetic_mnist(scratch / "data", train=200, test=40), scratch / "run"

@@ -16,7 +16,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 from capsexp.callbacks.progress_log import batch_size_of
-from capsexp.results.metric_names import TRAIN_IMAGES_PER_S
+from capsexp.records.metric_names import TRAIN_IMAGES_PER_S
 
 
 def _synchronize(device: torch.device) -> None:

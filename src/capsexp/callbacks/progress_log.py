@@ -21,7 +21,7 @@ from lightning.pytorch.callbacks import Callback, RichProgressBar
 from pydantic import PositiveFloat
 
 from capsexp.config.arguments import checked
-from capsexp.results.metric_names import VAL_ACC
+from capsexp.records.metric_names import VAL_ACC
 
 log = logging.getLogger("capsexp.progress")
 

@@ -23,6 +23,8 @@ from omegaconf import DictConfig, OmegaConf
 from capsexp.config import hydra_setup
 from capsexp.errors import ConfigError
 from capsexp.locations import experiment_files, quote_locations
+from capsexp.overrides import is_override, is_sweep, left_side, of_key, prefix, values_of, with_value, written
+from capsexp.overrides import key as override_key
 
 # Groups and keys that moved: the old spelling gets the new one in its error.
 RENAMED = {
@@ -52,10 +54,9 @@ def check_group_overrides(arguments: list[str], config_dir: Path) -> None:
         loader = GlobalHydra.instance().config_loader()
         model_groups = {}  # model/<group>=<value> overrides
         for argument in arguments:
-            key, sep, value = argument.partition("=")
-            key = key.lstrip("+~")
-            if not sep or argument.startswith("-"):
+            if not is_override(argument) or written(argument) is None:
                 continue
+            key, value = override_key(argument), written(argument)
             for old, new in RENAMED.items():
                 if key == old or (old.endswith(".") and key.startswith(old)):
                     renamed = new + key[len(old) :] if old.endswith(".") else new
@@ -72,7 +73,7 @@ def check_group_overrides(arguments: list[str], config_dir: Path) -> None:
                     close = difflib.get_close_matches(option, options, n=1)
                     hint = f" (did you mean {key}={close[0]}?)" if close else ""
                     raise ConfigError(f"{key}={option}: no such option{hint}\n  {key} is one of: {', '.join(options)}")
-            if key.startswith("model/") and not argument.startswith("+"):
+            if key.startswith("model/") and not prefix(argument):
                 model_groups[key.removeprefix("model/")] = value
         _check_models_have_groups(model_groups, arguments)
         _check_keys_of_swept_optional_groups(arguments)
@@ -82,7 +83,7 @@ def check_group_overrides(arguments: list[str], config_dir: Path) -> None:
 
 def _values(arguments: list[str], key: str) -> list[str]:
     """The values the last ``key=...`` argument gives (a sweep ``a,b`` gives both); none without one."""
-    given = [a.split("=", 1)[1] for a in arguments if a.lstrip("+").split("=", 1)[0] == key]
+    given = values_of(arguments, key)
     return given[-1].split(",") if given else []
 
 
@@ -160,17 +161,15 @@ def _check_keys_of_swept_optional_groups(arguments: list[str]) -> None:
     config, which has no attack (the group's default is null), and fails with "Key 'attack' is not in
     struct". ``++attack.eps=...`` is applied there and in every job."""
 
-    def is_sweep(value: str) -> bool:  # a,b (a list [a,b] is one value)
-        return "," in value and not value.startswith("[")
-
     if not any(argument in ("-m", "--multirun") for argument in arguments):
         return
-    swept = {a.split("=", 1)[0].lstrip("+") for a in arguments if "=" in a and is_sweep(a.split("=", 1)[1])}
+    given = [a for a in arguments if is_override(a) and written(a) is not None]
+    swept = {override_key(a) for a in given if is_sweep(a)}
     plain_keys = []  # key=value under a swept group, not itself swept
-    for argument in arguments:
-        key, _, value = argument.partition("=")
+    for argument in given:
+        key = override_key(argument)
         group = key.split(".", 1)[0]
-        if "." in key and not key.startswith("+") and group in swept and not is_sweep(value):
+        if "." in key and not prefix(argument) and group in swept and not is_sweep(argument):
             plain_keys.append((argument, key, group))
     if not plain_keys:
         return
@@ -207,27 +206,31 @@ def _check_keys(arguments: list[str], loader, config_dir: Path) -> None:
     the group's options. Composed with the command line's group choices (a sweep's first value)."""
     groups = set(loader.list_groups(""))
 
+    # Set, not added (+) nor deleted (~): a key the config must already have.
+    setting = [a for a in arguments if is_override(a) and written(a) is not None and not prefix(a)]
+
     def is_key(argument: str) -> bool:  # a key=value to check: dotted, or top-level and no config group
-        key = argument.split("=", 1)[0]
-        if "=" not in argument or argument.startswith(("-", "+", "~")) or key.startswith("hydra."):
+        key = override_key(argument)
+        if key.startswith("hydra."):
             return False
         return "." in key or ("/" not in key and key not in groups and not loader.get_group_options(key))
 
-    keys = [a for a in arguments if is_key(a)]
+    keys = [a for a in setting if is_key(a)]
     if not keys:
         return
     choices = [
-        f"{a.split('=', 1)[0]}={_first(a.split('=', 1)[1])}"
+        with_value(a, _first(written(a)))
         for a in arguments
-        if "=" in a and not a.startswith(("-", "~")) and "." not in a.split("=", 1)[0] and a not in keys
-    ]
+        if is_override(a) and written(a) is not None and prefix(a) != "~" and "." not in override_key(a)
+        and a not in keys
+    ]  # fmt: skip
     # model.net.routing is model/routing's, which composes without the nets' nodes
-    nets = any(k.startswith("model.net.") and k.split(".")[2] != "routing" for k in (a.split("=")[0] for a in keys))
+    nets = any(k.startswith("model.net.") and k.split(".")[2] != "routing" for k in map(override_key, keys))
     config = _composed(str(config_dir), tuple(choices), nets)
     if config is None:  # what does not compose is Hydra's to report, with its own message
         return
     for argument in keys:
-        key = argument.split("=", 1)[0]
+        key = override_key(argument)
         parts = key.split(".")
         node, depth = config, 0
         # keys(), not `in`: a key left ??? (a value still to give) is there, and `in` says it is not.
@@ -264,9 +267,9 @@ def _check_keys(arguments: list[str], loader, config_dir: Path) -> None:
 def _check_models_have_groups(model_groups: dict[str, str], arguments: list[str]) -> None:
     """``model/margin=linear`` with a model whose recipe has no margin (LeNet5's cross-entropy, CapsNet's
     margin loss): say so, instead of Hydra's "No match in the defaults list"."""
-    if not model_groups or any(a.lstrip("+").startswith(("experiment=", "hparams_search=")) for a in arguments):
+    if not model_groups or of_key(arguments, "experiment") or of_key(arguments, "hparams_search"):
         return  # they choose the model themselves: left to Hydra
-    chosen = [a.split("=", 1)[1] for a in arguments if a.startswith("model=")]
+    chosen = [written(a) for a in arguments if is_override(a) and left_side(a) == "model"]
     for model in chosen[-1].split(",") if chosen else [None]:
         choices = _choices([f"model={model}"] if model else [])
         groups = sorted(name.removeprefix("model/") for name in choices if name.startswith("model/"))
@@ -328,7 +331,7 @@ def _jobs_listing(jobs: list[list[str]], params: dict[str, str], command_line) -
     values: dict[str, list[str]] = {}
     for job in jobs:
         for override in job:
-            key, _, value = override.partition("=")
+            key, value = left_side(override), written(override)
             if value not in values.setdefault(key, []):
                 values[key].append(value)
     swept = [key for key, options in values.items() if len(options) > 1]
@@ -343,7 +346,7 @@ def _jobs_listing(jobs: list[list[str]], params: dict[str, str], command_line) -
             source = "the command line's" if key in given else "the experiment's hydra.sweeper.params"
         lines.append(f"  {key}: {', '.join(values[key])} ({source})")
     for number, job in enumerate(jobs):
-        lines.append(f"  #{number}  " + " ".join(o for o in job if o.partition("=")[0] in swept))
+        lines.append(f"  #{number}  " + " ".join(o for o in job if left_side(o) in swept))
     lines.append(f"One job's config: python -m capsexp {' '.join(jobs[0])} --cfg job (without -m)")
     return "\n".join(lines)
 

@@ -17,7 +17,8 @@ import hashlib
 from collections.abc import Iterable
 from pathlib import Path
 
-from capsexp.locations import is_location, key
+from capsexp.locations import is_location
+from capsexp.overrides import key
 
 MAX_NAME = 120  # characters of a run folder's name; file systems allow 255
 DIGEST = 10  # hex digits of the digest that ends a shortened name
@@ -60,11 +61,11 @@ def _swept_keys(multirun_file: Path) -> tuple[set[str], bool]:
     recorded = OmegaConf.load(multirun_file)
     arguments = [str(o) for o in OmegaConf.select(recorded, "hydra.overrides.task", default=[]) or []]
     params = OmegaConf.select(recorded, "hydra.sweeper.params", default=None) or {}
-    arguments += [f"{key}={value}" for key, value in params.items()]
+    arguments += [f"{name}={text}" for name, text in params.items()]
     varied, repeated = set(), False
     for override in OverridesParser.create().parse_overrides(arguments):
         if override.is_sweep_override():
-            varied.add(override.get_key_element().lstrip("+~"))
+            varied.add(key(override.get_key_element()))
             if override.is_discrete_sweep():
                 values = list(override.sweep_string_iterator())
                 repeated |= len(values) != len(set(values))

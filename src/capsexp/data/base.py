@@ -24,7 +24,7 @@ from capsexp.data.device_loader import DeviceBatchLoader
 from capsexp.data.resumable import EpochSampler, ResumableDataLoader, ResumableDeviceBatchLoader, step_generator
 from capsexp.data.tensor_dataset import ImageTensorDataset, collate_batch
 from capsexp.errors import ConfigError, CorruptDatasetError, DataFolderError, DatasetNotFoundError
-from capsexp.results.metric_names import PLAIN
+from capsexp.records.metric_names import PLAIN
 
 Method = TypeVar("Method", bound=Callable)
 
@@ -122,7 +122,7 @@ class InMemoryDataModule(L.LightningDataModule):
     the datasets on the accelerator and draw batches there, see :class:`DeviceBatchLoader`; auto:
     wherever the run's device is not the CPU).
 
-    ``test_set_names`` declares the test sets, one per test DataLoader (:mod:`capsexp.results.metric_names`):
+    ``test_set_names`` declares the test sets, one per test DataLoader (:mod:`capsexp.records.metric_names`):
     one plain test set unless a subclass says otherwise.
     """
 

@@ -38,7 +38,7 @@ from capsexp.data.base import (
 from capsexp.data.conventions import ImageConventions
 from capsexp.data.tensor_dataset import ImageTensorDataset
 from capsexp.errors import CorruptDatasetError
-from capsexp.results.metric_names import PLAIN, rotation_set_name
+from capsexp.records.metric_names import PLAIN, rotation_set_name
 
 IMAGES_MAGIC = 0x00000803  # IDX: unsigned bytes, 3 dimensions
 LABELS_MAGIC = 0x00000801  # IDX: unsigned bytes, 1 dimension
@@ -288,7 +288,7 @@ class MNISTDataModule(MNISTFiles):
 
     @property
     def test_set_names(self) -> list[str]:
-        """One name per test DataLoader (:mod:`capsexp.results.metric_names`): the plain set, or one per angle."""
+        """One name per test DataLoader (:mod:`capsexp.records.metric_names`): the plain set, or one per angle."""
         if self.hparams.test_rotations is None:
             return [PLAIN, *self.hparams.extra_test_sets]
         return [rotation_set_name(angle) for angle in self.hparams.test_rotations]

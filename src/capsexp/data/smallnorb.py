@@ -25,7 +25,7 @@ from capsexp.data.base import DownloadFailed, InMemoryDataModule, data_folder_er
 from capsexp.data.norb_format import SMALLNORB_FILES, read_matrix
 from capsexp.data.tensor_dataset import ImageTensorDataset
 from capsexp.errors import CorruptDatasetError
-from capsexp.results.metric_names import PLAIN
+from capsexp.records.metric_names import PLAIN
 
 PREFIX = {"train": "smallnorb-5x46789x9x18x6x2x96x96-training", "test": "smallnorb-5x01235x9x18x6x2x96x96-testing"}
 INFO_FIELDS = ("instance", "elevation", "azimuth", "lighting")
@@ -141,7 +141,7 @@ class SmallNORBDataModule(InMemoryDataModule):
 
     @property
     def test_set_names(self) -> list[str]:
-        """One name per test DataLoader (:mod:`capsexp.results.metric_names`): the plain set, then the novel
+        """One name per test DataLoader (:mod:`capsexp.records.metric_names`): the plain set, then the novel
         viewpoints where asked for."""
         return [PLAIN, *self.hparams.extra_test_sets]
 

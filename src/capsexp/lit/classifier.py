@@ -25,11 +25,11 @@ from pydantic import PositiveFloat, PositiveInt
 from torchmetrics import CatMetric, MaxMetric, MeanMetric, Metric
 from torchmetrics.classification import MulticlassAccuracy, MultilabelExactMatch
 
-from capsexp.config.run_record import RunRecord
 from capsexp.errors import ConfigError
 from capsexp.lit.margin import MarginSchedule
 from capsexp.lit.objectives import class_scores, multi_hot
-from capsexp.results.metric_names import PLAIN, TEST_ACC, VAL_ACC, VAL_ACC_BEST, metric_suffix, presence_metric
+from capsexp.records.metric_names import PLAIN, TEST_ACC, VAL_ACC, VAL_ACC_BEST, metric_suffix, presence_metric
+from capsexp.records.run_record import RunRecord
 
 Batch = tuple[torch.Tensor, ...]  # (images, targets) or (images, targets, objects)
 
@@ -91,7 +91,7 @@ class Classifier(L.LightningModule):
             )
         self.compile_net = compile
         self._compiled = False
-        # What every checkpoint records of its run (capsexp.config.run_record), set by the run.
+        # What every checkpoint records of its run (capsexp.records.run_record), set by the run.
         self.run_record: RunRecord | None = None
 
         self.num_classes = num_classes
@@ -126,7 +126,7 @@ class Classifier(L.LightningModule):
 
     def setup(self, stage: str) -> None:
         """Lightning's hook before the module moves to its device: one accuracy and one set of loss
-        means per test set the DataModule declares (:mod:`capsexp.results.metric_names`)."""
+        means per test set the DataModule declares (:mod:`capsexp.records.metric_names`)."""
         datamodule = self.trainer.datamodule if self._trainer is not None else None
         objects = getattr(datamodule, "objects_per_image", 1)
         if objects > 1 and not getattr(self.objective, "several_objects", False):

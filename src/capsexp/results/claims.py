@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from capsexp.errors import CapsexpError, ConfigError
+from capsexp.records.metric_names import is_accuracy
 from capsexp.results import statistics
 from capsexp.results.differences import (
     both_adjusted,
@@ -36,7 +37,6 @@ from capsexp.results.differences import (
     test_only,
     verdict,
 )
-from capsexp.results.metric_names import is_accuracy
 from capsexp.results.runs import Configuration, Run, group
 from capsexp.results.study import StudyPage
 

@@ -23,6 +23,16 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from capsexp.errors import ConfigError, NoRunsError
 from capsexp.locations import is_setting, working_root
 from capsexp.locations import key as override_key
+from capsexp.records.events import event_files, event_folder
+from capsexp.records.machine import MACHINE_FILE, describe_text
+from capsexp.records.metric_names import (
+    MODEL_FLOPS,
+    MODEL_PARAMETERS,
+    PRESENCE_GAP,
+    is_accuracy,
+)
+from capsexp.records.revision import REVISION_FILE
+from capsexp.records.revision import short as short_revision
 from capsexp.results import statistics
 from capsexp.results.claims import BoundNotes, ClaimError, bind, p_text, unsupported_block
 from capsexp.results.diagnostics import diagnostics_section
@@ -38,17 +48,7 @@ from capsexp.results.differences import (
     test_only,
     verdict,
 )
-from capsexp.results.events import event_files, event_folder
-from capsexp.results.machine import MACHINE_FILE, describe_text
-from capsexp.results.metric_names import (
-    MODEL_FLOPS,
-    MODEL_PARAMETERS,
-    PRESENCE_GAP,
-    is_accuracy,
-)
 from capsexp.results.plots import FOREST, HEADLINE, ForestRow, display, forest_plot, headline_rows, write_plots
-from capsexp.results.revision import REVISION_FILE
-from capsexp.results.revision import short as short_revision
 from capsexp.results.runs import (
     KEPT_ORDER,
     KEPT_RUNS,
@@ -511,7 +511,7 @@ def command_lines(runs: list[Run], folder: Path, relative: str) -> list[str]:
 
 
 def code_revisions(runs: list[Run]) -> str:
-    """The code revisions the runs ran (:mod:`capsexp.results.revision`): one for all, or each with its
+    """The code revisions the runs ran (:mod:`capsexp.records.revision`): one for all, or each with its
     count and a warning that the runs differ in code; runs without the record counted apart."""
     texts = [short_revision(run.revision) for run in runs if run.revision]
     counts = {text: texts.count(text) for text in dict.fromkeys(texts)}

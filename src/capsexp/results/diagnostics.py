@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-from capsexp.results.metric_names import presence_metric
+from capsexp.records.metric_names import presence_metric
 from capsexp.results.runs import Configuration
 
 _ROUTING = re.compile(r"^routing/(?P<layer>[^/]+)/(?P<measure>entropy|activation_std_across_inputs)$")

@@ -11,8 +11,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from capsexp.records.metric_names import PRESENCE_GAP, TEST_ACC, VAL_ACC, VAL_ACC_BEST, rotation_angle
 from capsexp.results import statistics
-from capsexp.results.metric_names import PRESENCE_GAP, TEST_ACC, VAL_ACC, VAL_ACC_BEST, rotation_angle
 from capsexp.results.runs import Configuration, Run
 from capsexp.results.study import Hypothesis, StudyPage, matches
 

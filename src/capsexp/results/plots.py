@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from capsexp.records.metric_names import VAL_ACC, is_accuracy, rotation_angle
 from capsexp.results import statistics as comparison_statistics
-from capsexp.results.metric_names import VAL_ACC, is_accuracy, rotation_angle
 
 if TYPE_CHECKING:
     from capsexp.results.runs import Configuration, Run

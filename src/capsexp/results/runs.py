@@ -13,11 +13,11 @@ import yaml
 
 from capsexp.locations import OVERRIDES, is_setting
 from capsexp.locations import key as override_key
+from capsexp.records.events import Scalar, event_files, load_events
+from capsexp.records.machine import read_machine
+from capsexp.records.metric_names import is_accuracy
+from capsexp.records.revision import read_revision
 from capsexp.results import statistics
-from capsexp.results.events import Scalar, event_files, load_events
-from capsexp.results.machine import read_machine
-from capsexp.results.metric_names import is_accuracy
-from capsexp.results.revision import read_revision
 
 # A run launched with other overrides than the experiment config's that composes the same job keeps
 # them here (tests/test_studies.py checks that both compose the same job).
@@ -35,7 +35,7 @@ class Run:
     start: float | None = None  # wall time (s since the epoch) of the first and the last scalar logged
     end: float | None = None
     machine: dict | None = None
-    revision: dict | None = None  # the code that ran (capsexp.results.revision)
+    revision: dict | None = None  # the code that ran (capsexp.records.revision)
     configuration: str = ""  # set by label_configurations
 
     @property

@@ -54,7 +54,7 @@ from omegaconf import OmegaConf
 
 from capsexp.errors import ConfigError
 from capsexp.locations import CONFIG_DIR, experiment_file, shown
-from capsexp.results.metric_names import TEST_ACC, VAL_ACC, VAL_ACC_BEST
+from capsexp.records.metric_names import TEST_ACC, VAL_ACC, VAL_ACC_BEST
 from capsexp.results.statistics import reproduction_tolerance
 
 # The budget of a run without study=...: the one conf/config.yaml sets.

@@ -24,7 +24,7 @@ from capsexp.attacks.evaluation import (
 from capsexp.callbacks.image_logging import tensorboard_writer
 from capsexp.errors import ConfigError
 from capsexp.figures.images import displayable
-from capsexp.run.checkpoints import model_of_run
+from capsexp.records.checkpoints import model_of_run
 
 log = logging.getLogger(__name__)
 
@@ -80,14 +80,14 @@ def source_classifier(ckpt_path: str, cfg: DictConfig) -> L.LightningModule:
     """The model a black-box attack crafts on: built from the config of the run that saved
     ``ckpt_path`` (``<run>/checkpoints/<file>.ckpt``), with the checkpoint's weights."""
     where = f"attack.source={ckpt_path}"
-    module, source_cfg = model_of_run(ckpt_path, where)
-    ours, theirs = (OmegaConf.to_container(c.geometry, resolve=True) for c in (cfg, source_cfg))
+    source = model_of_run(ckpt_path, where)
+    ours, theirs = (OmegaConf.to_container(c.geometry, resolve=True) for c in (cfg, source.config))
     if ours != theirs:
         raise ConfigError(
             f"{where} was trained on other data ({_geometry(theirs)}) than this run's ({_geometry(ours)}): "
             "a black-box attack needs a source trained on the same inputs"
         )
-    return module
+    return source.module
 
 
 def _geometry(geometry: dict[str, Any]) -> str:

@@ -17,7 +17,9 @@ from lightning.pytorch.utilities import rank_zero_only
 from torch.utils.tensorboard.summary import hparams as hparams_summary
 
 from capsexp.locations import is_location  # left out too: event files carry no machine's paths
-from capsexp.results.metric_names import (
+from capsexp.overrides import key as override_key
+from capsexp.overrides import written
+from capsexp.records.metric_names import (
     MODEL_PARAMETERS,
     PLAIN,
     PRESENCE_GAP,
@@ -51,7 +53,7 @@ def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, int | floa
 
 def metric_names(test_set_names: Iterable[str] = (PLAIN,), presence: bool = False) -> list[str]:
     """The metrics the HParams tab shows, in its column order: the best validation accuracy, the test
-    metrics of the DataModule's test sets (:func:`capsexp.results.metric_names.metrics_of_test_sets`),
+    metrics of the DataModule's test sets (:func:`capsexp.records.metric_names.metrics_of_test_sets`),
     the presence gap where the objective logs it (``presence``), training images/s, then the last
     validation accuracy and loss."""
     gap = [PRESENCE_GAP] if presence else []
@@ -78,8 +80,7 @@ def run_choices(
         if key in flat:
             choices[key] = flat[key]
     for override in overrides:
-        key, _, value = override.partition("=")
-        name = key.lstrip("+~").replace(".", "/")
+        name, value = override_key(override).replace(".", "/"), written(override) or ""
         if name in choices or is_location(name) or name.split("/")[0] in NOT_HYPERPARAMETERS:
             continue
         choices[name] = flat.get(name, value)

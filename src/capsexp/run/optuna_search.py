@@ -122,7 +122,7 @@ class ResumableSearch(OptunaSweeperImpl):
         )
         from sqlalchemy.engine import make_url
 
-        from capsexp.locations import hydra_value
+        from capsexp.overrides import hydra_value
 
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
         arguments = [a for a in sys.argv[1:] if not a.startswith(("hydra.sweep.dir=", "hydra.sweeper.storage="))]

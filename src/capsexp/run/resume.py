@@ -20,10 +20,11 @@ from pathlib import Path
 
 import yaml
 
-from capsexp.config.run_record import RunRecord
 from capsexp.errors import CheckpointError
-from capsexp.locations import LAST_CHECKPOINT, OVERRIDES, hydra_value, is_relaunched, is_setting, key
-from capsexp.locations import value as location_value
+from capsexp.locations import LAST_CHECKPOINT, OVERRIDES, is_relaunched, is_setting
+from capsexp.overrides import hydra_value, is_override, key, value, with_value
+from capsexp.records.checkpoints import peek
+from capsexp.records.run_record import RunRecord
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +32,7 @@ MULTIRUN_FLAGS = ("-m", "--multirun")
 
 
 def _is_ckpt_path(argument: str) -> bool:
-    return argument.lstrip("+").startswith("ckpt_path=")
+    return is_override(argument) and key(argument) == "ckpt_path"
 
 
 def task_folder(arguments: list[str], where: str) -> Path:
@@ -41,8 +42,7 @@ def task_folder(arguments: list[str], where: str) -> Path:
 
     from capsexp.config.hydra_setup import compose
 
-    overrides = [a for a in arguments if "=" in a and not a.startswith("-") and not _is_ckpt_path(a)]
-    overrides = [a for a in overrides if not a.lstrip("+~").startswith("hydra.")]
+    overrides = [a for a in arguments if is_override(a) and not _is_ckpt_path(a) and not key(a).startswith("hydra.")]
     try:
         cfg = compose(overrides)
         return Path(OmegaConf.select(cfg, "paths.log_dir")) / str(cfg.task_name)
@@ -63,7 +63,7 @@ def latest_run(arguments: list[str]) -> Path:
 
 def _test_only(arguments: list[str]) -> bool:
     """Whether the command line says ``train=false`` (its last ``train=`` wins)."""
-    given = [location_value(a.lstrip("+")) for a in arguments if "=" in a and key(a) == "train"]
+    given = [value(a) for a in arguments if is_override(a) and key(a) == "train"]
     return bool(given) and given[-1].lower() == "false"
 
 
@@ -73,7 +73,7 @@ def test_run_arguments(arguments: list[str], path: Path, where: str) -> list[str
     folder's ``.hydra/overrides.yaml``; its data's folders where they exist here, no other location, not
     the task's name), then the ones given now, which win. No ``hydra.run.dir``: the test writes a folder
     of its own, and the trained run's files stay as they are."""
-    from capsexp.run.checkpoints import RECORDED, checkpoint_of  # torch: only for a test-only run
+    from capsexp.records.checkpoints import RECORDED, checkpoint_of  # torch: only for a test-only run
 
     file, note = checkpoint_of(path, where)
     if note and RECORDED not in note:  # a run folder whose best checkpoint is not recorded
@@ -87,29 +87,23 @@ def _relaunched_here(override: str) -> bool:
     where that folder exists on this machine (a checkpoint from another machine reads this one's data)."""
     if is_setting(override):
         return True
-    return is_relaunched(override) and Path(location_value(override.lstrip("+"))).expanduser().exists()
+    return is_relaunched(override) and Path(value(override)).expanduser().exists()
 
 
 def _before(saved: list[str], now: list[str]) -> list[str]:
     """The saved overrides before the first one given now (after Hydra's flags), so that the new win; a
     saved override of a key given now left out (Hydra refuses a group added twice: ``+arm/net=...``)."""
-    given = {key(argument) for argument in now if "=" in argument and not argument.startswith("-")}
+    given = {key(argument) for argument in now if is_override(argument)}
     saved = [override for override in saved if key(override) not in given]
-    first = next((i for i, argument in enumerate(now) if "=" in argument and not argument.startswith("-")), len(now))
+    first = next((i for i, argument in enumerate(now) if is_override(argument)), len(now))
     return [*now[:first], *saved, *now[first:]]
 
 
 def _trained_overrides(file: Path) -> list[str]:
     """The command-line overrides of the run that saved ``file``: its record's, else its run folder's
     (``<run>/checkpoints/<file>``); none where neither holds them."""
-    import torch
-
-    try:
-        checkpoint = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
-        record = RunRecord.of(checkpoint)
-        recorded = record.overrides if record is not None else None
-    except Exception:  # an unreadable file: the run reads it again and says what is wrong
-        recorded = None
+    record = RunRecord.of(peek(file))  # an unreadable file: the run reads it again and says what is wrong
+    recorded = record.overrides if record is not None else None
     if recorded is not None:
         return [str(o) for o in recorded]
     overrides_file = file.resolve().parent.parent / OVERRIDES
@@ -125,15 +119,15 @@ def expand_run_folder(arguments: list[str]) -> list[str]:
     given = [argument for argument in arguments if _is_ckpt_path(argument)]
     if not given:
         return arguments
-    value = location_value(given[-1].lstrip("+"))
-    where = f"ckpt_path={value}"
-    folder = latest_run(arguments) if value == "last" else Path(value)
+    text = value(given[-1])
+    where = f"ckpt_path={text}"
+    folder = latest_run(arguments) if text == "last" else Path(text)
     if _test_only(arguments) and (folder.is_dir() or folder.is_file()):
         return test_run_arguments(arguments, folder, where)
     if not folder.is_dir():
         if folder.is_file():  # a checkpoint file: quoted, since a job folder's name holds "=" and ","
-            return [a if a is not given[-1] else f"{a.split('=', 1)[0]}={hydra_value(value)}" for a in arguments]
-        if value.lower() not in ("", "null", "none") and "${" not in value:  # refused before a run folder is made
+            return [a if a is not given[-1] else with_value(a, hydra_value(text)) for a in arguments]
+        if text.lower() not in ("", "null", "none") and "${" not in text:  # refused before a run folder is made
             raise CheckpointError(
                 f"{where}: no such file or folder (give a .ckpt file, a run folder logs/<task_name>/runs/<time>, "
                 "or last for the latest run)"

@@ -17,20 +17,28 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
+from hydra.core.hydra_config import HydraConfig
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import Logger
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 
-from capsexp.locations import LAST_CHECKPOINT
+from capsexp.locations import LAST_CHECKPOINT, shown_path
+from capsexp.records.checkpoints import peek
+from capsexp.records.events import event_files
 
 log = logging.getLogger(__name__)
 
 
-def shown_path(path: Path) -> Path:
-    """``path`` relative to the working directory when inside it (what a user can paste)."""
-    with contextlib.suppress(ValueError):
-        return path.relative_to(Path.cwd().resolve())
-    return path
+def run_folder() -> Path | None:
+    """This job's Hydra output folder (None outside Hydra)."""
+    return Path(HydraConfig.get().runtime.output_dir).resolve() if HydraConfig.initialized() else None
+
+
+def single_run() -> bool:
+    """True for ``python -m capsexp`` without ``-m`` (and outside Hydra)."""
+    from hydra.types import RunMode
+
+    return not HydraConfig.initialized() or HydraConfig.get().mode == RunMode.RUN
 
 
 def say_run_folder(run_folder: Path, finished: bool) -> None:
@@ -54,16 +62,13 @@ def steps_to_hide(run_folder: Path, ckpt_path: str | None) -> int | None:
     Lightning logs batch ``k`` of training at step ``k`` (counting optimizer steps, one a batch), and a
     validation after it at step ``k`` too; a state saved after ``n`` steps (its ``global_step``) keeps the
     steps below ``n``, and the run going on from it logs from step ``n``."""
-    from capsexp.results.events import event_files
 
     if not event_files(run_folder) and not any(run_folder.rglob(ExperimentWriter.NAME_METRICS_FILE)):
         return None
     if not ckpt_path or Path(ckpt_path).resolve() != (run_folder / LAST_CHECKPOINT).resolve():
         return 0
-    import torch
-
-    state = torch.load(ckpt_path, map_location="cpu", weights_only=True, mmap=True)
-    return int(state["global_step"])
+    state = peek(ckpt_path)
+    return int(state["global_step"]) if state is not None else 0
 
 
 class StepSeen(Callback):
@@ -99,9 +104,11 @@ LOGGER_FILES = ("hparams.yaml", ExperimentWriter.NAME_METRICS_FILE)
 
 
 @contextlib.contextmanager
-def no_files_left_if_failed_early(loggers: list[Logger], trainer: L.Trainer, step_seen: StepSeen) -> Iterator[None]:
-    """On an error before ``step_seen`` saw a step, remove the files the loggers wrote in the block (a
-    resumed run's earlier event files stay), and the loggers' folders if they are left empty."""
+def no_files_left_if_failed_early(trainer: L.Trainer) -> Iterator[None]:
+    """On an error before the trainer's :class:`StepSeen` saw a step, remove the files its loggers wrote in
+    the block (a resumed run's earlier event files stay), and the loggers' folders if they are left empty."""
+    loggers = trainer.loggers
+    step_seen = next(callback for callback in trainer.callbacks if isinstance(callback, StepSeen))
     folders = _logger_folders(loggers)
     existing = _files(folders)
     try:

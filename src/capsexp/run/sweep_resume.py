@@ -37,7 +37,8 @@ from hydra.plugins.launcher import Launcher
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from capsexp.errors import CapsexpError
-from capsexp.locations import LAST_CHECKPOINT, OVERRIDES, hydra_value, is_setting
+from capsexp.locations import LAST_CHECKPOINT, OVERRIDES, is_setting
+from capsexp.overrides import hydra_value, without
 
 log = logging.getLogger("capsexp")
 
@@ -73,8 +74,8 @@ def check_same_job(folder: Path, overrides: Sequence[str]) -> None:
     if not recorded_file.is_file():
         return
     recorded = [str(o) for o in yaml.safe_load(recorded_file.read_text()) or [] if is_setting(str(o))]
-    settings = [str(o) for o in overrides if is_setting(str(o)) and not str(o).lstrip("+").startswith("ckpt_path=")]
-    recorded = [o for o in recorded if not o.lstrip("+").startswith("ckpt_path=")]
+    settings = without([str(o) for o in overrides if is_setting(str(o))], "ckpt_path")
+    recorded = without(recorded, "ckpt_path")
     if sorted(recorded) != sorted(settings):
         only_then = sorted(set(recorded) - set(settings))
         only_now = sorted(set(settings) - set(recorded))
@@ -115,8 +116,7 @@ def after_sweep_arguments(arguments: list[str], folder: Path) -> list[str] | Non
         log.info(f"{folder} finished before: not run again")
         return None
     if state == RESUMED:
-        given = [a for a in arguments if not a.lstrip("+").startswith("ckpt_path=")]
-        return [*given, f"ckpt_path={hydra_value(folder / LAST_CHECKPOINT)}"]
+        return [*without(arguments, "ckpt_path"), f"ckpt_path={hydra_value(folder / LAST_CHECKPOINT)}"]
     return arguments
 
 
@@ -214,7 +214,7 @@ def _say_states(sweep_dir: Path, folders: list[Path], states: list[str]) -> None
 
 def finishing_command(sweep_dir: Path) -> str:
     """The command that finishes this sweep: this one, in this sweep's folder."""
-    arguments = [a for a in sys.argv[1:] if not a.startswith("hydra.sweep.dir=")]
+    arguments = without(sys.argv[1:], "hydra.sweep.dir")
     return shlex.join(["python", "-m", "capsexp", *arguments, f"hydra.sweep.dir={hydra_value(_shown(sweep_dir))}"])
 
 
@@ -248,6 +248,6 @@ def _by_signal(code: object) -> bool:
 
 
 def _shown(path: Path) -> Path:
-    from capsexp.run.run_folder import shown_path  # Lightning: only once a sweep runs
+    from capsexp.locations import shown_path
 
     return shown_path(path.resolve())

@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from capsexp.locations import hydra_value, is_relaunched
+from capsexp.records.checkpoints import best_checkpoint
 from capsexp.results.runs import Run, find_runs, group
 from capsexp.results.study import StudyPage, matches
-from capsexp.run.checkpoints import best_checkpoint
 from capsexp.run.sweep_resume import after_sweep_arguments
 
 log = logging.getLogger("capsexp")

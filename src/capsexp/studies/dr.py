@@ -12,12 +12,12 @@ from pathlib import Path
 import torch
 from torch.utils.tensorboard import SummaryWriter
 
+from capsexp.config.instantiation import instantiate
 from capsexp.nn import DynamicRouting, RoutingCapsules
-from capsexp.results.events import event_folder, load_events
+from capsexp.records.checkpoints import model_of_run
+from capsexp.records.events import event_folder, load_events
 from capsexp.results.runs import Configuration, Run, find_runs, group
 from capsexp.results.study import StudyPage, matches
-from capsexp.run.build import instantiate
-from capsexp.run.checkpoints import best_checkpoint, model_of_run
 
 log = logging.getLogger("capsexp")
 
@@ -124,8 +124,8 @@ def _routed_inputs(run: Path, images: int) -> dict[str, tuple[RoutingCapsules, t
     """{layer name: (the layer, its input capsules)} for each dynamic-routing layer of the run's best
     checkpoint (its last, when it saved no other), on the first ``images`` validation images of the run's
     data: the layer traces its own routing (:meth:`RoutingCapsules.dynamic_routing_trace`)."""
-    saved = [p for p in (run / "checkpoints").glob("*.ckpt") if p.name != "last.ckpt"]
-    module, cfg = model_of_run(best_checkpoint(run) if saved else run / "checkpoints" / "last.ckpt", str(run))
+    trained = model_of_run(run, str(run))
+    module, cfg = trained.module, trained.config
     layers = {
         name: m
         for name, m in module.net.named_modules()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
-from capsexp.results.metric_names import PRESENCE_GAP
+from capsexp.records.metric_names import PRESENCE_GAP
 from capsexp.results.runs import Run, group
 from capsexp.results.study import StudyPage
 

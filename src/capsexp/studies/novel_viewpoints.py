@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from capsexp.locations import hydra_value, is_relaunched
-from capsexp.results.metric_names import TEST_ACC, VAL_ACC_BEST
+from capsexp.records.checkpoints import best_checkpoint
+from capsexp.records.metric_names import TEST_ACC, VAL_ACC_BEST
 from capsexp.results.runs import Run, find_runs
 from capsexp.results.study import StudyPage, figure_for
-from capsexp.run.checkpoints import best_checkpoint
 from capsexp.run.sweep_resume import after_sweep_arguments
 
 log = logging.getLogger("capsexp")

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from capsexp.config.precision import BF16, BF16_MODELS, FLOAT32, routing_of
-from capsexp.results.metric_names import PRESENCE_GAP, TEST_ACC
+from capsexp.records.metric_names import PRESENCE_GAP, TEST_ACC
 from capsexp.results.plots import _pyplot, saved
 from capsexp.results.runs import Run
 from capsexp.results.statistics import SIGNIFICANCE, Equivalence, equivalence, holm_adjusted

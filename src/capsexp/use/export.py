@@ -221,7 +221,7 @@ TOLERANCE = 1e-4  # the largest difference of an exported model's outputs from t
 
 def export_command(cfg) -> dict[str, Any]:
     """``python -m capsexp.export``: export, then check and time the file against the model."""
-    from capsexp.run.run_folder import shown_path
+    from capsexp.locations import shown_path
     from capsexp.use.inference import load
 
     model = load(cfg.ckpt_path)

@@ -1,8 +1,8 @@
 """A trained model, ready to ask about images: ``capsexp.load(path).predict(images)``.
 
 :func:`load` takes a checkpoint, a run folder or a sweep's job folder (the checkpoint the run recorded as
-best, the one it tested: :func:`~capsexp.run.checkpoints.checkpoint_of`) and rebuilds, from the
-checkpoint's own record of its run (:class:`~capsexp.config.run_record.RunRecord`; a checkpoint without
+best, the one it tested: :func:`~capsexp.records.checkpoints.checkpoint_of`) and rebuilds, from the
+checkpoint's own record of its run (:class:`~capsexp.records.run_record.RunRecord`; a checkpoint without
 one: its run folder's ``.hydra/config.yaml``), the model in eval mode and the DataModule of its training
 data. The DataModule is never set up and reads no dataset: it only says how an image becomes the net's
 input (its :attr:`~capsexp.data.base.InMemoryDataModule.image_conventions` applied by
@@ -25,23 +25,17 @@ from omegaconf import DictConfig, OmegaConf
 from PIL import Image, UnidentifiedImageError
 from torchvision.transforms.v2 import functional as TF
 
+from capsexp.config.instantiation import instantiate
 from capsexp.config.routing_options import DynamicRouting, VBRouting
-from capsexp.config.run_record import RunRecord
 from capsexp.data.images import pil_mode, read_image
 from capsexp.data.page import NO_INK, invert_choice
-from capsexp.errors import CapsexpError, CheckpointError, ConfigError, ImageError
+from capsexp.errors import CapsexpError, ConfigError, ImageError
 from capsexp.models import CapsNet, MatrixCapsNet
 from capsexp.models.inspection import class_scores, routing_layers
 from capsexp.nn import ClassMatrixCapsules, PrimaryCapsules
 from capsexp.nn.functional import shares
-from capsexp.run.build import build_model, instantiate
-from capsexp.run.checkpoints import (
-    LIGHTNING_ALIASES,
-    check_weights_fit,
-    checkpoint_of,
-    read_checkpoint,
-    recorded_config,
-)
+from capsexp.records.checkpoints import model_of_run
+from capsexp.records.run_record import RunRecord
 
 ImageLike = str | os.PathLike | Image.Image | torch.Tensor
 BATCH_SIZE = 256  # images per forward pass
@@ -304,20 +298,11 @@ def load(path: str | os.PathLike, device: str | torch.device = "cpu") -> Trained
     """The trained model of a checkpoint, a run folder or a sweep's job folder (see the module's docstring),
     in eval mode on ``device``. :class:`~capsexp.errors.CheckpointError` for a file that is not a capsexp
     checkpoint. The checkpoint file is read once."""
-    where = f"ckpt_path={path}"
-    if str(path) in LIGHTNING_ALIASES:
-        raise CheckpointError(f"{where}: give a checkpoint file or a run folder")
-    file, note = checkpoint_of(path, where)
-    checkpoint = read_checkpoint(file, where)
-    record = RunRecord.of(checkpoint)
-    config = recorded_config(checkpoint, file, where)
-    module = build_model(where, config.model)
-    check_weights_fit(where, checkpoint["state_dict"], module)  # a clear message where they do not fit
-    module.load_state_dict(checkpoint["state_dict"])
-    datamodule = instantiate("data", config.data, _convert_="all")
-    model = TrainedModel(module, datamodule, config, file, record).to(device)
-    if note:
-        model.notes.append(f"{path}: {note}")
+    trained = model_of_run(path, f"ckpt_path={path}")
+    datamodule = instantiate("data", trained.config.data, _convert_="all")
+    model = TrainedModel(trained.module, datamodule, trained.config, trained.file, trained.record).to(device)
+    if trained.note:
+        model.notes.append(f"{path}: {trained.note}")
     return model
 
 

@@ -30,11 +30,11 @@ from lightning.pytorch.callbacks import BasePredictionWriter, RichProgressBar
 from omegaconf import DictConfig
 from torch.utils.data import DataLoader, Dataset
 
+from capsexp.config.instantiation import instantiate, quiet_lightning_notices
 from capsexp.data.page import NO_INK
 from capsexp.errors import ImageError
-from capsexp.results.revision import short as short_revision
-from capsexp.run.build import instantiate, quiet_lightning_notices
-from capsexp.run.run_folder import shown_path
+from capsexp.locations import shown_path
+from capsexp.records.revision import short as short_revision
 from capsexp.use.inference import Predictions, TrainedModel, load
 from capsexp.use.request import ImageFiles, folder_labels, image_files, predict_options
 

@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from capsexp.locations import LAST_CHECKPOINT
-from capsexp.results.machine import describe_text
-from capsexp.results.metric_names import PRESENCE_GAP, TEST_ACC, VAL_ACC_BEST
-from capsexp.results.revision import short as short_revision
+from capsexp.records.machine import describe_text
+from capsexp.records.metric_names import PRESENCE_GAP, TEST_ACC, VAL_ACC_BEST
+from capsexp.records.revision import short as short_revision
 
 MODEL_CARD = "model_card.md"
 

@@ -1,12 +1,10 @@
 """Building a config node: ``hydra.utils.instantiate``, with the errors of a value the config check
-cannot judge alone turned into a :class:`~capsexp.errors.ConfigError` naming the node."""
+cannot judge alone turned into a :class:`~capsexp.errors.ConfigError` naming the node; Lightning's
+notices kept off the console while its objects are built."""
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import re
-from collections.abc import Iterator
 from typing import Any
 
 from hydra.errors import InstantiationException
@@ -53,30 +51,6 @@ def instantiate_all(group_key: str, group: DictConfig | None, extra: dict[str, d
         for name, node in (group or {}).items()
         if node is not None and "_target_" in node
     ]
-
-
-# Lightning names its settings in backquotes: `val_check_interval` (300) must be less than or equal to...
-_SETTING = re.compile(r"`(\w+)`")
-
-
-@contextlib.contextmanager
-def lightning_settings_named() -> Iterator[None]:
-    """Lightning's errors from ``Trainer.fit`` about its own settings, judged against the data (a
-    validation interval beyond the epoch's batches: a ValueError naming `val_check_interval`), as a
-    :class:`ConfigError` naming the trainer keys, instead of a traceback through the training loop.
-    A ValueError that names no Trainer argument is not Lightning's about its settings: it is raised."""
-    import inspect
-
-    from lightning.pytorch import Trainer
-
-    try:
-        yield
-    except (MisconfigurationException, ValueError) as error:
-        settings = inspect.signature(Trainer.__init__).parameters
-        keys = [f"trainer.{name}" for name in dict.fromkeys(_SETTING.findall(str(error))) if name in settings]
-        if not keys:
-            raise
-        raise ConfigError(f"the trainer's settings ({', '.join(keys)}) do not fit the data: {error}") from error
 
 
 # Lightning's notices at INFO (GPU/TPU available, the seed, a tip advertising a cloud logger, "fit

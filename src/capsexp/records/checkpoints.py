@@ -1,4 +1,5 @@
-"""Checks of a checkpoint given as ``ckpt_path`` before Lightning loads it.
+"""The one reader of checkpoint files: a checkpoint checked before Lightning loads it, the model of the
+run that saved it built from its record, and the run folder's best checkpoint found.
 
 Lightning's own failures read as PyTorch internals ("PytorchStreamReader failed reading zip
 archive", or advice to retry with ``weights_only=False``, which would let an untrusted file run code).
@@ -11,13 +12,14 @@ from __future__ import annotations
 import pickle
 import re
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path, PureWindowsPath
 from typing import TYPE_CHECKING, Any
 
-from capsexp.config.run_record import RunRecord
 from capsexp.errors import CheckpointError
 from capsexp.locations import LAST_CHECKPOINT, RUN_CONFIG
-from capsexp.results.metric_names import VAL_ACC
+from capsexp.records.metric_names import VAL_ACC
+from capsexp.records.run_record import RunRecord
 
 if TYPE_CHECKING:  # torch is imported where a file is read: a missing one is named before torch loads
     import torch
@@ -125,18 +127,48 @@ def _first_line(text: str, error: Exception) -> str:
     return lines[0][:_LINE_LIMIT] if lines else type(error).__name__
 
 
-def model_of_run(ckpt_path: str | Path, where: str) -> tuple[Any, Any]:
-    """The model of the run that saved ``ckpt_path``, built from the config the checkpoint records (a
-    checkpoint older than that record: its run folder's ``.hydra/config.yaml``; ``where`` names the key in
-    messages) with the checkpoint's weights, and that config. The file is read once."""
-    from capsexp.run.build import build_model
+def peek(file: str | Path) -> dict | None:
+    """The checkpoint ``file`` holds, or None where it cannot be read: for what a run folder records
+    (its best checkpoint's name, its overrides, its step), where an unreadable file records nothing and
+    the run that reads it as a model says why (:func:`read_checkpoint`)."""
+    import torch
 
-    checkpoint = read_checkpoint(ckpt_path, where)
-    cfg = recorded_config(checkpoint, ckpt_path, where)
-    module = build_model(where, cfg.model)
-    check_weights_fit(where, checkpoint["state_dict"], module)
+    try:
+        checkpoint = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
+    except Exception:
+        return None
+    return checkpoint if isinstance(checkpoint, dict) else None
+
+
+@dataclass
+class RunOfCheckpoint:
+    """What :func:`model_of_run` rebuilds: the LightningModule with the checkpoint's weights, the run's
+    config, its record (None for a checkpoint older than the record), the file read, and a note when that
+    file is not the path given itself (a run folder's best checkpoint)."""
+
+    module: Any
+    config: Any
+    record: RunRecord | None
+    file: Path
+    note: str | None = None
+
+
+def model_of_run(path: str | Path, where: str) -> RunOfCheckpoint:
+    """The model of the run that saved the checkpoint ``path`` names (a file, or a run folder's best:
+    :func:`checkpoint_of`), built from the config the checkpoint records (a checkpoint older than that
+    record: its run folder's ``.hydra/config.yaml``; ``where`` names the key in messages) with the
+    checkpoint's weights. The file is read once."""
+    from capsexp.config.instantiation import build_model
+
+    if str(path) in LIGHTNING_ALIASES:
+        raise CheckpointError(f"{where}: give a checkpoint file or a run folder")
+    file, note = checkpoint_of(path, where)
+    checkpoint = read_checkpoint(file, where)
+    config = recorded_config(checkpoint, file, where)
+    module = build_model(where, config.model)
+    check_weights_fit(where, checkpoint["state_dict"], module)  # a clear message where they do not fit
     module.load_state_dict(checkpoint["state_dict"])
-    return module, cfg
+    return RunOfCheckpoint(module, config, RunRecord.of(checkpoint), file, note)
 
 
 def recorded_config(checkpoint: dict, ckpt_path: str | Path, where: str) -> Any:
@@ -229,13 +261,8 @@ def _step_and_name(path: Path) -> tuple[int, str]:
 def _recorded_best(file: Path) -> str | None:
     """The file name of ``best_model_path`` in the ModelCheckpoint state ``file`` holds (None where it
     holds none, or cannot be read)."""
-    import torch
-
-    try:
-        checkpoint = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
-    except Exception:  # an unreadable file records nothing; reading it as the model says why
-        return None
-    states = checkpoint.get("callbacks", {}) if isinstance(checkpoint, dict) else {}
+    checkpoint = peek(file)
+    states = checkpoint.get("callbacks", {}) if checkpoint is not None else {}
     for name, state in states.items():
         if "Checkpoint{" in str(name):  # Lightning keys a ModelCheckpoint's state by its class and settings
             path = state.get("best_model_path") if isinstance(state, dict) else None

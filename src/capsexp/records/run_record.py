@@ -13,7 +13,7 @@ from capsexp.locations import RUN_RECORD
 @dataclasses.dataclass(frozen=True)
 class RunRecord:
     """``config``: the run's resolved config; ``overrides``: its command-line overrides (None in checkpoints
-    written before they were recorded); ``revision``: the code (:mod:`capsexp.results.revision`);
+    written before they were recorded); ``revision``: the code (:mod:`capsexp.records.revision`);
     ``class_names``: the data's, where it names its classes."""
 
     config: dict[str, Any]
