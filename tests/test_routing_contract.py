@@ -265,7 +265,7 @@ def test_assert_trains_runs_the_command_and_names_it_when_it_fails(tmp_path):
 def test_assert_trains_fails_a_loss_that_turns_nan_after_its_first_step():
     """The logged training losses checked every one: finite at step 0 and NaN from step 2 fails, naming the
     losses; without a val/acc, it fails naming the tags logged."""
-    from capsexp.testing import _assert_logged_training
+    from capsexp.testing.runs import _assert_logged_training
 
     steps = [(0, 2.3), (1, 2.1), (2, float("nan")), (3, float("nan"))]
     with pytest.raises(AssertionError, match=r"the command: the training loss \[2.3, 2.1, nan, nan\]"):

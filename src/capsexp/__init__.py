@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any
 # Transparent huge pages for PyTorch's large CPU allocations (a documented c10 switch). PyTorch reads
 # it at its first allocation of 2 MiB or more, so setting it here works for the CLI and for a script
 # that imports capsexp before allocating large tensors. Fresh 4 KiB-page buffers cost a page fault
-# per 4 KiB: for the 94 MB vote tensors of CapsNet that was 30 ms each, a third of the capsule layers'
-# time on a 2-core CPU. THP_MEM_ALLOC_ENABLE=0 in the environment turns it off.
+# per 4 KiB, which on CapsNet's large vote tensors costs more than the routing arithmetic written into
+# them (docs/speed.md). THP_MEM_ALLOC_ENABLE=0 in the environment turns it off.
 os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 
 __version__ = "0.1.0"

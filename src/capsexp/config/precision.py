@@ -2,9 +2,9 @@
 
 bf16-mixed (Lightning's ``torch.autocast`` to bfloat16; votes, routing, squash, the losses and the metrics
 stay in float32 inside it) for the model configs the equivalence page backs, with the routing it tested
-(``experiments/results/precision_equivalence_quick/``: five seeds a side, paired differences of test
-accuracy and presence gap within 0.3 points by two one-sided tests, Holm over the page), where bf16
-arithmetic is native on the device; float32 (``32-true``) everywhere else. Any Lightning precision given
+(``experiments/results/precision_equivalence_quick/``: paired differences of test accuracy and presence
+gap within the margin of :mod:`capsexp.studies.precision` by two one-sided tests, Holm over the page), where
+bf16 arithmetic is native on the device; float32 (``32-true``) everywhere else. Any Lightning precision given
 by name runs as given.
 """
 
@@ -34,7 +34,7 @@ class Precision:
 def bf16_native(accelerator: str = "auto") -> bool:
     """Whether bf16 arithmetic is native where the run computes: a CUDA device that supports it, or a CPU
     with AVX-512 BF16 or AMX. Elsewhere bf16 autocast falls back to slow paths: on an AVX2-only CPU a
-    256-channel 5x5 convolution took over a minute in bf16 against 1.3 s in float32."""
+    convolution in bf16 takes many times as long as in float32."""
     import torch
 
     on_gpu = accelerator in ("gpu", "cuda") or (accelerator == "auto" and torch.cuda.is_available())

@@ -71,8 +71,8 @@ class DynamicRouting(Routing):
     none_of_the_above: bool = False
     # lambda in b_ij += lambda u_hat_j|i . v_j: an inverse temperature of the routing softmax, since every
     # b_ij is a sum of these updates (1: the paper). Not in the paper or the official code: a knob to ask
-    # whether DigitCaps' small agreements (1e-12 at initialisation, where W_ij start at std 0.01) are why
-    # dynamic routing leaves its couplings near uniform (experiments/results/routing_engagement_quick/).
+    # whether DigitCaps' small agreements at initialisation are why dynamic routing leaves its couplings
+    # near uniform (experiments/results/routing_engagement_quick/).
     logit_scale: PositiveFloat = 1.0
 
 
@@ -86,44 +86,41 @@ class EMRouting(Routing):
     router: ClassVar[str] = "capsexp.nn.routers:EMVectorRouter"
     matrix_router: ClassVar[str] = "capsexp.nn.em_caps:EMRouter"
 
-    # Paper: 3. Here 2, the fewest that route (1 is a single M-step): after one MNIST epoch neither 1 nor 3
-    # does significantly better, 3 seeds each (experiments/results/em_routing_ablation_quick/).
+    # Paper: 3. Here 2, the fewest that route (1 is a single M-step), as neither fewer nor more does
+    # better (experiments/results/em_routing_ablation_quick/).
     iterations: PositiveInt = 2
     # Inverse temperature at the last iteration, lambda_t = final_lambda (1 - 0.95^(t+1)) (the authors'
     # schedule, OpenReview); the paper's final_lambda is 0.01. With standardised costs the spread of the
     # activations is set by lambda alone, so each layer also learns a factor on it (learn_inverse_temperature).
-    # Against a fixed final lambda of 3: experiments/results/em_training_quick/ (one seed).
+    # Against a smaller fixed final lambda: experiments/results/em_training_quick/.
     final_lambda: PositiveFloat = 10.0
     # Added to every variance. Paper: none given (its recipe here: 1e-4). A floor guards the E-step against
     # near-zero variances when few votes agree (Gritzman 2019, pitfall 1). None: the layer's own floor, which
-    # suits its votes' scale: em_routing's MATRIX_FLOOR (0.01) in the matrix-capsule layers (the arm
-    # sigma_eps_1e_4 of experiment=em_training compares it with 1e-4), capsexp.nn.routers.VECTOR_FLOOR
-    # (1e-4) in CapsNet's DigitCaps, whose votes start with variances near 1e-4 (under 0.01 it trained
-    # far behind every other routing: experiments/results/routing_comparison_quick/, em_default_floor).
+    # suits its votes' scale: em_routing's MATRIX_FLOOR in the matrix-capsule layers (the arm sigma_eps_1e_4
+    # of experiment=em_training compares it with the paper recipe's), capsexp.nn.routers.VECTOR_FLOOR in
+    # CapsNet's DigitCaps, whose votes start with variances far below the matrix floor (with that floor it
+    # trains far behind every other routing: experiments/results/routing_comparison_quick/, em_default_floor).
     sigma_eps: PositiveFloat | None = None
     # none (paper) | standardize (costs standardised over the parent types of each position, as
     # www0wwwjs1/Matrix-Capsules-EM-Tensorflow does) | data (amount of data relative to the mean parent's,
     # Gritzman 2019, pitfall 2) | layer (amount of data divided by the children per parent,
-    # IBM/matrix-capsules-with-em-routing; 3.5 points below standardize after 600 steps, one seed, with
-    # ConvCaps activations that ignore the input: experiments/results/em_training_quick/).
+    # IBM/matrix-capsules-with-em-routing). standardize by default: under layer the ConvCaps activations
+    # ignore the input and the net trains worse (experiments/results/em_training_quick/).
     cost_normalization: CostNormalization = "standardize"
     # ConvCaps: false (paper; Gritzman 2019, pitfall 3) shares a child among the parents of all the windows
-    # that hold it; true routes each window's children on their own, as most public ports do. Within
-    # capsexp's recipe, sharing did as well after 600 steps (one seed; lower ConvCaps1 entropy:
-    # experiments/results/em_training_quick/): no committed run shows either to be better.
+    # that hold it; true routes each window's children on their own, as most public ports do. No committed
+    # run shows either to be better within capsexp's recipe (experiments/results/em_training_quick/).
     route_per_window: bool = True
     # A learned factor s = exp(log_inverse_temperature) on each layer's lambda_t, from 1 (not in the paper).
     learn_inverse_temperature: bool = True
     # false (paper: "backpropagating through the unrolled iterations of EM") lets the gradient of the votes
     # flow through the E-steps' responsibilities too; true makes each E-step's responsibilities constants
-    # to the backward pass, as detach_agreement does for dynamic routing. true trained far worse (86.6 against
-    # 97.6% after one MNIST epoch, 3 seeds: experiments/results/em_routing_ablation_quick/).
+    # to the backward pass, as detach_agreement does for dynamic routing. false, as true trains far worse
+    # (experiments/results/em_routing_ablation_quick/).
     detach_responsibilities: bool = False
     # The E-step's R_ij proportional to a_j N(V_ij; mu_j, sigma_j^2)^(1/T). Paper: 1. Here 4 (not in the
-    # paper): each pose element adds its own log-likelihood term, and at 1 the E-steps sharpen the
-    # assignments (entropy near 0.5 after 2 iterations) and accuracy falls with each iteration (97.67, 97.21,
-    # 94.68% for 1, 2, 3 after one MNIST epoch, 3 seeds; against the default, paired p 0.03 and 0.016, not
-    # significant after Holm's correction); at 4 they still route (entropy below 1) at no cost three seeds
+    # paper): each pose element adds its own log-likelihood term, so at 1 the E-steps sharpen the
+    # assignments and accuracy falls with each iteration; at 4 they still route, at no cost the runs
     # detect (experiments/results/em_routing_ablation_quick/).
     e_step_temperature: PositiveFloat = 4.0
 

@@ -1,22 +1,27 @@
-"""What the in-memory DataModules share: their saved arguments, file lookup and not-found message, the
-seeded train/validation split, the global batch split per process, and the DataLoaders."""
+"""What the in-memory DataModules share: the options they all take, their saved arguments, file lookup
+and not-found message, the seeded train/validation split, the global batch split per process, and the
+DataLoaders."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import http.client
+import inspect
 import os
 import shutil
+import typing
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 from urllib.error import URLError
 
 import lightning as L
 import torch
 from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
+from pydantic import NonNegativeInt, PositiveInt
 from torch.utils.data import DataLoader, Sampler
 
 from capsexp.data.conventions import ImageConventions, fit
@@ -113,14 +118,99 @@ def evaluation_generator(seed: int, split: int) -> torch.Generator:
     return torch.Generator().manual_seed(EVALUATION_STREAMS * seed + split)
 
 
+@dataclasses.dataclass(frozen=True)
+class LoaderOptions:
+    """The options every in-memory DataModule takes beside its own (:func:`takes_options`).
+
+    Args:
+        data_dir: the folder holding the dataset's folder (:attr:`InMemoryDataModule.data_folder`).
+        batch_size: the global batch size; each of the run's processes gets an equal share.
+        split_seed: seed of the held-out splits, independent of the run's seed.
+        num_workers: DataLoader workers. 0 is fastest here: batches are gathered from memory.
+        pin_memory: the DataLoader's ``pin_memory``.
+        on_device: keep the datasets on the accelerator and draw batches there (no DataLoader, no
+            host-to-device copies); ``"auto"``: wherever the run's device is not the CPU.
+    """
+
+    data_dir: str | os.PathLike = "data"
+    batch_size: PositiveInt = 32
+    split_seed: int = 0
+    num_workers: NonNegativeInt = 0
+    pin_memory: bool = False
+    on_device: bool | Literal["auto"] = "auto"
+
+
+@dataclasses.dataclass(frozen=True)
+class OfficialFileOptions(LoaderOptions):
+    """The options of a DataModule read from a dataset's official files, beside :class:`LoaderOptions`.
+
+    Args:
+        val_size: training images held out for validation (drawn with ``split_seed``).
+        download: download missing files in ``prepare_data``.
+        verify_checksums: check every file against its official md5; turn off for your own files in
+            the official format.
+    """
+
+    val_size: PositiveInt = 5000
+    download: bool = True
+    verify_checksums: bool = True
+
+
+DataModule = TypeVar("DataModule", bound=type)
+
+
+def takes_options(options: type) -> Callable[[DataModule], DataModule]:
+    """A DataModule whose constructor takes the fields of ``options`` (:class:`LoaderOptions`, ...)
+    beside the parameters it declares, gathered in its ``**options``.
+
+    Its signature, which the config checks, ``@checked`` and Hydra read, lists them all: the
+    constructor's required parameters, then the shared options, then its own. A shared option the
+    constructor declares itself keeps its place and takes the constructor's default and hint (smallNORB's
+    ``val_size``). Every shared option reaches ``**options``, at its default where not given."""
+
+    def decorate(cls: DataModule) -> DataModule:
+        init = cls.__init__
+        *own, gathered = list(inspect.signature(init).parameters.values())[1:]
+        if gathered.kind is not inspect.Parameter.VAR_KEYWORD or gathered.name != "options":
+            raise TypeError(f"{cls.__qualname__}.__init__ must end in **options to take {options.__name__}")
+        own_hints = typing.get_type_hints(init, include_extras=True)
+        shared_hints = typing.get_type_hints(options, include_extras=True)
+        declared = {p.name: p for p in own}
+        shared = [
+            declared.get(f.name)
+            or inspect.Parameter(f.name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=f.default)
+            for f in dataclasses.fields(options)
+        ]
+        rest = [p for p in own if p.name not in shared_hints]
+        required = [p for p in rest if p.default is inspect.Parameter.empty]
+        optional = [p for p in rest if p.default is not inspect.Parameter.empty]
+        hints = shared_hints | own_hints
+        parameters = [p.replace(annotation=hints[p.name]) for p in (*required, *shared, *optional)]
+        signature = inspect.Signature(
+            [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD), *parameters], return_annotation=None
+        )
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            bound = signature.bind(self, *args, **kwargs)
+            bound.apply_defaults()
+            init(**bound.arguments)
+
+        functools.update_wrapper(__init__, init)
+        del __init__.__wrapped__  # the signature is this one, not the constructor's with **options
+        __init__.__signature__ = signature
+        __init__.__annotations__ = {p.name: p.annotation for p in parameters} | {"return": None}
+        cls.__init__ = __init__
+        return cls
+
+    return decorate
+
+
 class InMemoryDataModule(L.LightningDataModule):
     """Datasets held as :class:`ImageTensorDataset` (whole batches gathered by one indexing operation).
 
-    Subclasses set ``data_train``, ``data_val`` and ``data_test`` in ``setup`` and call
-    :meth:`split_batch_over_processes` there; their hyperparameters include ``batch_size`` (the global
-    batch), ``num_workers``, ``pin_memory`` and ``on_device`` (``"auto"``, ``True`` or ``False``: keep
-    the datasets on the accelerator and draw batches there, see :class:`DeviceBatchLoader`; auto:
-    wherever the run's device is not the CPU).
+    Subclasses take :class:`LoaderOptions` (:func:`takes_options`), set ``data_train``, ``data_val`` and
+    ``data_test`` in ``setup`` and call :meth:`split_batch_over_processes` there (``on_device``: see
+    :class:`DeviceBatchLoader`).
 
     ``test_set_names`` declares the test sets, one per test DataLoader (:mod:`capsexp.records.metric_names`):
     one plain test set unless a subclass says otherwise.
@@ -145,11 +235,16 @@ class InMemoryDataModule(L.LightningDataModule):
     # ---- construction ---------------------------------------------------------------------------
     def save_arguments(self, arguments: Mapping[str, Any]) -> None:
         """Save a constructor's arguments as hyperparameters: call ``self.save_arguments(locals())``
-        from ``__init__`` before defining any other local name (checkpoints keep them, and they load
-        with ``torch.load(weights_only=True)``: ``data_dir`` becomes a resolved ``str``)."""
-        self.save_hyperparameters(
-            {name: value for name, value in arguments.items() if name not in ("self", "__class__")}, logger=False
-        )
+        from ``__init__`` before defining any other local name; the shared ones, gathered in
+        ``**options`` (:func:`takes_options`), are saved beside the others (checkpoints keep them, and
+        they load with ``torch.load(weights_only=True)``: ``data_dir`` becomes a resolved ``str``)."""
+        own = {name: value for name, value in arguments.items() if name not in ("self", "__class__", "options")}
+        # Given the arguments, Lightning still reads the calling constructors' locals by their signatures,
+        # which name the shared options the body holds in **options: it is handed a frame with no callers.
+        outermost = inspect.currentframe()
+        while outermost.f_back is not None:
+            outermost = outermost.f_back
+        self.save_hyperparameters({**arguments.get("options", {}), **own}, frame=outermost, logger=False)
         self.hparams.data_dir = str(Path(self.hparams.data_dir).expanduser().resolve())
         self.data_dir = Path(self.hparams.data_dir)
         self.batch_size_per_device = self.hparams.batch_size

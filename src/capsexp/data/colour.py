@@ -11,11 +11,10 @@ standardises each channel with the training set's mean and std.
 
 from __future__ import annotations
 
-import os
 import pickle
 import tarfile
 from pathlib import Path
-from typing import ClassVar, Literal
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -25,16 +24,26 @@ from torchvision.datasets import CIFAR10, SVHN
 
 from capsexp.config.arguments import checked
 from capsexp.data.augment import center_crop, random_crop, random_horizontal_flip
-from capsexp.data.base import DownloadFailed, InMemoryDataModule, data_folder_errors, download, md5sum
+from capsexp.data.base import (
+    DownloadFailed,
+    InMemoryDataModule,
+    OfficialFileOptions,
+    data_folder_errors,
+    download,
+    md5sum,
+    takes_options,
+)
 from capsexp.data.tensor_dataset import ImageTensorDataset
 from capsexp.errors import CorruptDatasetError
 
 IMAGE_SIZE = 32  # both datasets' images are 32x32 RGB
 
 
+@takes_options(OfficialFileOptions)
 class ColourDataModule(InMemoryDataModule):
     """What CIFAR-10 and SVHN share; subclasses name their files (with md5s), how to fetch and read
-    them, their channel statistics and whether mirroring keeps an image's class."""
+    them, their channel statistics and whether mirroring keeps an image's class. Its options beside
+    ``crop_size``, ``padding`` and ``normalize`` are :class:`~capsexp.data.base.OfficialFileOptions`."""
 
     num_classes = 10
     checksums: ClassVar[dict[str, str]]  # official file -> md5
@@ -44,18 +53,10 @@ class ColourDataModule(InMemoryDataModule):
 
     def __init__(
         self,
-        data_dir: str | os.PathLike = "data",
-        batch_size: PositiveInt = 32,
-        val_size: PositiveInt = 5000,
-        split_seed: int = 0,
-        num_workers: NonNegativeInt = 0,
-        pin_memory: bool = False,
-        on_device: bool | Literal["auto"] = "auto",
-        download: bool = True,
-        verify_checksums: bool = True,
         crop_size: PositiveInt = IMAGE_SIZE,
         padding: NonNegativeInt = 4,
         normalize: bool = True,
+        **options: Any,
     ) -> None:
         if crop_size > IMAGE_SIZE + 2 * padding:
             raise ValueError(

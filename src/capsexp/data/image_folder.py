@@ -16,15 +16,15 @@ import logging
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from PIL import UnidentifiedImageError
-from pydantic import NonNegativeInt, PositiveInt
+from pydantic import PositiveInt
 
 from capsexp.config.arguments import UnitInterval, checked
 from capsexp.config.image_folder_classes import class_names
-from capsexp.data.base import InMemoryDataModule, data_folder_errors, partial_path
+from capsexp.data.base import InMemoryDataModule, LoaderOptions, data_folder_errors, partial_path, takes_options
 from capsexp.data.images import IMAGE_SUFFIXES, decode, pil_mode, square
 from capsexp.data.tensor_dataset import ImageTensorDataset
 from capsexp.errors import ConfigError, CorruptDatasetError, DatasetNotFoundError
@@ -56,20 +56,20 @@ def _images_of(folder: Path, names: Sequence[str]) -> list[tuple[Path, int]]:
 
 
 @checked
+@takes_options(LoaderOptions)
 class ImageFolderDataModule(InMemoryDataModule):
     """Images of one sub-folder per class (see the module's docstring), as an in-memory dataset.
 
     Args:
         root: the image folder.
-        data_dir: where the decoded images are cached (``<data_dir>/image_folders/``).
-        batch_size: global batch, divided among the processes of a run.
         image_size: the images' side after resizing (the net's input size).
         channels: 1 (grey) or 3 (RGB); images are converted on decoding.
         resize: resize the shorter side to ``image_size`` and centre-crop; false: every image must
             already be ``image_size`` x ``image_size`` (an error lists those that are not).
         val_fraction: of the training images, held out for validation (where there is no ``val/``).
         test_fraction: of all images, held out for testing (where there is no ``test/``).
-        split_seed: the seed of those splits (independent of the run's seed).
+        Others: :class:`~capsexp.data.base.LoaderOptions` (the decoded images are cached in
+            ``<data_dir>/image_folders/``; ``split_seed`` draws the fractions held out).
     """
 
     dataset_name = "image folder"
@@ -78,17 +78,12 @@ class ImageFolderDataModule(InMemoryDataModule):
     def __init__(
         self,
         root: str | os.PathLike,
-        data_dir: str | os.PathLike = "data",
-        batch_size: PositiveInt = 32,
         image_size: PositiveInt = 28,
         channels: Literal[1, 3] = 1,
         resize: bool = True,
         val_fraction: UnitInterval = 0.1,
         test_fraction: UnitInterval = 0.1,
-        split_seed: int = 0,
-        num_workers: NonNegativeInt = 0,
-        pin_memory: bool = False,
-        on_device: bool | Literal["auto"] = "auto",
+        **options: Any,
     ) -> None:
         super().__init__()
         root = str(Path(root).expanduser().resolve())

@@ -9,17 +9,16 @@ with a short message naming the file. ``setup`` then reads the checked files int
 from __future__ import annotations
 
 import gzip
-import os
 import struct
 import zlib
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 from urllib.error import URLError
 
 import torch
 from annotated_types import Ge, Le, MinLen
-from pydantic import NonNegativeInt, PositiveInt
+from pydantic import NonNegativeInt
 from torch.utils.data import DataLoader
 from torchvision.datasets import MNIST, FashionMNIST
 from torchvision.datasets.utils import download_and_extract_archive
@@ -30,10 +29,12 @@ from capsexp.data.augment import random_affine, random_placement, random_shift, 
 from capsexp.data.base import (
     AFFINE_SPLIT,
     InMemoryDataModule,
+    OfficialFileOptions,
     data_folder_errors,
     evaluation_generator,
     md5sum,
     partial_path,
+    takes_options,
 )
 from capsexp.data.conventions import ImageConventions
 from capsexp.data.tensor_dataset import ImageTensorDataset
@@ -209,19 +210,12 @@ class MNISTFiles(InMemoryDataModule):
 
 
 @checked
+@takes_options(OfficialFileOptions)
 class MNISTDataModule(MNISTFiles):
-    """MNIST digits, pixels in [0, 1], with a fixed-seed train/validation split.
+    """MNIST digits, pixels in [0, 1], with a fixed-seed train/validation split; the files in
+    ``<data_dir>/MNIST/raw/`` (torchvision's layout).
 
     Args:
-        data_dir: folder holding ``MNIST/raw/`` (torchvision's layout).
-        batch_size: the global batch size; each of the ``world_size`` processes gets an equal share.
-        val_size: training images held out for validation (55,000/5,000 by default).
-        split_seed: seed of the train/validation split, independent of the run's seed.
-        num_workers: DataLoader workers. 0 is fastest here: batches are gathered from memory.
-        on_device: keep the datasets on the accelerator and draw batches there (no DataLoader, no
-            host-to-device copies); ``"auto"``: wherever the run's device is not the CPU.
-        download: download missing files in ``prepare_data``.
-        verify_checksums: check the official md5 of every file; turn off for your own IDX files.
         normalize: standardise with the MNIST mean and std (off by default: reconstructions are
             compared with pixels in [0, 1]).
         train_shift: shift each training image by a random whole number of pixels in
@@ -242,19 +236,11 @@ class MNISTDataModule(MNISTFiles):
             here; ``affnist``, the official affNIST test set (:mod:`capsexp.data.affnist`, canvas 40).
         affnist_batches: how many of the official affNIST test files (10,000 images each, all 32 by
             default) the ``affnist`` test set reads.
+        Others: :class:`~capsexp.data.base.OfficialFileOptions`.
     """
 
     def __init__(
         self,
-        data_dir: str | os.PathLike = "data",
-        batch_size: PositiveInt = 32,
-        val_size: PositiveInt = 5000,
-        split_seed: int = 0,
-        num_workers: NonNegativeInt = 0,
-        pin_memory: bool = False,
-        on_device: bool | Literal["auto"] = "auto",
-        download: bool = True,
-        verify_checksums: bool = True,
         normalize: bool = False,
         train_shift: NonNegativeInt = 0,
         test_rotations: Annotated[Sequence[float], MinLen(1)] | None = None,
@@ -262,6 +248,7 @@ class MNISTDataModule(MNISTFiles):
         placement_seed: int = 0,
         extra_test_sets: Sequence[Literal["affine_mnist", "affnist"]] = (),
         affnist_batches: Annotated[int, Ge(1), Le(TEST_BATCHES)] = TEST_BATCHES,
+        **options: Any,
     ) -> None:
         if canvas is not None and train_shift:
             raise ValueError(

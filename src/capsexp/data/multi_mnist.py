@@ -9,16 +9,15 @@ device the images live on, from a ``torch.Generator``: the same seed gives the s
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
-from typing import Literal, NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 from pydantic import NonNegativeInt, PositiveInt
 from torch.utils.data import Dataset
 
 from capsexp.config.arguments import checked
-from capsexp.data.base import data_folder_errors, evaluation_generator
+from capsexp.data.base import OfficialFileOptions, data_folder_errors, evaluation_generator, takes_options
 from capsexp.data.conventions import ImageConventions
 from capsexp.data.mnist import DIGIT_SIZE, MNISTFiles, digit_conventions
 
@@ -148,6 +147,7 @@ class PairSpecs(Dataset):
 
 
 @checked
+@takes_options(OfficialFileOptions)
 class MultiMNISTDataModule(MNISTFiles):
     """MultiMNIST (Sabour et al. 2017, section 6.1) from the MNIST files: each example a digit overlaid
     on a digit of another class from the same split (:func:`overlay_pairs`), batches
@@ -164,26 +164,19 @@ class MultiMNISTDataModule(MNISTFiles):
         pairs_per_digit: validation and test pairs made with each digit as the first one (the paper:
             1,000, giving 10M test pairs; 1 by default).
         pair_seed: seed of the validation and test pairs, independent of the run's seed.
-        Others: as :class:`~capsexp.data.MNISTDataModule`.
+        Others: :class:`~capsexp.data.base.OfficialFileOptions` (the files: as
+            :class:`~capsexp.data.MNISTDataModule`'s).
     """
 
     objects_per_image = 2
 
     def __init__(
         self,
-        data_dir: str | os.PathLike = "data",
-        batch_size: PositiveInt = 32,
-        val_size: PositiveInt = 5000,
-        split_seed: int = 0,
-        num_workers: NonNegativeInt = 0,
-        pin_memory: bool = False,
-        on_device: bool | Literal["auto"] = "auto",
-        download: bool = True,
-        verify_checksums: bool = True,
         shift: NonNegativeInt = 4,
         canvas: PositiveInt = 36,
         pairs_per_digit: PositiveInt = 1,
         pair_seed: int = 0,
+        **options: Any,
     ) -> None:
         check_canvas(DIGIT_SIZE, shift, canvas)
         super().__init__()

@@ -10,18 +10,26 @@ brightness and contrast and test images the centre crop, then per-image standard
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
-from pydantic import NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt
+from pydantic import NonNegativeFloat, PositiveFloat, PositiveInt
 
 from capsexp.config.arguments import checked
 from capsexp.data.augment import center_crop, random_brightness_contrast, random_crop, standardize
-from capsexp.data.base import DownloadFailed, InMemoryDataModule, data_folder_errors, download, md5sum, partial_path
+from capsexp.data.base import (
+    DownloadFailed,
+    InMemoryDataModule,
+    OfficialFileOptions,
+    data_folder_errors,
+    download,
+    md5sum,
+    partial_path,
+    takes_options,
+)
 from capsexp.data.norb_format import SMALLNORB_FILES, read_matrix
 from capsexp.data.tensor_dataset import ImageTensorDataset
 from capsexp.errors import CorruptDatasetError
@@ -52,19 +60,14 @@ def downsampled(images: torch.Tensor, size: int) -> torch.Tensor:
 
 
 @checked
+@takes_options(OfficialFileOptions)
 class SmallNORBDataModule(InMemoryDataModule):
     """smallNORB: 5 categories of toys, 24,300 stereo training pairs and 24,300 test pairs.
 
     Args:
-        data_dir: folder holding ``smallnorb/`` with the six official files (plain or ``.gz``).
-        batch_size: global batch, divided among the processes of a run.
-        val_size: training samples held out for validation (fixed ``split_seed``).
-        on_device: keep the datasets on the accelerator and draw batches there (no DataLoader, no
-            host-to-device copies); ``"auto"``: wherever the run's device is not the CPU.
-        download: fetch missing files from ``base_url`` in ``prepare_data``.
-        base_url: where the official ``.gz`` files are served.
-        verify_checksums: compare every file with the official md5 (false for your own files in the
-            official format).
+        val_size: training samples held out for validation (fixed ``split_seed``); fewer than the
+            other datasets' by default, as the training set is smaller.
+        base_url: where the official ``.gz`` files are served (``download`` fetches missing ones from it).
         stereo: ``both`` (2 channels, as the official code), ``left`` (1 channel) or ``split`` (each
             view its own 1-channel sample).
         viewpoint: ``null`` (all data), ``azimuth`` or ``elevation``: the novel-viewpoint protocol of
@@ -79,6 +82,8 @@ class SmallNORBDataModule(InMemoryDataModule):
             those of the TensorFlow CIFAR-10 input pipeline that public smallNORB ports follow. As
             there, the per-image standardisation that follows removes the brightness offset (it is
             added to every pixel) and the contrast factor but for the two views' different means.
+        Others: :class:`~capsexp.data.base.OfficialFileOptions` (``data_dir`` holds ``smallnorb/`` with
+            the six official files, plain or ``.gz``).
     """
 
     dataset_name = "smallNORB"
@@ -87,16 +92,8 @@ class SmallNORBDataModule(InMemoryDataModule):
 
     def __init__(
         self,
-        data_dir: str | os.PathLike = "data",
-        batch_size: PositiveInt = 32,
         val_size: PositiveInt = 1000,
-        split_seed: int = 0,
-        num_workers: NonNegativeInt = 0,
-        pin_memory: bool = False,
-        on_device: bool | Literal["auto"] = "auto",
-        download: bool = True,
         base_url: str = "https://cs.nyu.edu/~ylclab/data/norb-v1.0-small/",
-        verify_checksums: bool = True,
         stereo: Literal["both", "left", "split"] = "both",
         viewpoint: Literal["azimuth", "elevation"] | None = None,
         familiar: bool = True,
@@ -105,6 +102,7 @@ class SmallNORBDataModule(InMemoryDataModule):
         crop_size: PositiveInt = 32,
         brightness: NonNegativeFloat = 63 / 255,
         contrast: tuple[PositiveFloat, PositiveFloat] = (0.2, 1.8),
+        **options: Any,
     ) -> None:
         super().__init__()
         if extra_test_sets and (viewpoint is None or not familiar):

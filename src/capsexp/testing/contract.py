@@ -1,71 +1,21 @@
-"""The checks every routing algorithm should pass, for a routing's author to run from their own tests:
-
-    from capsexp.testing import RoutingContract
-
-    class TestMyRouting(RoutingContract):
-        routing = MyRouting(iterations=3)
-
-pytest collects the ``test_*`` methods below for that class. Each routes random votes through the router
-a fully connected capsule layer builds for ``routing`` (:class:`capsexp.nn.RoutingCapsules`: I children
-of ``in_dim`` dimensions, J parents of ``out_dim``), called as every router is,
-
-    router(votes (B, I, J, D), children (B, I, in_dim), child_activations (B, I)) -> Routed
-
-and checks one convention of the capsule literature (docs/own_routing.md says where each comes from). A
-failed check says which case failed and its likely cause. A method that legitimately differs says so by a
-class attribute, with its reason in the docs; the checks it opts out of are reported skipped, with the
-attribute that skips them:
-
-- ``assignment_sums_to_one`` (True): each child's assignment over the parents sums to 1 (Sabour et al.
-  2017's couplings, a softmax over parents; EM's responsibilities). False for a method whose couplings
-  are bounded one by one instead (a "none of the above" parent takes a share; max-min normalisation maps
-  each onto its bounds);
-- ``children_interchangeable`` (True): the children's order does not matter. False for a router with
-  learned parameters of its own per child (self routing's routing weights, efficient routing's priors);
-- ``draws`` (False): True for a method that draws at random at every call (random couplings): the checks
-  that compare two calls compare them under the same seed, and those that cannot (the children's or the
-  batch's order, float32 against float64, export) are not run;
-- ``gradient_through_couplings`` (True): the votes' gradient flows through the couplings too, as
-  through the parents' weighted sums (Sabour et al. 2017 and Hinton et al. 2018 backpropagate through the
-  routing iterations). False for a routing that holds its couplings constant in the backward pass on
-  purpose (dynamic routing's ``detach_agreement=true``, EM's ``detach_responsibilities=true``, as some
-  public ports do): the votes' gradient is then checked to be there but not compared with finite
-  differences;
-- ``float64_tolerance`` (1e-3): how far float32 may be from float64 on ill-conditioned votes.
-
-The sizes are unequal (I=7 children of 5 dimensions, J=4 parents of 6, batch 3), so that a transposed axis
-does not go unnoticed.
-
-That the routing trains in capsexp's nets, from the command line as a user runs it:
-:func:`assert_trains` (``assert_trains("em_caps_small", "<your routing>", tmp_path)``), on a few hundred
-synthetic digits written as MNIST's official IDX files (:func:`write_synthetic_mnist`).
-
-For a study's results page, :func:`assert_page_rebuilds` checks that its kept runs write it again, byte for
-byte.
-"""
+"""The routing contract: :class:`RoutingContract`, whose ``test_*`` methods pytest collects for a
+routing's test class (:mod:`capsexp.testing` says what each checks and how a routing opts out of one)."""
 
 from __future__ import annotations
 
 import contextlib
 import io
-import math
-import os
-import re
-import shutil
-import subprocess
-import sys
 import warnings
-from collections.abc import Callable, Iterator, Sequence
-from pathlib import Path
+from collections.abc import Callable, Iterator
 from typing import Any
 
-import numpy as np
 import pytest
 import torch
 from torch.autograd.gradcheck import GradcheckError
 
 from capsexp.nn import RoutingCapsules
 from capsexp.nn.functional import Routed, routing_engagement
+from capsexp.testing.gradients import OUTPUTS, gradcheck_summary, jacobians
 
 # Votes of each kind a layer meets: (name, a function of random votes of unit scale).
 EXTREME_VOTES: tuple[tuple[str, Callable[[torch.Tensor], torch.Tensor]], ...] = (
@@ -77,8 +27,6 @@ EXTREME_VOTES: tuple[tuple[str, Callable[[torch.Tensor], torch.Tensor]], ...] = 
 
 
 Inputs = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # votes, children, child activations
-INPUTS = ("votes", "children", "child activations")
-OUTPUTS = ("poses", "activations", "assignment")
 
 # The likely causes of a failed check, where several checks share one.
 BATCH_MIXED = (
@@ -312,7 +260,7 @@ class RoutingContract:
         try:
             torch.autograd.gradcheck(routed, inputs, eps=1e-6, atol=1e-5, rtol=1e-3)
         except GradcheckError as error:
-            raise AssertionError(_gradcheck_summary(str(error), routed, inputs)) from None
+            raise AssertionError(gradcheck_summary(str(error), routed, inputs)) from None
 
     def test_the_votes_get_gradient_through_the_couplings(self) -> None:
         """The gradient of the parents' poses and activations with respect to the votes, by autograd, is
@@ -325,7 +273,7 @@ class RoutingContract:
         def parents(votes: torch.Tensor) -> tuple[torch.Tensor, ...]:
             return tuple(self.route(layer, votes, children, activations))[:2]
 
-        autograds, numerical = _jacobians(parents, (votes,), 0)
+        autograds, numerical = jacobians(parents, (votes,), 0)
         largest = numerical.abs().max()
         difference = (autograds - numerical).abs()
         matches = bool((difference <= 1e-5 + 1e-3 * numerical.abs()).all())
@@ -366,7 +314,7 @@ class RoutingContract:
         def assignment(votes: torch.Tensor) -> tuple[torch.Tensor, ...]:
             return (self.route(layer, votes, children, activations).assignment,)
 
-        autograds, numerical = _jacobians(assignment, (votes,), 0)
+        autograds, numerical = jacobians(assignment, (votes,), 0)
         difference = (autograds - numerical).abs()
         if bool((difference <= 1e-5 + 1e-3 * numerical.abs()).all()):
             return
@@ -462,65 +410,6 @@ class RoutingContract:
         )
 
 
-def _jacobians(
-    function: Callable[..., Sequence[torch.Tensor]], inputs: Sequence[torch.Tensor], index: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Autograd's and central finite differences' Jacobians of ``function``'s outputs (flattened, one
-    after the other) with respect to ``inputs[index]``: (outputs, input elements), in the inputs' dtype."""
-    inputs = [x.detach() for x in inputs]
-    wanted = inputs[index].requires_grad_()
-    with torch.enable_grad():
-        outputs = torch.cat([y.reshape(-1) for y in function(*inputs)])
-    autograds = torch.zeros(outputs.numel(), wanted.numel(), dtype=outputs.dtype)
-    for row in range(outputs.numel()) if outputs.requires_grad else ():
-        (gradient,) = torch.autograd.grad(outputs[row], wanted, retain_graph=True, allow_unused=True)
-        if gradient is not None:
-            autograds[row] = gradient.reshape(-1)
-    numerical = torch.zeros_like(autograds)
-    eps = 1e-6
-    with torch.no_grad():
-        for column in range(wanted.numel()):
-            moved = []
-            for step in (eps, -eps):
-                shifted = [x.clone() for x in inputs]
-                shifted[index].view(-1)[column] += step
-                moved.append(torch.cat([y.reshape(-1) for y in function(*shifted)]))
-            numerical[:, column] = (moved[0] - moved[1]) / (2 * eps)
-    return autograds, numerical
-
-
-def _gradcheck_summary(
-    message: str, function: Callable[..., Sequence[torch.Tensor]], inputs: Sequence[torch.Tensor]
-) -> str:
-    """gradcheck's failure in a few lines (its message prints both Jacobians whole): which output's
-    gradient with respect to which input, and by how much it misses."""
-    found = re.search(r"output (\d+) with respect to input (\d+)", message)
-    if not found:
-        return f"torch.autograd.gradcheck failed: {message.splitlines()[0][:300]}"
-    # gradcheck numbers the inputs that require a gradient, the outputs all.
-    output, index = int(found.group(1)), [i for i, x in enumerate(inputs) if x.requires_grad][int(found.group(2))]
-    with torch.no_grad():
-        sizes = [y.numel() for y in function(*inputs)]
-    start = sum(sizes[:output])
-    autograds, numerical = (j[start : start + sizes[output]] for j in _jacobians(function, inputs, index))
-    difference = (autograds - numerical).abs()
-    row, column = divmod(int(difference.argmax()), difference.shape[1])
-    cause = (
-        "a hand-written backward pass that is wrong, or a forward pass not differentiable there (a max, a sort, "
-        "a clamp at its bound)"
-    )
-    if index == 0:
-        cause += (
-            "; or the couplings held constant in the backward pass (test_the_votes_get_gradient_through_the_couplings)"
-        )
-    return (
-        f"the gradient of the {OUTPUTS[output]} with respect to the {INPUTS[index]} is not that of finite differences "
-        f"(torch.autograd.gradcheck, float64, a layer of 4 children and 3 parents): it misses by up to "
-        f"{difference.max():.3g} (autograd {autograds[row, column]:.4g}, finite differences "
-        f"{numerical[row, column]:.4g}, where the gradient is up to {numerical.abs().max():.3g}). Likely cause: {cause}"
-    )
-
-
 class _Outputs(torch.nn.Module):
     """A router as a module of three tensors in, three out (what tracing and ONNX take)."""
 
@@ -532,80 +421,3 @@ class _Outputs(torch.nn.Module):
         self, votes: torch.Tensor, children: torch.Tensor, activations: torch.Tensor
     ) -> tuple[torch.Tensor, ...]:
         return tuple(self.router(votes, children, activations))
-
-
-def assert_page_rebuilds(page: Path, scratch: Path) -> None:
-    """A results page (``python -m capsexp.compare ... --keep-runs``) as a reader checks it: its runs kept in
-    ``page/runs`` copied into ``scratch`` and the page written again there from them alone, every file of the
-    page (README, table, figures) the same bytes."""
-    from capsexp.results.compare import compare
-
-    shutil.copytree(page / "runs", scratch / "runs")
-    compare(scratch / "runs", scratch)
-    written = sorted(p.name for p in scratch.iterdir() if p.is_file())
-    assert written == sorted(p.name for p in page.iterdir() if p.is_file())
-    for file in written:
-        assert (scratch / file).read_bytes() == (page / file).read_bytes(), file
-
-
-def synthetic_digits(count: int, seed: int, size: int = 28) -> tuple[np.ndarray, np.ndarray]:
-    """Easy, learnable "digits" as uint8 (count, size, size) and their labels: class k lights a 6x6 block at a
-    place of its own, on noise."""
-    rng = np.random.default_rng(seed)
-    labels = np.arange(count) % 10
-    rng.shuffle(labels)
-    images = rng.integers(0, 40, size=(count, size, size), dtype=np.uint8)
-    for k in range(10):
-        row, col = 3 + 7 * (k // 4), 3 + 7 * (k % 4)
-        images[labels == k, row : row + 6, col : col + 6] = 220
-    return images, labels.astype(np.uint8)
-
-
-def write_synthetic_mnist(
-    root: Path, train: int = 300, test: int = 100, gz: bool = True, folder: str = "MNIST"
-) -> Path:
-    """MNIST's four official IDX files (``root/<folder>/raw/``, torchvision's layout), holding
-    :func:`synthetic_digits`: ``paths.data_dir=<root> data.verify_checksums=false`` reads them."""
-    from capsexp.data.mnist import UNPACKED_MD5, write_idx
-
-    raw = Path(root) / folder / "raw"
-    raw.mkdir(parents=True, exist_ok=True)
-    data = {"train": synthetic_digits(train, seed=0), "t10k": synthetic_digits(test, seed=1)}
-    for name in UNPACKED_MD5:
-        images, labels = data[name.split("-")[0]]
-        write_idx(raw / (name + (".gz" if gz else "")), images if "images" in name else labels)
-    return Path(root)
-
-
-def assert_trains(model: str, routing: str, scratch: Path, steps: int = 4, overrides: Sequence[str] = ()) -> Path:
-    """``python -m capsexp model=<model> model/routing=<routing>`` run as a user runs it, in a new process in
-    ``scratch``, on synthetic digits in MNIST's files, for ``steps`` steps, validated at the end: it must
-    exit 0, build ``routing``'s router in the net, and log a finite training loss and a validation accuracy.
-    Returns the run's folder (its checkpoints, events, card)."""
-    from capsexp.records.events import read_scalars
-
-    scratch = Path(scratch)
-    data, run = write_synthetic_mnist(scratch / "data", train=200, test=40), scratch / "run"
-    command = [
-        sys.executable, "-m", "capsexp", f"model={model}", f"model/routing={routing}", "data=mnist",
-        f"paths.data_dir={data}", "data.verify_checksums=false", "data.batch_size=16", "data.val_size=32",
-        f"trainer.max_steps={steps}", f"trainer.val_check_interval={steps}", "trainer.accelerator=cpu",
-        "trainer.log_every_n_steps=1", "test=false", "callbacks.progress_bar=null", f"hydra.run.dir={run}",
-        *overrides,
-    ]  # fmt: skip
-    done = subprocess.run(
-        command, cwd=scratch, capture_output=True, text=True, env={**os.environ, "PYTHONWARNINGS": "ignore"}
-    )
-    shown = " ".join(command[1:])
-    assert done.returncode == 0, f"python {shown} exited {done.returncode}:\n{done.stderr[-3000:]}"
-    assert f"model/routing={routing}" in (run / ".hydra" / "overrides.yaml").read_text(), f"{shown}: not recorded"
-    _assert_logged_training(read_scalars(run), shown)
-    return run
-
-
-def _assert_logged_training(series: dict, shown: str) -> None:
-    """Every logged training loss finite (a loss that turns NaN after its first steps fails), and a
-    validation accuracy logged."""
-    losses = [value for _, value in series.get("train/loss_step", [])]
-    assert losses and all(math.isfinite(v) for v in losses), f"{shown}: the training loss {losses}"
-    assert "val/acc" in series, f"{shown}: no val/acc logged (tags: {sorted(series)})"
