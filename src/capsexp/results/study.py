@@ -21,7 +21,7 @@ and the functions that add what a table cannot show. A comparison of runs made w
           source: experiments/results/rotation_robustness_quick   # the page whose runs gave them
           tolerance: 0.01                # for a figure of one run: no spread to derive one from
           figures: {model=lenet5: 0.95, model=capsnet: {mean: 0.97, std: 0.002, runs: 3}}
-      sections: [capsexp.studies.dr.reconstructions]      # functions (runs, page, folder) -> Markdown
+      sections: [capsexp.studies.sabour2017.reconstructions]      # functions (runs, page, folder) -> Markdown
       claims:                          # what the notes claim, checked against the runs at every rebuild
         quick:
           - claim: CapsNet beats LeNet5 at every angle up to 45 degrees
