@@ -32,6 +32,8 @@ from capsexp.results.differences import (
     family,
     family_size,
     metrics_of,
+    permutation_adjusted,
+    permutation_floor,
     places,
     references_of,
     scale,
@@ -189,7 +191,7 @@ def _differences(
     several = len(references) > 1
     tested = [row for row in rows if row.difference is not None and row.difference.tested]
     size = family_size(rows)
-    adjusted_permutation = _permutation_holm(rows)
+    permuted = permutation_adjusted(rows)
     intro = (
         f"Each configuration minus {'each of ' if several else ''}{against}, in points of accuracy (the presence "
         f"gap in score), with the {100 * statistics.CONFIDENCE:.0f}% confidence interval of the difference: paired "
@@ -211,7 +213,7 @@ def _differences(
             + (
                 f" Adjusted over this family it cannot reach {statistics.SIGNIFICANCE} with these seeds: a "
                 "difference called significant here rests on the t-test."
-                if _permutation_floor(tested) * size >= statistics.SIGNIFICANCE
+                if permutation_floor(tested) * size >= statistics.SIGNIFICANCE
                 else ""
             )
             + " detectable: the smallest "
@@ -246,7 +248,7 @@ def _differences(
         )
         + " |"
     )
-    for row in rows:
+    for row, permuted_p in zip(rows, permuted, strict=True):
         factor = scale(row.metric)
         cells = [row.metric] * (len(metrics) > 1) + [row.reference.label] * several + [row.configuration.label]
         found = row.difference
@@ -268,33 +270,11 @@ def _differences(
                 cells += [
                     f"{factor * found.detectable:.{places(factor)}f}",
                     p_text(row.p_holm),
-                    p_text(adjusted_permutation.get(distinct(row))),
+                    p_text(permuted_p),
                     verdict,
                 ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
-
-
-def _permutation_floor(rows: list) -> float:
-    """The smallest p-value the exact permutation test can give any of ``rows``: 2 / 2^n for n paired
-    seeds (unpaired: 2 / C(n + m, n)), at the best-seeded row."""
-    floors = []
-    for row in rows:
-        arm, reference = row.difference.runs
-        paired = row.difference.test == statistics.PAIRED
-        floors.append(2 / 2**arm if paired else 2 / math.comb(arm + reference, arm))
-    return min(floors)
-
-
-def _permutation_holm(rows: list) -> dict:
-    """The permutation tests' p-values of ``rows``, adjusted by Holm over the same comparisons as the
-    t-tests'."""
-    first: dict = {}
-    for row in rows:
-        if row.difference is not None and row.difference.tested:
-            first.setdefault(distinct(row), row.difference.p_permutation)
-    keys = list(first)
-    return dict(zip(keys, statistics.holm_adjusted([first[k] for k in keys]), strict=True))
 
 
 def hypotheses_section(rows: list, page: StudyPage) -> str:
