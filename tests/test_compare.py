@@ -683,7 +683,7 @@ def test_the_diagnostics_give_each_routing_layers_coupling_change_at_its_last_it
 def test_the_page_names_the_code_each_run_ran_and_keeps_its_config_without_paths(tmp_path):
     """Runs of two revisions: the page lists both and says they differ; kept runs hold each run's
     revision and its composed config with this machine's paths replaced."""
-    from capsexp.results.compare import MACHINE_PATH
+    from capsexp.results.kept_runs import MACHINE_PATH
     from capsexp.results.revision import REVISION_FILE, write_revision
 
     make_runs(tmp_path / "multirun")

@@ -19,9 +19,9 @@ import numpy as np
 import yaml
 
 from capsexp.results import statistics
-from capsexp.results.compare import RECORDED_HPARAMS
 from capsexp.results.differences import references_of
 from capsexp.results.events import event_folder
+from capsexp.results.kept_runs import RECORDED_HPARAMS
 from capsexp.results.machine import describe_text
 from capsexp.results.metric_names import MODEL_FLOPS, MODEL_PARAMETERS, VAL_ACC
 from capsexp.results.plots import Row, interval_plot, interval_title
