@@ -684,7 +684,7 @@ def test_the_page_names_the_code_each_run_ran_and_keeps_its_config_without_paths
     """Runs of two revisions: the page lists both and says they differ; kept runs hold each run's
     revision and its composed config with this machine's paths replaced."""
     from capsexp.records.revision import REVISION_FILE, write_revision
-    from capsexp.results.compare import MACHINE_PATH
+    from capsexp.results.kept_runs import MACHINE_PATH
 
     make_runs(tmp_path / "multirun")
     runs = sorted((tmp_path / "multirun").iterdir())

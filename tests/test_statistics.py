@@ -196,6 +196,14 @@ def test_holms_step_down_adjustment():
     assert holm_adjusted([]) == []
 
 
+def test_holm_counts_the_p_values_of_one_key_once_and_gives_each_the_tests_adjusted_value():
+    # keys a, b, a: m = 2 (a with its first p, 0.01): 2 x 0.01 = 0.02, max(0.02, 0.04) = 0.04
+    assert holm_adjusted([0.01, 0.04, 0.3], ["a", "b", "a"]) == pytest.approx([0.02, 0.04, 0.02])
+    assert holm_adjusted([None, 0.02], ["a", "a"]) == [None, None]  # the first of a key is its test
+    with pytest.raises(ValueError):
+        holm_adjusted([0.01], ["a", "b"])
+
+
 def test_a_reproduction_tolerance_is_two_standard_errors_of_a_difference_of_means_with_a_floor():
     # 3 seeds of std 1.63 points: 2 x 1.63 x sqrt(2/3) = 2.66 points
     assert reproduction_tolerance(0.0163, 3) == pytest.approx(0.02662, abs=1e-5)

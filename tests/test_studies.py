@@ -19,7 +19,7 @@ from capsexp.config import hydra_setup
 from capsexp.locations import CONFIG_DIR
 from capsexp.records.events import load_events
 from capsexp.results.study import figure_for, load_study_page
-from capsexp.studies.dr import CONVERGENCE, RoutingConvergence
+from capsexp.studies.sabour2017 import CONVERGENCE, RoutingConvergence
 from tests.helpers import PROJECT_ROOT, TINY_RUN, run_cli_in_process
 
 EXPERIMENTS = sorted(p.stem for p in (CONFIG_DIR / "experiment").glob("*.yaml"))

@@ -19,8 +19,9 @@ import argparse
 from pathlib import Path
 
 from capsexp.errors import CapsexpError
-from capsexp.results.compare import PAGE, TABLE, compare
+from capsexp.results.compare import PAGE, compare
 from capsexp.results.runs import KEPT_RUNS
+from capsexp.results.tables import TABLE
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -135,15 +135,11 @@ def family(configurations: list[Configuration], metrics: list[str], page: StudyP
     references = references_of(configurations, page)
     rows = table_rows(configurations, metrics, references) if page.differences else []
     declared = hypothesis_rows(configurations, page)
-    tested = declared if page.hypotheses else rows
-    first: dict[frozenset, float | None] = {}
-    for row in tested:
-        first.setdefault(distinct(row) if not page.hypotheses else id(row), row.p)
-    keys = list(first)
-    adjusted = dict(zip(keys, statistics.holm_adjusted([first[k] for k in keys]), strict=True))
     if page.hypotheses:
-        return [_with(row, adjusted[id(row)]) for row in declared] + rows
-    return [_with(row, adjusted[distinct(row)]) for row in rows]
+        adjusted = statistics.holm_adjusted([row.p for row in declared])
+        return [_with(row, p) for row, p in zip(declared, adjusted, strict=True)] + rows
+    adjusted = statistics.holm_adjusted([row.p for row in rows], [distinct(row) for row in rows])
+    return [_with(row, p) for row, p in zip(rows, adjusted, strict=True)]
 
 
 def _with(row: Compared, p_holm: float | None) -> Compared:
@@ -165,6 +161,29 @@ def both_adjusted(rows: list[Compared]) -> dict[int, tuple[float | None, float |
     t = statistics.holm_adjusted([r.difference.p if r.difference else None for r in rows])
     permuted = statistics.holm_adjusted([r.difference.p_permutation if r.difference else None for r in rows])
     return {id(row): pair for row, *pair in zip(rows, t, permuted, strict=True)}
+
+
+def permutation_adjusted(rows: list[Compared]) -> list[float | None]:
+    """The permutation tests' p-values of the table's ``rows``, one a row, adjusted by Holm over the same
+    comparisons as its t-tests' (a pair compared both ways counted once); None where a row is not tested."""
+    return statistics.holm_adjusted(
+        [
+            row.difference.p_permutation if row.difference is not None and row.difference.tested else None
+            for row in rows
+        ],
+        [distinct(row) for row in rows],
+    )
+
+
+def permutation_floor(rows: list[Compared]) -> float:
+    """The smallest p-value the exact permutation test can give any of the tested ``rows``: 2 / 2^n for n
+    paired seeds (unpaired: 2 / C(n + m, n)), at the best-seeded row."""
+    floors = []
+    for row in rows:
+        arm, reference = row.difference.runs
+        paired = row.difference.test == statistics.PAIRED
+        floors.append(2 / 2**arm if paired else 2 / math.comb(arm + reference, arm))
+    return min(floors)
 
 
 def verdict(row: Compared, permutation_holm: float | None) -> str:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from capsexp.overrides import left_side, written
 from capsexp.records.metric_names import VAL_ACC, is_accuracy, rotation_angle
 from capsexp.results import statistics as comparison_statistics
 
@@ -36,7 +37,7 @@ TITLE_MOST = 150  # and at most this many: a longer line is hard to read
 def display(label: str) -> str:
     """A configuration's label as a figure shows it: a study's arm by its name alone
     (``+arm/routing_engagement=dynamic`` -> ``dynamic``), each other override as it is."""
-    return " ".join(part.split("=", 1)[1] if part.startswith("+arm/") else part for part in label.split())
+    return " ".join(written(part) if left_side(part).startswith("+arm/") else part for part in label.split())
 
 
 def _pyplot():

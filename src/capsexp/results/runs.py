@@ -4,7 +4,6 @@ and machine, and the configurations they form (runs whose overrides differ only 
 from __future__ import annotations
 
 import datetime
-import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -12,7 +11,8 @@ from pathlib import Path
 import yaml
 
 from capsexp.locations import OVERRIDES, is_setting
-from capsexp.locations import key as override_key
+from capsexp.overrides import is_override, left_side, values_of, written
+from capsexp.overrides import key as override_key
 from capsexp.records.events import Scalar, event_files, load_events
 from capsexp.records.machine import read_machine
 from capsexp.records.metric_names import is_accuracy
@@ -22,7 +22,13 @@ from capsexp.results import statistics
 # A run launched with other overrides than the experiment config's that composes the same job keeps
 # them here (tests/test_studies.py checks that both compose the same job).
 OVERRIDES_AS_RUN = Path(".hydra") / "overrides_as_run.yaml"
-SEED_OVERRIDE = re.compile(r"^\+?seed=")
+
+
+def is_seed(override: str) -> bool:
+    """Whether ``override`` sets the seed (``seed=3``, ``+seed=3``, ``++seed=3``)."""
+    return is_override(override) and override_key(override) == "seed"
+
+
 KEPT_RUNS = "runs"  # the folder beside a page that holds copies of its runs (compare --keep-runs)
 KEPT_ORDER = "order.yaml"  # beside a page's kept runs: their folders in the order the page lists them
 
@@ -41,13 +47,13 @@ class Run:
     @property
     def seed(self) -> int | None:
         """The ``seed=N`` override; None for a run that left the config's seed (a number many runs share)."""
-        values = [o.split("=", 1)[1] for o in self.overrides if SEED_OVERRIDE.match(o)]
+        values = values_of(self.overrides, "seed")
         return int(values[-1]) if values and values[-1].lstrip("-").isdigit() else None
 
     @property
     def setting(self) -> tuple[str, ...]:
         """The overrides that make the run what it is (no seed, no location), sorted."""
-        return tuple(sorted(o for o in self.overrides if is_setting(o) and not SEED_OVERRIDE.match(o)))
+        return tuple(sorted(o for o in self.overrides if is_setting(o) and not is_seed(o)))
 
     @property
     def seconds(self) -> float | None:
@@ -60,7 +66,7 @@ class Run:
 
     def choice(self, key: str) -> str | None:
         """The value of the ``key=value`` override (``experiment``, ``study``), None without one."""
-        values = [o.split("=", 1)[1] for o in self.overrides if o.lstrip("+").split("=", 1)[0] == key]
+        values = values_of(self.overrides, key)
         return values[-1] if values else None
 
 
@@ -195,7 +201,7 @@ def sweep_command(runs: list[Run], given: list[str] | None = None) -> str:
         for override in run.overrides:
             if not is_setting(override) and override_key(override) != "task_name":
                 continue
-            key, _, value = override.partition("=")
+            key, value = left_side(override), written(override)
             values.setdefault(key, [])
             if value not in values[key]:
                 values[key].append(value)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
 CONFIDENCE = 0.95  # of every interval a comparison gives
@@ -253,10 +253,19 @@ def _constant(values: Sequence[float]) -> bool:
     return max(values) - min(values) <= 1e-9 * max(1.0, *map(abs, values))
 
 
-def holm_adjusted(p_values: Sequence[float | None]) -> list[float | None]:
+def holm_adjusted(p_values: Sequence[float | None], keys: Sequence[Hashable] | None = None) -> list[float | None]:
     """Holm's (1979) step-down adjustment of m p-values: the k-th smallest becomes
     max over j <= k of min(1, (m - j + 1) p_(j)); it keeps the chance of any false "significant"
-    among the m comparisons below the level. None (no test) and NaN (no spread) are not counted."""
+    among the m comparisons below the level. None (no test) and NaN (no spread) are not counted.
+    ``keys``, one a p-value: those of one key are one test (a pair compared both ways), counted once
+    with the first one's p-value, and each given that test's adjusted value. The one adjustment of every
+    family: the pages' t-tests and permutation tests, the declared hypotheses, the precision page's."""
+    if keys is not None:
+        first: dict[Hashable, float | None] = {}
+        for key, p in zip(keys, p_values, strict=True):
+            first.setdefault(key, p)
+        by_key = dict(zip(first, holm_adjusted(list(first.values())), strict=True))
+        return [by_key[key] for key in keys]
     tested = sorted((p, i) for i, p in enumerate(p_values) if p is not None and not math.isnan(p))
     adjusted: list[float | None] = list(p_values)
     running = 0.0

@@ -21,7 +21,7 @@ and the functions that add what a table cannot show. A comparison of runs made w
           source: experiments/results/rotation_robustness_quick   # the page whose runs gave them
           tolerance: 0.01                # for a figure of one run: no spread to derive one from
           figures: {model=lenet5: 0.95, model=capsnet: {mean: 0.97, std: 0.002, runs: 3}}
-      sections: [capsexp.studies.dr.reconstructions]      # functions (runs, page, folder) -> Markdown
+      sections: [capsexp.studies.sabour2017.reconstructions]      # functions (runs, page, folder) -> Markdown
       claims:                          # what the notes claim, checked against the runs at every rebuild
         quick:
           - claim: CapsNet beats LeNet5 at every angle up to 45 degrees
@@ -54,6 +54,7 @@ from omegaconf import OmegaConf
 
 from capsexp.errors import ConfigError
 from capsexp.locations import CONFIG_DIR, experiment_file, shown
+from capsexp.overrides import key as override_key
 from capsexp.records.metric_names import TEST_ACC, VAL_ACC, VAL_ACC_BEST
 from capsexp.results.statistics import reproduction_tolerance
 
@@ -248,7 +249,7 @@ def load_study_page(experiment: str | None, budget: str | None) -> StudyPage:
             sections=list(page.get("sections") or []),
             claims=tuple(Claim(c["claim"], c["holds"]) for c in (page.get("claims") or {}).get(budget) or []),
             functions=_strings(page.get("functions")),
-            swept=tuple(str(key).lstrip("+") for key in params),
+            swept=tuple(override_key(str(name)) for name in params),
             lead_figure=page.get("lead_figure"),
             differences=bool(page.get("differences", True)),
             hypotheses=tuple(_hypothesis(node) for node in page.get("hypotheses") or []),

@@ -22,8 +22,8 @@ from capsexp.records.events import event_folder
 from capsexp.records.machine import describe_text
 from capsexp.records.metric_names import MODEL_FLOPS, MODEL_PARAMETERS, VAL_ACC
 from capsexp.results import statistics
-from capsexp.results.compare import RECORDED_HPARAMS
 from capsexp.results.differences import references_of
+from capsexp.results.kept_runs import RECORDED_HPARAMS
 from capsexp.results.plots import Row, interval_plot, interval_title
 from capsexp.results.runs import Configuration, Run, group
 from capsexp.results.study import StudyPage

@@ -1,4 +1,5 @@
-"""Sections of the EM-capsule studies' pages."""
+"""Sections of the pages of the EM-capsule studies, after Hinton, Sabour and Frosst (2018), "Matrix capsules
+with EM routing"."""
 
 from __future__ import annotations
 

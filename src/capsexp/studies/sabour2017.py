@@ -1,5 +1,6 @@
-"""The dynamic-routing (CapsNet) studies' own steps and page sections: the paper's Fig. 5
-(reconstructions) and its Appendix A (how routing settles over iterations)."""
+"""The dynamic-routing (CapsNet) studies' own steps and page sections, after Sabour, Frosst and Hinton
+(2017), "Dynamic routing between capsules": the paper's Fig. 5 (reconstructions) and its Appendix A (how
+routing settles over iterations)."""
 
 from __future__ import annotations
 
