@@ -178,7 +178,7 @@ def test_an_unset_em_variance_floor_is_the_layers_own():
     """model/routing=em leaves the floor unset: CapsNet's DigitCaps take 1e-4, near their votes' starting
     variances (under 0.01 they trained far behind every other routing); the matrix-capsule layers 0.01."""
     from capsexp.nn import EMRouting
-    from capsexp.nn.functional._em_caps import variance_floor
+    from capsexp.nn.functional._em_routing import variance_floor
     from capsexp.nn.routers import make_router
 
     assert EMRouting().sigma_eps is None

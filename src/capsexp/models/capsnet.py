@@ -20,7 +20,7 @@ from torch import nn
 from capsexp.config.arguments import checked
 from capsexp.models.input_check import check_images
 from capsexp.nn import Backbone, DynamicRouting, PrimaryCapsules, ResNetStem, RoutingCapsules, RoutingOptions
-from capsexp.nn.capsnet import INIT_STD as ROUTING_INIT_STD
+from capsexp.nn.vector_capsules import INIT_STD as ROUTING_INIT_STD
 
 # What stands between PrimaryCaps and the decoder: the class capsules (routed) or the plain reference.
 Head = Literal["capsules", "fully_connected"]

@@ -1,4 +1,5 @@
-"""Capsule layers of the dynamic-routing CapsNet (Sabour et al. 2017, section 4)."""
+"""Vector-capsule layers, CapsNet's (Sabour et al. 2017, section 4): PrimaryCaps, and the fully connected
+class capsules routed by any router of :mod:`capsexp.nn.routers`."""
 
 from __future__ import annotations
 
