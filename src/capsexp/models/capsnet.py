@@ -44,6 +44,8 @@ class FullyConnectedHead(nn.Module):
     class, are what the decoder reconstructs from, as it reads the class capsules; the scores are
     sigmoid(logits), in (0, 1) like capsule lengths, so that the same margin loss applies."""
 
+    score_kind = "sigmoid score"  # what its scores are called, as CapsNet's class scores
+
     def __init__(self, in_caps: int, in_dim: int, out_caps: int, out_dim: int) -> None:
         super().__init__()
         self.out_caps, self.out_dim = out_caps, out_dim
@@ -183,6 +185,12 @@ class CapsNet(nn.Module):
                     if isinstance(layer, nn.Linear):
                         _truncated_normal_(layer.weight, OFFICIAL_STD)
                         layer.bias.fill_(OFFICIAL_BIAS)
+
+    @property
+    def score_kind(self) -> str:
+        """What its class scores are called where they are presence scores: as its class capsules (their
+        router) or its fully connected head declare."""
+        return self.digits.score_kind
 
     def decode(self, poses: torch.Tensor, classes: torch.Tensor) -> torch.Tensor:
         """Reconstruct images from class capsules (B, classes, pose_dim), keeping only ``classes``:
