@@ -5,7 +5,7 @@ options and its learned parameters, all called alike,
 
 and returning the parents' poses, activations in [0, 1] and the assignment (couplings,
 responsibilities), so that a forward hook sees what any algorithm did. :func:`make_router` builds the
-one the options name. A router may offer a path fused with the layer's votes (:meth:`_Router.fused_with_votes`:
+one the options name. A router may offer a path fused with the layer's votes (``fused_with_votes``:
 dynamic routing's, which keeps no couplings); :class:`~capsexp.nn.RoutingCapsules` takes it, and calls the
 router's module as well only while someone watches the router (:func:`watch`, :func:`watched`), so that the
 watcher sees the couplings. The matrix-capsule layers call the same routers on flattened 4 x 4 poses, window
@@ -54,16 +54,13 @@ CLASS_CAPSULE_ACTIVATION = "class capsule activation"
 
 class _Router(nn.Module):
     score_kind = CLASS_CAPSULE_ACTIVATION
+    # A path fused with the layer's votes, ``fused_with_votes(children, weight, out_caps) -> Routed | None``
+    # (DynamicRouter's); None: the router has none, and the layer makes the votes and calls the router.
+    fused_with_votes: Callable[[torch.Tensor, Callable[[], torch.Tensor], int], Routed | None] | None = None
 
     def __init__(self, routing: RoutingOptions) -> None:
         super().__init__()
         self.routing = routing
-
-    def fused_with_votes(self, children: torch.Tensor, weight: torch.Tensor, out_caps: int) -> Routed | None:
-        """The parents routed from ``children`` (B, I, in_dim) in one pass with their votes W_ij u_i (``weight``
-        (I, in_dim, out_caps * D), as :class:`~capsexp.nn.RoutingCapsules` stores it), without the assignment;
-        None: this router has no such path (the layer makes the votes and calls the router)."""
-        return None
 
     def extra_repr(self) -> str:
         return repr(self.routing)
@@ -84,13 +81,17 @@ class DynamicRouter(_Router):
         poses, couplings = dynamic_routing(votes, self.routing, return_couplings=True, bias=self.bias)
         return Routed(poses, torch.linalg.vector_norm(poses, dim=-1), couplings)
 
-    def fused_with_votes(self, children: torch.Tensor, weight: torch.Tensor, out_caps: int) -> Routed | None:
-        """:func:`~capsexp.nn.functional.fully_connected_routing`: the same parents as routing the votes,
-        with the vote matmul fused into the backward pass. None while a graph is captured for export: the
-        exporters trace the plain path."""
+    def fused_with_votes(
+        self, children: torch.Tensor, weight: Callable[[], torch.Tensor], out_caps: int
+    ) -> Routed | None:
+        """The parents routed from ``children`` (B, I, in_dim) in one pass with their votes W_ij u_i, without
+        the couplings: :func:`~capsexp.nn.functional.fully_connected_routing`, the same parents as routing
+        the votes, with the vote matmul fused into the backward pass. ``weight`` gives W, (I, in_dim,
+        out_caps * D) as :class:`~capsexp.nn.RoutingCapsules` stores it. None while a graph is captured for
+        export: the exporters trace the plain path."""
         if exporting():
             return None
-        poses = fully_connected_routing(children, weight, out_caps, self.routing, self.bias)
+        poses = fully_connected_routing(children, weight(), out_caps, self.routing, self.bias)
         return Routed(poses, torch.linalg.vector_norm(poses, dim=-1), None)
 
 

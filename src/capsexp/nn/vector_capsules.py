@@ -149,9 +149,8 @@ class RoutingCapsules(nn.Module):
             raise ValueError(
                 f"expected input capsules of shape (B, {self.in_caps}, {self.in_dim}), got {tuple(inputs.shape)}"
             )
-        # A router of a plugin's may be any module, offering no fused path.
-        fused = getattr(self.router, "fused_with_votes", None)
-        routed = None if fused is None else fused(inputs, self.transform(), self.out_caps)
+        fused = getattr(self.router, "fused_with_votes", None)  # None (or a plugin's router): no fused path
+        routed = None if fused is None else fused(inputs, self.transform, self.out_caps)
         if routed is None:
             return self.router(self.votes(inputs), inputs, _lengths(inputs))
         if watched(self.router):  # the fused path keeps no assignment: the router shows it to the watcher
