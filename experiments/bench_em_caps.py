@@ -141,7 +141,7 @@ def baseline_routing(revision: str):
 def baseline_option(routing, name: str):
     """An option of today's routing as an older EMRouting takes it: a variance floor left unset (None: the
     layers' floor) given as the number it stands for."""
-    from capsexp.nn.functional._em_caps import variance_floor
+    from capsexp.nn.functional._em_routing import variance_floor
 
     value = getattr(routing, name)
     return variance_floor(routing) if name == "sigma_eps" and value is None else value
@@ -232,7 +232,7 @@ def measure(batch_size: int, repeats: int, recipe: str = "default") -> dict[str,
     """Run in a fresh process: step timings, routing share, peak RSS."""
     from torch.profiler import ProfilerActivity, profile
 
-    import capsexp.nn.em_caps as em_caps_layers
+    import capsexp.nn.matrix_capsules as em_caps_layers
     from capsexp.nn.functional import em_routing
 
     net, images, step = training_step(batch_size, recipe)

@@ -12,7 +12,7 @@ unexplained.
     python experiments/mutation.py --survivors  # every survivor not explained, again (after new tests)
     python experiments/mutation.py              # every mutant not run yet (resumes where it stopped): hours
     python experiments/mutation.py --area models lit    # these areas' mutants, all of them again
-    python experiments/mutation.py --only 'capsexp.nn.functional._em_caps.x_em_routing*'  # by name (fnmatch)
+    python experiments/mutation.py --only 'capsexp.nn.functional._em_routing.x_em_routing*'  # by name (fnmatch)
     python experiments/mutation.py --report     # the page from the last run's results (mutants/)
 """
 

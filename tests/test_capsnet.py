@@ -265,7 +265,7 @@ def test_routing_with_the_official_bias_is_the_official_codes(leaky):
 def test_the_bias_gradient_is_autograds(detach_agreement):
     """The written-out backward pass with a bias: votes, inputs, W and the bias get autograd's gradients
     of the same routing run step by step (float64)."""
-    from capsexp.nn.functional._capsnet import _route
+    from capsexp.nn.functional._dynamic_routing import _route
 
     torch.manual_seed(0)
     routing = DynamicRouting(iterations=3, detach_agreement=detach_agreement)

@@ -15,7 +15,7 @@ from capsexp.nn.functional import (
     margin_loss,
     squash,
 )
-from capsexp.nn.functional._capsnet import _scratch
+from capsexp.nn.functional._dynamic_routing import _scratch
 
 
 # ---- squash (Eq. 1) ---------------------------------------------------------------------------

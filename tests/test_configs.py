@@ -228,7 +228,7 @@ def test_every_constructor_argument_of_a_net_is_settable_without_plus(model, ove
 
 
 def test_the_em_options_the_config_builds_reach_em_routing_as_that_object(monkeypatch):
-    import capsexp.nn.em_caps
+    import capsexp.nn.matrix_capsules
 
     cfg = compose_config(["model=em_caps", *TINY_EM_CAPS])
     net = instantiate(cfg.model.net)
@@ -236,13 +236,13 @@ def test_the_em_options_the_config_builds_reach_em_routing_as_that_object(monkey
     assert built is net.conv_caps2.router.routing and built is net.class_caps.router.routing
     assert built == instantiate(cfg.model.net.routing) and built.iterations == cfg.model.net.routing.iterations
     received = []
-    original = capsexp.nn.em_caps.em_routing
+    original = capsexp.nn.matrix_capsules.em_routing
 
     def spy(*args, **kwargs):
         received.append(args[4])
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(capsexp.nn.em_caps, "em_routing", spy)
+    monkeypatch.setattr(capsexp.nn.matrix_capsules, "em_routing", spy)
     net(torch.rand(2, 1, 28, 28))
     assert len(received) == 3 and all(routing is built for routing in received)
 

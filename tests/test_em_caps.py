@@ -21,7 +21,6 @@ from capsexp.lit import Classifier, SpreadLoss
 from capsexp.lit.margin import LinearMargin, SigmoidMargin
 from capsexp.models import LeNet5, MatrixCapsNet
 from capsexp.nn import EM_PAPER, ClassMatrixCapsules, ConvMatrixCapsules, EMRouting, PrimaryMatrixCapsules
-from capsexp.nn.em_caps import conv_votes
 from capsexp.nn.functional import (
     COST_NORMALIZATIONS,
     em_routing,
@@ -29,7 +28,9 @@ from capsexp.nn.functional import (
     responsibility_entropy,
     spread_loss,
 )
-from capsexp.nn.functional._em_caps import variance_floor
+from capsexp.nn.functional._em_routing import variance_floor
+from capsexp.nn.functional._gaussian_votes import _Workspace
+from capsexp.nn.matrix_capsules import conv_votes
 from capsexp.records.events import load_events
 from tests.em_reference import fast_em_routing, plain_em_routing, plain_options
 from tests.helpers import TINY_EM_CAPS, TINY_RUN, run_cli_in_process
@@ -255,7 +256,7 @@ def test_routing_in_chunks_of_the_batch_gives_what_one_chunk_gives(monkeypatch):
     """A batch routed chunk by chunk (a small CHUNK_BYTES: chunks of 2, 2 and 1 items) gives the scores
     and gradients, of the parameters and of the images, that routing it whole gives, in float64; and
     so do votes given as a tensor, for the votes and the activations."""
-    import capsexp.nn.functional._gaussian_routing as em
+    import capsexp.nn.functional._gaussian_votes as em
 
     def net_results():
         torch.manual_seed(0)
@@ -311,7 +312,7 @@ def test_fused_vote_gradient_is_the_matmul_form_in_the_votes_layout(monkeypatch)
     results = {}
     for name, threshold in (("matmul", 2**62), ("fused", 0)):
         monkeypatch.setattr(em, "FUSED_MIN_ELEMENTS", threshold)
-        grad = em._vote_gradient(votes_and_squares, over_m, over_h, em._Workspace(votes), votes)
+        grad = em._vote_gradient(votes_and_squares, over_m, over_h, _Workspace(votes), votes)
         assert grad.stride() == votes.stride()
         results[name] = grad.clone()
     centred = votes_and_squares[..., :16]
@@ -330,10 +331,10 @@ def test_a_vote_gradient_that_cannot_be_compiled_warns_and_is_computed_eagerly(m
     monkeypatch.setattr(em, "_FUSED_VOTE_GRADIENT", em._Compiled(em._vote_gradient_fused))
     monkeypatch.setattr(em, "FUSED_MIN_ELEMENTS", 0)
     with pytest.warns(RuntimeWarning, match="no C.. compiler found.*eager form"):
-        fused = em._vote_gradient(votes_and_squares, over_m, over_h, em._Workspace(votes), votes).clone()
+        fused = em._vote_gradient(votes_and_squares, over_m, over_h, _Workspace(votes), votes).clone()
     assert not em._FUSED_VOTE_GRADIENT.usable
     monkeypatch.setattr(em, "FUSED_MIN_ELEMENTS", 2**62)
-    matmul = em._vote_gradient(votes_and_squares, over_m, over_h, em._Workspace(votes), votes)
+    matmul = em._vote_gradient(votes_and_squares, over_m, over_h, _Workspace(votes), votes)
     torch.testing.assert_close(fused, matmul)
 
 

@@ -124,7 +124,7 @@ def test_capsnet_is_conv1_primary_capsules_digit_capsules_routed_by_procedure_1_
         torch.testing.assert_close(trained.reconstructions, decoder_by_hand(net, poses, targets), rtol=1e-5, atol=1e-8)
         assert not torch.allclose(trained.reconstructions, out.reconstructions)
         # One routing iteration is uniform coupling: another output, so the iterations are applied.
-        net.digits.routing = DynamicRouting(iterations=1)
+        net.digits.router.routing = DynamicRouting(iterations=1)  # the options its router routes by
         assert not torch.allclose(net.eval()(images).poses, poses, atol=1e-6)
 
 

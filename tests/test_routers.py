@@ -46,6 +46,48 @@ def test_dynamic_routings_activations_are_its_capsules_lengths():
     assert routed.assignment is None  # fused: the couplings are not kept
 
 
+def test_dynamic_routing_runs_fused_unwatched_and_shows_a_watcher_its_couplings(monkeypatch):
+    """Unwatched, the layer takes the router's fused path alone (the votes' routing is not called); watched,
+    the router also routes the votes and the watcher sees their couplings, the parents the same; the watch
+    removed, the fused path alone again. A router without a fused path says so."""
+    from capsexp.nn import routers
+
+    calls = []
+
+    def spied(function):
+        def spy(*args, **kwargs):
+            calls.append(function.__name__)
+            return function(*args, **kwargs)
+
+        return spy
+
+    monkeypatch.setattr(routers, "fully_connected_routing", spied(routers.fully_connected_routing))
+    monkeypatch.setattr(routers, "dynamic_routing", spied(routers.dynamic_routing))
+    torch.manual_seed(0)
+    layer = RoutingCapsules(in_caps=12, in_dim=8, out_caps=4, out_dim=6, routing=DynamicRouting())
+    children = torch.randn(3, 12, 8)
+    unwatched = layer(children)
+    assert calls == ["fully_connected_routing"] and not routers.watched(layer.router)
+    seen = []
+    with routers.watch(layer.router, lambda module, args, output: seen.append(output)) as watching:
+        assert routers.watched(layer.router)
+        calls.clear()
+        watched = layer(children)
+    assert calls == ["fully_connected_routing", "dynamic_routing"]
+    assert len(seen) == 1 and seen[0].assignment.shape == (3, 12, 4)
+    torch.testing.assert_close(seen[0].assignment.sum(dim=-1), torch.ones(3, 12))
+    torch.testing.assert_close(seen[0].poses, watched.poses)
+    torch.testing.assert_close(watched.poses, unwatched.poses)
+    assert watched.assignment is None  # the layer's own output is the fused path's
+    watching.remove()  # a second removal changes nothing
+    calls.clear()
+    layer(children)
+    assert calls == ["fully_connected_routing"] and not routers.watched(layer.router) and len(seen) == 1
+    uniform = RoutingCapsules(in_caps=12, in_dim=8, out_caps=4, out_dim=6, routing=ROUTINGS["uniform"])
+    assert uniform.router.fused_with_votes is None
+    assert uniform(children).assignment is not None
+
+
 # Two training steps, one validation and one test batch, the routing diagnostics at every step.
 TWO_STEPS = [
     "trainer.max_steps=2",
@@ -178,7 +220,7 @@ def test_an_unset_em_variance_floor_is_the_layers_own():
     """model/routing=em leaves the floor unset: CapsNet's DigitCaps take 1e-4, near their votes' starting
     variances (under 0.01 they trained far behind every other routing); the matrix-capsule layers 0.01."""
     from capsexp.nn import EMRouting
-    from capsexp.nn.functional._em_caps import variance_floor
+    from capsexp.nn.functional._em_routing import variance_floor
     from capsexp.nn.routers import make_router
 
     assert EMRouting().sigma_eps is None

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from capsexp.config.routing_options import DynamicRouting, SelfRouting, SinkhornRouting
-from capsexp.nn.em_caps import ClassMatrixCapsules, ConvMatrixCapsules
+from capsexp.nn.matrix_capsules import ClassMatrixCapsules, ConvMatrixCapsules
 from tests.helpers import TINY_RUN, run_cli_in_process, scalars
 
 K, IN_TYPES, OUT_TYPES, P = 3, 2, 3, 4

@@ -39,6 +39,7 @@ from capsexp.callbacks.image_logging import tensorboard_writer
 from capsexp.config.arguments import checked
 from capsexp.models.inspection import routing_layers
 from capsexp.nn.functional import predicted_share, responsibility_entropy, routing_engagement
+from capsexp.nn.routers import Watch, watch
 
 # routing_engagement's measures and the tags they are logged under
 ENGAGEMENT = {"largest": "largest_coupling", "kl_from_uniform": "kl_from_uniform", "decided": "decided_share"}
@@ -53,18 +54,18 @@ class RoutingDiagnostics(L.Callback):
         self.every_n_steps, self.histograms = every_n_steps, histograms
         self._step: int | None = None  # the step being recorded, or None
         self._grad_norms: dict[str, float] = {}
-        self._routing: dict[str, dict[str, torch.Tensor]] = {}  # per layer, from its router's forward hook
-        self._hooks: list[torch.utils.hooks.RemovableHandle] = []
+        self._routing: dict[str, dict[str, torch.Tensor]] = {}  # per layer, from the watch on its router
+        self._hooks: list[Watch] = []
         self._test_shares: dict[str, list[float]] = {}  # per class layer: [sum of shares, count]
-        self._test_hooks: list[torch.utils.hooks.RemovableHandle] = []
+        self._test_hooks: list[Watch] = []
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch, batch_idx: int) -> None:
         layers = routing_layers(pl_module)
         due = bool(layers) and trainer.global_step % self.every_n_steps == 0 and tensorboard_writer(trainer) is not None
         self._step, self._grad_norms, self._routing = (trainer.global_step if due else None), {}, {}
-        if due:  # a forward hook on each layer's router, for this step only
+        if due:  # a watch on each layer's router, for this step only
             self._hooks = [
-                layer.router.register_forward_hook(functools.partial(self._keep, name), with_kwargs=True)
+                watch(layer.router, functools.partial(self._keep, name), with_kwargs=True)
                 for name, layer in layers.items()
             ]
 
@@ -129,7 +130,7 @@ class RoutingDiagnostics(L.Callback):
         layers = routing_layers(pl_module) if tensorboard_writer(trainer) is not None else {}
         self._test_shares = {name: [0.0, 0.0] for name in layers}
         self._test_hooks = [
-            layer.router.register_forward_hook(functools.partial(self._share, name), with_kwargs=True)
+            watch(layer.router, functools.partial(self._share, name), with_kwargs=True)
             for name, layer in layers.items()
         ]
 

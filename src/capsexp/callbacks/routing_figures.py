@@ -44,6 +44,7 @@ from capsexp.callbacks.image_logging import tensorboard_writer
 from capsexp.config.arguments import checked
 from capsexp.figures.couplings import class_coupling_maps, coupling_figure
 from capsexp.nn import ClassMatrixCapsules, DynamicRouting, PrimaryCapsules, RoutingCapsules
+from capsexp.nn.routers import watch
 
 
 @checked
@@ -75,10 +76,7 @@ class RoutingFigures(L.Callback):
             layer.register_forward_hook(functools.partial(_keep_input_and_output, captured, name))
             for name, layer in fully_connected.items()
         ]
-        hooks += [
-            layer.router.register_forward_hook(functools.partial(_keep_output, captured, name))
-            for name, layer in em.items()
-        ]
+        hooks += [watch(layer.router, functools.partial(_keep_output, captured, name)) for name, layer in em.items()]
         try:
             pl_module(images)
         finally:

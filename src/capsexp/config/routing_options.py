@@ -84,7 +84,7 @@ class EMRouting(Routing):
     declared; :data:`EM_PAPER` (``model/routing=em_paper``) is the paper's."""
 
     router: ClassVar[str] = "capsexp.nn.routers:EMVectorRouter"
-    matrix_router: ClassVar[str] = "capsexp.nn.em_caps:EMRouter"
+    matrix_router: ClassVar[str] = "capsexp.nn.matrix_capsules:EMRouter"
 
     # Paper: 3. Here 2, the fewest that route (1 is a single M-step), as neither fewer nor more does
     # better (experiments/results/em_routing_ablation_quick/).
@@ -200,7 +200,7 @@ class VBRouting(Routing):
     m0 0)."""
 
     router: ClassVar[str] = "capsexp.nn.routers:VBRouter"
-    matrix_router: ClassVar[str] = "capsexp.nn.em_caps:VBMatrixRouter"
+    matrix_router: ClassVar[str] = "capsexp.nn.matrix_capsules:VBMatrixRouter"
 
     # M-steps; an E-step between each two (the code's routing_iter, 3 in its examples).
     iterations: PositiveInt = 3

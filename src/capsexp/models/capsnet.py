@@ -20,7 +20,7 @@ from torch import nn
 from capsexp.config.arguments import checked
 from capsexp.models.input_check import check_images
 from capsexp.nn import Backbone, DynamicRouting, PrimaryCapsules, ResNetStem, RoutingCapsules, RoutingOptions
-from capsexp.nn.capsnet import INIT_STD as ROUTING_INIT_STD
+from capsexp.nn.vector_capsules import INIT_STD as ROUTING_INIT_STD
 
 # What stands between PrimaryCaps and the decoder: the class capsules (routed) or the plain reference.
 Head = Literal["capsules", "fully_connected"]
@@ -43,6 +43,8 @@ class FullyConnectedHead(nn.Module):
     as DigitCaps' W_ij (I in_dim J D); the second adds J D J. The hidden units, read as D features per
     class, are what the decoder reconstructs from, as it reads the class capsules; the scores are
     sigmoid(logits), in (0, 1) like capsule lengths, so that the same margin loss applies."""
+
+    score_kind = "sigmoid score"  # what its scores are called, as CapsNet's class scores
 
     def __init__(self, in_caps: int, in_dim: int, out_caps: int, out_dim: int) -> None:
         super().__init__()
@@ -183,6 +185,12 @@ class CapsNet(nn.Module):
                     if isinstance(layer, nn.Linear):
                         _truncated_normal_(layer.weight, OFFICIAL_STD)
                         layer.bias.fill_(OFFICIAL_BIAS)
+
+    @property
+    def score_kind(self) -> str:
+        """What its class scores are called where they are presence scores: as its class capsules (their
+        router) or its fully connected head declare."""
+        return self.digits.score_kind
 
     def decode(self, poses: torch.Tensor, classes: torch.Tensor) -> torch.Tensor:
         """Reconstruct images from class capsules (B, classes, pose_dim), keeping only ``classes``:

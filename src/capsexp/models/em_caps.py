@@ -107,6 +107,11 @@ class MatrixCapsNet(nn.Module):
             conv_caps2_types, num_classes, coordinate_addition=coordinate_addition, in_positions=size * size, **layer
         )
 
+    @property
+    def score_kind(self) -> str:
+        """What its class scores are called where they are presence scores: as its class capsules declare."""
+        return self.class_caps.score_kind
+
     def forward(self, images: torch.Tensor) -> MatrixCapsNetOutput:
         check_images(images, self.image_shape, "MatrixCapsNet")
         # In float32 under mixed precision too: bf16 poses and activations (rounded by 2^-8) moved the

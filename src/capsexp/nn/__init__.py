@@ -14,8 +14,8 @@ from capsexp.config.routing_options import (
     UniformRouting,
     VBRouting,
 )
-from capsexp.nn.capsnet import PrimaryCapsules, RoutingCapsules
-from capsexp.nn.em_caps import (
+from capsexp.nn.functional import dynamic_routing, em_routing, fully_connected_routing, margin_loss, spread_loss, squash
+from capsexp.nn.matrix_capsules import (
     ClassMatrixCapsules,
     ConvMatrixCapsules,
     EMRouter,
@@ -23,8 +23,8 @@ from capsexp.nn.em_caps import (
     VBMatrixRouter,
     WindowRouter,
 )
-from capsexp.nn.functional import dynamic_routing, em_routing, fully_connected_routing, margin_loss, spread_loss, squash
 from capsexp.nn.resnet_stem import Backbone, ResNetStem
+from capsexp.nn.vector_capsules import PrimaryCapsules, RoutingCapsules
 
 __all__ = [
     "EM_PAPER",

@@ -5,10 +5,11 @@ options and its learned parameters, all called alike,
 
 and returning the parents' poses, activations in [0, 1] and the assignment (couplings,
 responsibilities), so that a forward hook sees what any algorithm did. :func:`make_router` builds the
-one the options name. :class:`~capsexp.nn.RoutingCapsules` runs dynamic routing fused with the votes
-instead, and calls its module only while a hook watches it (the fused path keeps no couplings). The
-matrix-capsule layers call the same routers on flattened 4 x 4 poses, window by window
-(:class:`~capsexp.nn.WindowRouter`; what each layer hands them: :class:`~capsexp.nn.Routing`).
+one the options name. A router may offer a path fused with the layer's votes (``fused_with_votes``:
+dynamic routing's, which keeps no couplings); :class:`~capsexp.nn.RoutingCapsules` takes it, and calls the
+router's module as well only while someone watches the router (:func:`watch`, :func:`watched`), so that the
+watcher sees the couplings. The matrix-capsule layers call the same routers on flattened 4 x 4 poses, window
+by window (:class:`~capsexp.nn.WindowRouter`; what each layer hands them: :class:`~capsexp.nn.Routing`).
 """
 
 from __future__ import annotations
@@ -16,9 +17,11 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import inspect
+from collections.abc import Callable
 
 import torch
 from torch import nn
+from torch.utils.hooks import RemovableHandle
 
 from capsexp.config.routing_options import (
     AttentionRouting,
@@ -35,6 +38,8 @@ from capsexp.nn.functional import (
     dynamic_routing,
     efficient_routing,
     em_routing,
+    exporting,
+    fully_connected_routing,
     random_routing,
     self_routing,
     sinkhorn_routing,
@@ -42,8 +47,17 @@ from capsexp.nn.functional import (
     vb_routing,
 )
 
+# What a class capsule's activation is called where it is a net's class score (capsexp.use.inference's
+# score_kind): a router declares its own in ``score_kind``; one that declares none gives this.
+CLASS_CAPSULE_ACTIVATION = "class capsule activation"
+
 
 class _Router(nn.Module):
+    score_kind = CLASS_CAPSULE_ACTIVATION
+    # A path fused with the layer's votes, ``fused_with_votes(children, weight, out_caps) -> Routed | None``
+    # (DynamicRouter's); None: the router has none, and the layer makes the votes and calls the router.
+    fused_with_votes: Callable[[torch.Tensor, Callable[[], torch.Tensor], int], Routed | None] | None = None
+
     def __init__(self, routing: RoutingOptions) -> None:
         super().__init__()
         self.routing = routing
@@ -57,6 +71,8 @@ class DynamicRouter(_Router):
     With ``bias`` (a value), a learned bias b_j (J, D), initialised to it, is added to every iteration's s_j,
     as the official code does."""
 
+    score_kind = "capsule length"
+
     def __init__(self, routing: DynamicRouting, out_caps: int = 1, out_dim: int = 1, bias: float | None = None) -> None:
         super().__init__(routing)
         self.bias = None if bias is None else nn.Parameter(torch.full((out_caps, out_dim), float(bias)))
@@ -64,6 +80,19 @@ class DynamicRouter(_Router):
     def forward(self, votes: torch.Tensor, children: torch.Tensor, child_activations: torch.Tensor) -> Routed:
         poses, couplings = dynamic_routing(votes, self.routing, return_couplings=True, bias=self.bias)
         return Routed(poses, torch.linalg.vector_norm(poses, dim=-1), couplings)
+
+    def fused_with_votes(
+        self, children: torch.Tensor, weight: Callable[[], torch.Tensor], out_caps: int
+    ) -> Routed | None:
+        """The parents routed from ``children`` (B, I, in_dim) in one pass with their votes W_ij u_i, without
+        the couplings: :func:`~capsexp.nn.functional.fully_connected_routing`, the same parents as routing
+        the votes, with the vote matmul fused into the backward pass. ``weight`` gives W, (I, in_dim,
+        out_caps * D) as :class:`~capsexp.nn.RoutingCapsules` stores it. None while a graph is captured for
+        export: the exporters trace the plain path."""
+        if exporting():
+            return None
+        poses = fully_connected_routing(children, weight(), out_caps, self.routing, self.bias)
+        return Routed(poses, torch.linalg.vector_norm(poses, dim=-1), None)
 
 
 # The variance floor of routing.sigma_eps=None in CapsNet's place (capsexp.nn.EMRouting): DigitCaps' votes
@@ -254,3 +283,37 @@ def routed_by_iteration(
         return routed
     finally:
         router.routing = final
+
+
+class Watch:
+    """A watch on a router (:func:`watch`), ended by :meth:`remove` or at the end of a ``with`` block."""
+
+    def __init__(self, router: nn.Module, handle: RemovableHandle) -> None:
+        self.router, self.handle = router, handle
+
+    def remove(self) -> None:
+        if self.handle is not None:
+            self.handle.remove()
+            self.handle = None
+            self.router._watchers -= 1
+
+    def __enter__(self) -> Watch:
+        return self
+
+    def __exit__(self, *exception) -> None:
+        self.remove()
+
+
+def watch(router: nn.Module, hook: Callable, with_kwargs: bool = False) -> Watch:
+    """Show ``hook``, a forward hook of ``router`` (``register_forward_hook``'s, with its ``with_kwargs``),
+    every routing the router does, assignment included: while watched, a layer that routes by a fused path
+    without the assignment (:meth:`_Router.fused_with_votes`) also calls the router. A hook registered
+    on the router otherwise sees only the calls the layer makes anyway."""
+    handle = router.register_forward_hook(hook, with_kwargs=with_kwargs)
+    router._watchers = getattr(router, "_watchers", 0) + 1  # the watches under way, counted on the router
+    return Watch(router, handle)
+
+
+def watched(router: nn.Module) -> bool:
+    """Whether someone watches ``router`` (:func:`watch`): a layer then shows it the assignment."""
+    return getattr(router, "_watchers", 0) > 0

@@ -26,14 +26,13 @@ from PIL import Image, UnidentifiedImageError
 from torchvision.transforms.v2 import functional as TF
 
 from capsexp.config.instantiation import instantiate
-from capsexp.config.routing_options import DynamicRouting, VBRouting
 from capsexp.data.images import pil_mode, read_image
 from capsexp.data.page import NO_INK, invert_choice
 from capsexp.errors import CapsexpError, ConfigError, ImageError
-from capsexp.models import CapsNet, MatrixCapsNet
 from capsexp.models.inspection import class_scores, routing_layers
 from capsexp.nn import ClassMatrixCapsules, PrimaryCapsules
 from capsexp.nn.functional import shares
+from capsexp.nn.routers import watch
 from capsexp.records.checkpoints import model_of_run
 from capsexp.records.run_record import RunRecord
 
@@ -42,19 +41,16 @@ BATCH_SIZE = 256  # images per forward pass
 
 
 def score_kind(module: torch.nn.Module, objects: int = 1) -> str:
-    """What a model's class scores are: a capsule length (dynamic routing), a class capsule's activation
-    (another routing algorithm in CapsNet's place), an EM or a VB activation (matrix capsules routed by EM
-    or by variational Bayes, trained on the activations), a sigmoid score
-    (CapsNet's fully connected reference head), or, for logits, the probability made of them (softmax;
-    sigmoid with several objects per image, as their loss is)."""
+    """What a model's class scores are: for presence scores, as the net declares (``net.score_kind``, from
+    what computes them: a capsule length under dynamic routing, a class capsule's activation under another
+    routing algorithm in CapsNet's place, an EM or a VB activation for matrix capsules routed by EM or by
+    variational Bayes, a sigmoid score for CapsNet's fully connected reference head; a sigmoid score for a
+    net that declares none), or, for logits, the probability made of them (softmax; sigmoid with several
+    objects per image, as their loss is)."""
     net = getattr(module, "net", module)
     if not getattr(getattr(module, "objective", None), "presence_scores", False):
         return "sigmoid probability" if objects > 1 else "softmax probability"
-    if isinstance(net, MatrixCapsNet):
-        return "VB activation" if isinstance(net.class_caps.router.routing, VBRouting) else "EM activation"
-    if isinstance(net, CapsNet) and hasattr(net.digits, "router"):
-        return "capsule length" if isinstance(net.digits.routing, DynamicRouting) else "class capsule activation"
-    return "sigmoid score"
+    return getattr(net, "score_kind", "sigmoid score")  # as the net declares; a net that declares none
 
 
 def reported_scores(raw: torch.Tensor, kind: str) -> torch.Tensor:
@@ -211,8 +207,8 @@ class TrainedModel:
         captured: dict[str, torch.Tensor] = {}
         hook = None
         if self.routing_layer is not None and couplings:
-            hook = self.routing_layer[1].router.register_forward_hook(
-                lambda module, args, output: captured.__setitem__("assignment", output[2])
+            hook = watch(
+                self.routing_layer[1].router, lambda module, args, output: captured.__setitem__("assignment", output[2])
             )
         try:
             output = self.module(inputs)

@@ -1,14 +1,16 @@
 """Whether routing routes: how far each child's assignment (couplings, responsibilities) is from
-uniform. The normalised entropy moves little near uniform (a child that sends 0.15 to one of ten
-parents and 0.094 to the others still has entropy 0.998); these measures move in proportion."""
+uniform. Its normalised entropy (:func:`responsibility_entropy`) moves little near uniform (a child that
+sends 0.15 to one of ten parents and 0.094 to the others still has entropy 0.998); the measures of
+:class:`Engagement` move in proportion."""
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import torch
 
-from capsexp.nn.functional._gaussian_routing import _children_counts
+from capsexp.nn.functional._gaussian_votes import _children_counts
 
 
 class Engagement(NamedTuple):
@@ -65,3 +67,27 @@ def predicted_share(couplings: torch.Tensor, predicted: torch.Tensor) -> torch.T
     """(B, I): the share of each child's coupling (B, I, J) that goes to its image's predicted class
     ``predicted`` (B,): 1/J when routing ignores the prediction."""
     return shares(couplings.float()).gather(-1, predicted[:, None, None].expand(-1, couplings.shape[1], 1)).squeeze(-1)
+
+
+def responsibility_entropy(
+    responsibilities: torch.Tensor, child_index: torch.Tensor | None = None, num_children: int | None = None
+) -> torch.Tensor:
+    """Entropy of each child's responsibilities over all the parents that receive it, divided by its
+    maximum log(number of those parents): 1 is uniform (routing undecided), 0 is a hard assignment.
+
+    ``responsibilities`` as :func:`~capsexp.nn.functional.em_routing` returns them: (B, I, J) dense, or
+    (B, Q, M, J) with ``child_index`` (Q, M). Returns (B, children). Dense couplings that do not sum to one
+    are read as shares (:func:`shares`).
+    """
+    if child_index is None:
+        responsibilities = shares(responsibilities)
+    plogp = torch.special.xlogy(responsibilities, responsibilities)
+    parents = responsibilities.shape[-1]
+    if child_index is None:
+        return -plogp.sum(dim=-1) / math.log(parents)
+    num_children = num_children or int(child_index.max()) + 1
+    flat_index = child_index.reshape(-1)
+    batch = responsibilities.shape[0]
+    per_child = plogp.new_zeros(batch, num_children).index_add_(1, flat_index, plogp.sum(dim=-1).reshape(batch, -1))
+    fan_out = _children_counts(flat_index, num_children, plogp.dtype) * parents
+    return -per_child / torch.log(fan_out).clamp_min(1e-8)

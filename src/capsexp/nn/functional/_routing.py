@@ -10,7 +10,7 @@ from typing import NamedTuple
 
 import torch
 
-from capsexp.nn.functional._capsnet import squash
+from capsexp.nn.functional._squash import squash
 
 
 class Routed(NamedTuple):

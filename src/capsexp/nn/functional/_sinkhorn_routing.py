@@ -9,9 +9,9 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from capsexp.config.routing_options import SinkhornRouting
-from capsexp.nn.functional._capsnet import squash
-from capsexp.nn.functional._export import exporting
+from capsexp.nn.functional._exporting import exporting
 from capsexp.nn.functional._routing import Routed, length
+from capsexp.nn.functional._squash import squash
 
 # Children's masses are floored at this fraction of their mean, so that a child of mass 0 keeps a finite
 # log mass (its couplings then still sum to 1, and its votes weigh nothing in the balance).
@@ -122,7 +122,7 @@ def _route(
 
 
 class _SinkhornRouting(torch.autograd.Function):
-    """The iterations with the backward pass written out, as dynamic routing's (``_capsnet.py``): the gradient
+    """The iterations with the backward pass written out, as dynamic routing's (``_dynamic_routing.py``): the gradient
     of the votes is a sum of outer products written in one product, instead of one vote-sized tensor per
     use of the votes; the small steps (the balance, squash) are differentiated by autograd on the spot."""
 

@@ -10,8 +10,9 @@ from typing import NamedTuple
 import torch
 
 from capsexp.config.routing_options import VBRouting
-from capsexp.nn.functional._export import exporting
-from capsexp.nn.functional._gaussian_routing import VoteMaker, _normalise_per_child, gaussian_routing
+from capsexp.nn.functional._exporting import exporting
+from capsexp.nn.functional._gaussian_routing import gaussian_routing
+from capsexp.nn.functional._gaussian_votes import VoteMaker, _normalise_per_child
 
 
 def _digamma(x: torch.Tensor) -> torch.Tensor:

@@ -20,6 +20,10 @@ from capsexp.nn.routers import make_router, named
 
 CapsuleMap = tuple[torch.Tensor, torch.Tensor]
 
+# What the class capsules' activations are called where they are a net's class scores (capsexp.use.inference's
+# score_kind): as the matrix router declares (``score_kind``), or this where it declares nothing.
+EM_ACTIVATION = "EM activation"
+
 
 def block_diagonal(weight: torch.Tensor) -> torch.Tensor:
     """W (G, J, P, P) as the (G, P*P, J*P*P) matrices :func:`transform` multiplies by: for each group g,
@@ -126,6 +130,8 @@ class EMRouter(nn.Module):
     module: its forward returns the responsibilities too (computed anyway), so that a forward hook can
     see what routing did without the layers knowing of it (capsexp.callbacks.routing_diagnostics)."""
 
+    score_kind = EM_ACTIVATION
+
     def __init__(self, routing: EMRouting) -> None:
         super().__init__()
         self.routing = routing
@@ -146,6 +152,8 @@ class VBMatrixRouter(nn.Module):
     batch-normalised per parent type (over the batch, the positions and the pose elements), the activations
     sigmoid(batch norm of the logits) per parent type, both normalisations without learned scale or shift.
     Called as :class:`EMRouter` is, and returns what it returns."""
+
+    score_kind = "VB activation"
 
     def __init__(self, routing: VBRouting, out_types: int) -> None:
         super().__init__()
@@ -381,6 +389,13 @@ class ClassMatrixCapsules(_EMLayer):
         self.in_positions = in_positions
         self.coordinate_addition = coordinate_addition
         self.weight = self.new_weight(in_types, num_classes)
+
+    @property
+    def score_kind(self) -> str:
+        """What its activations are called where they are a net's class scores: as its matrix router declares
+        (``router.score_kind``: an EM activation for :class:`EMRouter`, a VB activation for
+        :class:`VBMatrixRouter`), :data:`EM_ACTIVATION` for a router that declares nothing."""
+        return getattr(self.router, "score_kind", EM_ACTIVATION)
 
     @staticmethod
     def grid_centres(height: int, width: int, device: torch.device | None = None) -> torch.Tensor:

@@ -1,4 +1,5 @@
-"""Capsule operations (Sabour, Frosst & Hinton 2017, "Dynamic Routing Between Capsules").
+"""Dynamic routing (Sabour, Frosst & Hinton 2017, "Dynamic Routing Between Capsules", Procedure 1): on
+given votes, and fused with the votes of a fully connected layer, each with its backward pass written out.
 
 Shapes: ``B`` batch, ``I`` input (child) capsules, ``J`` output (parent) capsules, ``D`` output
 capsule dimension. ``votes`` are the prediction vectors u_hat_{j|i} = W_ij u_i, shape (B, I, J, D).
@@ -16,9 +17,8 @@ import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
 from capsexp.config.routing_options import DynamicRouting
-from capsexp.nn.functional._export import exporting
-
-SQUASH_EPS = 1e-8
+from capsexp.nn.functional._exporting import exporting
+from capsexp.nn.functional._squash import squash
 
 _scratch_buffers = threading.local()
 
@@ -45,16 +45,6 @@ def _scratch(shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
         with torch.inference_mode(False):
             buffer = buffers[like.dtype] = torch.empty(numel, dtype=like.dtype)
     return buffer[:numel].view(shape)
-
-
-def squash(s: torch.Tensor, dim: int = -1, eps: float = SQUASH_EPS) -> torch.Tensor:
-    """Eq. 1: v = |s|^2 / (1 + |s|^2) * s / |s|.
-
-    ``eps`` sits inside the square root, so that s = 0 gives v = 0 with a finite gradient (a plain
-    ``s / s.norm()`` is 0/0 there and its gradient NaN). |v| < 1 always.
-    """
-    squared_norm = s.pow(2).sum(dim=dim, keepdim=True)
-    return s * (squared_norm / ((1.0 + squared_norm) * torch.sqrt(squared_norm + eps)))
 
 
 def dynamic_routing(
@@ -352,19 +342,3 @@ class _VotesAndRouting(torch.autograd.Function):
                 grad_weight = torch.bmm(inputs.transpose(0, 1).transpose(1, 2), grad_votes)
         grad_bias = None if ctx.bias_dtype is None else grad_totals.sum(dim=0).to(ctx.bias_dtype)
         return grad_inputs, grad_weight, grad_bias, None, None
-
-
-def margin_loss(
-    lengths: torch.Tensor, targets: torch.Tensor, m_pos: float = 0.9, m_neg: float = 0.1, lambda_: float = 0.5
-) -> torch.Tensor:
-    """Eq. 4: L_k = T_k max(0, m+ - |v_k|)^2 + lambda (1 - T_k) max(0, |v_k| - m-)^2.
-
-    Summed over the classes k, averaged over the batch. ``lengths``: (B, K) capsule lengths;
-    ``targets``: (B,) class indices, or (B, T) when T objects are present in each image (MultiMNIST,
-    section 6: T_k = 1 for each present class).
-    """
-    present = F.one_hot(targets, num_classes=lengths.shape[-1]).to(lengths.dtype)
-    if targets.ndim == 2:
-        present = present.amax(dim=1)
-    loss = present * F.relu(m_pos - lengths).pow(2) + lambda_ * (1.0 - present) * F.relu(lengths - m_neg).pow(2)
-    return loss.sum(dim=-1).mean()

@@ -1,4 +1,4 @@
-"""EM routing and the spread loss (Hinton, Sabour & Frosst 2018, "Matrix capsules with EM routing").
+"""EM routing (Hinton, Sabour & Frosst 2018, "Matrix capsules with EM routing", Procedure 1).
 
 Shapes: ``B`` batch, ``Q`` parent positions (1 for a dense layer), ``M`` children in each parent's
 receptive field, ``J`` parent capsule types, ``H`` pose elements (16 for 4x4 poses).
@@ -18,14 +18,8 @@ import torch
 import torch.nn.functional as F
 
 from capsexp.config.routing_options import EM_PAPER, CostNormalization, EMRouting
-from capsexp.nn.functional._engagement import shares
-from capsexp.nn.functional._gaussian_routing import (
-    VoteMaker,
-    _Children,
-    _children_counts,
-    _normalise_per_child,
-    gaussian_routing,
-)
+from capsexp.nn.functional._gaussian_routing import gaussian_routing
+from capsexp.nn.functional._gaussian_votes import VoteMaker, _Children, _normalise_per_child
 
 LOG_2PI = math.log(2 * math.pi)
 COST_NORMALIZATIONS: tuple[str, ...] = get_args(CostNormalization)
@@ -209,35 +203,3 @@ def _em_iterations(
         if routing.detach_responsibilities:  # the backward pass (run on a graph) then skips the E-step
             responsibilities = responsibilities.detach()
     return mu + centre.squeeze(-2), parent_activations, responsibilities
-
-
-def responsibility_entropy(
-    responsibilities: torch.Tensor, child_index: torch.Tensor | None = None, num_children: int | None = None
-) -> torch.Tensor:
-    """Entropy of each child's responsibilities over all the parents that receive it, divided by its
-    maximum log(number of those parents): 1 is uniform (routing undecided), 0 is a hard assignment.
-
-    ``responsibilities`` as :func:`em_routing` returns them: (B, I, J) dense, or (B, Q, M, J) with
-    ``child_index`` (Q, M). Returns (B, children). Dense couplings that do not sum to one are read as
-    shares (:func:`~capsexp.nn.functional._engagement.shares`).
-    """
-    if child_index is None:
-        responsibilities = shares(responsibilities)
-    plogp = torch.special.xlogy(responsibilities, responsibilities)
-    parents = responsibilities.shape[-1]
-    if child_index is None:
-        return -plogp.sum(dim=-1) / math.log(parents)
-    num_children = num_children or int(child_index.max()) + 1
-    flat_index = child_index.reshape(-1)
-    batch = responsibilities.shape[0]
-    per_child = plogp.new_zeros(batch, num_children).index_add_(1, flat_index, plogp.sum(dim=-1).reshape(batch, -1))
-    fan_out = _children_counts(flat_index, num_children, plogp.dtype) * parents
-    return -per_child / torch.log(fan_out).clamp_min(1e-8)
-
-
-def spread_loss(activations: torch.Tensor, targets: torch.Tensor, margin: float | torch.Tensor) -> torch.Tensor:
-    """L = sum_{i != t} max(0, m - (a_t - a_i))^2 (section 3.1), averaged over the batch."""
-    target_activation = activations.gather(1, targets.unsqueeze(1))
-    gaps = F.relu(margin - (target_activation - activations)).pow(2)
-    others = 1.0 - F.one_hot(targets, activations.shape[-1]).to(gaps.dtype)
-    return (gaps * others).sum(dim=-1).mean()

@@ -1,4 +1,5 @@
-"""Capsule layers of the dynamic-routing CapsNet (Sabour et al. 2017, section 4)."""
+"""Vector-capsule layers, CapsNet's (Sabour et al. 2017, section 4): PrimaryCaps, and the fully connected
+class capsules routed by any router of :mod:`capsexp.nn.routers`."""
 
 from __future__ import annotations
 
@@ -9,15 +10,8 @@ from pydantic import PositiveInt
 from torch import nn
 
 from capsexp.config.routing_options import DynamicRouting, RoutingOptions
-from capsexp.nn.functional import (
-    Routed,
-    RoutingTrace,
-    dynamic_routing_trace,
-    exporting,
-    fully_connected_routing,
-    squash,
-)
-from capsexp.nn.routers import make_router, routed_by_iteration
+from capsexp.nn.functional import Routed, RoutingTrace, dynamic_routing_trace, squash
+from capsexp.nn.routers import CLASS_CAPSULE_ACTIVATION, make_router, routed_by_iteration, watched
 
 
 class PrimaryCapsules(nn.Module):
@@ -76,10 +70,11 @@ class RoutingCapsules(nn.Module):
 
     One ``out_dim x in_dim`` matrix W_ij per (input capsule i, output capsule j); votes
     u_hat_j|i = W_ij u_i (section 2), then the routing (:mod:`capsexp.nn.routers`), given the children's
-    activations |u_i| where it uses them (the inputs are squashed capsules). Dynamic routing (the paper's)
-    runs fused with the votes (:func:`~capsexp.nn.functional.fully_connected_routing`), without its
-    couplings; while a forward hook watches ``self.router``, the router also runs (without gradient) so
-    that the hook sees them. No bias by default, as in the paper's parameter count; ``bias`` (a value, with
+    activations |u_i| where it uses them (the inputs are squashed capsules). A router that offers a path
+    fused with the votes (``router.fused_with_votes``: dynamic routing's,
+    :func:`~capsexp.nn.functional.fully_connected_routing`) routes by it, without its couplings; while
+    someone watches the router (:func:`capsexp.nn.routers.watch`), the router also runs (without gradient)
+    so that the watcher sees them. No bias by default, as in the paper's parameter count; ``bias`` (a value, with
     dynamic routing): a learned bias per parent dimension, initialised to it and added to s_j in every
     routing iteration, as the official code's ``capsule`` layer does (``router.bias``). ``init_std``: W_ij
     drawn from N(0, init_std^2), truncated at two standard deviations with ``truncated_init`` (TensorFlow's
@@ -116,6 +111,13 @@ class RoutingCapsules(nn.Module):
             weight = torch.randn(shape) * init_std
         self.weight = nn.Parameter(weight)
 
+    @property
+    def score_kind(self) -> str:
+        """What its activations are called where they are a net's class scores: as its router declares
+        (``router.score_kind``: a capsule length for dynamic routing's), a class capsule activation where it
+        declares nothing."""
+        return getattr(self.router, "score_kind", CLASS_CAPSULE_ACTIVATION)
+
     def transform(self) -> torch.Tensor:
         """Every child's W_ij, (I, in_dim, J * out_dim): the weight itself, or with ``child_types`` each
         type's matrices repeated over its positions (their gradients summed back by autograd)."""
@@ -141,20 +143,20 @@ class RoutingCapsules(nn.Module):
         return votes.permute(1, 2, 0, 3).contiguous().transpose(1, 2)  # (B, I, J, D)
 
     def forward(self, inputs: torch.Tensor) -> Routed:
-        """The parents routed from input capsules (B, I, in_dim); the assignment is None where dynamic
-        routing runs fused."""
+        """The parents routed from input capsules (B, I, in_dim); the assignment is None where the router's
+        fused path runs."""
         if inputs.shape[1:] != (self.in_caps, self.in_dim):
             raise ValueError(
                 f"expected input capsules of shape (B, {self.in_caps}, {self.in_dim}), got {tuple(inputs.shape)}"
             )
-        if isinstance(self.routing, DynamicRouting) and not exporting():
-            # Same as dynamic_routing(self.votes(inputs), ...), with the vote matmul fused into the backward.
-            poses = fully_connected_routing(inputs, self.transform(), self.out_caps, self.routing, self.router.bias)
-            if self.router._forward_hooks:  # someone watches the routing (diagnostics): show it the couplings
-                with torch.no_grad():
-                    self.router(self.votes(inputs), inputs, _lengths(inputs))
-            return Routed(poses, _lengths(poses), None)
-        return self.router(self.votes(inputs), inputs, _lengths(inputs))
+        fused = getattr(self.router, "fused_with_votes", None)  # None (or a plugin's router): no fused path
+        routed = None if fused is None else fused(inputs, self.transform, self.out_caps)
+        if routed is None:
+            return self.router(self.votes(inputs), inputs, _lengths(inputs))
+        if watched(self.router):  # the fused path keeps no assignment: the router shows it to the watcher
+            with torch.no_grad():
+                self.router(self.votes(inputs), inputs, _lengths(inputs))
+        return routed
 
     def routed_by_iteration(self, inputs: torch.Tensor) -> list[Routed]:
         """The parents and assignment after each iteration of the layer's algorithm (without gradient):
