@@ -18,7 +18,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from capsexp.locations import hydra_value, is_relaunched
+from capsexp.locations import is_relaunched
+from capsexp.overrides import hydra_value
 from capsexp.records.checkpoints import best_checkpoint
 from capsexp.results.runs import Run, find_runs, group
 from capsexp.results.study import StudyPage, matches
