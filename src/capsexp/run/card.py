@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import lightning as L
 
@@ -13,11 +13,14 @@ from capsexp.records.machine import describe as describe_machine
 from capsexp.records.metric_names import MODEL_FLOPS, MODEL_PARAMETERS
 from capsexp.records.model_card import CardFacts
 
+if TYPE_CHECKING:
+    from capsexp.run.stages import RunFacts
+
 
 def card_facts(
-    run: Any, module: L.LightningModule, datamodule: L.LightningDataModule, trainer: L.Trainer, folder: Path
+    run: RunFacts, module: L.LightningModule, datamodule: L.LightningDataModule, trainer: L.Trainer, folder: Path
 ) -> CardFacts:
-    """The card of ``run`` (:class:`~capsexp.run.stages.RunFacts`: what was logged, trained and tested)."""
+    """The card of ``run``: what was logged, trained and tested."""
     tested, trained = run.tested, run.train_seconds is not None
     return CardFacts(
         net=type(getattr(module, "net", module)).__name__,
