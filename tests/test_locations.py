@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -121,3 +122,26 @@ def test_a_step_after_a_sweep_passes_on_what_a_run_ran_and_where_its_data_is():
     kept = ["model=capsnet", "data.data_dir=/d", "paths.data_dir=/e", "image_folder_root=/f", "data.root=/g"]
     dropped = ["ckpt_path=/a.ckpt", "++attack.source=/b.ckpt", "hydra.run.dir=/r", "paths.log_dir=/l", "task_name=t"]
     assert [o for o in kept + dropped if is_relaunched(o)] == kept
+
+
+def test_a_routing_packages_studies_are_found_on_hydras_search_path_and_named_by_their_package(tmp_path, monkeypatch):
+    """A package that registers a routing (here importable from a dot-folder, as ``pip install --target`` may
+    put it) has its conf/ read from Hydra's own search path: its study is found and named ``<package>/conf/...``."""
+    from capsexp import locations
+    from capsexp.config import routing_registry
+
+    package = tmp_path / ".packages" / "mean_agreement"
+    (package / "conf" / "experiment").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "conf" / "experiment" / "mean_agreement_study.yaml").write_text("# @package _global_\n")
+    monkeypatch.syspath_prepend(str(tmp_path / ".packages"))
+    point = SimpleNamespace(module="mean_agreement.route", dist=SimpleNamespace(name="mean-agreement"))
+    monkeypatch.setattr(routing_registry, "registered", dict)
+    monkeypatch.setattr(routing_registry, "entry_points", lambda group: [point])
+    conf = (package / "conf").resolve()
+    folders = locations.config_folders()
+    assert folders == [locations.CONFIG_DIR, conf], folders
+    found = locations.experiment_file("mean_agreement_study")
+    assert found == conf / "experiment" / "mean_agreement_study.yaml"
+    assert locations.shown(found) == "mean_agreement/conf/experiment/mean_agreement_study.yaml"
+    assert locations.experiment_files()["mean_agreement_study"] == found

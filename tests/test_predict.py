@@ -413,6 +413,8 @@ def test_a_predict_refused_before_its_first_batch_leaves_no_predictions_file(tra
         (["model=capsnet_small"], 1, "capsule length"),
         (["model=capsnet_small", "model/routing=sinkhorn"], 1, "class capsule activation"),
         (["model=em_caps_small"], 1, "EM activation"),
+        (["model=em_caps_small", "model/routing=dynamic"], 1, "capsule length"),  # CapsNet's routing, its length
+        (["model=em_caps_small", "model/routing=sinkhorn"], 1, "class capsule activation"),
     ],
 )
 def test_each_model_reports_the_scores_its_objective_reads(overrides, objects, kind, tmp_path):

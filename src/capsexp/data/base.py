@@ -24,10 +24,11 @@ from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from pydantic import NonNegativeInt, PositiveInt
 from torch.utils.data import DataLoader, Sampler
 
-from capsexp.data.conventions import ImageConventions, fit
+from capsexp.data.conventions import ImageConventions
 from capsexp.data.device_loader import DeviceBatchLoader
 from capsexp.data.resumable import EpochSampler, ResumableDataLoader, ResumableDeviceBatchLoader, step_generator
 from capsexp.data.tensor_dataset import ImageTensorDataset, collate_batch
+from capsexp.data.transforms import EvaluationTransform
 from capsexp.errors import ConfigError, CorruptDatasetError, DataFolderError, DatasetNotFoundError
 from capsexp.records.metric_names import PLAIN
 
@@ -356,9 +357,10 @@ class InMemoryDataModule(L.LightningDataModule):
         return batch
 
     def input_transform(self, images: torch.Tensor) -> torch.Tensor:
-        """The net's input from pixels in [0, 1] (a standardisation, say); differentiable, as attacks
-        take gradients through it. The identity unless a subclass standardises."""
-        return images
+        """The net's input from pixels in [0, 1]: :meth:`EvaluationTransform.normalized` of
+        :attr:`evaluation_transform` (a standardisation, or none); differentiable, as attacks take gradients
+        through it."""
+        return self.evaluation_transform.normalized(images)
 
     def on_after_batch_transfer(self, batch: tuple[torch.Tensor, ...], dataloader_idx: int) -> tuple:
         images, *rest = self.pixel_batch(batch, dataloader_idx)
@@ -382,21 +384,18 @@ class InMemoryDataModule(L.LightningDataModule):
         no polarity, no framing unless a subclass declares them. Read without the dataset's files."""
         return ImageConventions(size=self.evaluation_size)
 
-    def fit_image(
-        self, image: torch.Tensor, plain: bool = False, invert: str | bool | None = "auto"
-    ) -> tuple[torch.Tensor, list[str]]:
-        """A (C, H, W) uint8 image of any size made as the evaluation images were (:attr:`image_conventions`;
-        ``plain``: resized and centre-cropped alone, as ``data=image_folder`` decodes images; ``invert``:
-        auto, true or false), and a note for each thing done to it."""
-        return fit(image, self.image_conventions, plain, invert)
-
-    def evaluation_input(self, images: torch.Tensor) -> torch.Tensor:
-        """The net's input for (N, C, S, S) uint8 images of :attr:`evaluation_size`: what an evaluation
-        batch of them becomes on the device (:meth:`pixel_batch` outside training, then
-        :meth:`input_transform`), for a DataModule not attached to a running Trainer."""
-        targets = images.new_zeros(images.shape[:1], dtype=torch.long)  # shape, not len(): a traced batch stays free
-        pixels, _ = self.pixel_batch((images, targets), 0)
-        return self.input_transform(pixels)
+    @property
+    def evaluation_transform(self) -> EvaluationTransform:
+        """How an image becomes the net's input as the evaluation batches do (:mod:`capsexp.data.transforms`):
+        :attr:`image_conventions`, then pixels to [0, 1], the centre crop to the net's input where the
+        images are stored larger, and no standardisation unless a subclass declares one. Read without the
+        dataset's files."""
+        side = self.dims[-1]
+        return EvaluationTransform(
+            channels=self.dims[0],
+            conventions=self.image_conventions,
+            crop=side if side != self.evaluation_size else None,
+        )
 
     def augmentation_generator(self, device: torch.device) -> torch.Generator:
         """The generator random training augmentations draw from: seeded by the run's seed, the step

@@ -11,6 +11,7 @@ standardises each channel with the training set's mean and std.
 
 from __future__ import annotations
 
+import dataclasses
 import pickle
 import tarfile
 from pathlib import Path
@@ -34,6 +35,7 @@ from capsexp.data.base import (
     takes_options,
 )
 from capsexp.data.tensor_dataset import ImageTensorDataset
+from capsexp.data.transforms import EvaluationTransform
 from capsexp.errors import CorruptDatasetError
 
 IMAGE_SIZE = 32  # both datasets' images are 32x32 RGB
@@ -72,6 +74,11 @@ class ColourDataModule(InMemoryDataModule):
     @property
     def dims(self) -> tuple[int, int, int]:
         return (3, self.hparams.crop_size, self.hparams.crop_size)
+
+    @property
+    def evaluation_size(self) -> int:
+        """The stored images' side: a centre crop to ``crop_size`` follows."""
+        return IMAGE_SIZE
 
     # ---- files -------------------------------------------------------------------------------
     @data_folder_errors
@@ -133,14 +140,13 @@ class ColourDataModule(InMemoryDataModule):
             images = center_crop(images, size)
         return images, targets
 
-    def input_transform(self, images: torch.Tensor) -> torch.Tensor:
+    @property
+    def evaluation_transform(self) -> EvaluationTransform:
         """Each channel standardised with the training set's mean and std (where ``normalize``)."""
+        transform = super().evaluation_transform
         if not self.hparams.normalize:
-            return images
-        mean, std = (
-            torch.tensor(v, device=images.device, dtype=images.dtype).view(3, 1, 1) for v in (self.mean, self.std)
-        )
-        return (images - mean) / std
+            return transform
+        return dataclasses.replace(transform, mean=tuple(self.mean), std=tuple(self.std))
 
 
 @checked

@@ -14,6 +14,8 @@ saying what it did:
   scaled to ``digit_box`` pixels on its longer side (antialiased bilinear, aspect kept), placed by its
   centre of mass at the centre of a ``digit`` x ``digit`` field, and that field at the centre of a larger
   canvas (``size``) where the data has one;
+- a dataset that downsampled its published images (``official_size``, smallNORB's 96x96) has an image of
+  that size downsampled as its own were (area averaging);
 - otherwise an image of another size has its shorter side resized to ``size`` (antialiased bilinear)
   and is centre-cropped to a square.
 
@@ -33,7 +35,7 @@ import numpy as np
 import torch
 
 from capsexp.data import page
-from capsexp.data.images import square
+from capsexp.data.images import downsampled, square
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,12 +72,15 @@ class ImageConventions:
 
     size: the evaluation image's side. light_ink: the images show light ink on a dark ground (MNIST and
     its variants, Fashion-MNIST). digit_box, digit: digits framed as MNIST's (20 in 28); None: not
-    framed. The resize filter is :data:`RESIZE_FILTER`."""
+    framed. official_size: the side of the dataset's published images, which it downsampled to ``size``
+    by area averaging (smallNORB's 96); an image of that side is downsampled so. The resize filter
+    is :data:`RESIZE_FILTER`."""
 
     size: int
     light_ink: bool = False
     digit_box: int | None = None
     digit: int = 28
+    official_size: int | None = None
 
     def as_dict(self) -> dict:
         """The conventions and :data:`PAGE` as plain values (``model.json``), with the resize filter, so that
@@ -90,15 +95,20 @@ def fit(
     and a note for each thing done to it (see the module's docstring). ``invert``: ``auto`` (the page's
     polarity decides), ``true`` or ``false``; ValueError for another value."""
     size = conventions.size
+    notes: list[str] = []
+    official = conventions.official_size
+    if official not in (None, size) and tuple(image.shape[-2:]) == (official, official):
+        # capsexp downsamples with the code that made the dataset's cache (page.fit_page does so for prepare.py)
+        image, notes = downsampled(image[None], size)[0], [page.downsampled_note(official, size)]
     if plain:
         if tuple(image.shape[-2:]) == (size, size):
-            return image, []
-        return square(image, size), [f"resized (shorter side to {size}, centre crop): fit=plain"]
+            return image, notes
+        return square(image, size), [*notes, f"resized (shorter side to {size}, centre crop): fit=plain"]
     pixels = image.numpy()
-    fitted, notes = page.fit_page(pixels, conventions.as_dict(), _square, invert)
+    fitted, fitting = page.fit_page(pixels, conventions.as_dict(), _square, invert)
     if fitted is pixels:  # nothing done: the image itself
-        return image, notes
-    return torch.from_numpy(fitted if fitted.flags.writeable else fitted.copy()), notes
+        return image, notes + fitting
+    return torch.from_numpy(fitted if fitted.flags.writeable else fitted.copy()), notes + fitting
 
 
 def _square(pixels: np.ndarray, size: int) -> np.ndarray:

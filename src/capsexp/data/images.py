@@ -60,3 +60,16 @@ def square(image: torch.Tensor, size: int) -> torch.Tensor:
     from torchvision.transforms.v2 import functional as TF
 
     return TF.center_crop(TF.resize(image, size, antialias=True), size)
+
+
+def downsampled(images: torch.Tensor, size: int) -> torch.Tensor:
+    """(N, C, H, W) uint8 -> (N, C, size, size) uint8 by area averaging (96 -> 48: 2x2 blocks), rounded;
+    in chunks, to bound the float copy."""
+    import torch
+    import torch.nn.functional as F
+
+    small = torch.empty(*images.shape[:2], size, size, dtype=torch.uint8)
+    for start in range(0, len(images), 2048):
+        chunk = images[start : start + 2048].float()
+        small[start : start + 2048] = F.interpolate(chunk, size=(size, size), mode="area").round_().to(torch.uint8)
+    return small

@@ -8,6 +8,7 @@ with a short message naming the file. ``setup`` then reads the checked files int
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import struct
 import zlib
@@ -38,6 +39,7 @@ from capsexp.data.base import (
 )
 from capsexp.data.conventions import ImageConventions
 from capsexp.data.tensor_dataset import ImageTensorDataset
+from capsexp.data.transforms import EvaluationTransform
 from capsexp.errors import CorruptDatasetError
 from capsexp.records.metric_names import PLAIN, rotation_set_name
 
@@ -341,9 +343,13 @@ class MNISTDataModule(MNISTFiles):
                 images = rotate(images, angle)
         return images, targets
 
-    def input_transform(self, images: torch.Tensor) -> torch.Tensor:
+    @property
+    def evaluation_transform(self) -> EvaluationTransform:
         """Standardised with the training set's mean and std where ``normalize`` asks; the pixels otherwise."""
-        return (images - self.mean) / self.std if self.hparams.normalize else images
+        transform = super().evaluation_transform
+        if not self.hparams.normalize:
+            return transform
+        return dataclasses.replace(transform, mean=(self.mean,), std=(self.std,))
 
     @property
     def image_conventions(self) -> ImageConventions:

@@ -229,10 +229,6 @@ class MultiMNISTDataModule(MNISTFiles):
         """MNIST's digits, one framed digit at the centre of the canvas (a person's image of one digit)."""
         return digit_conventions(self.hparams.canvas)
 
-    def evaluation_input(self, images: torch.Tensor) -> torch.Tensor:
-        """Pixels in [0, 1], as the composed pairs."""
-        return images.float().div_(255)
-
     def on_after_batch_transfer(self, batch: tuple[torch.Tensor, torch.Tensor], dataloader_idx: int) -> PairBatch:
         """Pair specs -> images, on the device; training batches draw their partners and shifts here."""
         specs, targets = batch

@@ -215,6 +215,10 @@ def fit_page(
     ``true`` / ``false`` (the user's word, for any data)."""
     forced = invert_choice(invert)
     size, field, notes = params["size"], params["digit"], []
+    official = params.get("official_size")
+    if official not in (None, size) and tuple(pixels.shape[-2:]) == (official, official):
+        pixels = downsampled(pixels, size)
+        notes.append(downsampled_note(official, size))
     grey = grey_of(pixels)
     dark = forced if forced is not None else bool(params["light_ink"]) and dark_ink(grey, params)
     if dark:
@@ -244,6 +248,20 @@ def fit_page(
         digit = np.pad(digit, ((0, 0), (top, size - field - top), (top, size - field - top)))
         notes.append(f"placed at the centre of the {size}x{size} canvas")
     return np.ascontiguousarray(digit), notes
+
+
+def downsampled_note(official: int, size: int) -> str:
+    return f"downsampled {official} -> {size} by area averaging, as the dataset's images"
+
+
+def downsampled(pixels: np.ndarray, size: int) -> np.ndarray:
+    """(C, H, W) uint8 -> (C, size, size) by area averaging (Pillow's box filter on float pixels), rounded:
+    the dataset's own downsampling where ``size`` divides the side (96 -> 48: 2x2 blocks)."""
+    channels = [
+        np.asarray(Image.fromarray(c.astype(np.float32), "F").resize((size, size), Image.Resampling.BOX))
+        for c in pixels
+    ]
+    return np.round(np.stack(channels)).astype(np.uint8)
 
 
 def square(pixels: np.ndarray, size: int) -> np.ndarray:

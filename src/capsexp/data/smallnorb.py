@@ -10,16 +10,16 @@ brightness and contrast and test images the centre crop, then per-image standard
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
-import torch.nn.functional as F
 from pydantic import NonNegativeFloat, PositiveFloat, PositiveInt
 
 from capsexp.config.arguments import checked
-from capsexp.data.augment import center_crop, random_brightness_contrast, random_crop, standardize
+from capsexp.data.augment import center_crop, random_brightness_contrast, random_crop
 from capsexp.data.base import (
     DownloadFailed,
     InMemoryDataModule,
@@ -30,8 +30,11 @@ from capsexp.data.base import (
     partial_path,
     takes_options,
 )
+from capsexp.data.conventions import ImageConventions
+from capsexp.data.images import downsampled
 from capsexp.data.norb_format import SMALLNORB_FILES, read_matrix
 from capsexp.data.tensor_dataset import ImageTensorDataset
+from capsexp.data.transforms import EvaluationTransform
 from capsexp.errors import CorruptDatasetError
 from capsexp.records.metric_names import PLAIN
 
@@ -47,16 +50,6 @@ CACHE_VERSION = 1
 
 IMAGE_SIZE = 96  # the official images' side
 CLASS_NAMES = ("animal", "human", "airplane", "truck", "car")  # the category numbers 0-4 of the -cat files
-
-
-def downsampled(images: torch.Tensor, size: int) -> torch.Tensor:
-    """(N, C, 96, 96) uint8 -> (N, C, size, size) uint8 by area averaging (96 -> 48: 2x2 blocks), rounded;
-    in chunks, to bound the float copy."""
-    small = torch.empty(*images.shape[:2], size, size, dtype=torch.uint8)
-    for start in range(0, len(images), 2048):
-        chunk = images[start : start + 2048].float()
-        small[start : start + 2048] = F.interpolate(chunk, size=(size, size), mode="area").round_().to(torch.uint8)
-    return small
 
 
 @checked
@@ -127,15 +120,16 @@ class SmallNORBDataModule(InMemoryDataModule):
     def class_names(self) -> list[str]:
         return list(CLASS_NAMES)
 
-    def fit_image(
-        self, image: torch.Tensor, plain: bool = False, invert: str | bool | None = "auto"
-    ) -> tuple[torch.Tensor, list[str]]:
-        """An image of the official 96x96 is downsampled as the dataset's own images are (area
-        averaging); others as every DataModule fits images."""
-        if self.evaluation_size != IMAGE_SIZE and tuple(image.shape[-2:]) == (IMAGE_SIZE, IMAGE_SIZE):
-            size = self.evaluation_size
-            return downsampled(image[None], size)[0], [f"downsampled {IMAGE_SIZE} -> {size} as smallNORB's images"]
-        return super().fit_image(image, plain, invert)
+    @property
+    def image_conventions(self) -> ImageConventions:
+        """Of the evaluation size (``resize``); an image of the official 96x96 is downsampled as the
+        dataset's own images are (area averaging)."""
+        return ImageConventions(size=self.evaluation_size, official_size=IMAGE_SIZE)
+
+    @property
+    def evaluation_transform(self) -> EvaluationTransform:
+        """The centre crop, then per-image standardisation, as the authors' input pipeline."""
+        return dataclasses.replace(super().evaluation_transform, per_image_standardization=True)
 
     @property
     def test_set_names(self) -> list[str]:
@@ -260,7 +254,3 @@ class SmallNORBDataModule(InMemoryDataModule):
         else:
             images = center_crop(images, self.hparams.crop_size)
         return images, targets
-
-    def input_transform(self, images: torch.Tensor) -> torch.Tensor:
-        """Per-image standardisation, as the authors' input pipeline."""
-        return standardize(images)

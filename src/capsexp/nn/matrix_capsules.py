@@ -16,7 +16,7 @@ from torch import nn
 
 from capsexp.config.routing_options import EMRouting, RoutingOptions, VBRouting
 from capsexp.nn.functional import Routed, VoteMaker, em_routing, vb_routing
-from capsexp.nn.routers import make_router, named
+from capsexp.nn.routers import CLASS_CAPSULE_ACTIVATION, make_router, named
 
 CapsuleMap = tuple[torch.Tensor, torch.Tensor]
 
@@ -200,6 +200,12 @@ class WindowRouter(nn.Module):
         super().__init__()
         self.routing = routing
         self.router = make_router(routing, in_caps, pose_size**2, out_types, pose_size**2)
+
+    @property
+    def score_kind(self) -> str:
+        """What its activations are called where they are a net's class scores: as the router it wraps
+        declares (a capsule length for dynamic routing's)."""
+        return getattr(self.router, "score_kind", CLASS_CAPSULE_ACTIVATION)
 
     def forward(
         self,
@@ -394,7 +400,8 @@ class ClassMatrixCapsules(_EMLayer):
     def score_kind(self) -> str:
         """What its activations are called where they are a net's class scores: as its matrix router declares
         (``router.score_kind``: an EM activation for :class:`EMRouter`, a VB activation for
-        :class:`VBMatrixRouter`), :data:`EM_ACTIVATION` for a router that declares nothing."""
+        :class:`VBMatrixRouter`, the wrapped router's for :class:`WindowRouter`), :data:`EM_ACTIVATION` for
+        a router that declares nothing."""
         return getattr(self.router, "score_kind", EM_ACTIVATION)
 
     @staticmethod

@@ -47,11 +47,11 @@ class Exported(nn.Module):
     def __init__(self, model: TrainedModel) -> None:
         super().__init__()
         self.net = model.net
-        self.datamodule = model.datamodule  # a plain attribute: its transform is traced, it holds no weights
+        self.transforms = model.transforms  # plain values: its last step is traced, it holds no weights
         self.score_kind = model.score_kind
 
     def forward(self, images: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        output = self.net(self.datamodule.evaluation_input(images))
+        output = self.net(self.transforms.inputs(images))
         scores = reported_scores(output if isinstance(output, torch.Tensor) else output.scores, self.score_kind)
         poses = getattr(output, "poses", None)
         return (scores,) if poses is None else (scores, poses)
@@ -74,7 +74,7 @@ def example_images(model: TrainedModel, count: int, data_dir: str | Path | None 
     training data where its test files are in ``data_dir`` (this machine's data folder) or in the folder
     the model was trained with, else random pixels; and which they are. Nothing is prepared or downloaded
     and no folder made: only the test split's files are read, where they are."""
-    size = model.datamodule.evaluation_size
+    size = model.transforms.size
     hparams = dict(model.datamodule.hparams)
     folders = [data_dir, hparams.get("data_dir")] if "data_dir" in hparams and data_dir is not None else [None]
     for folder in dict.fromkeys(folders):
@@ -121,7 +121,7 @@ def export(model: TrainedModel, format: str, path: Path, batch: int = 2, images:
                 f"{type(model.net).__name__} ({model.score_kind}) could not be exported to {format}: "
                 f"{type(error).__name__}: {str(error).strip().splitlines()[0][:300]}"
             ) from error
-    size = model.datamodule.evaluation_size
+    size = model.transforms.size
     sidecar = {
         "format": format,
         "inputs": {"images": {"shape": ["N", model.channels, size, size], "dtype": "uint8"}},
@@ -133,8 +133,9 @@ def export(model: TrainedModel, format: str, path: Path, batch: int = 2, images:
         "checkpoint": str(model.checkpoint),
         "revision": model.revision,
         # How a person's image becomes the input (capsexp.data.conventions, every threshold and filter;
-        # docs/predict.md), read by the prepare.py written beside it, so that another runtime makes the same input.
-        "preprocessing": {**model.datamodule.image_conventions.as_dict(), "channels": model.channels},
+        # docs/predict.md), read by the prepare.py written beside it, so that another runtime makes the same
+        # input; its crop and standardisation are in the graph (EvaluationTransform.from_dict rebuilds it all).
+        "preprocessing": model.transforms.as_dict(),
     }
     path.with_suffix(".json").write_text(json.dumps(sidecar, indent=2) + "\n")
     # The code capsexp itself runs on a person's image, which needs only NumPy and Pillow.

@@ -4,11 +4,10 @@
 best, the one it tested: :func:`~capsexp.records.checkpoints.checkpoint_of`) and rebuilds, from the
 checkpoint's own record of its run (:class:`~capsexp.records.run_record.RunRecord`; a checkpoint without
 one: its run folder's ``.hydra/config.yaml``), the model in eval mode and the DataModule of its training
-data. The DataModule is never set up and reads no dataset: it only says how an image becomes the net's
-input (its :attr:`~capsexp.data.base.InMemoryDataModule.image_conventions` applied by
-:meth:`~capsexp.data.base.InMemoryDataModule.fit_image`, then
-:meth:`~capsexp.data.base.InMemoryDataModule.evaluation_input`), so an image is made the net's input as
-the dataset made its evaluation images. Nothing about preprocessing is declared here.
+data. The DataModule is never set up and reads no dataset: it declares how an image becomes the net's
+input, as its evaluation images did (:attr:`~capsexp.data.base.InMemoryDataModule.evaluation_transform`),
+and the model keeps that as ``transforms``, which needs no DataModule. Nothing about preprocessing is
+declared here.
 """
 
 from __future__ import annotations
@@ -18,16 +17,15 @@ import functools
 import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 from omegaconf import DictConfig, OmegaConf
-from PIL import Image, UnidentifiedImageError
-from torchvision.transforms.v2 import functional as TF
+from PIL import Image
 
 from capsexp.config.instantiation import instantiate
-from capsexp.data.images import pil_mode, read_image
-from capsexp.data.page import NO_INK, invert_choice
+from capsexp.data.page import invert_choice
+from capsexp.data.transforms import ImageLike, ReadImage
 from capsexp.errors import CapsexpError, ConfigError, ImageError
 from capsexp.models.inspection import class_scores, routing_layers
 from capsexp.nn import ClassMatrixCapsules, PrimaryCapsules
@@ -36,7 +34,6 @@ from capsexp.nn.routers import watch
 from capsexp.records.checkpoints import model_of_run
 from capsexp.records.run_record import RunRecord
 
-ImageLike = str | os.PathLike | Image.Image | torch.Tensor
 BATCH_SIZE = 256  # images per forward pass
 
 
@@ -60,19 +57,6 @@ def reported_scores(raw: torch.Tensor, kind: str) -> torch.Tensor:
     if kind == "sigmoid probability":
         return raw.sigmoid()
     return raw
-
-
-class ReadImage(NamedTuple):
-    """One image as :meth:`TrainedModel.read` makes it the net's input: ``pixels``, (C, S, S) uint8 of the
-    evaluation size, and ``notes``, what was done to it, in order."""
-
-    pixels: torch.Tensor
-    notes: list[str]
-
-    @property
-    def ink_found(self) -> bool:
-        """False where the page was found blank (no ink) and given to the model as an empty image."""
-        return not any(note.startswith(NO_INK) for note in self.notes)
 
 
 @dataclasses.dataclass
@@ -127,8 +111,9 @@ class Predictions:
 class TrainedModel:
     """A trained model with its preprocessing and class names (see the module's docstring).
 
-    Attributes: ``module`` (the :class:`~capsexp.lit.Classifier`, eval mode), ``net``, ``datamodule``
-    (unset up: preprocessing only), ``config`` (the run's), ``checkpoint`` (the file), ``class_names``,
+    Attributes: ``module`` (the :class:`~capsexp.lit.Classifier`, eval mode), ``net``, ``transforms``
+    (:class:`~capsexp.data.transforms.EvaluationTransform`: an image or a file -> the net's input),
+    ``datamodule`` (unset up, its files unread), ``config`` (the run's), ``checkpoint`` (the file), ``class_names``,
     ``score_kind``, ``revision`` (the code that trained it, where recorded), ``notes``."""
 
     def __init__(
@@ -136,7 +121,8 @@ class TrainedModel:
     ) -> None:
         self.module, self.net, self.datamodule, self.config = module.eval(), module.net, datamodule, config
         self.checkpoint = checkpoint
-        self.channels, self.image_size = datamodule.dims[0], datamodule.dims[-1]
+        self.transforms = datamodule.evaluation_transform  # an image or a file -> the net's input
+        self.channels, self.image_size = self.transforms.channels, self.transforms.input_size
         self.objects = int(OmegaConf.select(config, "geometry.objects", default=1) or 1)
         self.class_names = _class_names(record, datamodule, int(config.geometry.num_classes))
         self.score_kind = score_kind(module, self.objects)
@@ -146,7 +132,7 @@ class TrainedModel:
         self.presence_threshold: float | None = getattr(getattr(module, "objective", None), "presence_threshold", None)
         self.fit = "conventions"  # or "plain": images resized and cropped alone (capsexp.use.request.FIT_OPTIONS)
         self.invert = "auto"  # or "true" / "false": the user's word on the polarity (capsexp.data.page.INVERT_OPTIONS)
-        digits = datamodule.image_conventions.digit_box is not None
+        digits = self.transforms.conventions.digit_box is not None
         self.absent_text = "no digit found" if digits else "no class present"  # what a line says of such an image
         self.revision = record.revision if record is not None else None
         self.notes: list[str] = []
@@ -163,41 +149,15 @@ class TrainedModel:
     # ---- images -> the net's input ------------------------------------------------------------------
     def read(self, image: ImageLike, invert: str | bool | None = None) -> ReadImage:
         """One image (a file, a Pillow image, or a (C, H, W) tensor of pixels, uint8 or in [0, 1]) as a
-        :class:`ReadImage`: (C, S, S) uint8 pixels of the evaluation size, and what was done to it.
+        :class:`~capsexp.data.transforms.ReadImage`: (C, S, S) uint8 pixels of the evaluation size, and what
+        was done to it (:meth:`~capsexp.data.transforms.EvaluationTransform.read` with :attr:`fit`).
         ``invert``: ``auto``, ``true`` or ``false`` (default: :attr:`invert`, ``auto``)."""
         invert = checked_invert(self.invert if invert is None else invert)
-        notes: list[str] = []
-        if isinstance(image, torch.Tensor):
-            pixels = _uint8(image)
-            channels = pixels.shape[0]
-            if channels == 3 and self.channels != 3:
-                pixels, note = TF.rgb_to_grayscale(pixels), "RGB converted to grey"
-                notes.append(note)
-            elif channels == 1 and self.channels == 3:
-                pixels = pixels.expand(3, -1, -1)
-                notes.append("grey repeated as RGB")
-            elif channels not in (1, 3):
-                raise ImageError(f"a tensor image has {channels} channels: give 1 (grey) or 3 (RGB), (C, H, W)")
-        else:
-            pixels, decoded = self._decode(image)
-            notes += decoded
-        if self.channels == 2 and pixels.shape[0] == 1:  # a stereo model: the image is both views
-            pixels = pixels.expand(2, -1, -1)
-            notes.append("used as both views of the stereo pair")
-        fitted, fitting = self.datamodule.fit_image(pixels.contiguous(), plain=self.fit == "plain", invert=invert)
-        return ReadImage(fitted, notes + fitting)
-
-    def _decode(self, image: str | os.PathLike | Image.Image) -> tuple[torch.Tensor, list[str]]:
-        try:
-            return read_image(image, pil_mode(self.channels))
-        except FileNotFoundError:
-            raise ImageError(f"{image}: no such file") from None
-        except (UnidentifiedImageError, OSError) as error:
-            raise ImageError(f"{image}: not an image Pillow can read ({type(error).__name__})") from None
+        return self.transforms.read(image, plain=self.fit == "plain", invert=invert)
 
     def inputs(self, images: torch.Tensor) -> torch.Tensor:
         """(N, C, S, S) uint8 images of the evaluation size -> the net's input, on the model's device."""
-        return self.datamodule.evaluation_input(images.to(self.device))
+        return self.transforms.inputs(images.to(self.device))
 
     # ---- prediction -------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -321,19 +281,6 @@ def checked_invert(invert: str | bool) -> str | bool:
     except ValueError as error:
         raise ConfigError(f"{error} (auto: the page's polarity decides; true or false: yours)") from None
     return invert
-
-
-def _uint8(image: torch.Tensor) -> torch.Tensor:
-    """Pixels as uint8: uint8 kept, floats in [0, 1] scaled and rounded; a (H, W) image gets a channel."""
-    if image.ndim == 2:
-        image = image[None]
-    if image.ndim != 3:
-        raise ImageError(f"a tensor image must be (C, H, W) or (H, W); got shape {tuple(image.shape)}")
-    if image.dtype == torch.uint8:
-        return image.cpu()
-    if not image.is_floating_point() or image.min() < 0 or image.max() > 1:
-        raise ImageError("a tensor image must be uint8, or float with pixels in [0, 1]")
-    return image.detach().cpu().mul(255).round_().to(torch.uint8)
 
 
 def _field(output: Any, name: str) -> torch.Tensor | None:

@@ -50,7 +50,7 @@ class ImageDataset(Dataset):
 
     def __init__(self, files: Sequence[Path], model: TrainedModel) -> None:
         self.files, self.model = list(files), model
-        self.blank = torch.zeros(model.channels, model.datamodule.evaluation_size, model.datamodule.evaluation_size)
+        self.blank = torch.zeros(model.channels, model.transforms.size, model.transforms.size)
 
     def __len__(self) -> int:
         return len(self.files)
@@ -260,7 +260,7 @@ def predict(cfg: DictConfig, found: ImageFiles | None = None) -> dict[str, Any]:
         log.info(f"Checkpoint: {note}")
     labels = folder_labels(files, model.class_names) if found.root is not None and model.objects == 1 else None
     log.info(f"{model.describe()}; trained by code {short_revision(model.revision)}")
-    size = model.datamodule.evaluation_size
+    size = model.transforms.size
     log.info(
         f"{len(files):,} images"
         + (f" in {len(set(labels))} labelled class folders" if labels is not None else "")
