@@ -98,7 +98,10 @@ def test_every_option_composes_and_resolves(group, option, colour_folder_of):
         assert group in ARM_EXPERIMENT, f"no experiment config sweeps {group}"
         # An image folder's classes are counted when the config resolves: a folder of images to count.
         root = [f"image_folder_root={colour_folder_of()}"] if option == "image_folder" else []
-        cfg = compose_config([f"experiment={ARM_EXPERIMENT[group]}", f"+{group}={option}", *root])
+        # An experiment that judges one routing (requires: [routing]) is given one.
+        experiment = OmegaConf.load(CONFIG_DIR / "experiment" / f"{ARM_EXPERIMENT[group]}.yaml")
+        required = [f"+{needed}=dynamic" for needed in experiment.get("requires") or []]
+        cfg = compose_config([f"experiment={ARM_EXPERIMENT[group]}", f"+{group}={option}", *root, *required])
     else:
         cfg = compose_config([*model, f"{group}={option}"])
     # Resolve every interpolation, as the run does when it logs its hyperparameters (compose_config

@@ -182,6 +182,7 @@ RECIPES = {
             "capsule_bias": None,  # the paper's parameter count: no capsule biases
             "official_init": False,
             "shared_transform": False,
+            "couplings": "own",  # its routing's own couplings for every image
         },
         "objective": {
             "_target_": "capsexp.lit.CapsuleLoss",

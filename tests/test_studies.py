@@ -36,12 +36,15 @@ def sweep_jobs(cfg) -> list[list[str]]:
 
 @pytest.mark.parametrize("name", STUDIES)
 def test_every_budget_of_a_study_composes_and_its_figures_name_configurations_it_runs(name):
-    budgets = list(OmegaConf.load(CONFIG_DIR / "experiment" / f"{name}.yaml").budgets)
+    experiment = OmegaConf.load(CONFIG_DIR / "experiment" / f"{name}.yaml")
+    budgets = list(experiment.budgets)
     assert "full" in budgets and "quick" in budgets  # the default budget and a CPU sitting
+    required = [f"+{group}=dynamic" for group in experiment.get("requires") or []]  # +routing=dynamic
     for budget in budgets:
         with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
             hydra_setup.register()
-            cfg = compose("config", overrides=[f"experiment={name}", f"study={budget}"], return_hydra_config=True)
+            overrides = [f"experiment={name}", f"study={budget}", *required]
+            cfg = compose("config", overrides=overrides, return_hydra_config=True)
             HydraConfig.instance().set_config(cfg)
             try:
                 for node in ("trainer", "data", "model"):  # every ${budgets.${study}...} resolves

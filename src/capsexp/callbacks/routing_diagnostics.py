@@ -14,6 +14,12 @@ Every ``every_n_steps`` training steps, for each routing layer of the net: the E
 - ``routing/<layer>/test_predicted_share``, after testing, for a layer whose parents are the classes: the
   mean share of each child's assignment that goes to the class the layer's activations predict (1/J when
   routing ignores the prediction);
+- after testing, on the plain test set (the first), how far the assignments depend on the image, against
+  the same child's in another image (``test_image_dependence``, :func:`~capsexp.nn.functional.image_dependence`:
+  0 for couplings that are the same for every image) beside their distance from uniform
+  (``test_uniform_distance``), for layers with one assignment per child; and the share of the layer's
+  capsules never active on any test image (activation never above :data:`DEAD_ACTIVATION`), its children
+  (``test_dead_children``) and its parents (``test_dead_parents``), each capsule a type at a position;
 - ``routing/<layer>/activation_mean`` and ``activation_std``: parent activations over all capsules
   and inputs (all near 0.5 means the sigmoid argument is too small to tell parents apart);
 - ``routing/<layer>/activation_std_across_inputs``: the std of each capsule's (parent type at one
@@ -38,11 +44,19 @@ from pydantic import PositiveInt
 from capsexp.callbacks.image_logging import tensorboard_writer
 from capsexp.config.arguments import checked
 from capsexp.models.inspection import routing_layers
-from capsexp.nn.functional import predicted_share, responsibility_entropy, routing_engagement
+from capsexp.nn.functional import (
+    image_dependence,
+    predicted_share,
+    responsibility_entropy,
+    routing_engagement,
+    uniform_distance,
+)
 from capsexp.nn.routers import Watch, watch
 
 # routing_engagement's measures and the tags they are logged under
 ENGAGEMENT = {"largest": "largest_coupling", "kl_from_uniform": "kl_from_uniform", "decided": "decided_share"}
+# A capsule is dead where its activation (in [0, 1]) stays at or below this on every test image.
+DEAD_ACTIVATION = 0.01
 
 
 @checked
@@ -58,6 +72,9 @@ class RoutingDiagnostics(L.Callback):
         self._hooks: list[Watch] = []
         self._test_shares: dict[str, list[float]] = {}  # per class layer: [sum of shares, count]
         self._test_hooks: list[Watch] = []
+        self._plain_test = False  # whether the test batch being routed is of the plain (first) test set
+        self._test_sums: dict[str, dict[str, list[float]]] = {}  # per layer: measure -> [sum, count]
+        self._test_peaks: dict[str, dict[str, torch.Tensor]] = {}  # per layer: children/parents -> largest activation
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch, batch_idx: int) -> None:
         layers = routing_layers(pl_module)
@@ -129,13 +146,27 @@ class RoutingDiagnostics(L.Callback):
     def on_test_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         layers = routing_layers(pl_module) if tensorboard_writer(trainer) is not None else {}
         self._test_shares = {name: [0.0, 0.0] for name in layers}
+        self._test_sums = {name: {} for name in layers}
+        self._test_peaks = {name: {} for name in layers}
         self._test_hooks = [
             watch(layer.router, functools.partial(self._share, name), with_kwargs=True)
             for name, layer in layers.items()
         ]
 
+    def on_test_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch, batch_idx: int, dataloader_idx: int = 0
+    ) -> None:
+        self._plain_test = dataloader_idx == 0
+
     def _share(self, name: str, router: torch.nn.Module, args, kwargs, output) -> None:
         _, parent_activations, assignment = output
+        if self._plain_test:
+            # The children's activations: a router of vector capsules (and WindowRouter) takes (votes, children,
+            # child_activations); a matrix router (EMRouter, VBMatrixRouter) (votes, activations, beta_u, beta_a).
+            children = args[2] if len(args) == 3 else args[1]
+            self._measure(
+                name, children, parent_activations, assignment, kwargs.get("child_index"), kwargs.get("num_children")
+            )
         if kwargs.get("child_index") is not None or parent_activations.ndim != 2:
             return  # a convolutional layer's parents are not the classes
         with torch.no_grad():
@@ -143,11 +174,53 @@ class RoutingDiagnostics(L.Callback):
         total = self._test_shares[name]
         total[0], total[1] = total[0] + shares.sum().item(), total[1] + shares.numel()
 
+    @torch.no_grad()
+    def _measure(
+        self,
+        name: str,
+        child_activations: torch.Tensor,
+        parent_activations: torch.Tensor,
+        assignment: torch.Tensor | None,
+        child_index: torch.Tensor | None,
+        num_children: int | None,
+    ) -> None:
+        """The plain test set's image dependence and distance from uniform (summed), and each capsule's
+        largest activation so far."""
+        sums = self._test_sums[name]
+        if assignment is not None and child_index is None and assignment.ndim == 3:
+            for measure, values in (
+                ("test_image_dependence", image_dependence(assignment)),
+                ("test_uniform_distance", uniform_distance(assignment)),
+            ):
+                total = sums.setdefault(measure, [0.0, 0.0])
+                total[0], total[1] = total[0] + values.sum().item(), total[1] + values.numel()
+        children = child_activations.detach().float().flatten(1)
+        if child_index is not None and children.shape[1] == child_index.numel():  # per window slot: each child once
+            count = num_children or int(child_index.max()) + 1
+            children = children.new_zeros(len(children), count).scatter_reduce(
+                1, child_index.reshape(1, -1).expand(len(children), -1), children, reduce="amax"
+            )
+        peaks = self._test_peaks[name]
+        for side, activations in (("children", children), ("parents", parent_activations.detach().float().flatten(1))):
+            largest = activations.amax(dim=0)
+            peaks[side] = largest if side not in peaks else torch.maximum(peaks[side], largest)
+
     def on_test_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         for hook in self._test_hooks:
             hook.remove()
         self._test_hooks = []
         writer = tensorboard_writer(trainer)
+        if writer is None:
+            return
+        step = trainer.global_step
         for name, (total, count) in self._test_shares.items():
-            if count and writer is not None:
-                writer.add_scalar(f"routing/{name}/test_predicted_share", total / count, trainer.global_step)
+            if count:
+                writer.add_scalar(f"routing/{name}/test_predicted_share", total / count, step)
+        for name, sums in self._test_sums.items():
+            for measure, (total, count) in sums.items():
+                if count:
+                    writer.add_scalar(f"routing/{name}/{measure}", total / count, step)
+        for name, peaks in self._test_peaks.items():
+            for side, largest in peaks.items():
+                dead = (largest <= DEAD_ACTIVATION).float().mean().item()
+                writer.add_scalar(f"routing/{name}/test_dead_{side}", dead, step)

@@ -78,6 +78,7 @@ def check_group_overrides(arguments: list[str], config_dir: Path) -> None:
         _check_models_have_groups(model_groups, arguments)
         _check_keys_of_swept_optional_groups(arguments)
         _check_keys(arguments, loader, config_dir)
+        _check_required_groups(arguments, loader)
     check_study_budget(arguments, config_dir)
 
 
@@ -85,6 +86,18 @@ def _values(arguments: list[str], key: str) -> list[str]:
     """The values the last ``key=...`` argument gives (a sweep ``a,b`` gives both); none without one."""
     given = values_of(arguments, key)
     return given[-1].split(",") if given else []
+
+
+def _check_required_groups(arguments: list[str], loader) -> None:
+    """An experiment config's ``requires`` (``[routing]``: the groups it needs chosen, ``+routing=<name>``)
+    given on the command line; else it would fail deep in Hydra on an interpolation."""
+    files = experiment_files()
+    for experiment in _values(arguments, "experiment"):
+        path = files.get(experiment)
+        for group in (OmegaConf.load(path).get("requires") or []) if path else []:
+            if not _values(arguments, group):
+                options = ", ".join(loader.get_group_options(group))
+                raise ConfigError(f"experiment={experiment} judges one {group}: add +{group}=<name>, one of: {options}")
 
 
 def check_study_budget(arguments: list[str], config_dir: Path) -> None:

@@ -26,6 +26,7 @@ from capsexp.config.precision import BF16, FLOAT32, bf16_native
 from capsexp.config.routing_options import Routing
 from capsexp.config.routing_registry import registered
 from capsexp.config.run_names import job_name, run_name
+from capsexp.config.verdict_arms import verdict_arms
 from capsexp.locations import CONFIG_DIR, quote_locations, working_root
 
 # model/routing=<name>: how the capsule layers route (model.net.routing): every registered routing,
@@ -123,6 +124,7 @@ def register_routing() -> None:
         ("bf16_if_native", bf16_if_native),
         ("run_name", run_name),
         ("job_name", job_name),
+        ("verdict_arms", verdict_arms),
     )
     for name, resolver in resolvers:
         if not OmegaConf.has_resolver(name):
@@ -131,6 +133,9 @@ def register_routing() -> None:
         ConfigStore.instance().store(
             group="model/routing", name=name, node=config_value(options), package="model.net.routing"
         )
+        # +routing=<name>: the routing a verdict judges (experiment=routing_verdict), read by its arms'
+        # defaults as ${routing} and by its sweep as ${judged_routing}.
+        ConfigStore.instance().store(group="routing", name=name, node={"judged_routing": name}, package="_global_")
         # A study's arm of each routing without an arm file of its own (a plugin's): +arm/routing=<name>.
         if not (CONFIG_DIR / "arm" / "routing" / f"{name}.yaml").is_file():
             arm = {"defaults": [{"override /model/routing": name}]}

@@ -47,10 +47,14 @@ class Routing:
     called as :class:`capsexp.nn.EMRouter` is, with the layer's beta_u and beta_a.
 
     A package registers its options under the entry point group ``capsexp.routing``, as capsexp registers
-    its own (``pyproject.toml``; docs/own_routing.md)."""
+    its own (``pyproject.toml``; docs/own_routing.md).
+
+    ``first_iteration_uniform``: the routing's first iteration couples every child to every parent
+    equally, so that stopped after it, it is uniform coupling (a verdict then leaves that control out)."""
 
     router: ClassVar[str] = ""
     matrix_router: ClassVar[str] = ""
+    first_iteration_uniform: ClassVar[bool] = False
 
 
 @checked
@@ -60,6 +64,7 @@ class DynamicRouting(Routing):
     the paper's."""
 
     router: ClassVar[str] = "capsexp.nn.routers:DynamicRouter"
+    first_iteration_uniform: ClassVar[bool] = True  # b_ij = 0: c_ij = 1/J
 
     iterations: PositiveInt = 3
     # false: gradients flow through the agreement updates b += u_hat . v (paper, official code); see
@@ -182,6 +187,7 @@ class SinkhornRouting(Routing):
     the same total. Not from a paper."""
 
     router: ClassVar[str] = "capsexp.nn.routers:SinkhornRouter"
+    first_iteration_uniform: ClassVar[bool] = True  # equal costs: the plan m_i / J
 
     # Routing iterations, counted as dynamic routing's: the first with uniform couplings.
     iterations: PositiveInt = 3

@@ -21,6 +21,7 @@ from capsexp.config.arguments import checked
 from capsexp.models.input_check import check_images
 from capsexp.nn import Backbone, DynamicRouting, PrimaryCapsules, ResNetStem, RoutingCapsules, RoutingOptions
 from capsexp.nn.vector_capsules import INIT_STD as ROUTING_INIT_STD
+from capsexp.nn.vector_capsules import Couplings
 
 # What stands between PrimaryCaps and the decoder: the class capsules (routed) or the plain reference.
 Head = Literal["capsules", "fully_connected"]
@@ -100,6 +101,9 @@ class CapsNet(nn.Module):
         shared_transform: one W per (PrimaryCaps type, class) shared by the type's positions, instead of
             one per primary capsule (:class:`~capsexp.nn.RoutingCapsules`'s ``child_types``; Gu & Tresp
             2020, whose AffCaps also average instead of routing: ``model/routing=uniform``).
+        couplings: ``own``, or ``shuffled``: each image routed by the couplings its routing found for another
+            image of the batch, the control for whether they depend on the image
+            (:class:`~capsexp.nn.routers.ShuffledCouplings`).
     """
 
     def __init__(
@@ -120,12 +124,17 @@ class CapsNet(nn.Module):
         capsule_bias: float | None = None,
         official_init: bool = False,
         shared_transform: bool = False,
+        couplings: Couplings = "own",
     ) -> None:
         super().__init__()
         if capsule_bias is not None and not (head == "capsules" and isinstance(routing, DynamicRouting)):
             raise ValueError(
                 f"capsule_bias={capsule_bias}: the official capsule biases are those of dynamic routing's "
                 "DigitCaps (model/routing=dynamic, model.net.head=capsules)"
+            )
+        if couplings != "own" and head != "capsules":
+            raise ValueError(
+                f"couplings={couplings}: the couplings are DigitCaps'; model.net.head=fully_connected has none"
             )
         if shared_transform and head != "capsules":
             raise ValueError(
@@ -156,6 +165,7 @@ class CapsNet(nn.Module):
                 bias=capsule_bias,
                 truncated_init=official_init,
                 child_types=primary_types if shared_transform else None,
+                couplings=couplings,
             )
             if head == "capsules"
             else FullyConnectedHead(num_primary, primary_dim, num_classes, pose_dim)

@@ -42,6 +42,7 @@ from capsexp.nn.functional import (
     fully_connected_routing,
     random_routing,
     self_routing,
+    shuffled_couplings,
     sinkhorn_routing,
     uniform_routing,
     vb_routing,
@@ -212,6 +213,38 @@ class RandomRouter(_Router):
 
     def forward(self, votes: torch.Tensor, children: torch.Tensor, child_activations: torch.Tensor) -> Routed:
         return random_routing(votes)
+
+
+class ShuffledCouplings(nn.Module):
+    """A control for whether a routing's couplings depend on the image: ``router``'s own assignment for each
+    image given to another image of the batch (:func:`~capsexp.nn.functional.shuffled_couplings`: the same
+    values, the wrong image), the parents then made of it as uniform and random coupling make theirs. For
+    dynamic routing, whose parents are made so, that is the one change; for another algorithm its own
+    step from couplings to parents is replaced too. The router's parameters train through the couplings."""
+
+    score_kind = "capsule length"
+
+    def __init__(self, router: nn.Module) -> None:
+        super().__init__()
+        self.router = router
+
+    @property
+    def routing(self) -> RoutingOptions:
+        return self.router.routing
+
+    @routing.setter
+    def routing(self, options: RoutingOptions) -> None:  # routed_by_iteration sets it for each iteration count
+        self.router.routing = options
+
+    @property
+    def bias(self) -> torch.Tensor | None:
+        return getattr(self.router, "bias", None)
+
+    def forward(self, votes: torch.Tensor, children: torch.Tensor, child_activations: torch.Tensor) -> Routed:
+        own = self.router(votes, children, child_activations)
+        if own.assignment is None:
+            raise ValueError(f"{type(self.router).__name__} returned no assignment to shuffle")
+        return shuffled_couplings(votes, own.assignment)
 
 
 def make_router(

@@ -4,6 +4,7 @@ class capsules routed by any router of :mod:`capsexp.nn.routers`."""
 from __future__ import annotations
 
 import dataclasses
+from typing import Literal
 
 import torch
 from pydantic import PositiveInt
@@ -11,7 +12,16 @@ from torch import nn
 
 from capsexp.config.routing_options import DynamicRouting, RoutingOptions
 from capsexp.nn.functional import Routed, RoutingTrace, dynamic_routing_trace, squash
-from capsexp.nn.routers import CLASS_CAPSULE_ACTIVATION, make_router, routed_by_iteration, watched
+from capsexp.nn.routers import (
+    CLASS_CAPSULE_ACTIVATION,
+    ShuffledCouplings,
+    make_router,
+    routed_by_iteration,
+    watched,
+)
+
+# Whose couplings route each image: its own, or another image's (the control for input dependence).
+Couplings = Literal["own", "shuffled"]
 
 
 class PrimaryCapsules(nn.Module):
@@ -82,6 +92,8 @@ class RoutingCapsules(nn.Module):
     positions each, type-major (PrimaryCaps' order), and one W_tj per child type t and parent j serves every
     position (I/T times fewer matrices): Gu & Tresp 2020's transformation shared by the children of a parent,
     which makes each vote independent of where its child sits. None: one W_ij per child (the paper).
+    ``couplings``: ``own`` (the routing's), or ``shuffled``, the control for whether they depend on the
+    image (:class:`~capsexp.nn.routers.ShuffledCouplings`: each image routed by another image's couplings).
     """
 
     def __init__(
@@ -95,6 +107,7 @@ class RoutingCapsules(nn.Module):
         bias: float | None = None,
         truncated_init: bool = False,
         child_types: PositiveInt | None = None,
+        couplings: Couplings = "own",
     ) -> None:
         super().__init__()
         if child_types is not None and in_caps % child_types:
@@ -103,6 +116,8 @@ class RoutingCapsules(nn.Module):
         self.child_types = child_types
         self.routing = routing
         self.router = make_router(routing, in_caps, in_dim, out_caps, out_dim, bias)
+        if couplings == "shuffled":
+            self.router = ShuffledCouplings(self.router)
         # Stored (I, in_dim, J * out_dim): the votes are then one batched matmul over the inputs i.
         shape = (child_types or in_caps, in_dim, out_caps * out_dim)
         if truncated_init:

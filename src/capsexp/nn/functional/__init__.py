@@ -26,15 +26,17 @@ from capsexp.nn.functional._efficient_routing import efficient_routing, efficien
 from capsexp.nn.functional._em_routing import COST_NORMALIZATIONS, CostNormalization, em_routing, inverse_temperatures
 from capsexp.nn.functional._engagement import (
     Engagement,
+    image_dependence,
     predicted_share,
     responsibility_entropy,
     routing_engagement,
     shares,
+    uniform_distance,
 )
 from capsexp.nn.functional._exporting import exporting
 from capsexp.nn.functional._gaussian_votes import VoteMaker
 from capsexp.nn.functional._margin_loss import margin_loss
-from capsexp.nn.functional._routing import Routed, random_routing, uniform_routing
+from capsexp.nn.functional._routing import Routed, coupled, random_routing, shuffled_couplings, uniform_routing
 from capsexp.nn.functional._self_routing import self_routing
 from capsexp.nn.functional._sinkhorn_routing import sinkhorn_routing
 from capsexp.nn.functional._spread_loss import spread_loss
@@ -50,6 +52,7 @@ __all__ = [
     "VBRouted",
     "VoteMaker",
     "attention_routing",
+    "coupled",
     "dynamic_routing",
     "dynamic_routing_trace",
     "efficient_routing",
@@ -57,6 +60,7 @@ __all__ = [
     "em_routing",
     "exporting",
     "fully_connected_routing",
+    "image_dependence",
     "inverse_temperatures",
     "margin_loss",
     "predicted_share",
@@ -65,9 +69,11 @@ __all__ = [
     "routing_engagement",
     "self_routing",
     "shares",
+    "shuffled_couplings",
     "sinkhorn_routing",
     "spread_loss",
     "squash",
+    "uniform_distance",
     "uniform_routing",
     "vb_routing",
 ]

@@ -91,3 +91,20 @@ def responsibility_entropy(
     per_child = plogp.new_zeros(batch, num_children).index_add_(1, flat_index, plogp.sum(dim=-1).reshape(batch, -1))
     fan_out = _children_counts(flat_index, num_children, plogp.dtype) * parents
     return -per_child / torch.log(fan_out).clamp_min(1e-8)
+
+
+def image_dependence(assignment: torch.Tensor) -> torch.Tensor:
+    """(B, I): how far each child's assignment (B, I, J) in one image is from the same child's in the image
+    before it in the batch: the total variation distance 1/2 sum_j |c_ij - c'_ij| of their shares. 0 where
+    the couplings are the same for every image (static routing), whatever they are; 1 for hard assignments
+    to different parents. Beside :func:`uniform_distance`, the share of a routing's departure from
+    uniform that changes with the image."""
+    shared = shares(assignment.float())
+    return 0.5 * (shared - shared.roll(1, dims=0)).abs().sum(dim=-1)
+
+
+def uniform_distance(assignment: torch.Tensor) -> torch.Tensor:
+    """(B, I): the total variation distance of each child's shares (B, I, J) from uniform, 1/2 sum_j
+    |c_ij - 1/J|: 0 for uniform coupling, 1 - 1/J for a hard assignment."""
+    shared = shares(assignment.float())
+    return 0.5 * (shared - 1.0 / shared.shape[-1]).abs().sum(dim=-1)
