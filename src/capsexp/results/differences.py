@@ -9,7 +9,7 @@ so that they cannot disagree."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from capsexp.records.metric_names import PRESENCE_GAP, TEST_ACC, VAL_ACC, VAL_ACC_BEST, rotation_angle
 from capsexp.results import statistics
@@ -77,6 +77,8 @@ class Compared:
     difference: statistics.Difference | None
     p_holm: float | None
     hypothesis: Hypothesis | None = None
+    equivalence: statistics.Equivalence | None = None  # where the hypothesis declares a margin
+    p_equivalence_holm: float | None = None  # its two one-sided tests' p, Holm over the margins declared
 
     @property
     def p(self) -> float | None:
@@ -119,8 +121,22 @@ def hypothesis_rows(configurations: list[Configuration], page: StudyPage) -> lis
         if arm is None or reference is None:
             continue
         found = _difference(arm, reference, hypothesis.metric, hypothesis.direction)
-        rows.append(Compared(hypothesis.metric, reference, arm, found, None, hypothesis))
+        equivalent = _equivalence(arm, reference, hypothesis) if hypothesis.margin is not None else None
+        rows.append(Compared(hypothesis.metric, reference, arm, found, None, hypothesis, equivalent))
     return rows
+
+
+def _equivalence(
+    configuration: Configuration, reference: Configuration, hypothesis: Hypothesis
+) -> statistics.Equivalence | None:
+    """Two one-sided tests of the seed-paired differences against the hypothesis's margin (in the metric's
+    own units); None with fewer than two seeds run by both."""
+    arm, base = dict(configuration.values(hypothesis.metric)), dict(reference.values(hypothesis.metric))
+    seeds = sorted(seed for seed in arm.keys() & base.keys() if seed is not None)
+    if len(seeds) < 2:
+        return None
+    paired = [arm[seed] - base[seed] for seed in seeds]
+    return statistics.equivalence(paired, hypothesis.margin / scale(hypothesis.metric))
 
 
 def distinct(row: Compared) -> frozenset:
@@ -137,13 +153,15 @@ def family(configurations: list[Configuration], metrics: list[str], page: StudyP
     declared = hypothesis_rows(configurations, page)
     if page.hypotheses:
         adjusted = statistics.holm_adjusted([row.p for row in declared])
-        return [_with(row, p) for row, p in zip(declared, adjusted, strict=True)] + rows
+        equivalent = statistics.holm_adjusted([row.equivalence.p if row.equivalence else None for row in declared])
+        held = [_with(row, p, q) for row, p, q in zip(declared, adjusted, equivalent, strict=True)]
+        return held + rows
     adjusted = statistics.holm_adjusted([row.p for row in rows], [distinct(row) for row in rows])
     return [_with(row, p) for row, p in zip(rows, adjusted, strict=True)]
 
 
-def _with(row: Compared, p_holm: float | None) -> Compared:
-    return Compared(row.metric, row.reference, row.configuration, row.difference, p_holm, row.hypothesis)
+def _with(row: Compared, p_holm: float | None, p_equivalence_holm: float | None = None) -> Compared:
+    return replace(row, p_holm=p_holm, p_equivalence_holm=p_equivalence_holm)
 
 
 def family_size(rows: list[Compared]) -> int:
@@ -200,6 +218,18 @@ def verdict(row: Compared, permutation_holm: float | None) -> str:
         if hypothesis.test == "t" and not (permutation_holm is not None and permutation_holm < statistics.SIGNIFICANCE):
             text += " (on the t-test alone: the permutation test does not reach the level)"
         return text
+    if hypothesis.margin is not None:
+        if row.p_equivalence_holm is not None and row.p_equivalence_holm < statistics.SIGNIFICANCE:
+            held = f"two one-sided tests, Holm p {row.p_equivalence_holm:.2g}"
+            return f"**equivalent** within ±{hypothesis.margin:g} ({held})"
+        detectable = (
+            ""
+            if found.detectable is None
+            else f"; detectable at the observed spread: {factor * found.detectable:.{places(factor)}f}"
+        )
+        return (
+            f"cannot tell at this power: neither a difference nor equivalence within ±{hypothesis.margin:g}{detectable}"
+        )
     if within:
         return f"not supported; the interval excludes differences of {hypothesis.smallest_effect:g}"
     return f"not supported; the interval does not exclude differences of {hypothesis.smallest_effect:g}"

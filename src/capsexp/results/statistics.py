@@ -197,7 +197,10 @@ def detectable_difference(error: float, df: float, power: float = POWER, level: 
 
     def shortfall(delta: float) -> float:
         shift = delta / error
-        return stats.nct.sf(critical, df, shift) + stats.nct.cdf(-critical, df, shift) - power
+        found = stats.nct.sf(critical, df, shift) + stats.nct.cdf(-critical, df, shift)
+        if math.isnan(found):  # scipy's noncentral t fails far out in its tail (few df, a small level): the normal's
+            found = stats.norm.sf(critical - shift) + stats.norm.cdf(-critical - shift)
+        return found - power
 
     upper = critical * error  # power is about a half there: step up to where it passes ``power``
     while (short := shortfall(upper)) < 0:
@@ -205,6 +208,52 @@ def detectable_difference(error: float, df: float, power: float = POWER, level: 
     if math.isnan(short):  # scipy's noncentral t fails far out in its tail: the normal approximation
         return float((critical + stats.norm.ppf(power)) * error)
     return float(optimize.brentq(shortfall, 0.0, upper))
+
+
+@dataclass(frozen=True)
+class SeedPlan:
+    """How many paired seeds a confirmatory comparison needs, and what decides it: ``for_power``, the
+    t-test's (a difference of ``smallest_effect`` found with probability ``power`` at the Holm-adjusted level
+    of the first of ``tests``); ``for_permutation``, the exact sign-flip test's (its smallest two-sided p,
+    2 / 2^n, at or below that level); ``for_equivalence`` (None without a margin), two one-sided tests'
+    (no true difference shown inside +-margin with probability ``power``). ``seeds``: the largest."""
+
+    seeds: int
+    for_power: int
+    for_permutation: int
+    for_equivalence: int | None
+    level: float
+
+
+def seeds_needed(
+    paired_std: float,
+    smallest_effect: float,
+    tests: int = 1,
+    margin: float | None = None,
+    power: float = POWER,
+    level: float = SIGNIFICANCE,
+) -> SeedPlan:
+    """The paired seeds (:class:`SeedPlan`) for differences of standard deviation ``paired_std`` across seeds
+    (a pilot's), one test of a family of ``tests`` under Holm (its strictest level, ``level / tests``).
+    Equivalence with the true difference 0: two one-sided t-tests each at that level, their power
+    2 Phi(margin / se - t) - 1 with the standard error taken as known (Chow, Shao & Wang 2008, section 3.2)."""
+    from scipy import stats
+
+    if paired_std <= 0 or smallest_effect <= 0 or tests < 1:
+        raise ValueError("a seed plan needs a positive spread and smallest effect, and one test at least")
+    strictest = level / tests
+    for_permutation = max(2, math.ceil(math.log2(2 / strictest)))
+    n = 2
+    while detectable_difference(paired_std / math.sqrt(n), n - 1, power, strictest) > smallest_effect:
+        n += 1
+    for_equivalence = None
+    if margin is not None:
+        m = 2
+        while 2 * stats.norm.cdf(margin * math.sqrt(m) / paired_std - stats.t.ppf(1 - strictest, m - 1)) - 1 < power:
+            m += 1
+        for_equivalence = m
+    seeds = max(n, for_permutation, for_equivalence or 0)
+    return SeedPlan(seeds, n, for_permutation, for_equivalence, strictest)
 
 
 def sign_flip_p(differences: Sequence[float], alternative: str = "two-sided") -> float:

@@ -38,6 +38,8 @@ and the functions that add what a table cannot show. A comparison of runs made w
           smallest_effect: 0.5         # the smallest difference that matters, in the page's units
           direction: two-sided         # or greater / less: the arm above / below the reference
           test: t                      # the test Holm's method adjusts: t, or permutation
+          margin: 0.5                  # optional: "no difference" claimed by two one-sided tests within
+                                       # +-margin (page units), Holm over the hypotheses with one
 
 The notes are Jinja templates: ``{{ summary('test/acc', 'model=capsnet') }}`` quotes a figure of the runs
 (:mod:`capsexp.results.claims`).
@@ -127,7 +129,9 @@ class Hypothesis:
     """A confirmatory comparison declared in the experiment config before its runs: ``arm`` minus
     ``reference`` in ``metric``, tested in ``direction`` (:data:`~capsexp.results.statistics.ALTERNATIVES`)
     by ``test``; ``smallest_effect`` is the smallest difference that matters, in the page's units (points
-    of accuracy, a scalar as logged)."""
+    of accuracy, a scalar as logged). ``margin`` (same units): where given, a difference the test does not
+    find may be shown equivalent to none, within +-margin, by two one-sided tests; the verdict is then
+    supported, equivalent, or cannot tell at this power."""
 
     name: str
     metric: str
@@ -136,6 +140,7 @@ class Hypothesis:
     smallest_effect: float
     direction: str = "two-sided"
     test: str = "t"
+    margin: float | None = None
 
 
 def _hypothesis(node: dict) -> Hypothesis:
@@ -157,6 +162,8 @@ def _hypothesis(node: dict) -> Hypothesis:
         raise ValueError(
             f"hypothesis {hypothesis.name!r}: test {hypothesis.test!r} is not one of {', '.join(HYPOTHESIS_TESTS)}"
         )
+    if hypothesis.margin is not None and float(hypothesis.margin) <= 0:
+        raise ValueError(f"hypothesis {hypothesis.name!r}: margin must be positive, not {hypothesis.margin}")
     if hypothesis.smallest_effect <= 0:
         raise ValueError(
             f"hypothesis {hypothesis.name!r}: smallest_effect must be positive, not {hypothesis.smallest_effect}"
@@ -177,7 +184,8 @@ class StudyPage:
     sections: list[str] = field(default_factory=list)
     claims: tuple[Claim, ...] = ()
     functions: tuple[str, ...] = ()  # figure functions the notes and claims may call (capsexp.results.claims)
-    swept: tuple[str, ...] = ()  # the keys the experiment's sweep sets (hydra.sweeper.params), without a "+"
+    # the keys the experiment's sweep sets (hydra.sweeper.params), without a "+", and the groups it requires
+    swept: tuple[str, ...] = ()
     lead_figure: str | None = None  # a function (runs, page, folder) -> Path: the figure shown first
     # false: no section of each configuration against the references, where the page's own sections make
     # the comparisons its design asks for (each net against itself in another precision, say)
@@ -249,7 +257,8 @@ def load_study_page(experiment: str | None, budget: str | None) -> StudyPage:
             sections=list(page.get("sections") or []),
             claims=tuple(Claim(c["claim"], c["holds"]) for c in (page.get("claims") or {}).get(budget) or []),
             functions=_strings(page.get("functions")),
-            swept=tuple(override_key(str(name)) for name in params),
+            # The keys the sweep sets, and the groups the study needs chosen (+routing=<name>): the study's own.
+            swept=(*(override_key(str(name)) for name in params), *(config.get("requires") or [])),
             lead_figure=page.get("lead_figure"),
             differences=bool(page.get("differences", True)),
             hypotheses=tuple(_hypothesis(node) for node in page.get("hypotheses") or []),

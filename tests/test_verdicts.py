@@ -1,0 +1,90 @@
+"""Verdicts a reviewer accepts: the seeds a comparison needs planned from a pilot's paired spread, and each
+declared hypothesis with a margin read as supported, equivalent within the margin, or cannot tell."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from capsexp.records.events import Scalar
+from capsexp.results.differences import family, verdict
+from capsexp.results.runs import Run, group, label_configurations
+from capsexp.results.statistics import seeds_needed
+from capsexp.results.study import Hypothesis, StudyPage
+
+
+def t_power(delta: float, std: float, n: int, level: float) -> float:
+    """The two-sided paired t-test's power, from the noncentral t (written out here, not capsexp's)."""
+    critical = stats.t.ppf(1 - level / 2, n - 1)
+    shift = delta / (std / math.sqrt(n))
+    return stats.nct.sf(critical, n - 1, shift) + stats.nct.cdf(-critical, n - 1, shift)
+
+
+@pytest.mark.parametrize("std,effect,tests", [(1.6, 0.5, 1), (1.6, 1.9, 1), (0.4, 0.5, 8), (2.0, 1.0, 44)])
+def test_the_seeds_for_power_are_the_fewest_at_which_the_t_test_reaches_it(std, effect, tests):
+    plan = seeds_needed(std, effect, tests)
+    level = 0.05 / tests
+    assert t_power(effect, std, plan.for_power, level) >= 0.8 > t_power(effect, std, plan.for_power - 1, level)
+    # The exact sign-flip test's smallest two-sided p, 2 / 2^n, reaches Holm's strictest level; one seed fewer does not.
+    assert 2 / 2**plan.for_permutation <= level < 2 / 2 ** (plan.for_permutation - 1)
+    assert plan.seeds == max(plan.for_power, plan.for_permutation) and plan.level == pytest.approx(level)
+
+
+def test_five_seeds_cannot_reach_holms_level_over_eight_hypotheses_and_nine_can():
+    assert seeds_needed(0.1, 1.0, tests=8).for_permutation == 9  # 2/2^9 = 0.0039 <= 0.05/8 < 2/2^8
+    assert seeds_needed(1.6, 0.5, 1).for_power in range(80, 86)  # about 80 seeds for half a point at 1.6
+
+
+def test_the_seeds_planned_for_equivalence_show_it_in_about_the_planned_share_of_simulated_studies():
+    std, margin, tests = 1.0, 0.8, 2
+    plan = seeds_needed(std, margin, tests, margin=margin)
+    level = 0.05 / tests
+    rng = np.random.default_rng(0)
+    differences = rng.normal(0.0, std, size=(20000, plan.for_equivalence))  # no true difference
+    mean, error = differences.mean(axis=1), differences.std(axis=1, ddof=1) / math.sqrt(plan.for_equivalence)
+    critical = stats.t.ppf(1 - level, plan.for_equivalence - 1)
+    shown = (mean - critical * error > -margin) & (mean + critical * error < margin)  # both one-sided tests
+    assert 0.75 <= shown.mean() < 0.9
+    fewer = differences[:, : plan.for_equivalence - 3]
+    mean, error = fewer.mean(axis=1), fewer.std(axis=1, ddof=1) / math.sqrt(fewer.shape[1])
+    critical = stats.t.ppf(1 - level, fewer.shape[1] - 1)
+    assert ((mean - critical * error > -margin) & (mean + critical * error < margin)).mean() < 0.8
+
+
+def runs_of(arm: str, values: list[float]) -> list[Run]:
+    return [
+        Run(Path(f"{arm}-{seed}"), [f"+arm/v={arm}", f"seed={seed}"], {"test/acc": [Scalar(600, value)]})
+        for seed, value in enumerate(values, start=1)
+    ]
+
+
+def test_a_hypothesis_with_a_margin_is_supported_equivalent_or_cannot_tell_by_its_runs():
+    rng = np.random.default_rng(4)
+    base = 0.95 + rng.normal(0, 0.004, 10)
+    runs = [
+        *runs_of("reference", list(base)),
+        *runs_of("better", list(base + 0.01 + rng.normal(0, 0.0005, 10))),  # one point above, every seed
+        *runs_of("same", list(base + rng.normal(0, 0.0005, 10))),  # within 0.05 points
+        *runs_of("noisy", list(base + rng.normal(0, 0.03, 10))),  # three points either way
+    ]
+    label_configurations(runs)
+    declared = tuple(
+        Hypothesis(arm, "test/acc", f"+arm/v={arm}", "+arm/v=reference", 0.5, test="permutation", margin=0.5)
+        for arm in ("better", "same", "noisy")
+    )
+    page = StudyPage(metrics=("test/acc",), references=("+arm/v=reference",), hypotheses=declared)
+    rows = {row.hypothesis.name: row for row in family(group(runs), ["test/acc"], page) if row.hypothesis}
+    said = {name: verdict(row, row.p_holm) for name, row in rows.items()}
+    assert said["better"].startswith("**supported**: the arm is above its reference")
+    assert said["same"].startswith("**equivalent** within ±0.5")
+    assert said["noisy"].startswith("cannot tell at this power")
+    # Holm over the three margins: the smallest two-one-sided p is multiplied by 3 at most.
+    same = rows["same"]
+    assert same.p_equivalence_holm == pytest.approx(min(1.0, 3 * same.equivalence.p))
+    same_runs = [r.final("test/acc") for r in runs if "same" in r.overrides[0]]
+    paired = [b - a for a, b in zip(base, same_runs, strict=True)]
+    assert same.equivalence.mean == pytest.approx(np.mean(paired)) and same.equivalence.margin == 0.005
