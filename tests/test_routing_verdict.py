@@ -22,6 +22,7 @@ from capsexp.nn import DynamicRouting
 from capsexp.nn.functional import image_dependence, shuffled_couplings, uniform_distance
 from capsexp.nn.routers import DynamicRouter, ShuffledCouplings
 from capsexp.records.events import read_scalars
+from tests.helpers import TINY_EM_CAPS
 from tests.test_routing_plugins import _capsexp, plugin  # noqa: F401 (a fixture)
 
 
@@ -189,3 +190,29 @@ def test_the_verdict_of_a_packages_routing_runs_from_the_command_line_on_a_tiny_
         assert "routing/digits/test_image_dependence" in measured[arm]
     assert measured["uniform"]["routing/digits/test_image_dependence"] == 0.0  # 1/J for every image
     assert "equivariance/shift_2px/error" not in measured["cnn"] and "test/acc" in measured["cnn"]
+
+
+@pytest.mark.parametrize("routing", ["em", "dynamic"])  # EM's own matrix router; a CapsNet router, window by window
+def test_every_routing_layer_of_a_matrix_capsule_net_reports_its_dead_capsules_and_the_class_layer_its_dependence(
+    routing, monkeypatch
+):
+    config = compose(["model=em_caps_small", f"model/routing={routing}", *TINY_EM_CAPS])
+    module = build_model("model", config.model).eval()
+    written = {}
+    writer = type("Writer", (), {"add_scalar": lambda self, tag, value, step: written.__setitem__(tag, value)})()
+    monkeypatch.setattr("capsexp.callbacks.routing_diagnostics.tensorboard_writer", lambda trainer: writer)
+    trainer = type("Trainer", (), {"global_step": 3})()
+    diagnostics = RoutingDiagnostics()
+    diagnostics.on_test_epoch_start(trainer, module)
+    for index in range(2):  # two batches of the plain test set, then one of another set (left out)
+        diagnostics.on_test_batch_start(trainer, module, None, index, 0)
+        with torch.no_grad():
+            module.net(torch.rand(3, 1, 28, 28, generator=torch.Generator().manual_seed(index)))
+    diagnostics.on_test_batch_start(trainer, module, None, 0, 1)
+    with torch.no_grad():
+        module.net(torch.zeros(3, 1, 28, 28))
+    diagnostics.on_test_epoch_end(trainer, module)
+    for layer in ("conv_caps1", "conv_caps2", "class_caps"):
+        for side in ("children", "parents"):
+            assert 0.0 <= written[f"routing/{layer}/test_dead_{side}"] <= 1.0, (layer, side)
+    assert 0.0 < written["routing/class_caps/test_image_dependence"] <= 1.0

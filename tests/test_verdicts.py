@@ -13,7 +13,7 @@ from scipy import stats
 from capsexp.records.events import Scalar
 from capsexp.results.differences import family, verdict
 from capsexp.results.runs import Run, group, label_configurations
-from capsexp.results.statistics import seeds_needed
+from capsexp.results.statistics import pilot_std_bound, seeds_needed
 from capsexp.results.study import Hypothesis, StudyPage
 
 
@@ -53,6 +53,16 @@ def test_the_seeds_planned_for_equivalence_show_it_in_about_the_planned_share_of
     mean, error = fewer.mean(axis=1), fewer.std(axis=1, ddof=1) / math.sqrt(fewer.shape[1])
     critical = stats.t.ppf(1 - level, fewer.shape[1] - 1)
     assert ((mean - critical * error > -margin) & (mean + critical * error < margin)).mean() < 0.8
+
+
+def test_a_pilots_spread_is_planned_at_its_upper_bound_which_covers_the_true_spread_as_often_as_it_says():
+    assert pilot_std_bound(1.0, 3) == pytest.approx(math.sqrt(2 / 0.4462871026284195))  # chi2(2)'s 20% point
+    rng = np.random.default_rng(1)
+    pilots = rng.normal(0.0, 2.0, size=(20000, 4))  # true spread 2, pilots of 4 seeds
+    bounds = np.array([pilot_std_bound(s, 4) for s in pilots.std(axis=1, ddof=1)])
+    assert 0.78 < (bounds >= 2.0).mean() < 0.82
+    with pytest.raises(ValueError, match="two runs at least"):
+        pilot_std_bound(1.0, 1)
 
 
 def runs_of(arm: str, values: list[float]) -> list[Run]:

@@ -225,6 +225,20 @@ class SeedPlan:
     level: float
 
 
+PILOT_CONFIDENCE = 0.8  # of the upper bound a seed plan takes for a pilot's spread
+
+
+def pilot_std_bound(std: float, runs: int, confidence: float = PILOT_CONFIDENCE) -> float:
+    """The one-sided upper ``confidence`` bound of a spread estimated from a pilot of ``runs`` paired seeds,
+    std * sqrt((n - 1) / chi2_{1 - confidence}(n - 1)): a plan made from it is not undone by a pilot that
+    drew a small spread by chance (3 seeds: 2.12 times the estimate)."""
+    from scipy import stats
+
+    if runs < 2:
+        raise ValueError(f"a pilot's spread needs two runs at least, not {runs}")
+    return std * math.sqrt((runs - 1) / stats.chi2.ppf(1 - confidence, runs - 1))
+
+
 def seeds_needed(
     paired_std: float,
     smallest_effect: float,
