@@ -73,7 +73,7 @@ class RoutingDiagnostics(L.Callback):
         self._test_shares: dict[str, list[float]] = {}  # per class layer: [sum of shares, count]
         self._test_hooks: list[Watch] = []
         self._plain_test = False  # whether the test batch being routed is of the plain (first) test set
-        self._test_sums: dict[str, dict[str, list[float]]] = {}  # per layer: measure -> [sum, count]
+        self._test_sums: dict[str, dict[str, list]] = {}  # per layer: measure -> [sum (a tensor), count]
         self._test_peaks: dict[str, dict[str, torch.Tensor]] = {}  # per layer: children/parents -> largest activation
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch, batch_idx: int) -> None:
@@ -192,8 +192,8 @@ class RoutingDiagnostics(L.Callback):
                 ("test_image_dependence", image_dependence(assignment)),
                 ("test_uniform_distance", uniform_distance(assignment)),
             ):
-                total = sums.setdefault(measure, [0.0, 0.0])
-                total[0], total[1] = total[0] + values.sum().item(), total[1] + values.numel()
+                total = sums.setdefault(measure, [0.0, 0])  # a tensor sum: no device sync until the epoch ends
+                total[0], total[1] = total[0] + values.sum(), total[1] + values.numel()
         children = child_activations.detach().float().flatten(1)
         if child_index is not None and children.shape[1] == child_index.numel():  # per window slot: each child once
             count = num_children or int(child_index.max()) + 1
@@ -219,7 +219,7 @@ class RoutingDiagnostics(L.Callback):
         for name, sums in self._test_sums.items():
             for measure, (total, count) in sums.items():
                 if count:
-                    writer.add_scalar(f"routing/{name}/{measure}", total / count, step)
+                    writer.add_scalar(f"routing/{name}/{measure}", float(total) / count, step)
         for name, peaks in self._test_peaks.items():
             for side, largest in peaks.items():
                 dead = (largest <= DEAD_ACTIVATION).float().mean().item()
