@@ -216,3 +216,20 @@ def test_every_routing_layer_of_a_matrix_capsule_net_reports_its_dead_capsules_a
         for side in ("children", "parents"):
             assert 0.0 <= written[f"routing/{layer}/test_dead_{side}"] <= 1.0, (layer, side)
     assert 0.0 < written["routing/class_caps/test_image_dependence"] <= 1.0
+
+
+@pytest.mark.parametrize(
+    "arguments,said",
+    [
+        (["-m", "experiment=routing_verdict", "study=quick"], "judges one routing: add +routing=<name>, one of: "),
+        (["-m", "experiment=routing_verdict", "+routing=em,vb"], "(given em,vb: run the study once for each)"),
+        (["experiment=routing_verdict", "+routing=sinkorn"], "(did you mean routing=sinkhorn?)"),
+    ],
+)
+def test_a_verdict_without_one_routing_is_answered_before_hydra_composes(arguments, said):
+    from capsexp.config.command_line import check_group_overrides
+    from capsexp.locations import CONFIG_DIR
+
+    with pytest.raises(ConfigError) as raised:
+        check_group_overrides([a for a in arguments if a != "-m"], CONFIG_DIR)
+    assert said in str(raised.value) and "sinkhorn" in str(raised.value)

@@ -95,9 +95,13 @@ def _check_required_groups(arguments: list[str], loader) -> None:
     for experiment in _values(arguments, "experiment"):
         path = files.get(experiment)
         for group in (OmegaConf.load(path).get("requires") or []) if path else []:
-            if not _values(arguments, group):
+            chosen = _values(arguments, group)
+            if len(chosen) != 1:
                 options = ", ".join(loader.get_group_options(group))
-                raise ConfigError(f"experiment={experiment} judges one {group}: add +{group}=<name>, one of: {options}")
+                given = f" (given {','.join(chosen)}: run the study once for each)" if chosen else ""
+                raise ConfigError(
+                    f"experiment={experiment} judges one {group}{given}: add +{group}=<name>, one of: {options}"
+                )
 
 
 def check_study_budget(arguments: list[str], config_dir: Path) -> None:
