@@ -72,6 +72,26 @@ def compose_config(overrides: list[str] | None = None, output_dir: Path | None =
     return cfg
 
 
+def required_choices(experiment: str) -> list[str]:
+    """What a test gives an experiment that needs groups chosen (``requires: [routing]``): ``+routing=dynamic``."""
+    from omegaconf import OmegaConf
+
+    from capsexp.locations import CONFIG_DIR
+
+    needed = OmegaConf.load(CONFIG_DIR / "experiment" / f"{experiment}.yaml").get("requires") or []
+    return [f"+{group}=dynamic" for group in needed]
+
+
+def saved_run(folder: Path, overrides: str) -> Path:
+    """A run folder as a training run leaves one: ``.hydra/overrides.yaml`` (``overrides``: its YAML list)
+    and a saved state, ``checkpoints/last.ckpt``."""
+    (folder / ".hydra").mkdir(parents=True)
+    (folder / ".hydra" / "overrides.yaml").write_text(overrides)
+    (folder / "checkpoints").mkdir()
+    (folder / "checkpoints" / "last.ckpt").write_bytes(b"state")
+    return folder
+
+
 def run_cli(*overrides: str, timeout: int = 300, env: dict | None = None) -> subprocess.CompletedProcess:
     """Run ``python -m capsexp`` in a subprocess from the repository root."""
     return subprocess.run(

@@ -18,7 +18,14 @@ from capsexp.config.config_check import config_problems
 from capsexp.config.hydra_setup import NETS, ROUTINGS
 from capsexp.lit import Classifier, class_scores
 from capsexp.locations import CONFIG_DIR
-from tests.helpers import SAME_GEOMETRY_AS, TINY_EM_CAPS, compose_config, data_overrides, run_cli_in_process
+from tests.helpers import (
+    SAME_GEOMETRY_AS,
+    TINY_EM_CAPS,
+    compose_config,
+    data_overrides,
+    required_choices,
+    run_cli_in_process,
+)
 
 # Every config group, nested ones too ("model/optimizer"), and its options: files under conf/, and the
 # nodes capsexp.config.hydra_setup generates from the code (the routing options, the nets).
@@ -99,8 +106,7 @@ def test_every_option_composes_and_resolves(group, option, colour_folder_of):
         # An image folder's classes are counted when the config resolves: a folder of images to count.
         root = [f"image_folder_root={colour_folder_of()}"] if option == "image_folder" else []
         # An experiment that judges one routing (requires: [routing]) is given one.
-        experiment = OmegaConf.load(CONFIG_DIR / "experiment" / f"{ARM_EXPERIMENT[group]}.yaml")
-        required = [f"+{needed}=dynamic" for needed in experiment.get("requires") or []]
+        required = required_choices(ARM_EXPERIMENT[group])
         cfg = compose_config([f"experiment={ARM_EXPERIMENT[group]}", f"+{group}={option}", *root, *required])
     else:
         cfg = compose_config([*model, f"{group}={option}"])

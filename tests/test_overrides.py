@@ -20,6 +20,7 @@ from capsexp.overrides import (
     written,
 )
 from capsexp.run.resume import expand_run_folder
+from tests.helpers import saved_run
 
 # (argument, prefix, key, value as written): every form Hydra's grammar takes.
 FORMS = [
@@ -65,11 +66,7 @@ def test_the_overrides_of_a_key_are_found_whatever_their_prefix():
 
 
 def test_a_run_folder_given_with_any_prefix_is_expanded(tmp_path):
-    run = tmp_path / "run"
-    (run / ".hydra").mkdir(parents=True)
-    (run / ".hydra" / "overrides.yaml").write_text("- model=lenet5\n- ++seed=7\n")
-    (run / "checkpoints").mkdir()
-    (run / "checkpoints" / "last.ckpt").write_bytes(b"state")
+    run = saved_run(tmp_path / "run", "- model=lenet5\n- ++seed=7\n")
     for given in (f"ckpt_path={run}", f"+ckpt_path={run}", f"++ckpt_path={run}"):
         expanded = expand_run_folder(["++seed=8", given])
         # The run's own ++seed=7 gives way to the ++seed=8 given now, whatever their prefixes.

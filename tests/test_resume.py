@@ -23,15 +23,11 @@ from capsexp.lit.schedulers import cosine_decay
 from capsexp.models import LeNet5
 from capsexp.overrides import hydra_value
 from capsexp.run.resume import expand_run_folder, task_folder
-from tests.helpers import PROJECT_ROOT, TINY_EM_CAPS, TINY_RUN, run_cli_in_process, scalars
+from tests.helpers import PROJECT_ROOT, TINY_EM_CAPS, TINY_RUN, run_cli_in_process, saved_run, scalars
 
 
 def test_a_run_folder_expands_to_its_overrides_then_the_new_ones_its_state_and_its_folder(tmp_path):
-    run = tmp_path / "run"
-    (run / ".hydra").mkdir(parents=True)
-    (run / ".hydra" / "overrides.yaml").write_text("- model=em_caps_small\n- trainer.max_epochs=1\n- ckpt_path=old\n")
-    (run / "checkpoints").mkdir()
-    (run / "checkpoints" / "last.ckpt").write_bytes(b"state")
+    run = saved_run(tmp_path / "run", "- model=em_caps_small\n- trainer.max_epochs=1\n- ckpt_path=old\n")
     expanded = expand_run_folder(["--cfg", "job", "trainer.max_epochs=3", f"ckpt_path={run}", "seed=2"])
     assert expanded == [
         "--cfg",

@@ -20,7 +20,7 @@ from capsexp.locations import CONFIG_DIR
 from capsexp.records.events import load_events
 from capsexp.results.study import figure_for, load_study_page
 from capsexp.studies.sabour2017 import CONVERGENCE, RoutingConvergence
-from tests.helpers import PROJECT_ROOT, TINY_RUN, run_cli_in_process
+from tests.helpers import PROJECT_ROOT, TINY_RUN, required_choices, run_cli_in_process
 
 EXPERIMENTS = sorted(p.stem for p in (CONFIG_DIR / "experiment").glob("*.yaml"))
 STUDIES = [name for name in EXPERIMENTS if "budgets" in OmegaConf.load(CONFIG_DIR / "experiment" / f"{name}.yaml")]
@@ -36,14 +36,12 @@ def sweep_jobs(cfg) -> list[list[str]]:
 
 @pytest.mark.parametrize("name", STUDIES)
 def test_every_budget_of_a_study_composes_and_its_figures_name_configurations_it_runs(name):
-    experiment = OmegaConf.load(CONFIG_DIR / "experiment" / f"{name}.yaml")
-    budgets = list(experiment.budgets)
+    budgets = list(OmegaConf.load(CONFIG_DIR / "experiment" / f"{name}.yaml").budgets)
     assert "full" in budgets and "quick" in budgets  # the default budget and a CPU sitting
-    required = [f"+{group}=dynamic" for group in experiment.get("requires") or []]  # +routing=dynamic
     for budget in budgets:
         with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
             hydra_setup.register()
-            overrides = [f"experiment={name}", f"study={budget}", *required]
+            overrides = [f"experiment={name}", f"study={budget}", *required_choices(name)]
             cfg = compose("config", overrides=overrides, return_hydra_config=True)
             HydraConfig.instance().set_config(cfg)
             try:

@@ -59,7 +59,8 @@ class Equivariance(L.Callback):
         images, targets = batch[0], batch[1]
         if dataloader_idx != 0 or self._count >= self.images or targets.ndim != 1 or trainer.global_rank != 0:
             return
-        images, targets = images[: self.images - self._count], targets[: len(images[: self.images - self._count])]
+        left = self.images - self._count  # images still to measure
+        images, targets = images[:left], targets[:left]
         plain = pl_module.net(images)
         poses = getattr(plain, "poses", None)
         if poses is None:
