@@ -84,6 +84,26 @@ def experiment_files() -> dict[str, Path]:
     return files
 
 
+def experiment_config(path: Path):
+    """An experiment config's file (``conf/experiment/<name>.yaml``) as written (no interpolation resolved),
+    over the experiments its defaults list extends (``- routing_verdict``), as composing would merge them: its
+    budgets, ``requires`` and sweep. Its ``page`` is its file's own: what a page declares is not inherited."""
+    from omegaconf import OmegaConf
+
+    config = OmegaConf.load(path)
+    extended = [
+        path.with_name(f"{entry}.yaml")
+        for entry in config.get("defaults") or []
+        if isinstance(entry, str) and "/" not in entry and path.with_name(f"{entry}.yaml").is_file()
+    ]
+    if not extended:
+        return config
+    bases = [experiment_config(base) for base in extended]
+    for base in bases:
+        base.pop("page", None)
+    return OmegaConf.merge(*bases, config)
+
+
 def shown(config_file: Path) -> str:
     """A config file as a page or an error names it: ``conf/experiment/x.yaml``, or ``<package>/conf/...``
     for a package's (never a path of one machine)."""

@@ -22,7 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from capsexp.config import hydra_setup
 from capsexp.errors import ConfigError
-from capsexp.locations import experiment_files, quote_locations
+from capsexp.locations import experiment_config, experiment_files, quote_locations
 from capsexp.overrides import is_override, is_sweep, left_side, of_key, prefix, values_of, with_value, written
 from capsexp.overrides import key as override_key
 
@@ -94,7 +94,7 @@ def _check_required_groups(arguments: list[str], loader) -> None:
     files = experiment_files()
     for experiment in _values(arguments, "experiment"):
         path = files.get(experiment)
-        for group in (OmegaConf.load(path).get("requires") or []) if path else []:
+        for group in (experiment_config(path).get("requires") or []) if path else []:
             chosen = _values(arguments, group)
             if len(chosen) != 1:
                 options = ", ".join(loader.get_group_options(group))
@@ -112,7 +112,7 @@ def check_study_budget(arguments: list[str], config_dir: Path) -> None:
         return
     experiments = _values(arguments, "experiment")
     files = {**experiment_files(), **{path.stem: path for path in (config_dir / "experiment").glob("*.yaml")}}
-    with_budgets = sorted(name for name, path in files.items() if "budgets" in OmegaConf.load(path))
+    with_budgets = sorted(name for name, path in files.items() if "budgets" in experiment_config(path))
     if not experiments:
         raise ConfigError(
             f"study={','.join(budgets)} chooses the budget of an experiment config: add experiment=<name>, "
@@ -120,7 +120,7 @@ def check_study_budget(arguments: list[str], config_dir: Path) -> None:
         )
     for experiment in experiments:
         path = files.get(experiment)
-        allowed = list(OmegaConf.load(path).get("budgets") or {}) if path else []
+        allowed = list(experiment_config(path).get("budgets") or {}) if path else []
         for budget in budgets:
             if budget not in allowed:
                 has = f"its budgets are: {', '.join(allowed)}" if allowed else "it has no budgets"

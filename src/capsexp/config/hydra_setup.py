@@ -26,7 +26,7 @@ from capsexp.config.precision import BF16, FLOAT32, bf16_native
 from capsexp.config.routing_options import Routing
 from capsexp.config.routing_registry import registered
 from capsexp.config.run_names import job_name, run_name
-from capsexp.config.verdict_arms import verdict_arms
+from capsexp.config.verdict_arms import own_cell_nodes, reference_cells, verdict_arms
 from capsexp.locations import CONFIG_DIR, quote_locations, working_root
 
 # model/routing=<name>: how the capsule layers route (model.net.routing): every registered routing,
@@ -125,6 +125,7 @@ def register_routing() -> None:
         ("run_name", run_name),
         ("job_name", job_name),
         ("verdict_arms", verdict_arms),
+        ("reference_cells", reference_cells),
     )
     for name, resolver in resolvers:
         if not OmegaConf.has_resolver(name):
@@ -140,6 +141,9 @@ def register_routing() -> None:
         if not (CONFIG_DIR / "arm" / "routing" / f"{name}.yaml").is_file():
             arm = {"defaults": [{"override /model/routing": name}]}
             ConfigStore.instance().store(group="arm/routing", name=name, node=arm, package="_global_")
+    # experiment=routing_reference: each routing's own verdict arms, beside the verdict's shared controls.
+    for name, cell in own_cell_nodes(list(ROUTINGS)).items():
+        ConfigStore.instance().store(group="arm/routing_verdict", name=name, node=cell, package="_global_")
 
 
 def register() -> None:

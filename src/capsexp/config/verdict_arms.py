@@ -1,17 +1,25 @@
 """The arms of a routing's verdict (``experiment=routing_verdict +routing=<name>``): the routing and the controls
 that differ from it, ``${verdict_arms:<name>}`` in the experiment's sweep. An arm that would repeat another for
 this routing is left out (dynamic routing stopped after its first iteration is uniform coupling; uniform
-coupling's own couplings, shuffled, are uniform)."""
+coupling's own couplings, shuffled, are uniform).
+
+The reference (``experiment=routing_reference``) is the verdicts of several routings in one sweep, its
+controls run once for all: its cells (``${reference_cells:<routings>}``) are each routing's own arms
+(``<routing>-routing``, ``<routing>-shuffled``, ``<routing>-first_iteration``), then the shared controls
+(``uniform``, ``random``, ``plain_head``, ``cnn``), each an option of ``+arm/routing_verdict`` (the own
+cells: :func:`own_cell_nodes`)."""
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 
 from capsexp.config.routing_registry import registered
 from capsexp.errors import ConfigError
 
 # In the page's order: the routing, the controls of its couplings, then the nets without routing.
 ARMS = ("routing", "shuffled", "first_iteration", "uniform", "random", "plain_head", "cnn")
+OWN_ARMS = ARMS[:3]  # the arms that hold the routing judged; the others are the same for every routing
 
 
 def verdict_arms(routing: str) -> str:
@@ -27,3 +35,26 @@ def verdict_arms(routing: str) -> str:
     if routing in ("uniform", "random"):
         left_out |= {routing, "shuffled", "first_iteration"}  # the arm itself; its couplings carry no image
     return ",".join(arm for arm in ARMS if arm not in left_out)
+
+
+def cell_name(routing: str, arm: str) -> str:
+    """The reference's cell of ``routing``'s verdict arm ``arm``: its own (``em-shuffled``), or the control
+    every routing shares (``uniform``)."""
+    return f"{routing}-{arm}" if arm in OWN_ARMS else arm
+
+
+def reference_cells(routings: Sequence[str]) -> str:
+    """The reference's cells as a sweep's value: each of ``routings``' own verdict arms in turn, then the
+    controls once (a ConfigError naming the routings where one is none of them)."""
+    routings = list(routings)
+    if not routings:
+        raise ConfigError("a routing reference needs at least one routing to judge")
+    own = [cell_name(r, arm) for r in routings for arm in verdict_arms(r).split(",") if arm in OWN_ARMS]
+    controls = [arm for arm in ARMS if arm not in OWN_ARMS]
+    return ",".join([*own, *controls])
+
+
+def own_cell_nodes(routings: Sequence[str]) -> dict[str, dict]:
+    """The ``+arm/routing_verdict`` options of the reference's own cells, by name: the verdict arm
+    (``conf/arm/routing_verdict/<arm>.yaml``) with the routing judged chosen as ``+routing=<name>`` chooses it."""
+    return {cell_name(r, arm): {"defaults": [{"/routing": r}, arm]} for r in routings for arm in OWN_ARMS}

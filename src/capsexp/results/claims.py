@@ -243,10 +243,10 @@ class Figures:
         to the config instead of copied from it."""
         from omegaconf import OmegaConf
 
-        from capsexp.locations import experiment_file
+        from capsexp.locations import experiment_config, experiment_file
 
         found = (
-            OmegaConf.select(OmegaConf.load(experiment_file(self.page.experiment)), key)
+            OmegaConf.select(experiment_config(experiment_file(self.page.experiment)), key)
             if self.page.experiment
             else None
         )

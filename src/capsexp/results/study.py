@@ -55,7 +55,7 @@ from dataclasses import dataclass, field
 from omegaconf import OmegaConf
 
 from capsexp.errors import ConfigError
-from capsexp.locations import CONFIG_DIR, experiment_file, shown
+from capsexp.locations import CONFIG_DIR, experiment_config, experiment_file, shown
 from capsexp.overrides import key as override_key
 from capsexp.records.metric_names import TEST_ACC, VAL_ACC, VAL_ACC_BEST
 from capsexp.results.statistics import reproduction_tolerance
@@ -236,7 +236,7 @@ def load_study_page(experiment: str | None, budget: str | None) -> StudyPage:
     budget = budget or DEFAULT_BUDGET
     if not experiment or not experiment_file(experiment).exists():
         return StudyPage(experiment, budget)
-    config = OmegaConf.load(experiment_file(experiment))
+    config = experiment_config(experiment_file(experiment))
     node = config.get("page")
     page = OmegaConf.to_container(node) if node is not None else {}
     params = OmegaConf.select(config, "hydra.sweeper.params") or {}
