@@ -16,7 +16,7 @@ from capsexp.callbacks.equivariance import Equivariance, equivariance_error
 from capsexp.callbacks.routing_diagnostics import RoutingDiagnostics
 from capsexp.config.hydra_setup import compose
 from capsexp.config.instantiation import build_model
-from capsexp.config.verdict_arms import verdict_arms
+from capsexp.config.verdict_arms import reference_cells, verdict_arms
 from capsexp.errors import ConfigError
 from capsexp.nn import DynamicRouting
 from capsexp.nn.functional import image_dependence, shuffled_couplings, uniform_distance
@@ -141,6 +141,39 @@ def test_a_verdict_of_no_routing_says_which_there_are():
         verdict_arms("sinkorn")
 
 
+def test_the_references_cells_are_each_routings_own_arms_then_the_controls_once():
+    assert reference_cells(["em", "dynamic"]) == (
+        "em-routing,em-shuffled,em-first_iteration,dynamic-routing,dynamic-shuffled,uniform,random,plain_head,cnn"
+    )
+    with pytest.raises(ConfigError, match=r"\+routing=sinkorn: no such routing"):
+        reference_cells(["em", "sinkorn"])
+    with pytest.raises(ConfigError, match="uniform: a control every routing's verdict runs already"):
+        reference_cells(["uniform", "em"])
+
+
+@pytest.mark.parametrize(
+    "cell,target,couplings,iterations",
+    [
+        ("vb-shuffled", "capsexp.nn.VBRouting", "shuffled", 3),
+        ("em_paper-first_iteration", "capsexp.nn.EMRouting", "own", 1),
+        ("sinkhorn-routing", "capsexp.nn.SinkhornRouting", "own", None),
+        ("random", "capsexp.nn.RandomRouting", "own", None),
+    ],
+)
+def test_a_reference_cell_composes_its_verdict_arm_with_its_routing(cell, target, couplings, iterations):
+    config = compose(["experiment=routing_reference", "study=quick", f"+arm/routing_verdict={cell}"])
+    assert config.model.net.routing._target_ == target and config.model.net.couplings == couplings
+    if iterations is not None:
+        assert config.model.net.routing.iterations == iterations
+    # The routing's own defaults otherwise: as model/routing=<name> gives them.
+    name = cell.partition("-")[0]
+    own = compose(["model=capsnet", f"model/routing={name}"]).model.net.routing
+    assert {k: v for k, v in config.model.net.routing.items() if k != "iterations"} == {
+        k: v for k, v in own.items() if k != "iterations"
+    }
+    assert config.trainer.max_steps == -1 and config.trainer.max_epochs == 1  # the quick budget, one epoch
+
+
 @pytest.mark.parametrize("budget", ["quick", "full"])
 def test_the_cnn_is_matched_to_the_capsule_nets_classifier_within_one_per_cent(budget):
     def parameters(arm: str, without_decoder: bool) -> int:
@@ -155,25 +188,27 @@ def test_the_cnn_is_matched_to_the_capsule_nets_classifier_within_one_per_cent(b
     assert abs(parameters("plain_head", True) - capsules) / capsules < 0.01
 
 
+TINY_VERDICT = [
+    "trainer.max_steps=2",
+    "trainer.val_check_interval=2",
+    "trainer.limit_val_batches=2",
+    "trainer.limit_test_batches=2",
+    "data.batch_size=20",
+    "data.val_size=60",
+    "data.verify_checksums=false",
+    "callbacks.progress_bar=null",
+    "callbacks.equivariance.images=40",
+]
+
+
 @pytest.mark.slow
 def test_the_verdict_of_a_packages_routing_runs_from_the_command_line_on_a_tiny_budget(plugin, tmp_path):  # noqa: F811
-    tiny = [
-        "trainer.max_steps=2",
-        "trainer.val_check_interval=2",
-        "trainer.limit_val_batches=2",
-        "trainer.limit_test_batches=2",
-        "data.batch_size=20",
-        "data.val_size=60",
-        "data.verify_checksums=false",
-        "callbacks.progress_bar=null",
-        "callbacks.equivariance.images=40",
-    ]
     sweep = tmp_path / "sweep"
     data = os.environ.get("CAPSEXP_DATA_DIR") or str(Path(__file__).parents[2] / "shared" / "data")
     environment = {**plugin, "CAPSEXP_DATA_DIR": data, "OMP_NUM_THREADS": "1"}
     ran = _capsexp(
         environment, "-m", "experiment=routing_verdict", "+routing=mean_agreement", "study=quick", "seed=1",
-        *tiny, f"hydra.sweep.dir={sweep}",
+        *TINY_VERDICT, f"hydra.sweep.dir={sweep}",
     )  # fmt: skip
     assert ran.returncode == 0, ran.stderr[-3000:]
     jobs = sorted(path for path in sweep.iterdir() if path.is_dir() and (path / ".hydra").is_dir())
@@ -233,3 +268,29 @@ def test_a_verdict_without_one_routing_is_answered_before_hydra_composes(argumen
     with pytest.raises(ConfigError) as raised:
         check_group_overrides([a for a in arguments if a != "-m"], CONFIG_DIR)
     assert said in str(raised.value) and "sinkhorn" in str(raised.value)
+
+
+@pytest.mark.slow
+def test_the_reference_of_two_routings_runs_their_cells_and_the_controls_once_and_judges_each(plugin, tmp_path):  # noqa: F811
+    sweep = tmp_path / "sweep"
+    data = os.environ.get("CAPSEXP_DATA_DIR") or str(Path(__file__).parents[2] / "shared" / "data")
+    environment = {**plugin, "CAPSEXP_DATA_DIR": data, "OMP_NUM_THREADS": "1"}
+    ran = _capsexp(
+        environment, "-m", "experiment=routing_reference", "study=quick", "page.verdicts.routings=[mean_agreement,em]",
+        "seed=1,2", *TINY_VERDICT, f"hydra.sweep.dir={sweep}",
+    )  # fmt: skip
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    cells = sorted(
+        path.name.removeprefix("seed=1,+arm.routing_verdict=") for path in sweep.glob("seed=1,*") if path.is_dir()
+    )
+    assert cells == sorted(
+        ["mean_agreement-routing", "mean_agreement-shuffled", "em-routing", "em-shuffled", "em-first_iteration",
+         "uniform", "random", "plain_head", "cnn"]
+    )  # fmt: skip
+    assert len(list(sweep.glob("seed=2,*"))) == 9
+    page = (sweep / "README.md").read_text()
+    # The hypotheses are those of the routings the sweep judged (its page.verdicts.routings), untested at 2 seeds.
+    asked = [line.split(" | ")[0].removeprefix("| ") for line in page.splitlines() if ": it " in line]
+    assert asked == [f"{r}: it {q}, on the {s}" for r in ("mean_agreement", "em") for q in ("routes", "helps")
+                     for s in ("test digits", "affine digits")]  # fmt: skip
+    assert page.count("too few seeds to test") == 8

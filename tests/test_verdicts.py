@@ -98,3 +98,56 @@ def test_a_hypothesis_with_a_margin_is_supported_equivalent_or_cannot_tell_by_it
     same_runs = [r.final("test/acc") for r in runs if "same" in r.overrides[0]]
     paired = [b - a for a, b in zip(base, same_runs, strict=True)]
     assert same.equivalence.mean == pytest.approx(np.mean(paired)) and same.equivalence.margin == 0.005
+
+
+def test_hypotheses_in_families_are_adjusted_within_their_family_alone():
+    rng = np.random.default_rng(7)
+    base = 0.95 + rng.normal(0, 0.004, 10)
+    shifts = {"a1": 0.004, "a2": 0.002, "b1": 0.003, "b2": 0.0, "b3": 0.001}
+    runs = [*runs_of("reference", list(base))]
+    for arm, shift in shifts.items():
+        runs += runs_of(arm, list(base + shift + rng.normal(0, 0.002, 10)))
+    label_configurations(runs)
+    declared = tuple(
+        Hypothesis(arm, "test/acc", f"+arm/v={arm}", "+arm/v=reference", 0.5, margin=0.5, family=arm[0])
+        for arm in shifts
+    )
+    page = StudyPage(metrics=("test/acc",), references=("+arm/v=reference",), hypotheses=declared)
+    rows = [row for row in family(group(runs), ["test/acc"], page) if row.hypothesis]
+    for members in (rows[:2], rows[2:]):  # family a: 2 p-values, family b: 3, Holm written out for each
+        p = [row.difference.p for row in members]
+        order = sorted(range(len(p)), key=p.__getitem__)
+        expected, running = [0.0] * len(p), 0.0
+        for rank, index in enumerate(order):
+            running = max(running, min(1.0, (len(p) - rank) * p[index]))
+            expected[index] = running
+        assert [row.p_holm for row in members] == pytest.approx(expected)
+        tost = [row.equivalence.p for row in members]
+        assert min(row.p_equivalence_holm for row in members) == pytest.approx(min(1.0, len(p) * min(tost)))
+
+
+def test_the_reference_asks_each_routing_the_verdicts_hypotheses_of_its_own_cells():
+    from capsexp.results.study import load_study_page
+
+    verdict = load_study_page("routing_verdict", "quick").hypotheses
+    reference = load_study_page("routing_reference", "quick").hypotheses
+    em = [h for h in reference if h.family == "em"]
+    assert [h.name for h in em] == [f"em: {h.name}" for h in verdict]
+    assert [(h.metric, h.margin, h.smallest_effect, h.test) for h in em] == [
+        (h.metric, h.margin, h.smallest_effect, h.test) for h in verdict
+    ]
+    assert {h.arm for h in em} == {"+arm/routing_verdict=em-routing"}
+    assert [h.reference for h in em] == [
+        "+arm/routing_verdict=em-shuffled", "+arm/routing_verdict=em-shuffled",
+        "+arm/routing_verdict=uniform", "+arm/routing_verdict=uniform",
+    ]  # fmt: skip
+    assert len({h.family for h in reference}) == 9 and "max_min" in {h.family for h in reference}
+
+
+def test_a_page_of_several_families_says_how_many_and_their_size():
+    from capsexp.results.prose import hypotheses_intro
+
+    said = hypotheses_intro(4, StudyPage(experiment="routing_reference"), 9)
+    assert "They form 9 families, one per routing, of up to 4 tested p-values each" in said
+    assert "one family" not in said
+    assert "The 4 tested are the page's one family" in hypotheses_intro(4, StudyPage(experiment="routing_verdict"))

@@ -49,8 +49,12 @@ def reference_cells(routings: Sequence[str]) -> str:
     routings = list(routings)
     if not routings:
         raise ConfigError("a routing reference needs at least one routing to judge")
-    own = [cell_name(r, arm) for r in routings for arm in verdict_arms(r).split(",") if arm in OWN_ARMS]
     controls = [arm for arm in ARMS if arm not in OWN_ARMS]
+    if shared := [r for r in routings if r in controls]:
+        raise ConfigError(
+            f"{', '.join(shared)}: a control every routing's verdict runs already, not a routing to judge"
+        )
+    own = [cell_name(r, arm) for r in routings for arm in verdict_arms(r).split(",") if arm in OWN_ARMS]
     return ",".join([*own, *controls])
 
 

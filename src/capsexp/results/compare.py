@@ -25,6 +25,7 @@ from capsexp.results.diagnostics import diagnostics_section
 from capsexp.results.differences import (
     Compared,
     distinct,
+    family_count,
     family_size,
     metrics_of,
     permutation_floor,
@@ -89,7 +90,7 @@ def against_section(
 
 def hypotheses_section(rows: list[Compared], page: StudyPage) -> str:
     """The declared hypotheses: how they are tested, then their table."""
-    intro = hypotheses_intro(family_size(rows), page)
+    intro = hypotheses_intro(family_size(rows), page, family_count(rows))
     return "\n".join([sentence("hypotheses.heading"), "", intro, "", *hypotheses_table(rows, page)]) + "\n"
 
 

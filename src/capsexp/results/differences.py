@@ -145,15 +145,19 @@ def distinct(row: Compared) -> frozenset:
 
 
 def family(configurations: list[Configuration], metrics: list[str], page: StudyPage) -> list[Compared]:
-    """The page's comparisons with their family-adjusted p-values: the declared hypotheses (the family)
-    followed by the table's rows (exploratory: no p-value), or, with no hypotheses declared, the table's
-    rows, every tested one in the family (a pair compared both ways counted once)."""
+    """The page's comparisons with their family-adjusted p-values: the declared hypotheses (one family, or
+    the families they declare) followed by the table's rows (exploratory: no p-value), or, with no
+    hypotheses declared, the table's rows, every tested one in the family (a pair compared both ways
+    counted once)."""
     references = references_of(configurations, page)
     rows = table_rows(configurations, metrics, references) if page.differences else []
     declared = hypothesis_rows(configurations, page)
     if page.hypotheses:
-        adjusted = statistics.holm_adjusted([row.p for row in declared])
-        equivalent = statistics.holm_adjusted([row.equivalence.p if row.equivalence else None for row in declared])
+        families = [row.hypothesis.family for row in declared]
+        adjusted = statistics.holm_within([row.p for row in declared], families)
+        equivalent = statistics.holm_within(
+            [row.equivalence.p if row.equivalence else None for row in declared], families
+        )
         held = [_with(row, p, q) for row, p, q in zip(declared, adjusted, equivalent, strict=True)]
         return held + rows
     adjusted = statistics.holm_adjusted([row.p for row in rows], [distinct(row) for row in rows])
@@ -165,8 +169,19 @@ def _with(row: Compared, p_holm: float | None, p_equivalence_holm: float | None 
 
 
 def family_size(rows: list[Compared]) -> int:
-    """How many p-values the family adjusts: its distinct tested comparisons."""
-    return len({distinct(row) if row.hypothesis is None else id(row) for row in rows if _tested(row)})
+    """How many p-values a family adjusts: its distinct tested comparisons (declared hypotheses in
+    families of their own: the largest family's)."""
+    families: dict[str, set] = {}
+    for row in rows:
+        if _tested(row):
+            family = families.setdefault(row.hypothesis.family if row.hypothesis else "", set())
+            family.add(distinct(row) if row.hypothesis is None else id(row))
+    return max(map(len, families.values()), default=0)
+
+
+def family_count(rows: list[Compared]) -> int:
+    """How many families the declared hypotheses among ``rows`` form (1 for a page of one family)."""
+    return len({row.hypothesis.family for row in rows if row.hypothesis is not None and _tested(row)})
 
 
 def _tested(row: Compared) -> bool:
@@ -175,9 +190,10 @@ def _tested(row: Compared) -> bool:
 
 def both_adjusted(rows: list[Compared]) -> dict[int, tuple[float | None, float | None]]:
     """Each declared hypothesis's t-test and permutation p-values, each adjusted by Holm over the
-    hypotheses (by ``id`` of its row)."""
-    t = statistics.holm_adjusted([r.difference.p if r.difference else None for r in rows])
-    permuted = statistics.holm_adjusted([r.difference.p_permutation if r.difference else None for r in rows])
+    hypotheses of its family (by ``id`` of its row)."""
+    families = [r.hypothesis.family if r.hypothesis else "" for r in rows]
+    t = statistics.holm_within([r.difference.p if r.difference else None for r in rows], families)
+    permuted = statistics.holm_within([r.difference.p_permutation if r.difference else None for r in rows], families)
     return {id(row): pair for row, *pair in zip(rows, t, permuted, strict=True)}
 
 

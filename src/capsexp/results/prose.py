@@ -188,15 +188,19 @@ def against_intro(
     return " ".join(parts)
 
 
-def hypotheses_intro(size: int, page: StudyPage) -> str:
+def hypotheses_intro(size: int, page: StudyPage, families: int = 1) -> str:
     """What the declared hypotheses' table shows: where they were declared, their family of ``size``
-    p-values, how each is judged."""
+    p-values (or ``families`` of up to ``size``: a routing's verdicts each), how each is judged."""
+    if not size:
+        family = sentence("hypotheses.empty")
+    elif families > 1:
+        family = sentence("hypotheses.families", count=families, family="routing", size=size)
+    else:
+        family = sentence("hypotheses.family", size=size, are="are" if size != 1 else "is")
     return " ".join(
         [
             sentence("hypotheses.declared", source=page.source),
-            sentence("hypotheses.family", size=size, are="are" if size != 1 else "is")
-            if size
-            else sentence("hypotheses.empty"),
+            family,
             sentence("hypotheses.tests", significance=statistics.SIGNIFICANCE, min_runs=statistics.MIN_RUNS_TO_TEST),
             PERMUTATION,
             sentence("hypotheses.detectable", power=f"{statistics.POWER:.0%}", significance=statistics.SIGNIFICANCE),

@@ -30,6 +30,9 @@ and the functions that add what a table cannot show. A comparison of runs made w
       lead_figure: capsexp.studies.engagement.engagement_figure  # (runs, page, folder) -> the page's first
                                        # figure, when its answer is not the headline metric's comparison
       differences: false               # no "against the reference" section: the page's sections compare
+      verdicts:                        # or: another page's hypotheses asked of each routing (a family each)
+        hypotheses_of: routing_verdict
+        routings: [dynamic, em]
       hypotheses:                      # the confirmatory tests, declared before the runs (one family)
         - name: dynamic routing and affine generalisation
           metric: test/acc_affine_mnist
@@ -50,6 +53,7 @@ expected figure's key is the whole of a job's choices (its seed aside), and chec
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from omegaconf import OmegaConf
@@ -141,6 +145,7 @@ class Hypothesis:
     direction: str = "two-sided"
     test: str = "t"
     margin: float | None = None
+    family: str = ""  # Holm's adjustment is within a family: the page's one, or each routing's of its verdicts
 
 
 def _hypothesis(node: dict) -> Hypothesis:
@@ -230,13 +235,16 @@ def _strings(value: str | list[str] | None) -> tuple[str, ...]:
     return (value,) if isinstance(value, str) else tuple(str(v) for v in value)
 
 
-def load_study_page(experiment: str | None, budget: str | None) -> StudyPage:
-    """The ``page`` of ``conf/experiment/<experiment>.yaml`` for ``budget`` (a plain page for runs of
-    no experiment, or of one this project does not hold)."""
+def load_study_page(experiment: str | None, budget: str | None, overrides: Sequence[str] = ()) -> StudyPage:
+    """The ``page`` of ``conf/experiment/<experiment>.yaml`` for ``budget``, with the ``page.*`` overrides
+    its runs were given (``page.verdicts.routings=[em,vb]``); a plain page for runs of no experiment, or
+    of one this project does not hold."""
     budget = budget or DEFAULT_BUDGET
     if not experiment or not experiment_file(experiment).exists():
         return StudyPage(experiment, budget)
     config = experiment_config(experiment_file(experiment))
+    if overrides:
+        config = OmegaConf.merge(config, OmegaConf.from_dotlist(list(overrides)))
     node = config.get("page")
     page = OmegaConf.to_container(node) if node is not None else {}
     params = OmegaConf.select(config, "hydra.sweeper.params") or {}
@@ -261,10 +269,41 @@ def load_study_page(experiment: str | None, budget: str | None) -> StudyPage:
             swept=(*(override_key(str(name)) for name in params), *(config.get("requires") or [])),
             lead_figure=page.get("lead_figure"),
             differences=bool(page.get("differences", True)),
-            hypotheses=tuple(_hypothesis(node) for node in page.get("hypotheses") or []),
+            hypotheses=(
+                *(_hypothesis(node) for node in page.get("hypotheses") or []),
+                *_verdicts(page.get("verdicts"), budget),
+            ),
         )
     except (KeyError, TypeError, ValueError) as error:
         raise ConfigError(f"{shown(experiment_file(experiment))}: its page is malformed ({error!r})") from error
+
+
+def _verdicts(node: dict | None, budget: str) -> tuple[Hypothesis, ...]:
+    """The ``verdicts`` of a page of several routings (experiment=routing_reference): the hypotheses of
+    the page ``hypotheses_of`` (a routing's verdict) asked of each of ``routings``, its arms' own cells
+    in the verdict's arms' place (:func:`capsexp.config.verdict_arms.cell_name`), each routing a family."""
+    if not node:
+        return ()
+    from dataclasses import replace
+
+    from capsexp.config.verdict_arms import cell_name
+    from capsexp.overrides import left_side, written
+
+    def cell(override: str, routing: str) -> str:
+        return f"{left_side(override)}={cell_name(routing, written(override))}"
+
+    asked = load_study_page(node["hypotheses_of"], budget).hypotheses
+    return tuple(
+        replace(
+            hypothesis,
+            name=f"{routing}: {hypothesis.name}",
+            arm=cell(hypothesis.arm, routing),
+            reference=cell(hypothesis.reference, routing),
+            family=routing,
+        )
+        for routing in node["routings"]
+        for hypothesis in asked
+    )
 
 
 def page_for(runs: list) -> StudyPage:
@@ -272,4 +311,8 @@ def page_for(runs: list) -> StudyPage:
     one; a plain page otherwise."""
     experiments = {run.choice("experiment") for run in runs}
     budgets = {run.choice("study") for run in runs}
-    return load_study_page(*experiments, *budgets) if len(experiments) == 1 and len(budgets) == 1 else StudyPage()
+    if len(experiments) != 1 or len(budgets) != 1:
+        return StudyPage()
+    shared = set.intersection(*(set(run.overrides) for run in runs)) if runs else set()
+    overrides = [o for o in runs[0].overrides if o in shared and override_key(o).startswith("page.")]
+    return load_study_page(*experiments, *budgets, overrides=overrides)
