@@ -151,3 +151,47 @@ def test_a_page_of_several_families_says_how_many_and_their_size():
     assert "They form 9 families, one per routing, of up to 4 tested p-values each" in said
     assert "one family" not in said
     assert "The 4 tested are the page's one family" in hypotheses_intro(4, StudyPage(experiment="routing_verdict"))
+
+
+def test_the_verdict_grid_gives_each_routing_a_row_and_each_question_its_verdict_and_difference():
+    from capsexp.studies.verdict import verdict_grid
+
+    rng = np.random.default_rng(11)
+    base = 0.95 + rng.normal(0, 0.004, 10)
+    runs = [
+        *runs_of("uniform", list(base)),
+        *runs_of("a-routing", list(base + 0.01 + rng.normal(0, 0.0005, 10))),  # a point above, every seed
+        *runs_of("b-routing", list(base + 0.0002 * np.array([1, -1, -1, 1, 1, -1, 1, -1, -1, 1]))),  # the same
+    ]
+    label_configurations(runs)
+    declared = tuple(
+        Hypothesis(f"{r}: it helps", "test/acc", f"+arm/v={r}-routing", "+arm/v=uniform", 0.5, "two-sided",
+                   "permutation", 0.5, family=r)
+        for r in ("a", "b")
+    )  # fmt: skip
+    page = StudyPage(metrics=("test/acc",), hypotheses=declared)
+    grid = verdict_grid(runs, page, Path("."))
+    lines = [line for line in grid.splitlines() if line.startswith("| ")]
+    assert lines[0] == "| routing | it helps |"
+    a_diff = 100 * np.mean([r.final("test/acc") for r in runs[10:20]]) - 100 * np.mean(base)
+    assert lines[2] == f"| a | **supported**, above ({a_diff:+.2f}) |"
+    assert lines[3].startswith("| b | **equivalent** within ±0.5 (")
+
+
+def test_the_routing_measures_table_gives_each_configuration_its_measures_mean_and_std():
+    from capsexp.studies.verdict import routing_measures
+
+    def run(arm: str, seed: int, dependence: float, error: float) -> Run:
+        scalars = {
+            "routing/digits/test_image_dependence": [Scalar(9, dependence)],
+            "equivariance/shift_2px/error": [Scalar(9, error)],
+            "test/acc": [Scalar(9, 0.9)],
+        }
+        return Run(Path(f"{arm}-{seed}"), [f"+arm/v={arm}", f"seed={seed}"], scalars)
+
+    runs = [run("em", 1, 0.7, 0.2), run("em", 2, 0.8, 0.3), run("em", 3, 0.9, 0.7), run("uniform", 1, 0.0, 0.5)]
+    label_configurations(runs)
+    table = [line for line in routing_measures(runs, StudyPage(), Path(".")).splitlines() if line.startswith("| ")]
+    assert table[0] == "| configuration | runs | image dependence, digits | equivariance error, shift_2px |"
+    assert table[2] == f"| em | 3 | 0.800 ± 0.100 | 0.400 ± {np.std([0.2, 0.3, 0.7], ddof=1):.3f} |"
+    assert table[3] == "| uniform | 1 | 0.000 | 0.500 |"

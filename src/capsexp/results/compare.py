@@ -119,6 +119,7 @@ def differences_figure(rows: list, page: StudyPage, output: Path) -> Path | None
                 row.hypothesis is not None,
                 row.significant,
                 places(factor),
+                row.hypothesis.margin if row.hypothesis else None,
             )
         )
     if not drawn:
@@ -202,6 +203,7 @@ def compare(folder: Path, output: Path | None = None, keep: bool = False) -> Com
         header(page, runs, folder, relative, rebuild),
         unsupported_block(notes.failed),
         "".join(f"![{png.stem}]({png.name})\n" for png in first),  # the answer at a glance, then the notes
+        _page_function("answer", page.answer)(runs, page, output).strip() + "\n" if page.answer else "",
         notes.text + "\n" if notes.text else "",
         results,
         differences_section(rows, configurations, compared_metrics, page),

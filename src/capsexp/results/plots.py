@@ -387,14 +387,16 @@ class ForestRow:
     declared: bool = False
     significant: bool = False  # by the page's family of tests
     places: int = 2  # decimals of the figures beside the row
+    margin: float | None = None  # a declared hypothesis's equivalence margin: its interval within +-margin
 
 
 def forest_plot(rows: Sequence[ForestRow], path: Path, title: str) -> Path:
     """Each comparison's difference from its reference with its 95% interval, a panel per metric: the
-    declared hypotheses first (blue, their smallest effect that matters as a shaded band about 0), the
-    other comparisons after (grey); a filled dot where the page's family of tests calls it significant.
-    Differences without an interval (one run a side) do not set the axis: they are drawn as open diamonds,
-    at the axis's edge with their value where they fall beyond it."""
+    declared hypotheses first (blue, their smallest effect that matters as a shaded band about 0, their
+    equivalence margin, where declared, as dashed red ticks), the other comparisons after (grey); a filled
+    dot where the page's family of tests calls it significant. Differences without an interval (one run a
+    side) do not set the axis: they are drawn as open diamonds, at the axis's edge with their value where
+    they fall beyond it."""
     plt = _pyplot()
     panels = list(dict.fromkeys(row.panel for row in rows))
     by_panel = {panel: [row for row in rows if row.panel == panel] for panel in panels}
@@ -407,6 +409,7 @@ def forest_plot(rows: Sequence[ForestRow], path: Path, title: str) -> Path:
         positions = list(range(len(found)))[::-1]  # the first row at the top
         bounded = [x for row in found if row.low is not None for x in (row.low, row.high)]
         bounded += [s for row in found if row.smallest_effect for s in (row.smallest_effect, -row.smallest_effect)]
+        bounded += [s for row in found if row.margin for s in (row.margin, -row.margin)]
         bounded = bounded or [row.mean for row in found]
         low, high = min([*bounded, 0.0]), max([*bounded, 0.0])
         margin = 0.08 * (high - low or 1.0)
@@ -418,6 +421,9 @@ def forest_plot(rows: Sequence[ForestRow], path: Path, title: str) -> Path:
                 axes.fill_betweenx(
                     [position - 0.4, position + 0.4], -row.smallest_effect, row.smallest_effect, color="C2", alpha=0.15
                 )
+            if row.margin:  # the equivalence margin: an interval inside both ticks shows no difference
+                for edge in (-row.margin, row.margin):
+                    axes.plot([edge, edge], [position - 0.35, position + 0.35], color="C3", linewidth=1.2, ls="--")
             if row.low is None:
                 shown = min(max(row.mean, low), high)
                 axes.plot(shown, position, marker="D", markersize=6, markerfacecolor="none", color=colour)

@@ -27,6 +27,7 @@ and the functions that add what a table cannot show. A comparison of runs made w
           - claim: CapsNet beats LeNet5 at every angle up to 45 degrees
             holds: "difference('test/acc_rot45', 'model=capsnet', 'model=lenet5').points > 0"
       functions: [capsexp.studies.routing.figures]        # more figures the notes and claims may quote
+      answer: capsexp.studies.verdict.verdict_grid  # (runs, page, folder) -> Markdown under the first figure
       lead_figure: capsexp.studies.engagement.engagement_figure  # (runs, page, folder) -> the page's first
                                        # figure, when its answer is not the headline metric's comparison
       differences: false               # no "against the reference" section: the page's sections compare
@@ -192,6 +193,7 @@ class StudyPage:
     # the keys the experiment's sweep sets (hydra.sweeper.params), without a "+", and the groups it requires
     swept: tuple[str, ...] = ()
     lead_figure: str | None = None  # a function (runs, page, folder) -> Path: the figure shown first
+    answer: str | None = None  # a function (runs, page, folder) -> Markdown: the answer, under the first figure
     # false: no section of each configuration against the references, where the page's own sections make
     # the comparisons its design asks for (each net against itself in another precision, say)
     differences: bool = True
@@ -268,6 +270,7 @@ def load_study_page(experiment: str | None, budget: str | None, overrides: Seque
             # The keys the sweep sets, and the groups the study needs chosen (+routing=<name>): the study's own.
             swept=(*(override_key(str(name)) for name in params), *(config.get("requires") or [])),
             lead_figure=page.get("lead_figure"),
+            answer=page.get("answer"),
             differences=bool(page.get("differences", True)),
             hypotheses=(
                 *(_hypothesis(node) for node in page.get("hypotheses") or []),

@@ -1,0 +1,121 @@
+"""A routing verdict's page sections (experiment=routing_verdict, routing_reference): each routing's answers to
+its declared questions in one grid, and the measures beside accuracy of whether it routes: how far its
+couplings depend on the image and on what it is from uniform, its dead capsules
+(:mod:`capsexp.callbacks.routing_diagnostics`) and the equivariance of its class poses
+(:mod:`capsexp.callbacks.equivariance`), each mean ± std over the seeds."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+
+from capsexp.results.differences import Compared, family, places, scale, verdict
+from capsexp.results.plots import display
+from capsexp.results.runs import Configuration, Run, group
+from capsexp.results.study import StudyPage
+
+# The measures the verdict's callbacks log after testing, in the order of the table's columns: a tag's
+# pattern, and how its column is headed (the layer or transform filled in from the tag).
+MEASURES = (
+    (re.compile(r"routing/(?P<where>[^/]+)/test_image_dependence$"), "image dependence, {where}"),
+    (re.compile(r"routing/(?P<where>[^/]+)/test_uniform_distance$"), "from uniform, {where}"),
+    (re.compile(r"routing/(?P<where>[^/]+)/test_dead_children$"), "dead children, {where}"),
+    (re.compile(r"routing/(?P<where>[^/]+)/test_dead_parents$"), "dead parents, {where}"),
+    (re.compile(r"equivariance/(?P<where>[^/]+)/error$"), "equivariance error, {where}"),
+    (re.compile(r"equivariance/(?P<where>[^/]+)/pose_change$"), "pose change, {where}"),
+)
+
+
+def measured_tags(runs: list[Run]) -> list[tuple[str, str]]:
+    """``(tag, column heading)`` of each verdict measure some run logged, in :data:`MEASURES`' order."""
+    logged = list(dict.fromkeys(tag for run in runs for tag in run.scalars))
+    return [
+        (tag, heading.format(where=match["where"]))
+        for pattern, heading in MEASURES
+        for tag in logged
+        if (match := pattern.match(tag))
+    ]
+
+
+def _mean_std(configuration: Configuration, tag: str) -> str:
+    values = [value for run in configuration.runs if (value := run.final(tag)) is not None]
+    if not values:
+        return ""
+    if len(values) == 1:
+        return f"{values[0]:.3f}"
+    return f"{np.mean(values):.3f} ± {np.std(values, ddof=1):.3f}"
+
+
+def routing_measures(runs: list[Run], page: StudyPage, output: Path) -> str:
+    """The measures of whether each configuration routes, one row each (blank: not a capsule net's)."""
+    tags = measured_tags(runs)
+    if not tags:
+        return ""
+    header = ["configuration", "runs", *(heading for _, heading in tags)]
+    lines = [
+        "## Does it route? The couplings and the poses",
+        "",
+        "Measured after testing, on the plain test digits (the equivariance on the first of them), mean ± std "
+        "over the seeds. Image dependence: the total variation between a child's couplings in one image and "
+        "in another (0: the same couplings for every image), beside their total variation from uniform "
+        "coupling (0: uniform). Dead: the share of the layer's capsules never active above 0.01 on any test "
+        "image. Equivariance error: the share of the target class pose's change under the transform that one "
+        "linear map per class, fitted on half the images, leaves unexplained on the other half (0: the pose "
+        "moves as a linear function of the transform; 1: no such map); pose change: how far the pose moves, "
+        "as a share of its length. A shuffled arm's couplings are measured before they are shuffled.",
+        "",
+        "| " + " | ".join(header) + " |",
+        "| --- | " + " | ".join("---:" for _ in header[1:]) + " |",
+    ]
+    for configuration in group(runs):
+        cells = [_mean_std(configuration, tag) for tag, _ in tags]
+        lines.append(f"| {display(configuration.label)} | {len(configuration.runs)} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def short_verdict(row: Compared) -> str:
+    """A declared hypothesis's verdict in a few words, with the mean difference (points of accuracy)."""
+    if row.difference is None:
+        return "not run"
+    said = verdict(row, None)
+    factor = scale(row.metric)
+    difference = f"{factor * row.difference.mean:+.{places(factor)}f}"
+    if said.startswith("**supported**"):
+        return f"**supported**, {'above' if row.difference.mean > 0 else 'below'} ({difference})"
+    if said.startswith("**equivalent**"):
+        return f"{said.split(' (')[0]} ({difference})"
+    if said.startswith("cannot tell"):
+        return f"cannot tell ({difference})"
+    return said
+
+
+def verdict_grid(runs: list[Run], page: StudyPage, output: Path) -> str:
+    """Each routing's verdict on each declared question, one row a routing (its family), one column a
+    question: the declared hypotheses' table in one screen."""
+    rows = [row for row in family(group(runs), [], page) if row.hypothesis is not None]
+    if not rows:
+        return ""
+
+    def question(row: Compared) -> str:
+        return row.hypothesis.name.removeprefix(f"{row.hypothesis.family}: ")
+
+    questions = list(dict.fromkeys(map(question, rows)))
+    answers: dict[str, dict[str, str]] = {}
+    for row in rows:
+        answers.setdefault(row.hypothesis.family or "the routing", {})[question(row)] = short_verdict(row)
+    lines = [
+        "## The verdicts",
+        "",
+        "Each declared hypothesis's verdict, with the mean difference in points (routing minus control), as "
+        "the table of the declared hypotheses gives it in full: supported (the routing above or below the "
+        "control: the exact sign-flip test, Holm within the routing's family), equivalent within the declared "
+        "margin (two one-sided tests), or cannot tell at this power (neither).",
+        "",
+        "| routing | " + " | ".join(questions) + " |",
+        "| --- | " + " | ".join("---" for _ in questions) + " |",
+    ]
+    for name, said in answers.items():
+        lines.append(f"| {name} | " + " | ".join(said.get(q, "") for q in questions) + " |")
+    return "\n".join(lines) + "\n"
