@@ -193,7 +193,7 @@ class Figures:
     def verdict(self, name: str) -> str:
         """The declared hypothesis ``name``'s verdict as the page's table gives it."""
         row, rows = self._declared(name)
-        return verdict(row, both_adjusted(rows)[id(row)][1])
+        return verdict(row, both_adjusted(rows)[id(row)][1], bool(self.page.exploratory))
 
     def significantly_above(self, metric: str, reference: str) -> list[str]:
         """The configurations significantly above ``reference`` among the page's tests of ``metric``."""

@@ -91,7 +91,8 @@ def against_section(
 def hypotheses_section(rows: list[Compared], page: StudyPage) -> str:
     """The declared hypotheses: how they are tested, then their table."""
     intro = hypotheses_intro(family_size(rows), page, family_count(rows))
-    return "\n".join([sentence("hypotheses.heading"), "", intro, "", *hypotheses_table(rows, page)]) + "\n"
+    heading = sentence("hypotheses.heading.exploratory" if page.exploratory else "hypotheses.heading")
+    return "\n".join([heading, "", intro, "", *hypotheses_table(rows, page)]) + "\n"
 
 
 def differences_figure(rows: list, page: StudyPage, output: Path) -> Path | None:

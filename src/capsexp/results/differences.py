@@ -220,17 +220,27 @@ def permutation_floor(rows: list[Compared]) -> float:
     return min(floors)
 
 
-def verdict(row: Compared, permutation_holm: float | None) -> str:
-    """Whether the runs support a declared hypothesis, and what the interval says beside it."""
+def verdict(row: Compared, permutation_holm: float | None, exploratory: bool = False) -> str:
+    """Whether the runs support a declared hypothesis, or show it equivalent to none within its margin, or
+    cannot tell at this power (with the difference the seeds could detect at their observed spread).
+    ``exploratory``: the hypotheses were declared after some of their runs were seen, so a test that
+    reaches the level finds a difference to confirm, not a supported hypothesis."""
     hypothesis, found = row.hypothesis, row.difference
     if not found.tested:
         return "too few seeds to test" if found.too_few_to_test else "not tested (no spread)"
     factor = scale(hypothesis.metric)
-    low, high = factor * found.low, factor * found.high
-    within = -hypothesis.smallest_effect < low and high < hypothesis.smallest_effect
+    detectable = (
+        ""
+        if found.detectable is None
+        else f"; detectable at the observed spread: {factor * found.detectable:.{places(factor)}f}"
+    )
     if row.significant:
         side = "above" if found.mean > 0 else "below"
-        text = f"**supported**: the arm is {side} its reference"
+        text = (
+            f"a difference (exploratory): the arm is {side} its reference"
+            if exploratory
+            else f"**supported**: the arm is {side} its reference"
+        )
         if hypothesis.test == "t" and not (permutation_holm is not None and permutation_holm < statistics.SIGNIFICANCE):
             text += " (on the t-test alone: the permutation test does not reach the level)"
         return text
@@ -238,14 +248,7 @@ def verdict(row: Compared, permutation_holm: float | None) -> str:
         if row.p_equivalence_holm is not None and row.p_equivalence_holm < statistics.SIGNIFICANCE:
             held = f"two one-sided tests, Holm p {row.p_equivalence_holm:.2g}"
             return f"**equivalent** within ±{hypothesis.margin:g} ({held})"
-        detectable = (
-            ""
-            if found.detectable is None
-            else f"; detectable at the observed spread: {factor * found.detectable:.{places(factor)}f}"
-        )
         return (
             f"cannot tell at this power: neither a difference nor equivalence within ±{hypothesis.margin:g}{detectable}"
         )
-    if within:
-        return f"not supported; the interval excludes differences of {hypothesis.smallest_effect:g}"
-    return f"not supported; the interval does not exclude differences of {hypothesis.smallest_effect:g}"
+    return f"cannot tell at this power: no difference found, and no margin declared to test for none{detectable}"

@@ -197,9 +197,14 @@ def hypotheses_intro(size: int, page: StudyPage, families: int = 1) -> str:
         family = sentence("hypotheses.families", count=families, family="routing", size=size)
     else:
         family = sentence("hypotheses.family", size=size, are="are" if size != 1 else "is")
+    declared = (
+        sentence("hypotheses.exploratory", source=page.source, why=page.exploratory)
+        if page.exploratory
+        else sentence("hypotheses.declared", source=page.source)
+    )
     return " ".join(
         [
-            sentence("hypotheses.declared", source=page.source),
+            declared,
             family,
             sentence("hypotheses.tests", significance=statistics.SIGNIFICANCE, min_runs=statistics.MIN_RUNS_TO_TEST),
             PERMUTATION,

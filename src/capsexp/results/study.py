@@ -31,6 +31,7 @@ and the functions that add what a table cannot show. A comparison of runs made w
       lead_figure: capsexp.studies.engagement.engagement_figure  # (runs, page, folder) -> the page's first
                                        # figure, when its answer is not the headline metric's comparison
       differences: false               # no "against the reference" section: the page's sections compare
+      exploratory: "after seeds 1-3 were seen"  # the hypotheses read as exploratory, and why
       verdicts:                        # or: another page's hypotheses asked of each routing (a family each)
         hypotheses_of: routing_verdict
         routings: [dynamic, em]
@@ -194,6 +195,9 @@ class StudyPage:
     swept: tuple[str, ...] = ()
     lead_figure: str | None = None  # a function (runs, page, folder) -> Path: the figure shown first
     answer: str | None = None  # a function (runs, page, folder) -> Markdown: the answer, under the first figure
+    # Why the declared hypotheses are read as exploratory (declared after some of their runs were seen):
+    # their tests then find differences to confirm, not supported hypotheses. None: confirmatory.
+    exploratory: str | None = None
     # false: no section of each configuration against the references, where the page's own sections make
     # the comparisons its design asks for (each net against itself in another precision, say)
     differences: bool = True
@@ -271,6 +275,7 @@ def load_study_page(experiment: str | None, budget: str | None, overrides: Seque
             swept=(*(override_key(str(name)) for name in params), *(config.get("requires") or [])),
             lead_figure=page.get("lead_figure"),
             answer=page.get("answer"),
+            exploratory=page.get("exploratory"),
             differences=bool(page.get("differences", True)),
             hypotheses=(
                 *(_hypothesis(node) for node in page.get("hypotheses") or []),

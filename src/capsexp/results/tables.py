@@ -123,7 +123,7 @@ def hypotheses_table(rows: list[Compared], page: StudyPage) -> list[str]:
     adjusted = both_adjusted(rows)
     lines = [
         "| hypothesis | metric | arm − reference | direction | runs | difference | 95% CI | smallest effect "
-        "| detectable | p, t-test (Holm) | p, permutation (Holm) | test | verdict |",
+        "| detectable (observed spread) | p, t-test (Holm) | p, permutation (Holm) | test | verdict |",
         "| --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |",
     ]
     declared = {id(row.hypothesis): row for row in rows}
@@ -140,7 +140,7 @@ def hypotheses_table(rows: list[Compared], page: StudyPage) -> list[str]:
             f"{first} {found.runs[0]} / {found.runs[1]} | {factor * found.mean:+.{places(factor)}f} | "
             f"{interval(found.low, found.high, factor)} | {hypothesis.smallest_effect:g} | "
             f"{'' if found.detectable is None else f'{factor * found.detectable:.{places(factor)}f}'} | {p_text(t)} | "
-            f"{p_text(permuted)} | {hypothesis.test} | {verdict(row, adjusted[id(row)][1])} |"
+            f"{p_text(permuted)} | {hypothesis.test} | {verdict(row, adjusted[id(row)][1], bool(page.exploratory))} |"
         )
     return lines
 
