@@ -10,6 +10,9 @@ from setuptools import setup
 from setuptools.command.build_py import build_py
 
 CONFIGS = Path(__file__).resolve().parent / "conf"
+# The routings' verdicts the reference pages found, for the model cards of an installed package's runs
+# (capsexp.records.verdicts): experiments/results/<page>/verdicts.json -> capsexp/verdicts/<page>.json.
+RESULTS = Path(__file__).resolve().parent / "experiments" / "results"
 
 
 class BuildWithConfigs(build_py):
@@ -27,6 +30,11 @@ class BuildWithConfigs(build_py):
             target = packaged / source.relative_to(CONFIGS)
             target.parent.mkdir(parents=True, exist_ok=True)
             self.copy_file(str(source), str(target))
+        verdicts = Path(self.build_lib) / "capsexp" / "verdicts"
+        shutil.rmtree(verdicts, ignore_errors=True)
+        for source in sorted(RESULTS.glob("*/verdicts.json")):
+            verdicts.mkdir(parents=True, exist_ok=True)
+            self.copy_file(str(source), str(verdicts / f"{source.parent.name}.json"))
 
 
 setup(cmdclass={"build_py": BuildWithConfigs})

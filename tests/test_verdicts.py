@@ -3,7 +3,9 @@ declared hypothesis with a margin read as supported, equivalent within the margi
 
 from __future__ import annotations
 
+import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -195,3 +197,44 @@ def test_the_routing_measures_table_gives_each_configuration_its_measures_mean_a
     assert table[0] == "| configuration | runs | image dependence, digits | equivariance error, shift_2px |"
     assert table[2] == f"| em | 3 | 0.800 ± 0.100 | 0.400 ± {np.std([0.2, 0.3, 0.7], ddof=1):.3f} |"
     assert table[3] == "| uniform | 1 | 0.000 | 0.500 |"
+
+
+def test_a_reference_keeps_the_verdicts_of_routings_it_answered_and_a_card_quotes_its_routings(tmp_path, monkeypatch):
+    from capsexp.records import verdicts
+    from capsexp.records.model_card import CardFacts, model_card
+    from capsexp.studies.verdict import verdict_grid
+
+    rng = np.random.default_rng(11)
+    base = 0.95 + rng.normal(0, 0.004, 10)
+    runs = [*runs_of("uniform", list(base)), *runs_of("a-routing", list(base + 0.01 + rng.normal(0, 0.0005, 10)))]
+    runs += runs_of("b-routing", list(base[:2]))  # two seeds: too few to test, so b is not kept
+    label_configurations(runs)
+    declared = tuple(
+        Hypothesis(f"{r}: it helps", "test/acc", f"+arm/v={r}-routing", "+arm/v=uniform", 0.5, margin=0.5, family=r)
+        for r in ("a", "b")
+    )
+    page = StudyPage(metrics=("test/acc",), hypotheses=declared, verdicts_setting="in a test's net, 10 seeds")
+    folder = tmp_path / "experiments" / "results" / "routing_reference_quick"
+    folder.mkdir(parents=True)
+    monkeypatch.setattr("capsexp.locations.CHECKOUT", tmp_path)
+    monkeypatch.setattr(verdicts, "CHECKOUT", tmp_path)
+    verdict_grid(runs, page, folder)
+    kept = json.loads((folder / "verdicts.json").read_text())
+    a_diff = 100 * np.mean([r.final("test/acc") for r in runs[10:20]]) - 100 * np.mean(base)
+    assert kept == {
+        "page": "experiments/results/routing_reference_quick",
+        "setting": "in a test's net, 10 seeds",
+        "verdicts": {"a": {"it helps": f"supported, above ({a_diff:+.2f})"}},
+    }
+    assert verdicts.verdict_of("b") == [] and verdicts.verdict_of("a")[0]["answers"] == kept["verdicts"]["a"]
+    facts = CardFacts(
+        net="CapsNet", choices={"model": "capsnet", "data": "mnist"}, config={}, parameters=1, flops=1.0,
+        split_sizes={}, class_names=[], metrics={}, train_seconds=None, revision=None,
+        machine={"cpu": "AMD EPYC", "cores": 2, "torch": "2.14.1"},
+        checkpoint=None, run_folder="logs/x", routing="a", verdicts=verdicts.verdict_of("a"),
+    )  # fmt: skip
+    card = model_card(facts)
+    section = card[card.index("## Its routing's verdict") : card.index("## Provenance")]
+    assert "`model/routing=a` in a test's net, 10 seeds (`experiments/results/routing_reference_quick/`):" in section
+    assert f"- it helps: supported, above ({a_diff:+.2f})" in section
+    assert "## Its routing's verdict" not in model_card(replace(facts, routing="b", verdicts=()))

@@ -40,6 +40,9 @@ class CardFacts:
     tested_sha256: str | None = None
     # The precision it ran in (Lightning's name), which trainer.precision=auto chooses per model and machine.
     precision: str | None = None
+    # Its routing's verdicts where a reference page judged it (capsexp.records.verdicts.verdict_of).
+    routing: str | None = None
+    verdicts: Sequence[Mapping[str, Any]] = ()
 
 
 def _precision(ran: str | None, asked: Any) -> str:
@@ -102,10 +105,8 @@ def model_card(facts: CardFacts) -> str:
     ]
     shown = [VAL_ACC_BEST, *sorted(m for m in facts.metrics if m.startswith(TEST_ACC)), PRESENCE_GAP]
     lines += [_row(name, _value(name, facts.metrics[name])) for name in shown if name in facts.metrics]
+    lines += ["", _tested(facts), "", *_verdicts(facts)]
     lines += [
-        "",
-        _tested(facts),
-        "",
         "## Provenance",
         "",
         "| | |",
@@ -117,6 +118,21 @@ def model_card(facts: CardFacts) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def _verdicts(facts: CardFacts) -> list[str]:
+    """Its routing's verdicts, each from the page that found it and in the setting its runs had: the
+    routing's, not this run's."""
+    if not facts.verdicts:
+        return []
+    lines = ["## Its routing's verdict", ""]
+    for found in facts.verdicts:
+        lines.append(f"`model/routing={facts.routing}` {found['setting']} (`{found['page']}/`):")
+        lines.append("")
+        lines += [f"- {question}: {said}" for question, said in found["answers"].items()]
+        lines.append("")
+    lines += ["A verdict of the routing in that setting, not a measure of this run.", ""]
+    return lines
 
 
 def _tested(facts: CardFacts) -> str:

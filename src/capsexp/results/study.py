@@ -198,6 +198,9 @@ class StudyPage:
     # Why the declared hypotheses are read as exploratory (declared after some of their runs were seen):
     # their tests then find differences to confirm, not supported hypotheses. None: confirmatory.
     exploratory: str | None = None
+    # What the runs of a page of verdicts were (its ``verdicts.setting`` for the budget): where set, the
+    # page keeps its verdicts beside it for model cards to quote (capsexp.records.verdicts).
+    verdicts_setting: str | None = None
     # false: no section of each configuration against the references, where the page's own sections make
     # the comparisons its design asks for (each net against itself in another precision, say)
     differences: bool = True
@@ -276,6 +279,7 @@ def load_study_page(experiment: str | None, budget: str | None, overrides: Seque
             lead_figure=page.get("lead_figure"),
             answer=page.get("answer"),
             exploratory=page.get("exploratory"),
+            verdicts_setting=((page.get("verdicts") or {}).get("setting") or {}).get(budget),
             differences=bool(page.get("differences", True)),
             hypotheses=(
                 *(_hypothesis(node) for node in page.get("hypotheses") or []),

@@ -12,6 +12,7 @@ from capsexp.locations import shown_path
 from capsexp.records.machine import describe as describe_machine
 from capsexp.records.metric_names import MODEL_FLOPS, MODEL_PARAMETERS
 from capsexp.records.model_card import CardFacts
+from capsexp.records.verdicts import verdict_of
 
 if TYPE_CHECKING:
     from capsexp.run.stages import RunFacts
@@ -39,7 +40,18 @@ def card_facts(
         overrides=run.overrides,
         tested_sha256=file_sha256(Path(tested)) if tested and not trained else None,
         precision=str(trainer.precision),
+        routing=(routing := chosen_routing()),
+        verdicts=verdict_of(routing) if routing else (),
     )
+
+
+def chosen_routing() -> str | None:
+    """The ``model/routing`` option the run chose (None outside a Hydra run, or for a net without one)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return None
+    return HydraConfig.get().runtime.choices.get("model/routing")
 
 
 def file_sha256(path: Path) -> str | None:

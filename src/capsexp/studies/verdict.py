@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
+from capsexp.records.verdicts import write_verdicts
 from capsexp.results.differences import Compared, family, places, scale, verdict
 from capsexp.results.plots import display
 from capsexp.results.runs import Configuration, Run, group
@@ -118,4 +119,21 @@ def verdict_grid(runs: list[Run], page: StudyPage, output: Path) -> str:
     ]
     for name, said in answers.items():
         lines.append(f"| {name} | " + " | ".join(said.get(q, "") for q in questions) + " |")
+    if page.verdicts_setting:
+        _keep(answers, page, output)
     return "\n".join(lines) + "\n"
+
+
+def _keep(answers: dict[str, dict[str, str]], page: StudyPage, output: Path) -> None:
+    """The verdicts beside the page (records.verdicts), for the model cards of nets with these routings:
+    only those of routings whose every question was answered by runs."""
+    from capsexp.locations import CHECKOUT
+
+    complete = {
+        routing: {question: said.replace("**", "") for question, said in found.items()}
+        for routing, found in answers.items()
+        if not any(said == "not run" or said.startswith(("too few", "not tested")) for said in found.values())
+    }
+    folder = output.resolve()
+    named = folder.relative_to(CHECKOUT).as_posix() if CHECKOUT and folder.is_relative_to(CHECKOUT) else folder.name
+    write_verdicts(output, named, page.verdicts_setting, complete)
