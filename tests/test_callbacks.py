@@ -7,6 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from lightning.pytorch.trainer.states import TrainerFn
 
 from capsexp.callbacks import epoch_timer, progress_log
 from capsexp.callbacks.epoch_timer import EpochTimer
@@ -37,7 +38,10 @@ def test_epoch_timer_counts_every_process_images_and_leaves_out_the_validations_
     clock = Clock()
     monkeypatch.setattr(epoch_timer.time, "perf_counter", clock)
     loggers = [MetricsLogger(), MetricsLogger()]  # every logger gets the figures
-    trainer = SimpleNamespace(training=True, sanity_checking=False, world_size=2, global_step=30, loggers=loggers)
+    fitting = SimpleNamespace(fn=TrainerFn.FITTING)
+    trainer = SimpleNamespace(
+        training=True, state=fitting, sanity_checking=False, world_size=2, global_step=30, loggers=loggers
+    )
     module = SimpleNamespace(device=torch.device("cpu"))
     timer = EpochTimer()
 
@@ -48,15 +52,17 @@ def test_epoch_timer_counts_every_process_images_and_leaves_out_the_validations_
         timer.on_validation_start(trainer, module)
         clock.now = end
         timer.on_validation_end(trainer, module)
-        trainer.training, trainer.sanity_checking = True, False
+        trainer.training, trainer.sanity_checking, trainer.state = True, False, fitting
 
-    validation(1.0, 4.0, training=True, sanity_checking=True)  # the sanity check, before the epoch: not counted
+    # As Lightning has it: trainer.training False while any validation runs, the function fitting inside fit.
+    validation(1.0, 4.0, training=False, sanity_checking=True)  # the sanity check, before the epoch: not counted
     clock.now = 10.0
     timer.on_train_epoch_start(trainer, module)
     for size in (4, 4, 2):  # per process; 2 processes
         timer.on_train_batch_end(trainer, module, None, (torch.zeros(size, 1, 2, 2), torch.zeros(size)), 0)
-    validation(12.0, 15.0)  # inside the epoch: 3 s that are not training
-    validation(15.5, 16.0, training=False)  # a validation outside training (trainer.validate): not subtracted
+    validation(12.0, 15.0, training=False)  # inside the epoch: 3 s that are not training
+    # A validation outside training (trainer.validate): not subtracted.
+    validation(15.5, 16.0, training=False, state=SimpleNamespace(fn=TrainerFn.VALIDATING))
     clock.now = 20.0
     timer.on_train_epoch_end(trainer, module)
     for logger in loggers:
@@ -71,6 +77,43 @@ def test_epoch_timer_counts_every_process_images_and_leaves_out_the_validations_
     clock.now = 32.0
     timer.on_train_epoch_end(trainer, module)
     assert loggers[0].logged[-1][0] == {"perf/train_epoch_s": 2.0, "perf/train_images_per_s": 5.0}
+
+
+def test_epoch_timer_leaves_out_the_validations_of_a_real_fit():
+    import time
+
+    import lightning as L
+    from lightning.pytorch.demos.boring_classes import BoringModel
+    from lightning.pytorch.loggers import Logger
+
+    class SlowValidation(BoringModel):
+        def validation_step(self, batch, batch_idx):
+            time.sleep(0.1)  # 2 validations of 3 batches inside the epoch: 0.6 s, and the sanity check's
+            return super().validation_step(batch, batch_idx)
+
+    class Kept(Logger):  # a Lightning logger that keeps what it is given
+        name, version = "kept", 0
+
+        def __init__(self):
+            super().__init__()
+            self.logged = []
+
+        def log_metrics(self, metrics, step=None):
+            self.logged.append((metrics, step))
+
+        def log_hyperparams(self, params, *args, **kwargs):
+            pass
+
+    logger = Kept()
+    trainer = L.Trainer(
+        max_epochs=1, limit_train_batches=4, limit_val_batches=3, val_check_interval=2, logger=logger,
+        callbacks=[EpochTimer()], enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+    )  # fmt: skip
+    started = time.perf_counter()
+    trainer.fit(SlowValidation())
+    fit = time.perf_counter() - started
+    ((metrics, _),) = [entry for entry in logger.logged if "perf/train_epoch_s" in entry[0]]
+    assert metrics["perf/train_epoch_s"] < fit - 0.6
 
 
 def test_the_images_of_a_batch_are_the_first_dimension_of_its_first_tensor():

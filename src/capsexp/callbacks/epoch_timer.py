@@ -14,9 +14,10 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.trainer.states import TrainerFn
 
 from capsexp.callbacks.progress_log import batch_size_of
-from capsexp.records.metric_names import TRAIN_IMAGES_PER_S
+from capsexp.records.metric_names import TRAIN_EPOCH_S, TRAIN_IMAGES_PER_S
 
 
 def _synchronize(device: torch.device) -> None:
@@ -43,19 +44,21 @@ class EpochTimer(Callback):
         self.images += batch_size_of(batch) * trainer.world_size
 
     def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if trainer.training:  # a validation inside the training epoch: its time is not training
+        # A validation inside fit: its time is not training. (trainer.training is False while it runs:
+        # Lightning's stage is then validating; the function, fitting.)
+        if trainer.state.fn == TrainerFn.FITTING:
             _synchronize(pl_module.device)
             self.validation_start = time.perf_counter()
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if trainer.training and not trainer.sanity_checking:
+        if trainer.state.fn == TrainerFn.FITTING and not trainer.sanity_checking:
             _synchronize(pl_module.device)
             self.validation_s += time.perf_counter() - self.validation_start
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         _synchronize(pl_module.device)
         seconds = time.perf_counter() - self.start - self.validation_s
-        metrics = {"perf/train_epoch_s": seconds, TRAIN_IMAGES_PER_S: self.images / max(seconds, 1e-9)}
+        metrics = {TRAIN_EPOCH_S: seconds, TRAIN_IMAGES_PER_S: self.images / max(seconds, 1e-9)}
         if pl_module.device.type == "cuda":
             metrics["perf/peak_memory_gib"] = torch.cuda.max_memory_allocated(pl_module.device) / 2**30
         for logger in trainer.loggers:

@@ -25,6 +25,7 @@ PRESENCE_GAP = f"{_PRESENCE}gap"
 
 PLAIN = ""  # the name of the one unmodified test set
 
+TRAIN_EPOCH_S = "perf/train_epoch_s"  # seconds of an epoch's training steps, its validations left out
 TRAIN_IMAGES_PER_S = "perf/train_images_per_s"  # training throughput of an epoch (capsexp.callbacks.EpochTimer)
 
 # What a run records of its model before training, beside its hyperparameters (capsexp.run.train).
