@@ -4,7 +4,7 @@ training time per step) and its validation accuracy at a matched training time, 
 Every configuration trains the same number of steps, so that the results table compares them at matched
 steps; a slower routing had more time for them. At matched time, each run's validation accuracy is read
 at the step it had reached when the fastest configuration finished: the training time of a step is the
-run's own (``perf/train_epoch_s``, without validation), and the accuracy is interpolated linearly between
+run's own (``perf/train_epoch_s``, which leaves validation out), and the accuracy is interpolated linearly between
 the validations around that step (a run that had finished by then gives its last). Training times are
 compared on one machine: where the runs ran on several, the matched time is read from the configurations
 whose runs all ran on the machine that ran most of them, and the others show their own step times only."""
@@ -20,7 +20,7 @@ import yaml
 
 from capsexp.records.events import event_folder
 from capsexp.records.machine import describe_text
-from capsexp.records.metric_names import MODEL_FLOPS, MODEL_PARAMETERS, VAL_ACC
+from capsexp.records.metric_names import MODEL_FLOPS, MODEL_PARAMETERS, TRAIN_EPOCH_S, VAL_ACC
 from capsexp.results import statistics
 from capsexp.results.differences import references_of
 from capsexp.results.kept_runs import RECORDED_HPARAMS
@@ -29,18 +29,17 @@ from capsexp.results.runs import Configuration, Run, group
 from capsexp.results.study import StudyPage
 
 MATCHED_TIME = "matched_time.png"
-TRAIN_SECONDS = "perf/train_epoch_s"  # capsexp.callbacks.EpochTimer: per epoch, validation excluded
 
 
 def training_seconds(run: Run) -> float | None:
-    """The run's training time: its epochs' training seconds, validation excluded."""
-    epochs = run.scalars.get(TRAIN_SECONDS)
+    """The run's training time: its epochs' training seconds (as its epoch timer measured them)."""
+    epochs = run.scalars.get(TRAIN_EPOCH_S)
     return sum(e.value for e in epochs) if epochs else None
 
 
 def seconds_per_step(run: Run) -> float | None:
     """The run's training time per step: its epochs' training seconds over the steps they took."""
-    epochs = run.scalars.get(TRAIN_SECONDS)
+    epochs = run.scalars.get(TRAIN_EPOCH_S)
     if not epochs or epochs[-1].step <= 0:
         return None
     return training_seconds(run) / epochs[-1].step
@@ -172,7 +171,8 @@ def cost_and_matched_time(runs: list[Run], page: StudyPage, output: Path) -> str
         "## Cost, and accuracy at matched training time\n\n"
         "Parameters and forward MFLOPs per image (matrix products and convolutions, 2 per multiply-add) as each "
         "run recorded them; training seconds per step: the median over the runs of each run's training time "
-        "(validation excluded) over its steps, as the runs ran (see the notes for what shared the machine). "
+        f"(`{TRAIN_EPOCH_S}`) over its steps, as the runs ran (see the notes for what shared the machine and "
+        "what the time holds). "
         f"Matched time: {matched:.0f} s of training, the median of `{fastest}`, the fastest configuration, "
         f"over its runs. Each run's {VAL_ACC} at the step it reached in that time, interpolated between the "
         f"validations around it; mean ± std over the runs (%), and the 95% CI ({statistics.BOUNDED_INTERVAL})."
