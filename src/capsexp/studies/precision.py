@@ -36,7 +36,8 @@ class Row:
 
     @property
     def backed(self) -> bool:
-        return self.test.inside and self.p_holm < SIGNIFICANCE
+        """The page's one rule: two one-sided t-tests, each at 5%, Holm-adjusted over the page's tests."""
+        return self.p_holm < SIGNIFICANCE
 
     @property
     def identical(self) -> bool:
@@ -124,13 +125,16 @@ def equivalence_section(runs: list[Run], page: StudyPage, output: Path) -> str:
     lines = [
         "## bf16-mixed against float32, paired by seed",
         "",
-        f"Differences bf16-mixed minus float32 in points (hundredths), against the margin ±{MARGIN_POINTS:g}: "
-        "the 95% interval of the mean difference (Student t over the seeds) and the p-value of two one-sided "
-        f"tests, then Holm-adjusted over the page's {sum(not r.identical for r in found)} tests (a net whose bf16 "
-        "runs are its float32 runs is not tested). A net is backed in bf16 where every one of its rows has its "
-        f"interval inside the margin and an adjusted p below {SIGNIFICANCE:g}.",
+        f"Differences bf16-mixed minus float32 in points (hundredths), against the margin ±{MARGIN_POINTS:g}. "
+        f"The rule: a row is equivalent where two one-sided t-tests of its paired differences, each at "
+        f"{SIGNIFICANCE:g} (the mean below +{MARGIN_POINTS:g}, and above -{MARGIN_POINTS:g}), give a p (the larger "
+        f"of the two) below {SIGNIFICANCE:g} after Holm's adjustment over the page's "
+        f"{sum(not r.identical for r in found)} tests (a net whose bf16 runs are its float32 runs is not tested); "
+        "a net is backed in bf16 where every one of its rows is. The 95% interval of the mean difference "
+        "(Student t over the seeds) shows its size; it does not decide.",
         "",
-        "| arm | model | metric | seeds | float32 | bf16-mixed | difference [95% interval] | TOST p | Holm | inside |",
+        "| arm | model | metric | seeds | float32 | bf16-mixed | difference [95% interval] | TOST p | Holm "
+        "| equivalent |",
         "| --- | --- | --- | ---: | ---: | ---: | --- | ---: | ---: | --- |",
     ]
     for row in found:
@@ -173,7 +177,7 @@ def equivalence_section(runs: list[Run], page: StudyPage, output: Path) -> str:
 
 def equivalence_figure(runs: list[Run], page: StudyPage, output: Path) -> Path | None:
     """``equivalence.png``: per metric a panel, per arm a row: each seed's difference (dots), the mean and its
-    95% interval (bar), the margin shaded."""
+    95% interval (bar), the margin shaded, coloured by the page's rule."""
     found = rows(runs)
     if not found:
         return None
@@ -213,8 +217,8 @@ def equivalence_figure(runs: list[Run], page: StudyPage, output: Path) -> Path |
     handles, labels = axes_row[0][0].get_legend_handles_labels()
     figure.legend(handles, labels, fontsize="small", loc="lower center", ncol=2, bbox_to_anchor=(0.5, -0.05))
     title = (
-        f"Mean paired difference and its 95% interval (blue: inside ±{MARGIN_POINTS:g} and equivalent by the "
-        "page's tests, red: not), each seed a dot"
+        f"Mean paired difference and its 95% interval (blue: equivalent within ±{MARGIN_POINTS:g} by the "
+        "page's rule, two one-sided tests at 5% each, Holm; red: not), each seed a dot"
     )
     return saved(figure, output / FIGURE, title)
 
