@@ -238,3 +238,20 @@ def test_a_reference_keeps_the_verdicts_of_routings_it_answered_and_a_card_quote
     assert "`model/routing=a` in a test's net, 10 seeds (`experiments/results/routing_reference_quick/`):" in section
     assert f"- it helps: supported, above ({a_diff:+.2f})" in section
     assert "## Its routing's verdict" not in model_card(replace(facts, routing="b", verdicts=()))
+
+
+@pytest.mark.parametrize(
+    "net,quoted",
+    [({"routing": {}, "head": "capsules"}, "em"), ({"routing": {}, "head": "fully_connected"}, None), ({}, None)],
+)
+def test_a_card_quotes_the_routing_its_net_routes_with_and_none_for_a_head_or_net_without(net, quoted, monkeypatch):
+    from types import SimpleNamespace
+
+    from hydra.core.hydra_config import HydraConfig
+
+    from capsexp.run.card import chosen_routing
+
+    monkeypatch.setattr(HydraConfig, "initialized", staticmethod(lambda: True))
+    choices = SimpleNamespace(runtime=SimpleNamespace(choices={"model/routing": "em"}))
+    monkeypatch.setattr(HydraConfig, "get", staticmethod(lambda: choices))
+    assert chosen_routing({"model": {"net": net}}) == quoted

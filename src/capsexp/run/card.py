@@ -40,16 +40,18 @@ def card_facts(
         overrides=run.overrides,
         tested_sha256=file_sha256(Path(tested)) if tested and not trained else None,
         precision=str(trainer.precision),
-        routing=(routing := chosen_routing()),
+        routing=(routing := chosen_routing(run.hparams)),
         verdicts=verdict_of(routing) if routing else (),
     )
 
 
-def chosen_routing() -> str | None:
-    """The ``model/routing`` option the run chose (None outside a Hydra run, or for a net without one)."""
+def chosen_routing(config) -> str | None:
+    """The ``model/routing`` option the run chose and its net routes with (None outside a Hydra run, for a
+    net without a routing, or with the fully connected head in the capsule layer's place)."""
     from hydra.core.hydra_config import HydraConfig
 
-    if not HydraConfig.initialized():
+    net = (config.get("model") or {}).get("net") or {}
+    if not HydraConfig.initialized() or "routing" not in net or net.get("head") == "fully_connected":
         return None
     return HydraConfig.get().runtime.choices.get("model/routing")
 
