@@ -201,16 +201,20 @@ TINY_VERDICT = [
 ]
 
 
-@pytest.mark.slow
-def test_the_verdict_of_a_packages_routing_runs_from_the_command_line_on_a_tiny_budget(plugin, tmp_path):  # noqa: F811
+def tiny_sweep(environment_of_plugin: dict, tmp_path: Path, *arguments: str) -> Path:
+    """The folder of a study's sweep at the quick budget cut to :data:`TINY_VERDICT`, run from the command
+    line with the plugin's routing installed; the sweep must succeed."""
     sweep = tmp_path / "sweep"
     data = os.environ.get("CAPSEXP_DATA_DIR") or str(Path(__file__).parents[2] / "shared" / "data")
-    environment = {**plugin, "CAPSEXP_DATA_DIR": data, "OMP_NUM_THREADS": "1"}
-    ran = _capsexp(
-        environment, "-m", "experiment=routing_verdict", "+routing=mean_agreement", "study=quick", "seed=1",
-        *TINY_VERDICT, f"hydra.sweep.dir={sweep}",
-    )  # fmt: skip
+    environment = {**environment_of_plugin, "CAPSEXP_DATA_DIR": data, "OMP_NUM_THREADS": "1"}
+    ran = _capsexp(environment, "-m", *arguments, "study=quick", *TINY_VERDICT, f"hydra.sweep.dir={sweep}")
     assert ran.returncode == 0, ran.stderr[-3000:]
+    return sweep
+
+
+@pytest.mark.slow
+def test_the_verdict_of_a_packages_routing_runs_from_the_command_line_on_a_tiny_budget(plugin, tmp_path):  # noqa: F811
+    sweep = tiny_sweep(plugin, tmp_path, "experiment=routing_verdict", "+routing=mean_agreement", "seed=1")
     jobs = sorted(path for path in sweep.iterdir() if path.is_dir() and (path / ".hydra").is_dir())
     assert len(jobs) == 6, jobs  # the routing, shuffled, uniform, random, the plain head, the CNN (no iterations)
     measured = {}
@@ -272,14 +276,9 @@ def test_a_verdict_without_one_routing_is_answered_before_hydra_composes(argumen
 
 @pytest.mark.slow
 def test_the_reference_of_two_routings_runs_their_cells_and_the_controls_once_and_judges_each(plugin, tmp_path):  # noqa: F811
-    sweep = tmp_path / "sweep"
-    data = os.environ.get("CAPSEXP_DATA_DIR") or str(Path(__file__).parents[2] / "shared" / "data")
-    environment = {**plugin, "CAPSEXP_DATA_DIR": data, "OMP_NUM_THREADS": "1"}
-    ran = _capsexp(
-        environment, "-m", "experiment=routing_reference", "study=quick", "page.verdicts.routings=[mean_agreement,em]",
-        "seed=1,2", *TINY_VERDICT, f"hydra.sweep.dir={sweep}",
-    )  # fmt: skip
-    assert ran.returncode == 0, ran.stderr[-3000:]
+    sweep = tiny_sweep(
+        plugin, tmp_path, "experiment=routing_reference", "page.verdicts.routings=[mean_agreement,em]", "seed=1,2"
+    )
     cells = sorted(
         path.name.removeprefix("seed=1,+arm.routing_verdict=") for path in sweep.glob("seed=1,*") if path.is_dir()
     )
