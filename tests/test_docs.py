@@ -7,6 +7,7 @@ import re
 import shlex
 
 import pytest
+import tomllib
 
 from capsexp.config.config_check import config_problems
 from capsexp.results.claims import A_PAPER as NAMES_A_PAPER
@@ -14,6 +15,13 @@ from capsexp.results.claims import HANDWRITTEN_FIGURE
 from tests.helpers import PROJECT_ROOT, compose_config
 
 PAGES = [PROJECT_ROOT / "README.md", *sorted((PROJECT_ROOT / "docs").glob("*.md"))]
+EXAMPLE = PROJECT_ROOT / "examples" / "max_min_routing"
+
+
+def example_routings() -> set[str]:
+    """The routings the example package registers (its pyproject.toml's entry points)."""
+    project = tomllib.loads((EXAMPLE / "pyproject.toml").read_text())["project"]
+    return set(project["entry-points"]["capsexp.routing"])
 
 
 def documented_commands() -> list[tuple[str, str]]:
@@ -38,7 +46,14 @@ def first_job(arguments: list[str]) -> list[str]:
 
 @pytest.mark.parametrize(("page", "command"), documented_commands())
 def test_a_documented_command_composes_and_passes_the_check(page, command):
+    from capsexp.config.routing_registry import registered
+
     overrides = first_job(command.split())
+    named = {o.partition("=")[2] for o in overrides if o.partition("=")[0].lstrip("+").endswith("routing")}
+    if named & example_routings() - set(registered()):
+        # The command is documented for a user who installed the example (make examples), as CI does after
+        # this suite; the example's own tests compose it then.
+        pytest.skip(f"needs the example routing package installed ({EXAMPLE.relative_to(PROJECT_ROOT)})")
     assert config_problems(compose_config(overrides)) == [], f"{page}: python -m capsexp {command}"
 
 
