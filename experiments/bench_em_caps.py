@@ -449,7 +449,7 @@ def main() -> None:
             "# EM capsules (MatrixCapsNet) benchmark",
             "",
             f"Written by `experiments/bench_em_caps.py` on {datetime.date.today()}: {cpu}, "
-            f"{torch.get_num_threads()} threads, torch {torch.__version__}.",
+            f"{torch.get_num_threads()} thread{'s' if torch.get_num_threads() > 1 else ''}, torch {torch.__version__}.",
             "A=B=C=D=32, K=3, 4x4 poses, 2x32x32 inputs, 5 classes, Adam; each model config's own routing options "
             f"({'; '.join(recipe_text(recipe) for recipe in RECIPES)});",
             f"medians of {args.repeats} steps; each row in its own process. On a shared machine step times vary",

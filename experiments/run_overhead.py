@@ -13,6 +13,7 @@ Overhead is the three together, as a share of the training steps' time. Run wher
 
     python experiments/run_overhead.py logs/routing_reference/multiruns/<time>      # a sweep's folder
     python experiments/run_overhead.py experiments/results/routing_reference_quick/runs   # a page's runs
+    python experiments/run_overhead.py <sweep> --keep-runs --output experiments/results/run_overhead/README.md
 """
 
 from __future__ import annotations
@@ -20,19 +21,26 @@ from __future__ import annotations
 import argparse
 import datetime
 import re
+import shutil
 import statistics
 from collections import defaultdict
 from pathlib import Path
 
+import yaml
+
 from capsexp.records.events import read_scalars
 from capsexp.records.machine import describe_text, read_machine
 from capsexp.records.metric_names import TRAIN_EPOCH_S
+from capsexp.records.revision import read_revision
+from capsexp.records.revision import short as short_revision
+from capsexp.results.kept_runs import MACHINE_PATH
 
 RESULTS = Path(__file__).resolve().parent / "results" / "run_overhead.md"
 STAMP = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})\]\[[^]]*\]\[\w+\] - (.*)$")
 # The log lines that open and close the phases (capsexp.progress, capsexp.run.stages, capsexp.run.train).
 TRAINING_STARTS, TRAINING_ENDS = "training: ", "training done: "
 TESTING_STARTS, CARD_WRITTEN = "Testing ", "Model card: "
+OVERHEAD = ("set-up", "validation", "test")  # the phases beside the training steps
 
 
 def phases(run: Path) -> dict[str, float] | None:
@@ -63,6 +71,27 @@ def phases(run: Path) -> dict[str, float] | None:
     }
 
 
+def keep_runs(folder: Path, kept: Path) -> Path:
+    """What the page reads of each run under ``folder`` (its log, overrides, machine and code records,
+    event files: kilobytes) copied into ``kept``, replacing what it held; the log's mentions of the run's
+    own location (its folder, checkpoint and card) replaced by :data:`MACHINE_PATH`."""
+    if kept.exists():
+        shutil.rmtree(kept)
+    for log in sorted(folder.rglob("capsexp.log")):
+        run = log.parent
+        target = kept / run.relative_to(folder)
+        (target / ".hydra").mkdir(parents=True)
+        shutil.copy2(run / ".hydra" / "overrides.yaml", target / ".hydra" / "overrides.yaml")
+        for record in ("machine.yaml", "revision.yaml", *(p.name for p in run.glob("events.out.tfevents.*"))):
+            if (run / record).exists():
+                shutil.copy2(run / record, target / record)
+        text = log.read_text()
+        for location in (str(run.resolve()), str(run)):
+            text = text.replace(location, MACHINE_PATH)
+        (target / "capsexp.log").write_text(text)
+    return kept
+
+
 def arm_of(run: Path) -> str:
     """The run's configuration as its folder names it, without the seed."""
     return ",".join(part for part in run.name.split(",") if not part.startswith("seed="))
@@ -72,7 +101,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("folder", type=Path, help="a sweep's folder, or a page's runs/")
     parser.add_argument("--output", type=Path, default=RESULTS)
+    parser.add_argument(
+        "--keep-runs",
+        action="store_true",
+        help="copy what the page reads of each run into runs/ beside --output, and write the page from there",
+    )
     args = parser.parse_args()
+    if args.keep_runs:
+        args.folder = keep_runs(args.folder, args.output.parent / "runs")
     runs = sorted(path.parent for path in args.folder.rglob("capsexp.log") if (path.parent / ".hydra").is_dir())
     measured = {run: found for run in runs if (found := phases(run)) is not None}
     if not measured:
@@ -82,30 +118,51 @@ def main() -> None:
         by_arm[arm_of(run)].append(found)
     names = ("set-up", "training steps", "validation", "test")
     machines = {describe_text(m) for run in measured if (m := read_machine(run))}
+    codes = {short_revision(read_revision(run)) for run in measured}
 
     def row(label: str, found: list[dict[str, float]]) -> str:
         medians = {name: statistics.median(f[name] for f in found) for name in names}
-        shares = [(f["set-up"] + f["validation"] + f["test"]) / f["training steps"] for f in found]
+
+        def share(*phases: str) -> str:
+            return f"{100 * statistics.median(sum(f[p] for p in phases) / f['training steps'] for f in found):.1f}%"
+
         cells = " | ".join(f"{medians[name]:.1f}" for name in names)
-        return f"| {label} | {len(found)} | {cells} | {100 * statistics.median(shares):.1f}% |"
+        return f"| {label} | {len(found)} | {cells} | {share('validation')} | {share('test')} | {share(*OVERHEAD)} |"
 
     everything = [found for group in by_arm.values() for found in group]
     shown = args.folder.resolve()
+    here = Path.cwd().resolve()
+    where = shown.relative_to(here) if shown.is_relative_to(here) else shown
+    page = where.parent / "README.md"
     lines = [
         "# What a study's run spends beside training",
         "",
         f"Written by `experiments/run_overhead.py` from {len(measured)} finished runs of "
-        f"`{shown.relative_to(Path.cwd().resolve()) if shown.is_relative_to(Path.cwd().resolve()) else shown}`; "
-        f"machine: {'; '.join(sorted(machines)) or 'not recorded'}.",
+        f"`{where}`; "
+        f"machine: {'; '.join(sorted(machines)) or 'not recorded'}; code: {', '.join(sorted(codes))}.",
         "",
         "Seconds per run, medians over the runs of each configuration: set-up (the job's first log line to "
         "training; a sweep's worker has imported capsexp already), the training steps alone "
         "(`perf/train_epoch_s`), validation (the fit's wall time less its steps) and test (the test sets, the "
         "routing measures, the equivariance and the model card). Overhead: set-up, validation and test as a "
-        "share of the training steps, the median of each run's share.",
+        "share of the training steps, the median of each run's share (validation's and test's alone beside it).",
         "",
-        "| configuration | runs | set-up | training steps | validation | test | overhead |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "On a shared machine the seconds move with other work; the shares less, every phase being slowed alike. "
+        "With `--keep-runs` the runs' logs, overrides, records and events are kept in `runs/` beside the page "
+        "(their locations left out).",
+        "",
+        "The runs, each as `python -m capsexp` with its overrides:",
+        "",
+        *(f"- `{' '.join(yaml.safe_load((run / '.hydra' / 'overrides.yaml').read_text()))}`" for run in measured),
+        "",
+        *(
+            [f"Rebuild, from the checkout: `python experiments/run_overhead.py {where} --output {page}`.", ""]
+            if where.name == "runs"  # kept runs, the page beside them
+            else []
+        ),
+        "| configuration | runs | set-up | training steps | validation | test | validation share | test share "
+        "| overhead |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
         row("every run", everything),
         *(row(arm, found) for arm, found in sorted(by_arm.items())),
         "",

@@ -160,3 +160,43 @@ def test_a_benchmark_row_has_timms_columns_and_the_precision_auto_chose():
     assert row["param_count"] == 61_706  # LeNet5 on 28x28: 156 + 2,416 + 48,120 + 10,164 + 850
     assert row["precision"] == ("bf16-mixed" if "lenet5" in BF16_MODELS and bf16_native() else "32-true")
     assert row["train_samples_per_sec"] > 0 and row["batch_size"] == 4 and row["img_size"] == 28
+
+
+def test_the_run_overhead_page_rebuilds_from_its_runs(tmp_path):
+    """experiments/results/run_overhead/README.md is what run_overhead.py writes from the runs beside it."""
+    written = tmp_path / "README.md"
+    script = PROJECT_ROOT / "experiments" / "run_overhead.py"
+    runs = "experiments/results/run_overhead/runs"
+    done = subprocess.run(
+        [sys.executable, str(script), runs, "--output", str(written)], cwd=PROJECT_ROOT, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert written.read_text() == (PROJECT_ROOT / runs).parent.joinpath("README.md").read_text()
+
+
+def test_a_runs_phases_are_read_from_its_log_and_its_epoch_timer(tmp_path):
+    """Set-up to the training line, validation the fit less its steps, test to the model card; a run whose
+    timer counted its validations (the fit equal to its steps) or that was resumed (two fits) has none."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    sys.path.insert(0, str(PROJECT_ROOT / "experiments"))
+    from run_overhead import phases
+
+    def run(name: str, lines: list[tuple[str, str]], epochs: list[float]) -> dict | None:
+        folder = tmp_path / name
+        folder.mkdir()
+        log = [f"[2026-12-07 10:{stamp},000][capsexp.x][INFO] - {text}" for stamp, text in lines]
+        (folder / "capsexp.log").write_text("\n".join(log) + "\n")
+        with SummaryWriter(str(folder)) as writer:
+            for step, seconds in enumerate(epochs):
+                writer.add_scalar("perf/train_epoch_s", seconds, step)
+        return phases(folder)
+
+    ran = [("00:00", "Run folder: x"), ("00:03", "Training"), ("00:05", "training: 10 steps"),
+           ("01:00", "validation at step 5: val/acc 0.9"), ("02:05", "training done: 10 steps"),
+           ("02:06", "Testing x.ckpt"), ("02:36", "Model card: x/model_card.md")]  # fmt: skip
+    assert run("two_epochs", ran, [50.0, 40.0]) == {
+        "set-up": 5.0, "training steps": 90.0, "validation": 30.0, "test": 30.0
+    }  # fmt: skip
+    assert run("timer_counted_validation", ran, [120.0]) is None
+    assert run("resumed", [*ran[:3], *ran[1:]], [50.0, 40.0]) is None

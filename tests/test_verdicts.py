@@ -255,3 +255,75 @@ def test_a_card_quotes_the_routing_its_net_routes_with_and_none_for_a_head_or_ne
     choices = SimpleNamespace(runtime=SimpleNamespace(choices={"model/routing": "em"}))
     monkeypatch.setattr(HydraConfig, "get", staticmethod(lambda: choices))
     assert chosen_routing({"model": {"net": net}}) == quoted
+
+
+CLEAN = {"commit": "a" * 40, "dirty": False}
+MACHINE = {"cpu": "AMD EPYC", "cores": 2, "gpus": [], "torch": "2.14.1"}
+
+
+@pytest.mark.parametrize(
+    "records,reason",
+    [
+        ([(CLEAN, MACHINE)] * 3, None),
+        ([(None, None)] * 3, None),  # from before runs kept records: read as they were
+        ([(CLEAN, MACHINE), (CLEAN, MACHINE), ({"commit": "b" * 40}, MACHINE)], "its runs ran 2 versions of the code"),
+        (
+            [(CLEAN, MACHINE), ({"commit": "a" * 40, "dirty": True, "diff_sha256": "c" * 64}, MACHINE)],
+            "its runs ran 2 versions of the code, some uncommitted",
+        ),
+        ([(CLEAN, MACHINE), (None, MACHINE), (None, MACHINE)], "2 of its 3 runs keep no record of their code"),
+        (
+            [(CLEAN, MACHINE), (CLEAN, {**MACHINE, "cpu": "Intel Xeon"}), (CLEAN, None)],
+            "its runs ran on 2 machines, and 1 of its 3 runs keeps no record of their machine",
+        ),
+    ],
+    ids=["one commit, one machine", "no records", "two commits", "uncommitted", "code unrecorded", "machines"],
+)
+def test_runs_that_mix_code_or_machines_are_named_as_such(records, reason):
+    from capsexp.results.runs import mixed_provenance
+
+    runs = [
+        Run(Path(str(index)), [f"seed={index}"], revision=revision, machine=machine)
+        for index, (revision, machine) in enumerate(records)
+    ]
+    assert mixed_provenance(runs) == reason
+
+
+def test_a_page_whose_runs_mix_revisions_reads_its_hypotheses_as_exploratory_and_keeps_no_verdict(tmp_path):
+    """The reference's own page, its runs at two commits: the grid says exploratory, verdicts.json is not
+    written, and a page at one commit is read confirmatory."""
+    from capsexp.results.study import page_for
+    from capsexp.studies.verdict import verdict_grid
+
+    rng = np.random.default_rng(11)
+    base = 0.95 + rng.normal(0, 0.004, 10)
+    cells = [*runs_of("uniform", list(base)), *runs_of("dynamic-routing", list(base + 0.01 + rng.normal(0, 5e-4, 10)))]
+    for index, run in enumerate(cells):
+        run.overrides += ["experiment=routing_reference", "study=quick", "page.verdicts.routings=[dynamic]"]
+        run.overrides[0] = run.overrides[0].replace("+arm/v=", "+arm/routing_verdict=")
+        run.revision = {"commit": ("b" if index == 3 else "a") * 40}
+        run.machine = MACHINE
+    label_configurations(cells)
+    page = page_for(cells)
+    assert page.exploratory == "its runs ran 2 versions of the code"
+    grid = verdict_grid(cells, page, tmp_path)
+    helps = next(line for line in grid.splitlines() if line.startswith("| dynamic |"))
+    assert "a difference, exploratory: above (" in helps and "supported" not in helps
+    assert grid.rstrip().endswith(
+        "Read as exploratory: its runs ran 2 versions of the code; no verdict is kept for model cards."
+    )
+    assert not (tmp_path / "verdicts.json").exists()
+    cells[3].revision = {"commit": "a" * 40}
+    assert page_for(cells).exploratory is None
+
+
+def test_an_equivalence_found_on_an_exploratory_page_is_not_called_equivalent():
+    rng = np.random.default_rng(4)
+    base = 0.95 + rng.normal(0, 0.004, 10)
+    runs = [*runs_of("reference", list(base)), *runs_of("same", list(base + rng.normal(0, 0.0005, 10)))]
+    label_configurations(runs)
+    declared = (Hypothesis("same", "test/acc", "+arm/v=same", "+arm/v=reference", 0.5, test="permutation", margin=0.5),)
+    page = StudyPage(metrics=("test/acc",), references=("+arm/v=reference",), hypotheses=declared)
+    (row,) = [row for row in family(group(runs), ["test/acc"], page) if row.hypothesis]
+    assert verdict(row, row.p_holm).startswith("**equivalent** within ±0.5 (two one-sided tests")
+    assert verdict(row, row.p_holm, exploratory=True).startswith("within ±0.5 (exploratory; two one-sided tests")

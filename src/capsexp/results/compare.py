@@ -69,22 +69,29 @@ def differences_section(
     blocks = [hypotheses_section(declared, page)] if page.hypotheses else []
     if table:
         references = references_of(in_comparison, page)
-        blocks.append(against_section(table, references, metrics, left_out, bool(page.hypotheses)))
+        mixed = None if page.hypotheses else page.exploratory
+        blocks.append(against_section(table, references, metrics, left_out, bool(page.hypotheses), mixed))
     return "\n".join(blocks)
 
 
 def against_section(
-    rows: list[Compared], references: list[Configuration], metrics: list[str], left_out: list[str], exploratory: bool
+    rows: list[Compared],
+    references: list[Configuration],
+    metrics: list[str],
+    left_out: list[str],
+    exploratory: bool,
+    mixed: str | None = None,
 ) -> str:
     """Each configuration against the ``references``: what the table shows, then the table (its tests
-    unless the page is ``exploratory`` here, its hypotheses being its tests)."""
+    unless the page is ``exploratory`` here, its hypotheses being its tests, or its runs ``mixed``: why
+    they cannot be tested as one study)."""
     against = ", ".join(f"`{r.label}`" for r in references)
     several = len(references) > 1
     tested = [row for row in rows if row.difference is not None and row.difference.tested]
     size = family_size(rows)
     floor = permutation_floor(tested) if tested else None
-    intro = against_intro(against, several, len(tested), size, floor, left_out, exploratory)
-    table = against_table(rows, metrics, several, not exploratory and bool(tested))
+    intro = against_intro(against, several, len(tested), size, floor, left_out, exploratory, mixed)
+    table = against_table(rows, metrics, several, not (exploratory or mixed) and bool(tested))
     return "\n".join([sentence("against.heading", against=against), "", intro, "", *table]) + "\n"
 
 
@@ -118,7 +125,8 @@ def differences_figure(rows: list, page: StudyPage, output: Path) -> Path | None
                 None if found.high is None else factor * found.high,
                 row.hypothesis.smallest_effect if row.hypothesis else None,
                 row.hypothesis is not None,
-                row.significant,
+                # a page whose runs cannot be tested as one study tests none of its other comparisons
+                row.significant and not (row.hypothesis is None and page.exploratory),
                 places(factor),
                 row.hypothesis.margin if row.hypothesis else None,
             )

@@ -223,8 +223,9 @@ def permutation_floor(rows: list[Compared]) -> float:
 def verdict(row: Compared, permutation_holm: float | None, exploratory: bool = False) -> str:
     """Whether the runs support a declared hypothesis, or show it equivalent to none within its margin, or
     cannot tell at this power (with the difference the seeds could detect at their observed spread).
-    ``exploratory``: the hypotheses were declared after some of their runs were seen, so a test that
-    reaches the level finds a difference to confirm, not a supported hypothesis."""
+    ``exploratory``: the hypotheses were declared after some of their runs were seen, or their runs mix
+    code or machines, so a test that reaches the level finds a difference (or an equivalence) to confirm,
+    not a supported hypothesis."""
     hypothesis, found = row.hypothesis, row.difference
     if not found.tested:
         return "too few seeds to test" if found.too_few_to_test else "not tested (no spread)"
@@ -247,6 +248,8 @@ def verdict(row: Compared, permutation_holm: float | None, exploratory: bool = F
     if hypothesis.margin is not None:
         if row.p_equivalence_holm is not None and row.p_equivalence_holm < statistics.SIGNIFICANCE:
             held = f"two one-sided tests, Holm p {row.p_equivalence_holm:.2g}"
+            if exploratory:
+                return f"within ±{hypothesis.margin:g} (exploratory; {held})"
             return f"**equivalent** within ±{hypothesis.margin:g} ({held})"
         return (
             f"cannot tell at this power: neither a difference nor equivalence within ±{hypothesis.margin:g}{detectable}"

@@ -150,11 +150,19 @@ def results_intro(headline: str, page: StudyPage, shared: list[str], bounded: bo
 
 
 def against_intro(
-    against: str, several: bool, tested: int, size: int, floor: float | None, left_out: list[str], exploratory: bool
+    against: str,
+    several: bool,
+    tested: int,
+    size: int,
+    floor: float | None,
+    left_out: list[str],
+    exploratory: bool,
+    mixed: str | None = None,
 ) -> str:
     """What the table of each configuration against the references (``against``, Markdown) shows: its
     intervals, and its tests (``tested`` rows, ``size`` distinct p-values, ``floor`` the smallest p the
-    permutation test can give) or why there are none; the configurations ``left_out``."""
+    permutation test can give) or why there are none (``exploratory``: the page's hypotheses are its tests;
+    ``mixed``: why its runs cannot be tested as one study); the configurations ``left_out``."""
     parts = [
         sentence(
             "against.intro",
@@ -165,6 +173,8 @@ def against_intro(
     ]
     if exploratory:
         parts.append(sentence("against.exploratory"))
+    elif mixed:
+        parts.append(sentence("against.mixed", why=mixed))
     elif not tested:
         parts.append(sentence("against.untested", min_runs=statistics.MIN_RUNS_TO_TEST))
     else:

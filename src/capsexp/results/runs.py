@@ -14,9 +14,10 @@ from capsexp.locations import OVERRIDES, is_setting
 from capsexp.overrides import is_override, left_side, values_of, written
 from capsexp.overrides import key as override_key
 from capsexp.records.events import Scalar, event_files, load_events
-from capsexp.records.machine import read_machine
+from capsexp.records.machine import describe_text, read_machine
 from capsexp.records.metric_names import is_accuracy
 from capsexp.records.revision import read_revision
+from capsexp.records.revision import short as short_revision
 from capsexp.results import statistics
 
 # A run launched with other overrides than the experiment config's that composes the same job keeps
@@ -27,6 +28,32 @@ OVERRIDES_AS_RUN = Path(".hydra") / "overrides_as_run.yaml"
 def is_seed(override: str) -> bool:
     """Whether ``override`` sets the seed (``seed=3``, ``+seed=3``, ``++seed=3``)."""
     return is_override(override) and override_key(override) == "seed"
+
+
+def mixed_provenance(runs: list[Run]) -> str | None:
+    """Why ``runs`` cannot stand as one confirmatory study (None where they can): they ran more than one
+    code revision, uncommitted changes or more than one machine, or some record their code or machine and
+    others do not. Runs none of which keeps a record (from before runs kept them) are read as they were."""
+    reasons = []
+    versions = {short_revision(run.revision) for run in runs if run.revision}
+    dirty = any("+changes" in version for version in versions)
+    if len(versions) > 1:
+        reasons.append(f"its runs ran {len(versions)} versions of the code" + (", some uncommitted" if dirty else ""))
+    elif dirty:
+        reasons.append("its runs ran uncommitted changes")
+    machines = {describe_text(run.machine) for run in runs if run.machine}
+    if len(machines) > 1:
+        reasons.append(f"its runs ran on {len(machines)} machines")
+    for record, unrecorded in (
+        ("code", [r for r in runs if not r.revision]),
+        ("machine", [r for r in runs if not r.machine]),
+    ):
+        if 0 < len(unrecorded) < len(runs):
+            reasons.append(
+                f"{len(unrecorded)} of its {len(runs)} runs {'keeps' if len(unrecorded) == 1 else 'keep'} "
+                f"no record of their {record}"
+            )
+    return ", and ".join(reasons) or None
 
 
 KEPT_RUNS = "runs"  # the folder beside a page that holds copies of its runs (compare --keep-runs)

@@ -56,7 +56,7 @@ expected figure's key is the whole of a job's choices (its seed aside), and chec
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from omegaconf import OmegaConf
 
@@ -64,6 +64,7 @@ from capsexp.errors import ConfigError
 from capsexp.locations import CONFIG_DIR, experiment_config, experiment_file, shown
 from capsexp.overrides import key as override_key
 from capsexp.records.metric_names import TEST_ACC, VAL_ACC, VAL_ACC_BEST
+from capsexp.results.runs import mixed_provenance
 from capsexp.results.statistics import reproduction_tolerance
 
 # The budget of a run without study=...: the one conf/config.yaml sets.
@@ -296,8 +297,6 @@ def _verdicts(node: dict | None, budget: str) -> tuple[Hypothesis, ...]:
     in the verdict's arms' place (:func:`capsexp.config.verdict_arms.cell_name`), each routing a family."""
     if not node:
         return ()
-    from dataclasses import replace
-
     from capsexp.config.verdict_arms import cell_name
     from capsexp.overrides import left_side, written
 
@@ -327,4 +326,9 @@ def page_for(runs: list) -> StudyPage:
         return StudyPage()
     shared = set.intersection(*(set(run.overrides) for run in runs)) if runs else set()
     overrides = [o for o in runs[0].overrides if o in shared and override_key(o).startswith("page.")]
-    return load_study_page(*experiments, *budgets, overrides=overrides)
+    page = load_study_page(*experiments, *budgets, overrides=overrides)
+    # A confirmatory reading needs every run at one clean commit on one machine: else its tests are
+    # exploratory, and say why (the config's own reason, where it gives one, already covers its runs).
+    if page.exploratory is None and (mixed := mixed_provenance(runs)):
+        page = replace(page, exploratory=mixed)
+    return page

@@ -132,6 +132,7 @@ def equivalence_section(runs: list[Run], page: StudyPage, output: Path) -> str:
         f"{sum(not r.identical for r in found)} tests (a net whose bf16 runs are its float32 runs is not tested); "
         "a net is backed in bf16 where every one of its rows is. The 95% interval of the mean difference "
         "(Student t over the seeds) shows its size; it does not decide.",
+        *(["", f"Read as exploratory: {page.exploratory}."] if page.exploratory else []),
         "",
         "| arm | model | metric | seeds | float32 | bf16-mixed | difference [95% interval] | TOST p | Holm "
         "| equivalent |",
@@ -155,7 +156,7 @@ def equivalence_section(runs: list[Run], page: StudyPage, output: Path) -> str:
         if all(r.identical for r in mine):
             verdict = "float32: its bf16 runs are its float32 runs (it computes in float32 under autocast)"
         elif all(r.backed for r in mine):
-            verdict = "**bf16-mixed**"
+            verdict = "bf16-mixed (exploratory)" if page.exploratory else "**bf16-mixed**"
         else:
             verdict = "float32: " + ", ".join(METRICS[r.metric] for r in mine if not r.backed) + " not shown equivalent"
         verdicts.append(f"| {_shown(arm)} | {verdict} |")

@@ -76,11 +76,12 @@ def routing_measures(runs: list[Run], page: StudyPage, output: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
-def short_verdict(row: Compared) -> str:
-    """A declared hypothesis's verdict in a few words, with the mean difference (points of accuracy)."""
+def short_verdict(row: Compared, exploratory: bool = False) -> str:
+    """A declared hypothesis's verdict in a few words, with the mean difference (points of accuracy);
+    ``exploratory`` as :func:`~capsexp.results.differences.verdict` takes it."""
     if row.difference is None:
         return "not run"
-    said = verdict(row, None)
+    said = verdict(row, None, exploratory)
     factor = scale(row.metric)
     difference = f"{factor * row.difference.mean:+.{places(factor)}f}"
     if said.startswith("**supported**"):
@@ -89,6 +90,10 @@ def short_verdict(row: Compared) -> str:
         return f"{said.split(' (')[0]} ({difference})"
     if said.startswith("cannot tell"):
         return f"cannot tell ({difference})"
+    if said.startswith("a difference (exploratory)"):
+        return f"a difference, exploratory: {'above' if row.difference.mean > 0 else 'below'} ({difference})"
+    if said.startswith("within "):
+        return f"{said.split(' (')[0]}, exploratory ({difference})"
     return said
 
 
@@ -105,7 +110,8 @@ def verdict_grid(runs: list[Run], page: StudyPage, output: Path) -> str:
     questions = list(dict.fromkeys(map(question, rows)))
     answers: dict[str, dict[str, str]] = {}
     for row in rows:
-        answers.setdefault(row.hypothesis.family or "the routing", {})[question(row)] = short_verdict(row)
+        said = short_verdict(row, bool(page.exploratory))
+        answers.setdefault(row.hypothesis.family or "the routing", {})[question(row)] = said
     lines = [
         "## The verdicts",
         "",
@@ -119,7 +125,9 @@ def verdict_grid(runs: list[Run], page: StudyPage, output: Path) -> str:
     ]
     for name, said in answers.items():
         lines.append(f"| {name} | " + " | ".join(said.get(q, "") for q in questions) + " |")
-    if page.verdicts_setting:
+    if page.exploratory:
+        lines += ["", f"Read as exploratory: {page.exploratory}; no verdict is kept for model cards."]
+    elif page.verdicts_setting:
         _keep(answers, page, output)
     return "\n".join(lines) + "\n"
 
