@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import re
-import shutil
 import statistics
 from collections import defaultdict
 from pathlib import Path
@@ -34,6 +33,8 @@ from capsexp.records.metric_names import TRAIN_EPOCH_S
 from capsexp.records.revision import read_revision
 from capsexp.records.revision import short as short_revision
 from capsexp.results.kept_runs import MACHINE_PATH
+from capsexp.results.kept_runs import keep_runs as keep_runs_of_page
+from capsexp.results.runs import find_runs
 
 RESULTS = Path(__file__).resolve().parent / "results" / "run_overhead.md"
 STAMP = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})\]\[[^]]*\]\[\w+\] - (.*)$")
@@ -71,24 +72,17 @@ def phases(run: Path) -> dict[str, float] | None:
     }
 
 
-def keep_runs(folder: Path, kept: Path) -> Path:
-    """What the page reads of each run under ``folder`` (its log, overrides, machine and code records,
-    event files: kilobytes) copied into ``kept``, replacing what it held; the log's mentions of the run's
+def keep_runs(folder: Path, output: Path) -> Path:
+    """The runs under ``folder`` kept in ``output/runs/`` as a results page keeps them
+    (:func:`capsexp.results.kept_runs.keep_runs`), with the log this page reads: its mentions of the run's
     own location (its folder, checkpoint and card) replaced by :data:`MACHINE_PATH`."""
-    if kept.exists():
-        shutil.rmtree(kept)
-    for log in sorted(folder.rglob("capsexp.log")):
-        run = log.parent
-        target = kept / run.relative_to(folder)
-        (target / ".hydra").mkdir(parents=True)
-        shutil.copy2(run / ".hydra" / "overrides.yaml", target / ".hydra" / "overrides.yaml")
-        for record in ("machine.yaml", "revision.yaml", *(p.name for p in run.glob("events.out.tfevents.*"))):
-            if (run / record).exists():
-                shutil.copy2(run / record, target / record)
-        text = log.read_text()
-        for location in (str(run.resolve()), str(run)):
+    runs = find_runs(folder)
+    kept = keep_runs_of_page(runs, folder, output)
+    for run in runs:
+        text = (run.folder / "capsexp.log").read_text()
+        for location in (str(run.folder.resolve()), str(run.folder)):
             text = text.replace(location, MACHINE_PATH)
-        (target / "capsexp.log").write_text(text)
+        (kept / run.folder.relative_to(folder) / "capsexp.log").write_text(text)
     return kept
 
 
@@ -108,7 +102,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     if args.keep_runs:
-        args.folder = keep_runs(args.folder, args.output.parent / "runs")
+        args.folder = keep_runs(args.folder, args.output.parent)
     runs = sorted(path.parent for path in args.folder.rglob("capsexp.log") if (path.parent / ".hydra").is_dir())
     measured = {run: found for run in runs if (found := phases(run)) is not None}
     if not measured:

@@ -1,6 +1,5 @@
 """The routing contract (capsexp.testing), max-min normalisation itself, and the results page."""
 
-import re
 from pathlib import Path
 
 import pytest
@@ -9,10 +8,7 @@ from max_min_routing import MaxMinRouting
 from max_min_routing.routing import max_min_normalise
 
 from capsexp.config.config_check import config_problems
-from capsexp.config.hydra_setup import compose
 from capsexp.testing import RoutingContract, assert_page_rebuilds, assert_trains
-
-PROJECT = Path(__file__).resolve().parents[3]  # capsexp's checkout, whose docs show this package's commands
 
 
 class TestMaxMinRouting(RoutingContract):
@@ -46,18 +42,12 @@ def test_it_trains_in_capsnet_and_in_the_matrix_capsules_from_the_command_line(m
 
 
 def test_capsexps_documented_commands_naming_max_min_compose_and_pass_the_check():
-    """Each ``python -m capsexp ... max_min ...`` line of capsexp's README and docs/, its sweep's first job
-    (``-m`` dropped, the first of each list), composes with this package installed and passes the check."""
-    pages = [PROJECT / "README.md", *sorted((PROJECT / "docs").glob("*.md"))]
-    commands = [
-        line.split()
-        for page in pages
-        for line in re.findall(r"python -m capsexp ([^`\n#]*)", page.read_text())
-        if "max_min" in line and "<" not in line
-    ]
+    """Each ``python -m capsexp ... max_min ...`` command of capsexp's README and docs/, its sweep's first job,
+    composes with this package installed and passes the check (capsexp's docs test skips them without it)."""
+    from tests.helpers import compose_config
+    from tests.test_docs import documented_commands, first_job
+
+    commands = [command for _, command in documented_commands() if "max_min" in command]
     assert commands
     for command in commands:
-        job = [word.split(",")[0] for word in command if word != "-m"]
-        config = compose(job)
-        config.paths.output_dir = "/tmp/capsexp-docs-check"
-        assert config_problems(config) == [], command
+        assert config_problems(compose_config(first_job(command.split()))) == [], command
