@@ -31,6 +31,7 @@ from capsexp.nn.functional import Routed, squash
 class MeanAgreementRouting(Routing):
     temperature: float = 1.0
     router: ClassVar[str] = "mean_agreement:route"
+    coupled_parents: ClassVar[bool] = True  # its parents are Eq. 1's of its couplings
 
 
 def route(votes, options):

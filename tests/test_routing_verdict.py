@@ -293,4 +293,10 @@ def test_the_reference_of_two_routings_runs_their_cells_and_the_controls_once_an
     assert asked == [f"{r}: it {q}, on the {s}" for r in ("mean_agreement", "em") for q in ("routes", "helps")
                      for s in ("test digits", "affine digits")]  # fmt: skip
     table = page[page.index("## Declared hypotheses") :]
-    assert table.count("too few seeds to test") == 8
+    rows = [line for line in table.split("\n## ")[0].splitlines() if line.startswith("| ") and ": it " in line]
+    said = [line.rsplit(" | ", 1)[-1].removesuffix(" |") for line in rows]
+    for asked_of, verdict in zip(asked, said, strict=True):
+        if asked_of.startswith("em: it routes"):  # EM's parents are not Eq. 1's, as its shuffled arm's are
+            assert verdict.startswith("not judged: the routing makes its parents from its couplings otherwise"), verdict
+        else:  # a tiny run of 2 seeds, which may not learn
+            assert verdict == "too few seeds to test" or " did not learn (val/acc_best " in verdict, verdict

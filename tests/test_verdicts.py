@@ -128,11 +128,19 @@ def test_hypotheses_in_families_are_adjusted_within_their_family_alone():
         assert min(row.p_equivalence_holm for row in members) == pytest.approx(min(1.0, len(p) * min(tost)))
 
 
+BUILT_IN_JUDGED = ["attention", "dynamic", "efficient", "em", "em_paper", "self", "sinkhorn", "vb"]
+
+
 def test_the_reference_asks_each_routing_the_verdicts_hypotheses_of_its_own_cells():
+    from omegaconf import OmegaConf
+
     from capsexp.results.study import load_study_page
+    from tests.helpers import PROJECT_ROOT
 
     verdict = load_study_page("routing_verdict", "quick").hypotheses
-    reference = load_study_page("routing_reference", "quick").hypotheses
+    # capsexp's own routings (the example package's max_min is judged by its own tests, where it is installed)
+    judged = f"page.verdicts.routings=[{','.join(BUILT_IN_JUDGED)}]"
+    reference = load_study_page("routing_reference", "quick", overrides=[judged]).hypotheses
     em = [h for h in reference if h.family == "em"]
     assert [h.name for h in em] == [f"em: {h.name}" for h in verdict]
     assert [(h.metric, h.margin, h.smallest_effect, h.test) for h in em] == [
@@ -143,7 +151,96 @@ def test_the_reference_asks_each_routing_the_verdicts_hypotheses_of_its_own_cell
         "+arm/routing_verdict=em-shuffled", "+arm/routing_verdict=em-shuffled",
         "+arm/routing_verdict=uniform", "+arm/routing_verdict=uniform",
     ]  # fmt: skip
-    assert len({h.family for h in reference}) == 9 and "max_min" in {h.family for h in reference}
+    assert [h.family for h in reference[::4]] == BUILT_IN_JUDGED
+    config = OmegaConf.load(PROJECT_ROOT / "conf" / "experiment" / "routing_reference.yaml")
+    assert list(config.page.verdicts.routings) == [*BUILT_IN_JUDGED, "max_min"]
+
+
+@pytest.mark.parametrize(
+    ("routing", "routes_judged"),
+    [("dynamic", True), ("sinkhorn", True), ("em", False), ("em_paper", False), ("attention", False), ("vb", False)],
+)
+def test_it_routes_is_judged_only_where_the_shuffled_arm_changes_the_couplings_alone(routing, routes_judged):
+    """Against the shuffled arm, whose parents are Eq. 1's, a routing that makes its own otherwise differs in
+    that step too; "it helps" (against uniform coupling, the whole layer's procedure) is judged for every one."""
+    from capsexp.results.study import load_study_page
+
+    page = load_study_page("routing_reference", "quick", overrides=[f"page.verdicts.routings=[{routing}]"])
+    reasons = {h.name: h.not_judged for h in page.hypotheses}
+    routes = [name for name in reasons if "it routes" in name]
+    helps = [name for name in reasons if "it helps" in name]
+    assert len(routes) == 2 and len(helps) == 2
+    assert all((reasons[name] == "") == routes_judged for name in routes)
+    assert all("shuffled arm makes them as Eq. 1 does" in reasons[name] for name in routes if not routes_judged)
+    assert all(reasons[name] == "" for name in helps)
+
+
+def test_a_reference_naming_a_routing_not_installed_says_which_and_what_is():
+    from capsexp.errors import ConfigError
+    from capsexp.results.study import load_study_page
+
+    said = r"routing_reference.yaml, page.verdicts.routings: mean_agreement: no such routing; one of: attention,"
+    with pytest.raises(ConfigError, match=said):
+        load_study_page("routing_reference", "quick", overrides=["page.verdicts.routings=[dynamic,mean_agreement]"])
+
+
+def test_one_routings_verdict_page_judges_it_routes_by_the_routing_its_runs_name(tmp_path):
+    from capsexp.results.study import page_for
+
+    def runs(routing: str) -> list[Run]:
+        return [
+            Run(tmp_path / f"{routing}{seed}", ["experiment=routing_verdict", "study=quick", f"+routing={routing}",
+                                                "+arm/routing_verdict=routing", f"seed={seed}"])
+            for seed in (1, 2)
+        ]  # fmt: skip
+
+    for routing, judged in (("dynamic", True), ("self", False)):
+        hypotheses = page_for(runs(routing)).hypotheses
+        routes = [h.not_judged for h in hypotheses if h.name.startswith("it routes")]
+        assert len(routes) == 2 and all((reason == "") == judged for reason in routes), routing
+        assert all(h.not_judged == "" for h in hypotheses if h.name.startswith("it helps"))
+
+
+def configured_runs(folder: Path, arm: str, accuracies: list[float], classes: int = 10) -> list[Run]:
+    """Runs of ``arm`` whose composed config (as Hydra saves it) names ``classes``, with these best validation
+    accuracies and a test accuracy a point above."""
+    runs = []
+    for seed, accuracy in enumerate(accuracies, start=1):
+        run_folder = folder / f"{arm}-{seed}"
+        (run_folder / ".hydra").mkdir(parents=True)
+        (run_folder / ".hydra" / "config.yaml").write_text(f"geometry:\n  name: digits\n  num_classes: {classes}\n")
+        scalars = {"val/acc_best": [Scalar(600, accuracy)], "test/acc": [Scalar(600, accuracy + 0.01)]}
+        runs.append(Run(run_folder, [f"+arm/v={arm}", f"seed={seed}"], scalars))
+    return runs
+
+
+@pytest.mark.parametrize(("classes", "judged"), [(10, False), (100, True)])
+def test_a_hypothesis_of_an_arm_that_did_not_learn_is_not_judged_whatever_its_test_gives(tmp_path, classes, judged):
+    """17% accuracy: of 10 classes (below twice chance) a net that did not learn; of 100, one that did,
+    and is judged (below its reference at every seed)."""
+    from capsexp.studies.verdict import verdict_grid
+
+    rng = np.random.default_rng(3)
+    low = list(0.17 + rng.normal(0, 0.004, 10))
+    base = list(0.95 + rng.normal(0, 0.004, 10))
+    runs = [*configured_runs(tmp_path, "uniform", base, classes), *configured_runs(tmp_path, "a-routing", low, classes)]
+    label_configurations(runs)
+    declared = (Hypothesis("a: it helps", "test/acc", "+arm/v=a-routing", "+arm/v=uniform", 0.5, "two-sided",
+                           "permutation", 0.5, family="a"),)  # fmt: skip
+    page = StudyPage(metrics=("test/acc",), hypotheses=declared)
+    (row,) = [row for row in family(group(runs), ["test/acc"], page) if row.hypothesis]
+    said = verdict(row, row.p_holm)
+    grid = verdict_grid(runs, page, tmp_path)
+    if judged:
+        assert said.startswith("**supported**: the arm is below its reference") and "| a | **supported**" in grid
+    else:
+        mean = 100 * np.mean(low)
+        assert (
+            said
+            == f"not judged: +arm/v=a-routing did not learn (val/acc_best {mean:.1f}% over its 10 runs, chance 10%)"
+        )
+        assert "| a | not judged |" in grid
+        assert f"- a (it helps): +arm/v=a-routing did not learn (val/acc_best {mean:.1f}%" in grid
 
 
 def test_a_page_of_several_families_says_how_many_and_their_size():

@@ -13,3 +13,4 @@ class MaxMinRouting(Routing):
     lower: float = 0.0
     upper: float = 1.0
     router: ClassVar[str] = "max_min_routing.routing:max_min_routing"
+    coupled_parents: ClassVar[bool] = True  # squash of the weighted votes, its length the activation

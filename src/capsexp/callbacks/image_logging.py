@@ -23,6 +23,7 @@ from capsexp.figures.images import (
     perturbed_reconstructions,
     upscaled,
 )
+from capsexp.records.metric_names import RECONSTRUCTIONS
 
 
 def tensorboard_writer(trainer: L.Trainer) -> Any | None:
@@ -62,7 +63,7 @@ class ReconstructionGrid(L.Callback):
             images, reconstructions = images.expand(-1, 3, -1, -1), overlaid(reconstructions)
         shown = upscaled(displayable(torch.cat([images, reconstructions])), self.scale)
         grid = make_grid(shown, nrow=len(images), padding=2 * self.scale)
-        writer.add_image("val/reconstructions", grid, trainer.global_step)
+        writer.add_image(RECONSTRUCTIONS, grid, trainer.global_step)
 
 
 @checked

@@ -50,11 +50,19 @@ class Routing:
     its own (``pyproject.toml``; docs/own_routing.md).
 
     ``first_iteration_uniform``: the routing's first iteration couples every child to every parent
-    equally, so that stopped after it, it is uniform coupling (a verdict then leaves that control out)."""
+    equally, so that stopped after it, it is uniform coupling (a verdict then leaves that control out).
+
+    ``coupled_parents``: the routing makes its parents from its couplings as Eq. 1 does (s_j = sum_i c_ij
+    u_hat_j|i, v_j = squash(s_j), the activation |v_j|), as the controls of its couplings (shuffled, uniform,
+    random: :func:`capsexp.nn.functional.coupled`) make theirs, so that against them the couplings are the one
+    change. A routing that makes them otherwise (an M-step's Gaussian, attention's scores) differs from those
+    controls in that step too, and a verdict does not read its shuffled arm as the test of whether its
+    couplings depend on the image (:func:`capsexp.config.verdict_arms.second_change`)."""
 
     router: ClassVar[str] = ""
     matrix_router: ClassVar[str] = ""
     first_iteration_uniform: ClassVar[bool] = False
+    coupled_parents: ClassVar[bool] = False
 
 
 @checked
@@ -65,6 +73,7 @@ class DynamicRouting(Routing):
 
     router: ClassVar[str] = "capsexp.nn.routers:DynamicRouter"
     first_iteration_uniform: ClassVar[bool] = True  # b_ij = 0: c_ij = 1/J
+    coupled_parents: ClassVar[bool] = True  # Procedure 1, line 5
 
     iterations: PositiveInt = 3
     # false: gradients flow through the agreement updates b += u_hat . v (paper, official code); see
@@ -137,6 +146,7 @@ class UniformRouting(Routing):
     baseline). No options."""
 
     router: ClassVar[str] = "capsexp.nn.routers:UniformRouter"
+    coupled_parents: ClassVar[bool] = True
 
 
 @checked
@@ -146,6 +156,7 @@ class RandomRouting(Routing):
     2019's other baseline). No options."""
 
     router: ClassVar[str] = "capsexp.nn.routers:RandomRouter"
+    coupled_parents: ClassVar[bool] = True
 
 
 @checked
@@ -188,6 +199,7 @@ class SinkhornRouting(Routing):
 
     router: ClassVar[str] = "capsexp.nn.routers:SinkhornRouter"
     first_iteration_uniform: ClassVar[bool] = True  # equal costs: the plan m_i / J
+    coupled_parents: ClassVar[bool] = True  # each iteration's parents as dynamic routing's
 
     # Routing iterations, counted as dynamic routing's: the first with uniform couplings.
     iterations: PositiveInt = 3

@@ -37,6 +37,23 @@ def verdict_arms(routing: str) -> str:
     return ",".join(arm for arm in ARMS if arm not in left_out)
 
 
+def second_change(routing: str, arm: str) -> str:
+    """Why ``routing``'s verdict arm ``arm`` differs from its ``routing`` arm in more than what the arm is named
+    for, or "" where it does not. The shuffled arm gives each image another image's couplings and makes the
+    parents of them as Eq. 1 does (:class:`~capsexp.nn.routers.ShuffledCouplings`): for a routing that makes
+    its parents otherwise (not ``coupled_parents``), that step changes too, so a difference it shows is not
+    the couplings' dependence on the image alone. A ConfigError naming the routings where ``routing`` is none."""
+    routings = registered()
+    if routing not in routings:
+        raise ConfigError(f"{routing}: no such routing; one of: {', '.join(routings)}")
+    if arm == "shuffled" and not routings[routing].coupled_parents:
+        return (
+            "the routing makes its parents from its couplings otherwise than Eq. 1 does, and its shuffled arm "
+            "makes them as Eq. 1 does: that arm changes this step as well as the couplings"
+        )
+    return ""
+
+
 def cell_name(routing: str, arm: str) -> str:
     """The reference's cell of ``routing``'s verdict arm ``arm``: its own (``em-shuffled``), or the control
     every routing shares (``uniform``)."""

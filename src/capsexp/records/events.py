@@ -3,6 +3,7 @@ experiments and the tests."""
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -68,3 +69,27 @@ def last_scalar(run_dir: str | Path, tag: str) -> float:
     if not scalars.get(tag):
         raise KeyError(f"{tag} was not logged in {run_dir} (it has: {', '.join(sorted(scalars)) or 'no scalars'})")
     return scalars[tag][-1].value
+
+
+def copy_events(source: Path, target: Path, images: Collection[str] = ()) -> None:
+    """The event file ``source`` written again to ``target``, every record as it is but the images: only
+    those tagged as in ``images`` are kept. Images are most of a run's event bytes (a 1,719-step run's
+    couplings, reconstructions and pose perturbations: 0.4 of its 0.47 MB), and a results page reads none but
+    the ones it draws."""
+    from tensorboard.backend.event_processing.event_file_loader import RawEventFileLoader
+    from tensorboard.compat.proto import event_pb2
+    from tensorboard.summary.writer.record_writer import RecordWriter
+
+    with open(target, "wb") as out:
+        writer = RecordWriter(out)
+        for record in RawEventFileLoader(str(source)).Load():
+            event = event_pb2.Event.FromString(record)
+            values = event.summary.value
+            kept = [value for value in values if not value.HasField("image") or value.tag in images]
+            if len(kept) < len(values):
+                if not kept:
+                    continue
+                del values[:]
+                values.extend(kept)
+                record = event.SerializeToString()
+            writer.write(record)

@@ -25,6 +25,8 @@ PRESENCE_GAP = f"{_PRESENCE}gap"
 
 PLAIN = ""  # the name of the one unmodified test set
 
+RECONSTRUCTIONS = "val/reconstructions"  # the image of digits and their reconstructions (callbacks.image_logging)
+
 TRAIN_EPOCH_S = "perf/train_epoch_s"  # seconds of an epoch's training steps, its validations left out
 TRAIN_IMAGES_PER_S = "perf/train_images_per_s"  # training throughput of an epoch (capsexp.callbacks.EpochTimer)
 

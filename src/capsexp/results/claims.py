@@ -187,8 +187,10 @@ class Figures:
         return found, rows
 
     def supported(self, name: str) -> bool:
-        """Whether the runs support the declared hypothesis ``name`` (its test, Holm over the hypotheses)."""
-        return self._declared(name)[0].significant
+        """Whether the runs support the declared hypothesis ``name`` (its test, Holm over the hypotheses; never
+        where they cannot answer it: not judged)."""
+        row = self._declared(name)[0]
+        return row.significant and not row.not_judged
 
     def verdict(self, name: str) -> str:
         """The declared hypothesis ``name``'s verdict as the page's table gives it."""
@@ -201,7 +203,11 @@ class Figures:
         return [
             r.configuration.label
             for r in self.family()
-            if r.metric == metric and r.reference is base and r.significant and r.difference.mean > 0
+            if r.metric == metric
+            and r.reference is base
+            and r.significant
+            and not r.not_judged
+            and r.difference.mean > 0
         ]
 
     def most_variable(self, metric: str) -> str:

@@ -28,6 +28,7 @@ from capsexp.results.differences import (
     family_count,
     family_size,
     metrics_of,
+    not_learned,
     permutation_floor,
     places,
     references_of,
@@ -97,7 +98,8 @@ def against_section(
 
 def hypotheses_section(rows: list[Compared], page: StudyPage) -> str:
     """The declared hypotheses: how they are tested, then their table."""
-    intro = hypotheses_intro(family_size(rows), page, family_count(rows))
+    tested = [min(row.difference.runs) for row in rows if row.difference is not None and row.difference.tested]
+    intro = hypotheses_intro(family_size(rows), page, family_count(rows), min(tested, default=None))
     heading = sentence("hypotheses.heading.exploratory" if page.exploratory else "hypotheses.heading")
     return "\n".join([heading, "", intro, "", *hypotheses_table(rows, page)]) + "\n"
 
@@ -126,14 +128,21 @@ def differences_figure(rows: list, page: StudyPage, output: Path) -> Path | None
                 row.hypothesis.smallest_effect if row.hypothesis else None,
                 row.hypothesis is not None,
                 # a page whose runs cannot be tested as one study tests none of its other comparisons
-                row.significant and not (row.hypothesis is None and page.exploratory),
+                row.significant and not (row.hypothesis is None and page.exploratory) and not row.not_judged,
                 places(factor),
                 row.hypothesis.margin if row.hypothesis else None,
+                bool(row.not_judged),
+                not (not_learned(row.configuration) or not_learned(row.reference)),
             )
         )
     if not drawn:
         return None
-    title = forest_title([display(label) for label in references], bool(page.hypotheses))
+    title = forest_title(
+        [display(label) for label in references],
+        bool(page.hypotheses),
+        not_judged=any(row.not_judged for row in drawn),
+        unlearned=not all(row.sets_axis for row in drawn),
+    )
     return forest_plot(drawn, output / FOREST, title)
 
 

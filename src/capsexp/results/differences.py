@@ -11,6 +11,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
+import yaml
+
+from capsexp.locations import RUN_CONFIG
 from capsexp.records.metric_names import PRESENCE_GAP, TEST_ACC, VAL_ACC, VAL_ACC_BEST, rotation_angle
 from capsexp.results import statistics
 from capsexp.results.runs import Configuration, Run
@@ -79,6 +82,9 @@ class Compared:
     hypothesis: Hypothesis | None = None
     equivalence: statistics.Equivalence | None = None  # where the hypothesis declares a margin
     p_equivalence_holm: float | None = None  # its two one-sided tests' p, Holm over the margins declared
+    # Why the runs cannot answer its hypothesis whatever its test gives (the hypothesis's own reason, or
+    # an arm that did not learn); "" where they can.
+    not_judged: str = ""
 
     @property
     def p(self) -> float | None:
@@ -113,8 +119,39 @@ def table_rows(
     ]
 
 
+# A configuration learned when its runs' mean best validation accuracy is above this many times chance
+# (1 / classes). Below it, a comparison with it shows that a net did not train, not what its arm changes.
+LEARNED_OVER_CHANCE = 2.0
+
+
+def not_learned(configuration: Configuration) -> str:
+    """Why ``configuration`` did not learn (its mean ``val/acc_best`` not above :data:`LEARNED_OVER_CHANCE`
+    times chance, the classes read from its first run's composed config), or "" (learned, or unknown)."""
+    classes = classes_of(configuration.runs[0])
+    values = [value for _, value in configuration.values(VAL_ACC_BEST)]
+    if not classes or not values:
+        return ""
+    mean = sum(values) / len(values)
+    if mean > LEARNED_OVER_CHANCE / classes:
+        return ""
+    return (
+        f"{configuration.label} did not learn ({VAL_ACC_BEST} {100 * mean:.1f}% over its {len(values)} runs, "
+        f"chance {100 / classes:.0f}%)"
+    )
+
+
+def classes_of(run: Run) -> int | None:
+    """The classes of the run's data (``geometry.num_classes`` of its composed config); None unrecorded."""
+    config = run.folder / RUN_CONFIG
+    if not config.exists():
+        return None
+    classes = (yaml.safe_load(config.read_text()) or {}).get("geometry", {}).get("num_classes")
+    return classes if isinstance(classes, int) and classes > 0 else None
+
+
 def hypothesis_rows(configurations: list[Configuration], page: StudyPage) -> list[Compared]:
-    """The page's declared hypotheses, each tested in its direction (None where the runs lack an arm)."""
+    """The page's declared hypotheses, each tested in its direction (None where the runs lack an arm); a
+    hypothesis of an arm that did not learn is not judged (:func:`not_learned`), whatever its test gives."""
     rows = []
     for hypothesis in page.hypotheses:
         arm, reference = find(configurations, hypothesis.arm), find(configurations, hypothesis.reference)
@@ -122,7 +159,8 @@ def hypothesis_rows(configurations: list[Configuration], page: StudyPage) -> lis
             continue
         found = _difference(arm, reference, hypothesis.metric, hypothesis.direction)
         equivalent = _equivalence(arm, reference, hypothesis) if hypothesis.margin is not None else None
-        rows.append(Compared(hypothesis.metric, reference, arm, found, None, hypothesis, equivalent))
+        reason = hypothesis.not_judged or not_learned(arm) or not_learned(reference)
+        rows.append(Compared(hypothesis.metric, reference, arm, found, None, hypothesis, equivalent, not_judged=reason))
     return rows
 
 
@@ -227,6 +265,8 @@ def verdict(row: Compared, permutation_holm: float | None, exploratory: bool = F
     code or machines, so a test that reaches the level finds a difference (or an equivalence) to confirm,
     not a supported hypothesis."""
     hypothesis, found = row.hypothesis, row.difference
+    if row.not_judged:
+        return f"not judged: {row.not_judged}"
     if not found.tested:
         return "too few seeds to test" if found.too_few_to_test else "not tested (no spread)"
     factor = scale(hypothesis.metric)

@@ -11,22 +11,24 @@ from pathlib import Path
 import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from capsexp.locations import is_setting
+from capsexp.locations import RUN_CONFIG, is_setting
 from capsexp.overrides import key as override_key
-from capsexp.records.events import event_files, event_folder
+from capsexp.records.events import copy_events, event_files, event_folder
 from capsexp.records.machine import MACHINE_FILE
-from capsexp.records.metric_names import MODEL_FLOPS, MODEL_PARAMETERS
+from capsexp.records.metric_names import MODEL_FLOPS, MODEL_PARAMETERS, RECONSTRUCTIONS
 from capsexp.records.revision import REVISION_FILE
 from capsexp.results.runs import KEPT_ORDER, KEPT_RUNS, OVERRIDES, OVERRIDES_AS_RUN, SWEEP_COMMAND, Run, launches
 
+DRAWN_IMAGES = (RECONSTRUCTIONS,)  # the images a page draws from its runs (studies.sabour2017); no other is kept
 RECORDED_HPARAMS = "hparams.yaml"  # the Lightning logger's record of the run's config, beside its event files
 
 
 def keep_runs(runs: list[Run], folder: Path, output: Path) -> Path:
     """Copy what a page needs of each run (overrides, machine and code records, the composed config without
-    absolute paths (:func:`without_locations`), event files, the model's recorded parameters and FLOPs:
-    kilobytes) into ``output/runs/`` (replacing what it held), by the runs' paths under ``folder``. Overrides
-    that name this machine's folders (``hydra.sweep.dir=...``, ``ckpt_path=...``) are left out."""
+    absolute paths (:func:`without_locations`), event files without the images no page draws, the model's
+    recorded parameters and FLOPs: kilobytes) into ``output/runs/`` (replacing what it held), by the runs'
+    paths under ``folder``. Overrides that name this machine's folders (``hydra.sweep.dir=...``,
+    ``ckpt_path=...``) are left out."""
     kept = output / KEPT_RUNS
     if kept.resolve() == folder.resolve():
         return kept  # rebuilding from the kept runs: they stay as they are
@@ -48,12 +50,14 @@ def keep_runs(runs: list[Run], folder: Path, output: Path) -> Path:
         for record in (MACHINE_FILE, REVISION_FILE):
             if (run.folder / record).exists():
                 shutil.copy2(run.folder / record, target / record)
-        if (run.folder / CONFIG).exists():  # the composed config, this machine's paths left out
-            (target / CONFIG).write_text(OmegaConf.to_yaml(without_locations(OmegaConf.load(run.folder / CONFIG))))
+        if (run.folder / RUN_CONFIG).exists():  # the composed config, this machine's paths left out
+            (target / RUN_CONFIG).write_text(
+                OmegaConf.to_yaml(without_locations(OmegaConf.load(run.folder / RUN_CONFIG)))
+            )
         events_to = target / event_folder(run.folder).relative_to(run.folder)  # the run's layout
         events_to.mkdir(exist_ok=True)
-        for events in event_files(run.folder):
-            shutil.copy2(events, events_to / events.name)
+        for events in event_files(run.folder):  # without the images no page draws
+            copy_events(events, events_to / events.name, images=DRAWN_IMAGES)
         recorded_file = event_folder(run.folder) / RECORDED_HPARAMS
         if recorded_file.exists():  # the model's cost the run recorded; no paths
             recorded = yaml.safe_load(recorded_file.read_text()) or {}
@@ -62,7 +66,6 @@ def keep_runs(runs: list[Run], folder: Path, output: Path) -> Path:
     return kept
 
 
-CONFIG = Path(".hydra") / "config.yaml"  # a run's composed config, as Hydra saved it
 MACHINE_PATH = "<a path on the machine that ran it>"  # what a kept config holds in place of a path
 
 

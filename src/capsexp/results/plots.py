@@ -267,7 +267,13 @@ def _curves(configurations: list[Configuration], output: Path) -> Path | None:
         columns = 3
         rows = math.ceil(len(curves) / columns)
         figure, grid = plt.subplots(
-            rows, columns, figsize=(3.6 * columns, 2.7 * rows + 0.6), sharex=True, sharey=True, squeeze=False
+            rows,
+            columns,
+            figsize=(3.6 * columns, 2.7 * rows + 0.6),
+            sharex=True,
+            sharey=True,
+            squeeze=False,
+            layout="constrained",  # room for the title above the panels' own
         )
         for index, (label, runs, steps, means, stds) in enumerate(curves):
             axes = grid[index // columns][index % columns]
@@ -293,7 +299,6 @@ def _curves(configurations: list[Configuration], output: Path) -> Path | None:
         for axes in grid[:, 0]:
             axes.set_ylabel("validation accuracy (%)")
         figure.suptitle(wrapped(title + "; the other configurations in grey", figure), fontsize="medium")
-        figure.tight_layout()
     figure.savefig(output / CURVES, dpi=DPI, bbox_inches="tight")
     plt.close(figure)
     return output / CURVES
@@ -388,15 +393,20 @@ class ForestRow:
     significant: bool = False  # by the page's family of tests
     places: int = 2  # decimals of the figures beside the row
     margin: float | None = None  # a declared hypothesis's equivalence margin: its interval within +-margin
+    not_judged: bool = False  # a declared hypothesis the runs cannot answer (its page says why)
+    # false for a comparison with a net that did not learn, whose difference is that: drawn at the axis's
+    # edge with its value, so that it does not flatten every other row
+    sets_axis: bool = True
 
 
 def forest_plot(rows: Sequence[ForestRow], path: Path, title: str) -> Path:
     """Each comparison's difference from its reference with its 95% interval, a panel per metric: the
     declared hypotheses first (blue, their smallest effect that matters as a shaded band about 0, their
     equivalence margin, where declared, as dashed red ticks), the other comparisons after (grey); a filled
-    dot where the page's family of tests calls it significant. Differences without an interval (one run a
-    side) do not set the axis: they are drawn as open diamonds, at the axis's edge with their value where
-    they fall beyond it."""
+    dot where the page's family of tests calls it significant; a declared hypothesis not judged grey, its
+    label so marked. Differences without an interval (one run a side) do not set the axis: they are drawn as
+    open diamonds, at the axis's edge with their value where they fall beyond it; nor do the rows that are
+    not to (``sets_axis``), drawn there as crosses."""
     plt = _pyplot()
     panels = list(dict.fromkeys(row.panel for row in rows))
     by_panel = {panel: [row for row in rows if row.panel == panel] for panel in panels}
@@ -407,16 +417,17 @@ def forest_plot(rows: Sequence[ForestRow], path: Path, title: str) -> Path:
     for axes, panel in zip(axes_list[0], panels, strict=True):
         found = by_panel[panel]
         positions = list(range(len(found)))[::-1]  # the first row at the top
-        bounded = [x for row in found if row.low is not None for x in (row.low, row.high)]
-        bounded += [s for row in found if row.smallest_effect for s in (row.smallest_effect, -row.smallest_effect)]
-        bounded += [s for row in found if row.margin for s in (row.margin, -row.margin)]
-        bounded = bounded or [row.mean for row in found]
+        setting = [row for row in found if row.sets_axis]
+        bounded = [x for row in setting if row.low is not None for x in (row.low, row.high)]
+        bounded += [s for row in setting if row.smallest_effect for s in (row.smallest_effect, -row.smallest_effect)]
+        bounded += [s for row in setting if row.margin for s in (row.margin, -row.margin)]
+        bounded = bounded or [row.mean for row in setting or found]
         low, high = min([*bounded, 0.0]), max([*bounded, 0.0])
         margin = 0.08 * (high - low or 1.0)
         low, high = low - margin, high + margin
         axes.axvline(0, color="black", linewidth=0.8)
         for position, row in zip(positions, found, strict=True):
-            colour = "C0" if row.declared else "C7"
+            colour = "C0" if row.declared and not row.not_judged else "C7"
             if row.smallest_effect:
                 axes.fill_betweenx(
                     [position - 0.4, position + 0.4], -row.smallest_effect, row.smallest_effect, color="C2", alpha=0.15
@@ -424,6 +435,12 @@ def forest_plot(rows: Sequence[ForestRow], path: Path, title: str) -> Path:
             if row.margin:  # the equivalence margin: an interval inside both ticks shows no difference
                 for edge in (-row.margin, row.margin):
                     axes.plot([edge, edge], [position - 0.35, position + 0.35], color="C3", linewidth=1.2, ls="--")
+            if not row.sets_axis:  # at the edge, its figures beside it as every row's
+                shown = min(max(row.mean, low), high)
+                axes.plot(shown, position, marker="X", markersize=7, color=colour, clip_on=False)
+                interval = "" if row.low is None else f" [{row.low:+.{row.places}f}, {row.high:+.{row.places}f}]"
+                beside(axes, position, f"{row.mean:+.{row.places}f}{interval}")
+                continue
             if row.low is None:
                 shown = min(max(row.mean, low), high)
                 axes.plot(shown, position, marker="D", markersize=6, markerfacecolor="none", color=colour)
@@ -452,9 +469,10 @@ def forest_plot(rows: Sequence[ForestRow], path: Path, title: str) -> Path:
             )
         axes.set_xlim(low, high)
         axes.set_yticks(positions)
-        axes.set_yticklabels([textwrap.fill(row.label, 36, break_long_words=False) for row in found], fontsize="small")
+        labels = [row.label + (" (not judged)" if row.not_judged else "") for row in found]
+        axes.set_yticklabels([textwrap.fill(label, 36, break_long_words=False) for label in labels], fontsize="small")
         for tick, row in zip(axes.get_yticklabels(), found, strict=True):
-            tick.set_fontweight("bold" if row.declared else "normal")
+            tick.set_fontweight("bold" if row.declared and not row.not_judged else "normal")
         axes.set_xlabel(panel)
         axes.grid(axis="x", alpha=0.3)
         axes.set_ylim(-0.6, len(found) - 0.4)

@@ -43,9 +43,12 @@ def runs_text(count: int) -> str:
     return f"{count} run{'s' if count > 1 else ''}"
 
 
-PERMUTATION = sentence(
-    "permutation", min_runs=statistics.MIN_RUNS_TO_TEST, floor=f"{2 / 2**statistics.MIN_RUNS_TO_TEST:g}"
-)
+def permutation_reach(seeds: int = statistics.MIN_RUNS_TO_TEST) -> str:
+    """The exact permutation test, and its smallest two-sided p at ``seeds`` paired seeds (2 / 2^seeds)."""
+    return sentence("permutation", min_runs=seeds, floor=f"{2 / 2**seeds:.3g}")
+
+
+PERMUTATION = permutation_reach()
 
 
 def header(page: StudyPage, runs: list[Run], folder: Path, relative: str, rebuild: str) -> str:
@@ -198,9 +201,11 @@ def against_intro(
     return " ".join(parts)
 
 
-def hypotheses_intro(size: int, page: StudyPage, families: int = 1) -> str:
+def hypotheses_intro(size: int, page: StudyPage, families: int = 1, seeds: int | None = None) -> str:
     """What the declared hypotheses' table shows: where they were declared, their family of ``size``
-    p-values (or ``families`` of up to ``size``: a routing's verdicts each), how each is judged."""
+    p-values (or ``families`` of up to ``size``: a routing's verdicts each), how each is judged, and the
+    permutation test's reach at the fewest paired ``seeds`` a tested hypothesis has (None: at the fewest
+    tested)."""
     if not size:
         family = sentence("hypotheses.empty")
     elif families > 1:
@@ -217,19 +222,24 @@ def hypotheses_intro(size: int, page: StudyPage, families: int = 1) -> str:
             declared,
             family,
             sentence("hypotheses.tests", significance=statistics.SIGNIFICANCE, min_runs=statistics.MIN_RUNS_TO_TEST),
-            PERMUTATION,
+            permutation_reach(seeds or statistics.MIN_RUNS_TO_TEST),
             sentence("hypotheses.detectable", power=f"{statistics.POWER:.0%}", significance=statistics.SIGNIFICANCE),
         ]
     )
 
 
-def forest_title(references: list[str], hypotheses: bool) -> str:
+def forest_title(references: list[str], hypotheses: bool, not_judged: bool = False, unlearned: bool = False) -> str:
     """The title of the figure of the differences: against the reference, where its rows have one
-    (``references``, as shown), the declared hypotheses first where the page has them."""
+    (``references``, as shown), the declared hypotheses first where the page has them; what a grey declared
+    row (``not_judged``) and a cross at the axis's edge (``unlearned``: a net that did not learn) are."""
     against = "" if len(references) != 1 else " " + sentence("forest.minus", reference=references[0])
     if against and hypotheses:  # the hypotheses name their own references
         against = " " + sentence("forest.unnamed", reference=references[0])
-    return sentence("forest.title.hypotheses" if hypotheses else "forest.title", against=against)
+    title = sentence("forest.title.hypotheses" if hypotheses else "forest.title", against=against)
+    extra = [
+        sentence(key) for key, shown in (("forest.not_judged", not_judged), ("forest.unlearned", unlearned)) if shown
+    ]
+    return "; ".join([title, *extra])
 
 
 def reproduction_intro(page: StudyPage, source: str | None, factor: float, counted: int, own: int) -> list[str]:

@@ -149,17 +149,19 @@ class Hypothesis:
     test: str = "t"
     margin: float | None = None
     family: str = ""  # Holm's adjustment is within a family: the page's one, or each routing's of its verdicts
+    # Why the runs cannot answer it, whatever their test gives (set by the page, not the config): the arms
+    # differ in more than the hypothesis is about (capsexp.config.verdict_arms.second_change). Still counted
+    # in its family's adjustment, so that withholding it makes no other verdict easier to reach.
+    not_judged: str = ""
 
 
 def _hypothesis(node: dict) -> Hypothesis:
     from capsexp.results.statistics import ALTERNATIVES
 
-    unknown = set(node) - set(Hypothesis.__dataclass_fields__)
+    keys = [name for name in Hypothesis.__dataclass_fields__ if name != "not_judged"]
+    unknown = set(node) - set(keys)
     if unknown:
-        raise ValueError(
-            f"a hypothesis has no key {', '.join(sorted(unknown))} "
-            f"(it has {', '.join(Hypothesis.__dataclass_fields__)})"
-        )
+        raise ValueError(f"a hypothesis has no key {', '.join(sorted(unknown))} (it has {', '.join(keys)})")
     hypothesis = Hypothesis(**{**node, "smallest_effect": float(node["smallest_effect"])})
     if hypothesis.direction not in ALTERNATIVES:
         raise ValueError(
@@ -287,6 +289,8 @@ def load_study_page(experiment: str | None, budget: str | None, overrides: Seque
                 *_verdicts(page.get("verdicts"), budget),
             ),
         )
+    except ConfigError as error:  # a routing its verdicts name, not installed here
+        raise ConfigError(f"{shown(experiment_file(experiment))}, page.verdicts.routings: {error}") from error
     except (KeyError, TypeError, ValueError) as error:
         raise ConfigError(f"{shown(experiment_file(experiment))}: its page is malformed ({error!r})") from error
 
@@ -306,7 +310,7 @@ def _verdicts(node: dict | None, budget: str) -> tuple[Hypothesis, ...]:
     asked = load_study_page(node["hypotheses_of"], budget).hypotheses
     return tuple(
         replace(
-            hypothesis,
+            judged(hypothesis, routing),
             name=f"{routing}: {hypothesis.name}",
             arm=cell(hypothesis.arm, routing),
             reference=cell(hypothesis.reference, routing),
@@ -315,6 +319,17 @@ def _verdicts(node: dict | None, budget: str) -> tuple[Hypothesis, ...]:
         for routing in node["routings"]
         for hypothesis in asked
     )
+
+
+def judged(hypothesis: Hypothesis, routing: str) -> Hypothesis:
+    """``hypothesis`` of a routing's verdict, its arms named as the verdict's (``+arm/routing_verdict=shuffled``),
+    with the reason the runs cannot answer it for ``routing`` where its arms differ in more than it asks
+    (:func:`~capsexp.config.verdict_arms.second_change`)."""
+    from capsexp.config.verdict_arms import second_change
+    from capsexp.overrides import written
+
+    reason = second_change(routing, written(hypothesis.arm)) or second_change(routing, written(hypothesis.reference))
+    return replace(hypothesis, not_judged=reason) if reason else hypothesis
 
 
 def page_for(runs: list) -> StudyPage:
@@ -327,6 +342,9 @@ def page_for(runs: list) -> StudyPage:
     shared = set.intersection(*(set(run.overrides) for run in runs)) if runs else set()
     overrides = [o for o in runs[0].overrides if o in shared and override_key(o).startswith("page.")]
     page = load_study_page(*experiments, *budgets, overrides=overrides)
+    routings = {run.choice("routing") for run in runs}
+    if "routing" in page.swept and len(routings) == 1 and None not in routings:  # a verdict: +routing=<name>
+        page = replace(page, hypotheses=tuple(judged(h, *routings) for h in page.hypotheses))
     # A confirmatory reading needs every run at one clean commit on one machine: else its tests are
     # exploratory, and say why (the config's own reason, where it gives one, already covers its runs).
     if page.exploratory is None and (mixed := mixed_provenance(runs)):

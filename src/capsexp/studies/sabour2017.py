@@ -17,12 +17,11 @@ from capsexp.config.instantiation import instantiate
 from capsexp.nn import DynamicRouting, RoutingCapsules
 from capsexp.records.checkpoints import model_of_run
 from capsexp.records.events import event_folder, load_events
+from capsexp.records.metric_names import RECONSTRUCTIONS
 from capsexp.results.runs import Configuration, Run, find_runs, group
 from capsexp.results.study import StudyPage, matches
 
 log = logging.getLogger("capsexp")
-
-RECONSTRUCTIONS = "val/reconstructions"  # the image capsexp.callbacks.image_logging logs at each validation
 
 
 STRIP_SCALE = 3  # the page shows a logged image strip this many times its size, pixels kept square

@@ -64,7 +64,8 @@ def routing_measures(runs: list[Run], page: StudyPage, output: Path) -> str:
         "coupling (0: uniform). Dead: the share of the layer's capsules never active above 0.01 on any test "
         "image. Equivariance error: the share of the target class pose's change under the transform that one "
         "linear map per class, fitted on half the images, leaves unexplained on the other half (0: the pose "
-        "moves as a linear function of the transform; 1: no such map); pose change: how far the pose moves, "
+        "moves as a linear function of the transform; 1: the map predicts no better than the pose unmoved; "
+        "above 1: worse); pose change: how far the pose moves, "
         "as a share of its length. A shuffled arm's couplings are measured before they are shuffled.",
         "",
         "| " + " | ".join(header) + " |",
@@ -81,6 +82,8 @@ def short_verdict(row: Compared, exploratory: bool = False) -> str:
     ``exploratory`` as :func:`~capsexp.results.differences.verdict` takes it."""
     if row.difference is None:
         return "not run"
+    if row.not_judged:
+        return "not judged"
     said = verdict(row, None, exploratory)
     factor = scale(row.metric)
     difference = f"{factor * row.difference.mean:+.{places(factor)}f}"
@@ -109,26 +112,44 @@ def verdict_grid(runs: list[Run], page: StudyPage, output: Path) -> str:
 
     questions = list(dict.fromkeys(map(question, rows)))
     answers: dict[str, dict[str, str]] = {}
+    withheld: dict[str, dict[str, list[str]]] = {}  # why a hypothesis is not judged: each routing's questions
     for row in rows:
         said = short_verdict(row, bool(page.exploratory))
-        answers.setdefault(row.hypothesis.family or "the routing", {})[question(row)] = said
+        routing = row.hypothesis.family or "the routing"
+        answers.setdefault(routing, {})[question(row)] = said
+        if row.not_judged:
+            withheld.setdefault(row.not_judged, {}).setdefault(routing, []).append(question(row))
     lines = [
         "## The verdicts",
         "",
         "Each declared hypothesis's verdict, with the mean difference in points (routing minus control), as "
         "the table of the declared hypotheses gives it in full: supported (the routing above or below the "
         "control: the exact sign-flip test, Holm within the routing's family), equivalent within the declared "
-        "margin (two one-sided tests), or cannot tell at this power (neither).",
+        "margin (two one-sided tests), or cannot tell at this power (neither); not judged where the runs cannot "
+        "answer the question (said under the grid), whatever the test gives.",
         "",
         "| routing | " + " | ".join(questions) + " |",
         "| --- | " + " | ".join("---" for _ in questions) + " |",
     ]
     for name, said in answers.items():
         lines.append(f"| {name} | " + " | ".join(said.get(q, "") for q in questions) + " |")
+    if withheld:
+        lines += ["", "Not judged:", ""]
+        for reason, asked in withheld.items():
+            by_questions: dict[tuple[str, ...], list[str]] = {}
+            for routing, its in asked.items():
+                by_questions.setdefault(tuple(its), []).append(routing)
+            lines += [
+                f"- {', '.join(routings)} ({'; '.join(its)}): {reason}." for its, routings in by_questions.items()
+            ]
     if page.exploratory:
         lines += ["", f"Read as exploratory: {page.exploratory}; no verdict is kept for model cards."]
     elif page.verdicts_setting:
-        _keep(answers, page, output)
+        reasons = {row.hypothesis.family or "the routing": {} for row in rows}
+        for row in rows:
+            if row.not_judged:
+                reasons[row.hypothesis.family or "the routing"][question(row)] = f"not judged: {row.not_judged}"
+        _keep({routing: {**said, **reasons[routing]} for routing, said in answers.items()}, page, output)
     return "\n".join(lines) + "\n"
 
 

@@ -34,6 +34,9 @@ attribute that skips them:
   differences;
 - ``float64_tolerance`` (1e-3): how far float32 may be from float64 on ill-conditioned votes.
 
+One check reads the routing's options instead: where they declare ``coupled_parents = True``
+(:class:`~capsexp.config.routing_options.Routing`), the parents must be Eq. 1's of the assignment returned.
+
 The sizes are unequal (I=7 children of 5 dimensions, J=4 parents of 6, batch 3), so that a transposed axis
 does not go unnoticed.
 

@@ -14,7 +14,7 @@ import torch
 from torch.autograd.gradcheck import GradcheckError
 
 from capsexp.nn import RoutingCapsules
-from capsexp.nn.functional import Routed, routing_engagement
+from capsexp.nn.functional import Routed, coupled, routing_engagement
 from capsexp.testing.gradients import OUTPUTS, gradcheck_summary, jacobians
 
 # Votes of each kind a layer meets: (name, a function of random votes of unit scale).
@@ -390,6 +390,26 @@ class RoutingContract:
             case = f"the router exported to ONNX and run by ONNX Runtime, on a batch of 2 (traced on 3): the {part}"
             cause = f"{NOT_TRACEABLE}; or an operation ONNX computes otherwise than torch"
             _assert_close(torch.from_numpy(theirs), ours, case, cause, atol=1e-4, rtol=1e-4)
+
+    def test_parents_declared_as_eq1s_are_made_so_from_the_assignment(self) -> None:
+        """Where the options declare ``coupled_parents``: the parents are Eq. 1's of the assignment returned,
+        v_j = squash(sum_i c_ij u_hat_j|i) with |v_j| the activation, as the shuffled control makes its own
+        (a verdict then reads that control as a change of the couplings alone)."""
+        if not getattr(self.routing, "coupled_parents", False):
+            pytest.skip(
+                f"{type(self.routing).__name__} declares coupled_parents = False: its parents are made otherwise"
+            )
+        votes, children, activations = self.inputs()
+        routed = self.route(self.layer(), votes, children, activations)
+        eq1 = coupled(votes, routed.assignment)
+        cause = (
+            "parents made otherwise than squash(sum_i c_ij u_hat_j|i) of the assignment returned (the couplings "
+            "of another iteration returned, a bias added, or another squash): declare coupled_parents = False"
+        )
+        _assert_close(
+            routed.poses, eq1.poses, "the poses against Eq. 1's of the assignment", cause, atol=1e-5, rtol=1e-4
+        )
+        _assert_close(routed.activations, eq1.activations, "the activations against |v_j|", cause, atol=1e-5, rtol=1e-4)
 
     def test_the_engagement_measures_are_defined(self) -> None:
         """The measures of whether it routes (capsexp.nn.functional.routing_engagement): the largest share in
