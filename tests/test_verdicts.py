@@ -424,3 +424,25 @@ def test_an_equivalence_found_on_an_exploratory_page_is_not_called_equivalent():
     (row,) = [row for row in family(group(runs), ["test/acc"], page) if row.hypothesis]
     assert verdict(row, row.p_holm).startswith("**equivalent** within ±0.5 (two one-sided tests")
     assert verdict(row, row.p_holm, exploratory=True).startswith("within ±0.5 (exploratory; two one-sided tests")
+
+
+@pytest.mark.parametrize(
+    ("best", "classes", "warned"), [(0.116, 10, True), (0.2, 10, True), (0.3, 10, False), (0.116, 100, False)]
+)
+def test_a_fit_that_ends_at_chance_says_the_net_did_not_learn(best, classes, warned, caplog):
+    """em_paper in CapsNet's DigitCaps ended its epoch at 11.6% on every seed with nothing said."""
+    from omegaconf import OmegaConf
+
+    from capsexp.run.stages import warn_if_not_learned
+
+    cfg = OmegaConf.create({"geometry": {"num_classes": classes}})
+    with caplog.at_level("WARNING", logger="capsexp.run.stages"):
+        warn_if_not_learned(cfg, {"val/acc_best": best, "val/acc": 0.9})
+    said = [r.getMessage() for r in caplog.records]
+    if warned:
+        assert said == [
+            f"val/acc_best {100 * best:.1f}% is not above 2 times chance (10% for 10 classes): this net did not "
+            "learn. Its learning rate, its routing's options (model.net.routing) or too few steps are the usual causes."
+        ]
+    else:
+        assert said == []

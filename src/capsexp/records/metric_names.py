@@ -20,6 +20,17 @@ VAL_ACC = "val/acc"
 VAL_ACC_BEST = "val/acc_best"  # the best val/acc so far
 VAL_LOSS = "val/loss"
 TEST_ACC = "test/acc"  # the first test set's accuracy
+# A net learned when its best validation accuracy is above this many times chance (1 / classes); at or
+# below it, what it predicts says little more than the class frequencies, and a comparison with it shows
+# that it did not train, not what its arm changes (capsexp.results.differences, capsexp.run.stages).
+LEARNED_OVER_CHANCE = 2.0
+
+
+def learned(accuracy: float, classes: int) -> bool:
+    """Whether an accuracy in [0, 1] over ``classes`` classes is above :data:`LEARNED_OVER_CHANCE` times chance."""
+    return accuracy > LEARNED_OVER_CHANCE / classes
+
+
 _PRESENCE = "val/presence_"  # + gap, target, largest_other: medians of the class scores (Classifier)
 PRESENCE_GAP = f"{_PRESENCE}gap"
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 import yaml
 
 from capsexp.locations import RUN_CONFIG
-from capsexp.records.metric_names import PRESENCE_GAP, TEST_ACC, VAL_ACC, VAL_ACC_BEST, rotation_angle
+from capsexp.records.metric_names import PRESENCE_GAP, TEST_ACC, VAL_ACC, VAL_ACC_BEST, learned, rotation_angle
 from capsexp.results import statistics
 from capsexp.results.runs import Configuration, Run
 from capsexp.results.study import Hypothesis, StudyPage, matches
@@ -119,20 +119,16 @@ def table_rows(
     ]
 
 
-# A configuration learned when its runs' mean best validation accuracy is above this many times chance
-# (1 / classes). Below it, a comparison with it shows that a net did not train, not what its arm changes.
-LEARNED_OVER_CHANCE = 2.0
-
-
 def not_learned(configuration: Configuration) -> str:
-    """Why ``configuration`` did not learn (its mean ``val/acc_best`` not above :data:`LEARNED_OVER_CHANCE`
-    times chance, the classes read from its first run's composed config), or "" (learned, or unknown)."""
+    """Why ``configuration`` did not learn (its runs' mean ``val/acc_best`` not above
+    :data:`~capsexp.records.metric_names.LEARNED_OVER_CHANCE` times chance, the classes read from its first
+    run's composed config), or "" (learned, or unknown)."""
     classes = classes_of(configuration.runs[0])
     values = [value for _, value in configuration.values(VAL_ACC_BEST)]
     if not classes or not values:
         return ""
     mean = sum(values) / len(values)
-    if mean > LEARNED_OVER_CHANCE / classes:
+    if learned(mean, classes):
         return ""
     return (
         f"{configuration.label} did not learn ({VAL_ACC_BEST} {100 * mean:.1f}% over its {len(values)} runs, "

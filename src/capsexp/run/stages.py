@@ -14,7 +14,7 @@ import lightning as L
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from capsexp.records.metric_names import MODEL_FLOPS, MODEL_PARAMETERS, VAL_ACC_BEST
+from capsexp.records.metric_names import LEARNED_OVER_CHANCE, MODEL_FLOPS, MODEL_PARAMETERS, VAL_ACC_BEST, learned
 from capsexp.run import slurm
 from capsexp.run.hparams import log_hyperparameters, run_choices
 from capsexp.run.interruption import raise_if_stopped_by_signal
@@ -82,6 +82,21 @@ def fit(cfg: DictConfig, trainer: L.Trainer, module: L.LightningModule, datamodu
     best = getattr(module, "best_validation_accuracy", None)
     if VAL_ACC_BEST not in run.metrics and best is not None:
         run.metrics[VAL_ACC_BEST] = best
+    warn_if_not_learned(cfg, run.metrics)
+
+
+def warn_if_not_learned(cfg: DictConfig, metrics: dict[str, float]) -> None:
+    """A fit whose best validation accuracy is at chance said as such: nothing fails, and a page of such
+    runs would otherwise compare nets that did not train."""
+    classes = OmegaConf.select(cfg, "geometry.num_classes")
+    best = metrics.get(VAL_ACC_BEST)
+    if best is None or not isinstance(classes, int) or learned(best, classes):
+        return
+    log.warning(
+        f"{VAL_ACC_BEST} {100 * best:.1f}% is not above {LEARNED_OVER_CHANCE:g} times chance ({100 / classes:.0f}% "
+        f"for {classes} classes): this net did not learn. Its learning rate, its routing's options "
+        "(model.net.routing) or too few steps are the usual causes."
+    )
 
 
 def test(
