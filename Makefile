@@ -29,7 +29,7 @@ format:  ## ruff: fix what can be fixed, reformat
 test:  ## the fast test suite (no slow tests), one worker per core
 	$(BIN)/python -m pytest -n auto --dist worksteal -m "not slow" $(ARGS)
 
-test-slow:  ## the tests marked slow alone (end-to-end runs: kills, workers, studies, real MNIST); CI runs it after make test
+test-slow:  ## the tests marked slow alone (end-to-end runs: kills, workers, studies, real MNIST); CI runs it after make test and make examples
 	$(BIN)/python -m pytest -n auto --dist worksteal -m slow --ignore=tests/test_package.py $(ARGS)
 
 test-all:  ## every test, slow ones included (end-to-end runs on real MNIST)

@@ -162,6 +162,17 @@ def run_cli_in_process(*overrides: str, entry: Callable[[], None] | None = None)
 
 
 # Overrides for a tiny, fast CLI run on synthetic data.
+EXAMPLE = PROJECT_ROOT / "examples" / "max_min_routing"  # the example routing package (make examples)
+
+
+def example_routings() -> set[str]:
+    """The routings the example package registers (its pyproject.toml's entry points)."""
+    import tomllib
+
+    project = tomllib.loads((EXAMPLE / "pyproject.toml").read_text())["project"]
+    return set(project["entry-points"]["capsexp.routing"])
+
+
 TINY_RUN = [
     "data.batch_size=20",
     "data.val_size=60",

@@ -15,7 +15,7 @@ from capsexp.records.events import event_files, load_events
 from capsexp.results.claims import ClaimError, reflow
 from capsexp.results.compare import compare
 from capsexp.testing import assert_page_rebuilds
-from tests.helpers import PROJECT_ROOT
+from tests.helpers import EXAMPLE, PROJECT_ROOT, example_routings
 
 RESULTS = PROJECT_ROOT / "experiments" / "results"
 # The pages ``capsexp.compare`` writes (each has its comparison table); a page a script writes from its own kept
@@ -28,6 +28,12 @@ PAGES = sorted(path.parent.name for path in RESULTS.glob("*/comparison.csv"))
 def test_every_committed_page_rebuilds_byte_identical_from_its_runs(name, tmp_path):
     """Each page of experiments/results/ as a reader would check it: its README, table and figures
     written again from the runs kept beside them, in a copy of the folder."""
+    from capsexp.config.routing_registry import registered
+
+    judged = {run.name.rpartition("=")[2].partition("-")[0] for run in (RESULTS / name / "runs").iterdir()}
+    if missing := judged & example_routings() - set(registered()):
+        # A page judging the example's routing reads its options (make examples installs it, as CI does first).
+        pytest.skip(f"judges {', '.join(sorted(missing))}: needs {EXAMPLE.relative_to(PROJECT_ROOT)} installed")
     assert_page_rebuilds(RESULTS / name, tmp_path)
 
 

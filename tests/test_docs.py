@@ -7,21 +7,13 @@ import re
 import shlex
 
 import pytest
-import tomllib
 
 from capsexp.config.config_check import config_problems
 from capsexp.results.claims import A_PAPER as NAMES_A_PAPER
 from capsexp.results.claims import HANDWRITTEN_FIGURE
-from tests.helpers import PROJECT_ROOT, compose_config
+from tests.helpers import EXAMPLE, PROJECT_ROOT, compose_config, example_routings
 
 PAGES = [PROJECT_ROOT / "README.md", *sorted((PROJECT_ROOT / "docs").glob("*.md"))]
-EXAMPLE = PROJECT_ROOT / "examples" / "max_min_routing"
-
-
-def example_routings() -> set[str]:
-    """The routings the example package registers (its pyproject.toml's entry points)."""
-    project = tomllib.loads((EXAMPLE / "pyproject.toml").read_text())["project"]
-    return set(project["entry-points"]["capsexp.routing"])
 
 
 def documented_commands() -> list[tuple[str, str]]:
