@@ -25,10 +25,7 @@ OWN_ARMS = ARMS[:3]  # the arms that hold the routing judged; the others are the
 def verdict_arms(routing: str) -> str:
     """The arms of ``routing``'s verdict as a sweep's value (``routing,shuffled,...``); a ConfigError naming
     the routings where ``routing`` is none of them."""
-    routings = registered()
-    if routing not in routings:
-        raise ConfigError(f"+routing={routing}: no such routing; one of: {', '.join(routings)}")
-    options = routings[routing]
+    options = _options(routing, "+routing=")
     left_out = set()
     if "iterations" not in {field.name for field in dataclasses.fields(options)} or options.first_iteration_uniform:
         left_out.add("first_iteration")  # nothing to stop early, or uniform coupling again
@@ -43,15 +40,20 @@ def second_change(routing: str, arm: str) -> str:
     parents of them as Eq. 1 does (:class:`~capsexp.nn.routers.ShuffledCouplings`): for a routing that makes
     its parents otherwise (not ``coupled_parents``), that step changes too, so a difference it shows is not
     the couplings' dependence on the image alone. A ConfigError naming the routings where ``routing`` is none."""
-    routings = registered()
-    if routing not in routings:
-        raise ConfigError(f"{routing}: no such routing; one of: {', '.join(routings)}")
-    if arm == "shuffled" and not routings[routing].coupled_parents:
+    if arm == "shuffled" and not _options(routing).coupled_parents:
         return (
             "the routing makes its parents from its couplings otherwise than Eq. 1 does, and its shuffled arm "
             "makes them as Eq. 1 does: that arm changes this step as well as the couplings"
         )
     return ""
+
+
+def _options(routing: str, named_as: str = ""):
+    """The registered options of ``routing``; a ConfigError naming the routings where it is none of them."""
+    routings = registered()
+    if routing not in routings:
+        raise ConfigError(f"{named_as}{routing}: no such routing; one of: {', '.join(routings)}")
+    return routings[routing]
 
 
 def cell_name(routing: str, arm: str) -> str:

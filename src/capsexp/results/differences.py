@@ -8,8 +8,10 @@ so that they cannot disagree."""
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import yaml
 
@@ -138,7 +140,11 @@ def not_learned(configuration: Configuration) -> str:
 
 def classes_of(run: Run) -> int | None:
     """The classes of the run's data (``geometry.num_classes`` of its composed config); None unrecorded."""
-    config = run.folder / RUN_CONFIG
+    return _classes(run.folder / RUN_CONFIG)
+
+
+@functools.cache  # a page asks it of the same runs for each hypothesis and each row of its figure
+def _classes(config: Path) -> int | None:
     if not config.exists():
         return None
     classes = (yaml.safe_load(config.read_text()) or {}).get("geometry", {}).get("num_classes")
