@@ -258,6 +258,38 @@ def test_learning_curves_of_many_configurations_get_a_panel_each_so_that_none_hi
     assert figure._suptitle.get_text().startswith("Validation accuracy at each validation (one run each)")
 
 
+def _log(folder: Path, points: list[tuple[int, float]], opened: int, writer: str) -> None:
+    """Scalars as one process logs them: an event file named as TensorBoard's writer names it, for a
+    process ``writer`` (``<host>.<pid>``) that opened it at ``opened``."""
+    with SummaryWriter(str(folder)) as log:
+        for step, seconds in points:
+            log.add_scalar("val/acc", 0.5, step, walltime=RUNS_START + seconds)
+        written = Path(log.file_writer.event_writer._file_name)
+    written.rename(folder / f"events.out.tfevents.{RUNS_START + opened}.{writer}.0")
+
+
+def test_a_run_stopped_and_resumed_is_not_timed_while_it_was_stopped(tmp_path):
+    """A run logged by one process for 120 s, stopped, and resumed 20 min later by another (on a host whose
+    name holds dots) for 90 s, counts 210 s; a run never stopped, its first to last scalar (60 s). The
+    header says how many were resumed."""
+    for job, processes in enumerate(
+        (
+            [([(0, 5), (100, 125)], 5, "vm.100"), ([(100, 1205), (200, 1295)], 1205, "node1.lab.org.200")],
+            [([(0, 10), (200, 70)], 10, "vm.300")],
+        )
+    ):
+        run = tmp_path / "sweep" / str(job)
+        (run / ".hydra").mkdir(parents=True)
+        (run / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump([f"seed={job}"]))
+        for points, opened, writer in processes:
+            _log(run, points, opened, writer)
+    header = (compare(tmp_path / "sweep").output / "README.md").read_text().splitlines()
+    assert (
+        "- Runs: 2, 2026-11-25, 4.5 min of run time (each run's first to last logged scalar in each of its "
+        "processes: the wait of 1 run between a stop and its resumption is not counted); in this folder."
+    ) in header
+
+
 def test_the_page_and_the_table_as_written(tmp_path):
     make_runs(tmp_path / "multirun")
     output = compare(tmp_path / "multirun").output

@@ -419,14 +419,31 @@ def test_ctrl_c_in_an_optuna_search_ends_with_the_command_that_finishes_it(mnist
 
 def _two_workers_share_one_study(arguments: list[str], storage: str, tmp_path: Path) -> None:
     """Two workers on the study at once, one a process of its own, one this test's; assert they ran n_trials=6
-    trials between them, each once."""
-    arguments = [*arguments, f"hydra.sweep.dir={tmp_path / 'sweep'}"]
+    trials between them, each once.
+
+    The other worker is paused from its first trial until this one has asked for its own, so that both take
+    part however loaded the machine (unpaused, six tiny trials can all end before this worker joins). The
+    grace period outlasts the pause: a paused worker's trial is not taken for a dead one's."""
+    import threading
+
+    arguments = [*arguments, "hydra.sweeper.grace_period=600", f"hydra.sweep.dir={tmp_path / 'sweep'}"]
     other = _start(arguments, tmp_path / "1.txt")
     deadline = time.monotonic() + 120
     while not _states(storage):  # this one joins once the other runs its first trial
         assert other.poll() is None and time.monotonic() < deadline, (tmp_path / "1.txt").read_text()[-3000:]
         time.sleep(0.05)
+    os.killpg(other.pid, signal.SIGSTOP)
+
+    def resume_other() -> None:  # once this worker has its trial (or after a minute, not to hang the test)
+        until = time.monotonic() + 60
+        while len(_states(storage)) < 2 and time.monotonic() < until:
+            time.sleep(0.05)
+        os.killpg(other.pid, signal.SIGCONT)
+
+    resumer = threading.Thread(target=resume_other, daemon=True)
+    resumer.start()
     here = run_cli_in_process(*arguments)
+    resumer.join()
     (tmp_path / "2.txt").write_text(here.stdout + here.stderr)
     assert here.returncode == 0 and other.wait(timeout=600) == 0, (tmp_path / "1.txt").read_text()[-3000:]
     trials = _study(storage).get_trials(deepcopy=False)

@@ -31,6 +31,16 @@ def event_files(run_dir: str | Path) -> list[Path]:
     return sorted(event_folder(run_dir).glob("events.out.tfevents.*"))
 
 
+def writer_of(event_file: Path) -> tuple[str, int]:
+    """The process that wrote an event file and when it opened it: ``(<host>.<pid>, <time>)`` from the name
+    TensorBoard's writer gives it, ``events.out.tfevents.<time>.<host>.<pid>.<n>[<suffix>]`` (a host
+    name may hold dots; the pid and the writer's count are the last two numbers)."""
+    fields = event_file.name.split(".")
+    numbers = [i for i in range(4, len(fields)) if fields[i].isdigit()]
+    pid = numbers[-2] if len(numbers) >= 2 else len(fields) - 1
+    return ".".join(fields[4 : pid + 1]), int(fields[3]) if fields[3].isdigit() else 0
+
+
 def _fast_checksums() -> None:
     """TensorBoard without TensorFlow checks each record's CRC-32C in pure Python: 80% of the time a
     results page took to read its 45 runs (6.5 of 8 s, profiled). ``google_crc32c`` computes the same

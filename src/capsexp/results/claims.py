@@ -262,7 +262,7 @@ class Figures:
 
     def minutes(self, key: str) -> list[float]:
         """Each of ``key``'s runs' time in minutes, as the page's header counts run time (first to last
-        logged scalar), in the runs' order."""
+        logged scalar in each of its processes), in the runs' order."""
         found = [run.seconds / 60 for run in self.configuration(key).runs if run.seconds is not None]
         if not found:
             raise MissingFigure(f"{key!r} has no run with a logged time")

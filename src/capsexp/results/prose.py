@@ -70,6 +70,7 @@ def header(page: StudyPage, runs: list[Run], folder: Path, relative: str, rebuil
     if precisions and len(precisions) < len(runs):  # runs from before runs recorded it
         precision += "; " + sentence("header.unrecorded", runs=runs_text(len(runs) - len(precisions)))
     seconds = [run.seconds for run in runs if run.seconds is not None]
+    resumed = sum(len(run.spans) > 1 for run in runs)
     relaunched = sum((run.folder / OVERRIDES_AS_RUN).exists() for run in runs)
     provenance = (
         [sentence("header.relaunched", relaunched=relaunched, as_run=OVERRIDES_AS_RUN, overrides=OVERRIDES)]
@@ -92,7 +93,12 @@ def header(page: StudyPage, runs: list[Run], folder: Path, relative: str, rebuil
             # Runs from before runs recorded their code have no line (their pages rebuild as they were).
             *([sentence("header.code", code=code_revisions(runs))] if any(run.revision for run in runs) else []),
             sentence(
-                "header.runs", count=len(runs), dates=dates(runs), minutes=f"{sum(seconds) / 60:.1f}", where=where
+                "header.runs.resumed" if resumed else "header.runs",
+                count=len(runs),
+                dates=dates(runs),
+                minutes=f"{sum(seconds) / 60:.1f}",
+                where=where,
+                resumed=runs_text(resumed),
             ),
             *command_lines(runs, folder, relative),
             sentence("header.rebuild", rebuild=rebuild),

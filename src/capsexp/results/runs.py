@@ -3,6 +3,7 @@ and machine, and the configurations they form (runs whose overrides differ only 
 
 from __future__ import annotations
 
+import bisect
 import datetime
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -13,7 +14,7 @@ import yaml
 from capsexp.locations import OVERRIDES, is_setting
 from capsexp.overrides import is_override, left_side, values_of, written
 from capsexp.overrides import key as override_key
-from capsexp.records.events import Scalar, event_files, load_events
+from capsexp.records.events import Scalar, event_files, load_events, writer_of
 from capsexp.records.machine import describe_text, read_machine
 from capsexp.records.metric_names import is_accuracy
 from capsexp.records.revision import read_revision
@@ -69,6 +70,7 @@ class Run:
     end: float | None = None
     machine: dict | None = None
     revision: dict | None = None  # the code that ran (capsexp.records.revision)
+    spans: tuple[float, ...] = ()  # seconds each process that logged it spent on it: :func:`process_spans`
     configuration: str = ""  # set by label_configurations
 
     @property
@@ -84,8 +86,9 @@ class Run:
 
     @property
     def seconds(self) -> float | None:
-        """First to last scalar event: the run's duration, kept by a copy of its event files."""
-        return self.end - self.start if self.start is not None and self.end is not None else None
+        """The run's duration, kept by a copy of its event files: first to last scalar of each process
+        that logged it, summed (a run stopped and resumed is not timed while it was stopped)."""
+        return sum(self.spans) if self.spans else None
 
     def final(self, tag: str) -> float | None:
         values = self.scalars.get(tag)
@@ -134,6 +137,23 @@ def _job_number(run_dir: Path) -> int | None:
     return number if isinstance(number, int) else None
 
 
+def process_spans(times: list[float], files: list[Path]) -> tuple[float, ...]:
+    """The time each process that logged a run spent on it, in the order they ran: its first to last
+    scalar (a process: the writer of event files, :func:`capsexp.records.events.writer_of`). A run resumed
+    after a stop is logged by a second process, so the wait between the first one's last scalar and the
+    second one's first is in neither. A scalar belongs to the process whose first file opened last before
+    it (a run's processes follow one another; a file's time is whole seconds)."""
+    opened: dict[str, int] = {}
+    for file in files:
+        writer, when = writer_of(file)
+        opened[writer] = min(when, opened.get(writer, when))
+    starts = sorted(opened.values())[1:]  # the first process takes every scalar before the second opened
+    spans: dict[int, list[float]] = {}
+    for t in times:
+        spans.setdefault(bisect.bisect_right(starts, int(t)), []).append(t)
+    return tuple(max(spans[n]) - min(spans[n]) for n in sorted(spans))
+
+
 def find_runs(folder: Path) -> list[Run]:
     """Every run under ``folder`` (a folder with ``.hydra/overrides.yaml`` and event files), in job
     order (runs kept on a page: in the order they started), with its scalars, span and machine."""
@@ -145,6 +165,7 @@ def find_runs(folder: Path) -> list[Run]:
         events = load_events(run_dir)
         scalars = {tag: [Scalar(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
         times = [e.wall_time for tag in events.Tags()["scalars"] for e in events.Scalars(tag)]
+        spans = process_spans(times, event_files(run_dir))
         overrides = [str(o) for o in yaml.safe_load(overrides_file.read_text()) or []]
         runs.append(
             Run(
@@ -155,6 +176,7 @@ def find_runs(folder: Path) -> list[Run]:
                 max(times, default=None),
                 read_machine(run_dir),
                 read_revision(run_dir),
+                spans=spans,
             )
         )
     numbers = {run.folder: _job_number(run.folder) for run in runs}
