@@ -74,7 +74,7 @@ def runs_of(arm: str, values: list[float]) -> list[Run]:
     ]
 
 
-def test_a_hypothesis_with_a_margin_is_supported_equivalent_or_cannot_tell_by_its_runs():
+def test_a_hypothesis_with_a_margin_is_supported_equivalent_or_cannot_tell_by_its_runs(tmp_path, monkeypatch):
     rng = np.random.default_rng(4)
     base = 0.95 + rng.normal(0, 0.004, 10)
     runs = [
@@ -100,6 +100,28 @@ def test_a_hypothesis_with_a_margin_is_supported_equivalent_or_cannot_tell_by_it
     same_runs = [r.final("test/acc") for r in runs if "same" in r.overrides[0]]
     paired = [b - a for a, b in zip(base, same_runs, strict=True)]
     assert same.equivalence.mean == pytest.approx(np.mean(paired)) and same.equivalence.margin == 0.005
+    # The forest plot tells the three apart: a filled dot, a green square, an open dot.
+    import matplotlib.colors
+    import matplotlib.figure
+
+    from capsexp.results.compare import differences_figure
+
+    drawn = {}
+    save = matplotlib.figure.Figure.savefig
+    monkeypatch.setattr(
+        matplotlib.figure.Figure,
+        "savefig",
+        lambda self, path, **kw: (drawn.update(axes=self.axes[0]), save(self, path, **kw)),
+    )
+    differences_figure(list(rows.values()), page, tmp_path)
+    labels = [tick.get_text().split(" −")[0] for tick in drawn["axes"].get_yticklabels()][::-1]  # by position
+    marked = {
+        labels[round(line.get_ydata()[0])]: (line.get_marker(), matplotlib.colors.to_hex(line.get_markerfacecolor()))
+        for line in drawn["axes"].get_lines()
+        if line.get_marker() in ("o", "s")
+    }
+    assert marked == {"better": ("o", "#1f77b4"), "same": ("s", "#2ca02c"), "noisy": ("o", "#ffffff")}
+    assert "a green square: equivalent within its margin" in drawn["axes"].figure._suptitle.get_text()
 
 
 def test_hypotheses_in_families_are_adjusted_within_their_family_alone():

@@ -133,6 +133,7 @@ def differences_figure(rows: list, page: StudyPage, output: Path) -> Path | None
                 row.hypothesis.margin if row.hypothesis else None,
                 bool(row.not_judged),
                 not (not_learned(row.configuration) or not_learned(row.reference)),
+                row.equivalent,
             )
         )
     if not drawn:
@@ -140,6 +141,7 @@ def differences_figure(rows: list, page: StudyPage, output: Path) -> Path | None
     title = forest_title(
         [display(label) for label in references],
         bool(page.hypotheses),
+        equivalent=any(row.equivalent for row in drawn),
         not_judged=any(row.not_judged for row in drawn),
         unlearned=not all(row.sets_axis for row in drawn),
     )

@@ -101,6 +101,12 @@ class Compared:
     def significant(self) -> bool:
         return self.p_holm is not None and self.p_holm == self.p_holm and self.p_holm < statistics.SIGNIFICANCE
 
+    @property
+    def equivalent(self) -> bool:
+        """Within its hypothesis's margin by the two one-sided tests, Holm-adjusted (and no difference)."""
+        held = self.p_equivalence_holm is not None and self.p_equivalence_holm < statistics.SIGNIFICANCE
+        return held and not self.significant and not self.not_judged
+
 
 def _difference(configuration: Configuration, reference: Configuration, metric: str, alternative: str = "two-sided"):
     arm, base = configuration.values(metric), reference.values(metric)
@@ -288,7 +294,7 @@ def verdict(row: Compared, permutation_holm: float | None, exploratory: bool = F
             text += " (on the t-test alone: the permutation test does not reach the level)"
         return text
     if hypothesis.margin is not None:
-        if row.p_equivalence_holm is not None and row.p_equivalence_holm < statistics.SIGNIFICANCE:
+        if row.equivalent:
             held = f"two one-sided tests, Holm p {row.p_equivalence_holm:.2g}"
             if exploratory:
                 return f"within ±{hypothesis.margin:g} (exploratory; {held})"

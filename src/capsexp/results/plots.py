@@ -397,16 +397,18 @@ class ForestRow:
     # false for a comparison with a net that did not learn, whose difference is that: drawn at the axis's
     # edge with its value, so that it does not flatten every other row
     sets_axis: bool = True
+    equivalent: bool = False  # a declared hypothesis shown equivalent within its margin: a green square
 
 
 def forest_plot(rows: Sequence[ForestRow], path: Path, title: str) -> Path:
     """Each comparison's difference from its reference with its 95% interval, a panel per metric: the
     declared hypotheses first (blue, their smallest effect that matters as a shaded band about 0, their
     equivalence margin, where declared, as dashed red ticks), the other comparisons after (grey); a filled
-    dot where the page's family of tests calls it significant; a declared hypothesis not judged grey, its
-    label so marked. Differences without an interval (one run a side) do not set the axis: they are drawn as
-    open diamonds, at the axis's edge with their value where they fall beyond it; nor do the rows that are
-    not to (``sets_axis``), drawn there as crosses."""
+    dot where the page's family of tests calls it significant, a green square where its two one-sided tests
+    show it equivalent; a declared hypothesis not judged grey, its label so marked. Differences without an
+    interval (one run a side) do not set the axis: they are drawn as open diamonds, at the axis's edge with
+    their value where they fall beyond it; nor do the rows that are not to (``sets_axis``), drawn there as
+    crosses."""
     plt = _pyplot()
     panels = list(dict.fromkeys(row.panel for row in rows))
     by_panel = {panel: [row for row in rows if row.panel == panel] for panel in panels}
@@ -462,10 +464,10 @@ def forest_plot(rows: Sequence[ForestRow], path: Path, title: str) -> Path:
             axes.plot(
                 row.mean,
                 position,
-                marker="o",
+                marker="s" if row.equivalent else "o",
                 markersize=6,
-                color=colour,
-                markerfacecolor=colour if row.significant else "white",
+                color="C2" if row.equivalent else colour,
+                markerfacecolor=colour if row.significant else "C2" if row.equivalent else "white",
             )
         axes.set_xlim(low, high)
         axes.set_yticks(positions)

@@ -234,16 +234,25 @@ def hypotheses_intro(size: int, page: StudyPage, families: int = 1, seeds: int |
     )
 
 
-def forest_title(references: list[str], hypotheses: bool, not_judged: bool = False, unlearned: bool = False) -> str:
+def forest_title(
+    references: list[str], hypotheses: bool, equivalent: bool = False, not_judged: bool = False, unlearned: bool = False
+) -> str:
     """The title of the figure of the differences: against the reference, where its rows have one
-    (``references``, as shown), the declared hypotheses first where the page has them; what a grey declared
-    row (``not_judged``) and a cross at the axis's edge (``unlearned``: a net that did not learn) are."""
+    (``references``, as shown), the declared hypotheses first where the page has them; what a green square
+    (``equivalent``), a grey declared row (``not_judged``) and a cross at the axis's edge (``unlearned``: a
+    net that did not learn) are."""
     against = "" if len(references) != 1 else " " + sentence("forest.minus", reference=references[0])
     if against and hypotheses:  # the hypotheses name their own references
         against = " " + sentence("forest.unnamed", reference=references[0])
     title = sentence("forest.title.hypotheses" if hypotheses else "forest.title", against=against)
     extra = [
-        sentence(key) for key, shown in (("forest.not_judged", not_judged), ("forest.unlearned", unlearned)) if shown
+        sentence(key)
+        for key, shown in (
+            ("forest.equivalent", equivalent),
+            ("forest.not_judged", not_judged),
+            ("forest.unlearned", unlearned),
+        )
+        if shown
     ]
     return "; ".join([title, *extra])
 
