@@ -1,8 +1,8 @@
 """``trainer.precision=auto``: the precision a run trains in, chosen per model config and per machine.
 
 bf16-mixed (Lightning's ``torch.autocast`` to bfloat16; votes, routing, squash, the losses and the metrics
-stay in float32 inside it) for the model configs the equivalence page backs, with the routing it tested
-(``experiments/results/precision_equivalence_quick/``: paired differences of test accuracy and presence
+stay in float32 inside it) for the model configs an equivalence page backs, with the routing it tested
+(``experiments/results/precision_equivalence_<budget>/``: paired differences of test accuracy and presence
 gap within the margin of :mod:`capsexp.studies.precision` by two one-sided tests, Holm over the page), where
 bf16 arithmetic is native on the device; float32 (``32-true``) everywhere else. Any Lightning precision given
 by name runs as given.
@@ -16,10 +16,14 @@ AUTO = "auto"
 BF16 = "bf16-mixed"
 FLOAT32 = "32-true"
 
-# model config: the routing (model.net.routing's _target_; None for a net without one) with which the
-# equivalence page backs its bf16-mixed training and bf16 changes what it computes (the page's verdict; its
-# rebuild checks this table against it). Any other model, or routing, trains in float32 under auto.
-BF16_MODELS: dict[str, str | None] = {"capsnet_small": "capsexp.nn.DynamicRouting"}
+# model config: the routing (model.net.routing's _target_; None for a net without one) with which an
+# equivalence page backs its bf16-mixed training and bf16 changes what it computes (the pages' verdicts:
+# capsnet_small on the quick budget's, capsnet on the capsnet budget's; each page's rebuild checks this
+# table against it). Any other model, or routing, trains in float32 under auto.
+BF16_MODELS: dict[str, str | None] = {
+    "capsnet": "capsexp.nn.UniformRouting",
+    "capsnet_small": "capsexp.nn.DynamicRouting",
+}
 
 
 @dataclass(frozen=True)

@@ -113,6 +113,11 @@ def backed_models(runs: list[Run]) -> dict[str, str | None]:
     )
 
 
+def _listed(models: dict[str, str | None]) -> str:
+    """``capsnet (UniformRouting), capsnet_small (DynamicRouting)``: model configs with their routing."""
+    return ", ".join(f"{m} ({(r or 'no routing').rpartition('.')[2]})" for m, r in sorted(models.items()))
+
+
 def _p(p: float) -> str:
     return "< 0.001" if p < 0.001 else f"{p:.3f}"
 
@@ -160,8 +165,12 @@ def equivalence_section(runs: list[Run], page: StudyPage, output: Path) -> str:
         else:
             verdict = "float32: " + ", ".join(METRICS[r.metric] for r in mine if not r.backed) + " not shown equivalent"
         verdicts.append(f"| {_shown(arm)} | {verdict} |")
-    auto = ", ".join(f"{m} ({(r or 'no routing').rpartition('.')[2]})" for m, r in sorted(BF16_MODELS.items()))
-    agreeing = " (as these runs back)" if backed == BF16_MODELS else ""
+    auto = _listed(BF16_MODELS)
+    agreeing = (
+        f"; these runs back {_listed(backed)}"
+        if backed and all(BF16_MODELS.get(m, "") == r for m, r in backed.items())
+        else ""
+    )
     lines += [
         "",
         "| model | what `trainer.precision=auto` trains it in, from these runs |",
@@ -186,7 +195,12 @@ def equivalence_figure(runs: list[Run], page: StudyPage, output: Path) -> Path |
     metrics = [m for m in METRICS if any(r.metric == m for r in found)]
     names = arms(runs)
     figure, axes_row = plt.subplots(
-        1, len(metrics), figsize=(5.2 * len(metrics), 0.7 * len(names) + 2.0), squeeze=False, sharey=True
+        1,
+        len(metrics),
+        figsize=(5.2 * len(metrics), 0.7 * len(names) + 2.4),
+        squeeze=False,
+        sharey=True,
+        layout="constrained",  # room for the wrapped title and the legend below the axes' labels
     )
     for axes, metric in zip(axes_row[0], metrics, strict=True):
         axes.axvspan(-MARGIN_POINTS, MARGIN_POINTS, color="C2", alpha=0.15, linewidth=0, label="equivalence margin")
@@ -216,7 +230,7 @@ def equivalence_figure(runs: list[Run], page: StudyPage, output: Path) -> Path |
         axes.set_xlabel(f"bf16-mixed minus float32, {METRICS[metric]} ({unit})")
         axes.grid(axis="x", alpha=0.3)
     handles, labels = axes_row[0][0].get_legend_handles_labels()
-    figure.legend(handles, labels, fontsize="small", loc="lower center", ncol=2, bbox_to_anchor=(0.5, -0.05))
+    figure.legend(handles, labels, fontsize="small", loc="outside lower center", ncol=2)
     title = (
         f"Mean paired difference and its 95% interval (blue: equivalent within ±{MARGIN_POINTS:g} by the "
         "page's rule, two one-sided tests at 5% each, Holm; red: not), each seed a dot"
